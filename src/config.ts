@@ -1,0 +1,64 @@
+// Configuration is read from the environment once, at the edge, and validated here. Everything below
+// receives a typed Config; nothing else reads process.env.
+import { z } from 'zod';
+
+const optionalString = z.string().trim().min(1).optional().catch(undefined);
+const intInRange = (min: number, max: number, fallback: number) =>
+  z.coerce.number().int().min(min).max(max).default(fallback);
+
+export const envSchema = z.object({
+  DATABASE_URL: optionalString,
+  /** Where the embedded PostgreSQL keeps its cluster when DATABASE_URL is unset. */
+  OUTBOXD_DATA_DIR: z.string().min(1).default('./.data'),
+  STRIPE_SECRET_KEY: optionalString,
+  STRIPE_API_BASE: z.url().optional(),
+  /** Per-attempt client timeout of a Stripe call (the SDK's `timeout`). */
+  STRIPE_TIMEOUT_MS: intInRange(100, 120_000, 20_000),
+  WORKER_CONCURRENCY: intInRange(1, 256, 8),
+  /** Operation lease. Must outlive STRIPE_TIMEOUT_MS: it is renewed every third of it while a call runs. */
+  LEASE_TTL_MS: intInRange(1_000, 600_000, 30_000),
+  SHUTDOWN_GRACE_MS: intInRange(0, 600_000, 25_000),
+  HTTP_PORT: intInRange(0, 65_535, 8080),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+});
+
+export type Env = z.infer<typeof envSchema>;
+
+export interface Config {
+  databaseUrl: string | undefined;
+  dataDir: string;
+  stripe: { secretKey: string | undefined; apiBase: string | undefined; timeoutMs: number };
+  worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number };
+  logLevel: Env['LOG_LEVEL'];
+}
+
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+}
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const parsed = envSchema.safeParse(env);
+  if (!parsed.success) {
+    const problems = parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
+    throw new ConfigError(`invalid environment: ${problems}`);
+  }
+  const e = parsed.data;
+  if (e.LEASE_TTL_MS <= e.STRIPE_TIMEOUT_MS) {
+    throw new ConfigError(
+      `LEASE_TTL_MS (${e.LEASE_TTL_MS}) must be longer than STRIPE_TIMEOUT_MS (${e.STRIPE_TIMEOUT_MS}): ` +
+        'a lease that ends before the call it covers lets a second replica call Stripe concurrently',
+    );
+  }
+  return {
+    databaseUrl: e.DATABASE_URL,
+    dataDir: e.OUTBOXD_DATA_DIR,
+    stripe: { secretKey: e.STRIPE_SECRET_KEY, apiBase: e.STRIPE_API_BASE, timeoutMs: e.STRIPE_TIMEOUT_MS },
+    worker: {
+      concurrency: e.WORKER_CONCURRENCY,
+      leaseTtlMs: e.LEASE_TTL_MS,
+      shutdownGraceMs: e.SHUTDOWN_GRACE_MS,
+      httpPort: e.HTTP_PORT,
+    },
+    logLevel: e.LOG_LEVEL,
+  };
+}

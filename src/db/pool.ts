@@ -1,0 +1,50 @@
+import pg from 'pg';
+import type { Db as IDatabase } from 'pg-boss';
+
+export type Pool = pg.Pool;
+export type PoolClient = pg.PoolClient;
+/** Anything that runs a query: the pool for single statements, a checked-out client inside a transaction. */
+export type Queryable = Pick<pg.Pool, 'query'> | pg.PoolClient;
+
+// bigint columns (amount, fence) hold values far below 2^53: read them as numbers.
+pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
+
+export function createPool(connectionString: string, opts: { max?: number; applicationName?: string } = {}): pg.Pool {
+  const pool = new pg.Pool({
+    connectionString,
+    max: opts.max ?? 10,
+    application_name: opts.applicationName ?? 'outboxd',
+    // A dead server must surface as an error, not as a request that waits forever for a connection.
+    connectionTimeoutMillis: 10_000,
+  });
+  // An idle client losing its server (restart, pg_terminate_backend) emits 'error' on the pool; without
+  // a listener that would crash the process. The next checkout gets a fresh connection.
+  pool.on('error', () => {});
+  return pool;
+}
+
+/**
+ * Runs `fn` in one short transaction on a checked-out client, committing on return and rolling back
+ * on throw. Nothing slow belongs inside: above all no external call (invariant 3).
+ */
+export async function inTransaction<T>(pool: pg.Pool, fn: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  let broken: Error | undefined;
+  try {
+    await client.query('begin');
+    const result = await fn(client);
+    await client.query('commit');
+    return result;
+  } catch (err) {
+    // A client whose rollback fails is in an unknown state: drop it instead of pooling it.
+    await client.query('rollback').catch((e: Error) => (broken = e));
+    throw err;
+  } finally {
+    client.release(broken);
+  }
+}
+
+/** pg-boss's database interface over a transaction's client, so its statements join that transaction. */
+export function bossDb(client: Queryable): IDatabase {
+  return { executeSql: (text, values) => client.query(text, values as unknown[]) };
+}

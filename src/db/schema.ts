@@ -1,0 +1,76 @@
+// The tables outboxd owns. drizzle-kit generates the SQL migrations in drizzle/ from this file;
+// the statements the worker runs live in src/sql/ (named, prepared), not in query builders.
+import { sql } from 'drizzle-orm';
+import { bigint, boolean, check, index, integer, pgTable, text, timestamp, unique, uuid } from 'drizzle-orm/pg-core';
+
+const timestamps = {
+  createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+  updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
+};
+
+export const orders = pgTable(
+  'orders',
+  {
+    id: text('id').primaryKey(),
+    amount: bigint('amount', { mode: 'number' }).notNull(),
+    currency: text('currency').notNull(),
+    customerId: text('customer_id').notNull(),
+    paymentMethod: text('payment_method').notNull(),
+    status: text('status').notNull().default('confirmed'),
+    confirmedAt: timestamp('confirmed_at', { withTimezone: true }).notNull().defaultNow(),
+    ...timestamps,
+  },
+  (t) => [check('orders_status_check', sql`${t.status} in ('confirmed')`)],
+);
+
+export const OPERATION_STATUSES = ['pending', 'unknown', 'succeeded', 'failed'] as const;
+
+export const paymentOperations = pgTable(
+  'payment_operations',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    orderId: text('order_id')
+      .notNull()
+      .references(() => orders.id),
+    kind: text('kind').notNull().default('charge'),
+    amount: bigint('amount', { mode: 'number' }).notNull(),
+    currency: text('currency').notNull(),
+    customerId: text('customer_id').notNull(),
+    paymentMethod: text('payment_method').notNull(),
+    status: text('status', { enum: OPERATION_STATUSES }).notNull().default('pending'),
+    externalId: text('external_id'),
+    /** Calls made to the gateway for this operation (create, retrieve or search). */
+    attempts: integer('attempts').notNull().default(0),
+    /** Set before the first create is sent: the idempotency key window is measured from it. */
+    firstAttemptedAt: timestamp('first_attempted_at', { withTimezone: true }),
+    lastError: text('last_error'),
+    /** The last gateway outcome class (succeeded, declined, ambiguous, rate_limited, …), for people. */
+    lastOutcome: text('last_outcome'),
+    /** Why a person must look at this operation; null when no review is needed. */
+    reviewReason: text('review_reason'),
+    needsReview: boolean('needs_review')
+      .notNull()
+      .generatedAlwaysAs(sql`review_reason is not null`),
+    settledAt: timestamp('settled_at', { withTimezone: true }),
+    fence: bigint('fence', { mode: 'number' }).notNull().default(0),
+    leaseOwner: text('lease_owner'),
+    leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }),
+    ...timestamps,
+  },
+  (t) => [
+    unique('payment_operations_order_id_kind_key').on(t.orderId, t.kind),
+    check('payment_operations_kind_check', sql`${t.kind} in ('charge')`),
+    check('payment_operations_status_check', sql`${t.status} in ('pending', 'unknown', 'succeeded', 'failed')`),
+    check('payment_operations_amount_check', sql`${t.amount} > 0`),
+    check(
+      'payment_operations_settled_check',
+      sql`(${t.status} in ('succeeded', 'failed')) = (${t.settledAt} is not null)`,
+    ),
+    index('payment_operations_unsettled_idx')
+      .on(t.createdAt)
+      .where(sql`${t.status} in ('pending', 'unknown')`),
+    index('payment_operations_review_idx')
+      .on(t.updatedAt)
+      .where(sql`${t.reviewReason} is not null`),
+  ],
+);

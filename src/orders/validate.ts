@@ -1,0 +1,53 @@
+// Input validation for order confirmation (invariant 11): everything is checked before anything is
+// written, and a refusal names the field.
+import { z } from 'zod';
+import { STRIPE_CURRENCIES } from './currencies.ts';
+
+/** Stripe's largest amount for a single charge, in minor units (8 digits). */
+export const MAX_AMOUNT = 99_999_999;
+export const MAX_ID_LENGTH = 255;
+
+export class ValidationError extends Error {
+  override name = 'ValidationError';
+  readonly field: string;
+  constructor(field: string, message: string) {
+    super(`${field}: ${message}`);
+    this.field = field;
+  }
+}
+
+const id = (what: string) =>
+  z
+    .string({ error: `${what} must be a string` })
+    .trim()
+    .min(1, `${what} must not be empty`)
+    .max(MAX_ID_LENGTH, `${what} must be at most ${MAX_ID_LENGTH} characters`)
+    // eslint-disable-next-line no-control-regex
+    .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), `${what} must not contain control characters`);
+
+export const orderInputSchema = z.strictObject({
+  orderId: id('order id'),
+  amount: z
+    .number({ error: 'amount must be a number of minor units' })
+    .int('amount must be an integer number of minor units')
+    .positive('amount must be positive')
+    .max(MAX_AMOUNT, `amount must be at most ${MAX_AMOUNT} minor units`),
+  currency: z
+    .string({ error: 'currency must be a string' })
+    .trim()
+    .toLowerCase()
+    .refine((c) => STRIPE_CURRENCIES.has(c), 'currency must be an ISO 4217 code Stripe accepts'),
+  customer: id('customer'),
+  paymentMethod: id('payment method'),
+});
+
+export type OrderInput = z.infer<typeof orderInputSchema>;
+
+/** Parses untrusted input into an OrderInput or throws a ValidationError naming the first bad field. */
+export function parseOrderInput(input: unknown): OrderInput {
+  const result = orderInputSchema.safeParse(input);
+  if (result.success) return result.data;
+  const issue = result.error.issues[0]!;
+  const field = issue.code === 'unrecognized_keys' ? issue.keys.join(', ') : String(issue.path[0] ?? 'input');
+  throw new ValidationError(field, issue.code === 'unrecognized_keys' ? 'unknown field' : issue.message);
+}

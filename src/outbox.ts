@@ -1,0 +1,66 @@
+// The outbox is a pg-boss queue. A charge job carries only the operation id: the operation row is the
+// durable truth, the job is just the reminder to drive it (at least once).
+import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
+
+export const CHARGE_QUEUE = 'charge';
+/** Where pg-boss moves a charge job whose retries ran out; its worker flags the operation for review. */
+export const CHARGE_DEAD_QUEUE = 'charge_dead';
+
+export interface ChargeJob {
+  operationId: string;
+}
+
+/**
+ * Retries are the re-drive of ambiguous (`unknown`) and rate-limited operations: capped exponential
+ * backoff with jitter from 1 s to 5 min, always with the same idempotency key because the key is derived
+ * from the operation. 40 retries spans several hours; what is still unsettled then is dead-lettered and
+ * shown for review, and the reconcile path takes over once the key window has passed.
+ * heartbeatSeconds: a killed replica's job is retried within seconds, not after the 15-minute expiry.
+ */
+export const chargeQueueOptions: Omit<Queue, 'name'> = {
+  retryLimit: 40,
+  retryDelay: 1,
+  retryBackoff: true,
+  retryDelayMax: 300,
+  heartbeatSeconds: 10,
+  expireInSeconds: 15 * 60,
+  deadLetter: CHARGE_DEAD_QUEUE,
+  notify: true,
+};
+
+/**
+ * `migrator` installs or upgrades pg-boss's schema; `worker` also supervises (heartbeat and expiry
+ * checks every few seconds, so a lost job comes back fast) and listens for NOTIFY; `client` only sends.
+ */
+export function createBoss(connectionString: string, role: 'migrator' | 'worker' | 'client', max = 4): PgBoss {
+  const worker = role === 'worker';
+  return new PgBoss({
+    connectionString,
+    max,
+    application_name: `outboxd-boss-${role}`,
+    migrate: role === 'migrator',
+    createSchema: role === 'migrator',
+    supervise: worker,
+    schedule: worker,
+    useListenNotify: worker,
+    superviseIntervalSeconds: 5,
+    monitorIntervalSeconds: 5,
+    registerInstance: worker,
+  });
+}
+
+/** Creates the queues (idempotent). Run by `outboxd migrate`, after pg-boss installed its schema. */
+export async function createQueues(boss: PgBoss): Promise<void> {
+  await boss.createQueue(CHARGE_DEAD_QUEUE, { retryLimit: 5, retryBackoff: true, notify: true });
+  await boss.createQueue(CHARGE_QUEUE, chargeQueueOptions);
+}
+
+/** Enqueues the job that drives `operationId`, through `db` so it commits with the caller's transaction. */
+export async function enqueueCharge(
+  boss: PgBoss,
+  db: IDatabase,
+  operationId: string,
+  opts: { startAfter?: Date } = {},
+): Promise<string | null> {
+  return boss.send(CHARGE_QUEUE, { operationId } satisfies ChargeJob, { db, ...opts });
+}

@@ -1,0 +1,151 @@
+// The idempotent charge executor: DESIGN §2 as code. Each database step is its own short, fenced,
+// committed statement; the external call sits between them with no transaction open (invariant 3),
+// so a crash at any line leaves a recovery point the next claim continues from.
+import { inTransaction, type Pool, type PoolClient } from '../db/pool.ts';
+import type { Logger } from '../log.ts';
+import { GatewayError, idempotencyKeyFor, type Charge, type PaymentGateway } from './gateway.ts';
+import {
+  isSettled,
+  loadOperation,
+  recordAttempt,
+  recordOutcome,
+  type Operation,
+  type Outcome,
+} from './operation.ts';
+
+/** Stripe keeps an idempotency key's first result for at least 24 h; we stop trusting it after 23 h. */
+export const KEY_WINDOW_SECONDS = 23 * 60 * 60;
+
+export type GatewayCall = 'create' | 'retrieve' | 'search';
+
+export interface ExecuteOptions {
+  keyWindowSeconds?: number;
+  log?: Logger;
+  /** Runs inside the transaction that records the outcome (the dispatcher completes its job there). */
+  onRecorded?: (tx: PoolClient, op: Operation) => Promise<void>;
+}
+
+export interface Execution {
+  operation: Operation;
+  /** Which gateway call was made, or null when the operation was already settled. */
+  call: GatewayCall | null;
+  outcome: Outcome | null;
+}
+
+export async function executeCharge(
+  db: Pool,
+  gateway: PaymentGateway,
+  operationId: string,
+  fence: number,
+  opts: ExecuteOptions = {},
+): Promise<Execution> {
+  const log = opts.log?.child({ operationId, fence });
+
+  // 1. Load. A settled operation is never overwritten and causes no external call (invariant 5).
+  const op = await loadOperation(db, operationId, opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS);
+  if (isSettled(op.status)) return { operation: op, call: null, outcome: null };
+
+  // 2. Choose the call. A known charge is settled by retrieve, never by another create (invariant 6);
+  //    past the key window the key may be gone, so never create: search (invariant 7).
+  const call: GatewayCall = op.external_id ? 'retrieve' : op.key_window_passed ? 'search' : 'create';
+
+  // 3. Recovery point, before the call: count the attempt; a create stamps first_attempted_at now, so
+  //    the key window is measured from the first send. Fenced: a stale claim stops here, having called nothing.
+  const { attempts } = await recordAttempt(db, op.id, fence, call);
+
+  // 4. The external call. No transaction is open and no connection is held.
+  const outcome = await callGateway(gateway, op, call);
+  log?.info({ orderId: op.order_id, call, attempt: attempts, outcome: outcome.kind }, 'gateway call finished');
+  if (outcome.kind === 'needs_review') log?.error({ reason: outcome.reason }, 'operation needs review');
+
+  // 5. Record the outcome, fenced, in one short transaction with whatever the caller commits beside it.
+  const operation = await inTransaction(db, async (tx) => {
+    const recorded = await recordOutcome(tx, op, fence, outcome);
+    await opts.onRecorded?.(tx, recorded);
+    return recorded;
+  });
+  return { operation, call, outcome };
+}
+
+async function callGateway(gateway: PaymentGateway, op: Operation, call: GatewayCall): Promise<Outcome> {
+  try {
+    switch (call) {
+      case 'create':
+        return fromCharge(
+          op,
+          await gateway.createCharge({
+            operationId: op.id,
+            amount: op.amount,
+            currency: op.currency,
+            customer: op.customer_id,
+            paymentMethod: op.payment_method,
+            idempotencyKey: idempotencyKeyFor(op.id),
+          }),
+        );
+      case 'retrieve':
+        return fromCharge(op, await gateway.retrieveCharge(op.external_id!));
+      case 'search':
+        return fromSearch(op, await gateway.findCharges(op.id));
+    }
+  } catch (err) {
+    return fromError(err, call);
+  }
+}
+
+/** DESIGN §2.4: a 2xx is not success by itself; the PaymentIntent's status decides. */
+function fromCharge(op: Operation, charge: Charge): Outcome {
+  const mismatch = mismatchOf(op, charge);
+  if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch };
+  switch (charge.status) {
+    case 'succeeded':
+      return { kind: 'succeeded', externalId: charge.id };
+    case 'canceled':
+    case 'requires_payment_method':
+      return { kind: 'failed', externalId: charge.id, reason: `payment intent ${charge.status}` };
+    default:
+      return { kind: 'ambiguous', externalId: charge.id, reason: `payment intent ${charge.status}` };
+  }
+}
+
+/** A charge that does not carry this operation's id, amount and currency must not settle it. */
+function mismatchOf(op: Operation, charge: Charge): string | null {
+  if (charge.operationId !== undefined && charge.operationId !== op.id)
+    return `charge ${charge.id} belongs to operation ${charge.operationId}`;
+  if (charge.amount !== op.amount || charge.currency !== op.currency)
+    return `charge ${charge.id} is ${charge.amount} ${charge.currency}, operation is ${op.amount} ${op.currency}`;
+  return null;
+}
+
+/** Past the key window: exactly one match settles by its status; zero or several go to a person.
+ *  Search is not read-after-write, so zero matches never means "not charged". */
+function fromSearch(op: Operation, matches: Charge[]): Outcome {
+  if (matches.length === 1) return fromCharge(op, matches[0]!);
+  const reason =
+    matches.length === 0
+      ? 'key window passed and search found no charge for this operation (search may lag; not proof of no charge)'
+      : `key window passed and search found ${matches.length} charges for this operation: ${matches.map((m) => m.id).join(', ')}`;
+  return { kind: 'needs_review', externalId: null, reason };
+}
+
+function fromError(err: unknown, call: GatewayCall): Outcome {
+  if (!(err instanceof GatewayError)) {
+    // Whatever failed, we cannot tell whether the request reached the provider: ambiguous.
+    return { kind: 'ambiguous', externalId: null, reason: `unexpected ${call} error: ${String(err)}` };
+  }
+  const reason = `${err.name}${err.httpStatus ? ` ${err.httpStatus}` : ''}: ${err.message}`;
+  switch (err.outcome) {
+    case 'declined':
+      return { kind: 'failed', externalId: err.externalId ?? null, reason };
+    case 'rate_limited':
+      return { kind: 'rate_limited', reason };
+    case 'ambiguous':
+      return { kind: 'ambiguous', externalId: err.externalId ?? null, reason };
+    case 'idempotency_bug':
+      return { kind: 'needs_review', externalId: null, reason: `idempotency key misuse (a bug): ${reason}` };
+    case 'rejected':
+      // Refused before execution: definitive for a create; for a read it proves nothing about the charge.
+      return call === 'create'
+        ? { kind: 'failed', externalId: null, reason }
+        : { kind: 'needs_review', externalId: null, reason: `${call} refused: ${reason}` };
+  }
+}

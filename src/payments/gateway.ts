@@ -1,0 +1,74 @@
+// The contract between the executor and a payment provider. The real implementation drives the
+// Stripe SDK (src/stripe/gateway.ts); tests also use an in-process fake with the same idempotency model.
+// A gateway reports what Stripe said; deciding what that means for the operation is the executor's job.
+
+export interface ChargeRequest {
+  operationId: string;
+  amount: number;
+  currency: string;
+  customer: string;
+  paymentMethod: string;
+  /** Always `payment-op:<operation id>`; never generated per attempt. */
+  idempotencyKey: string;
+}
+
+/** The fields of a PaymentIntent the executor reads. */
+export interface Charge {
+  id: string;
+  status: string;
+  amount: number;
+  currency: string;
+  /** metadata.operation_id, when the charge carries it */
+  operationId: string | undefined;
+}
+
+export interface PaymentGateway {
+  createCharge(req: ChargeRequest): Promise<Charge>;
+  retrieveCharge(externalId: string): Promise<Charge>;
+  /** Every charge whose metadata carries this operation id, all pages. Not read-after-write. */
+  findCharges(operationId: string): Promise<Charge[]>;
+}
+
+export abstract class GatewayError extends Error {
+  abstract readonly outcome: 'declined' | 'rate_limited' | 'ambiguous' | 'idempotency_bug' | 'rejected';
+  readonly httpStatus: number | undefined;
+  /** The PaymentIntent the error names, when the provider returned one. */
+  readonly externalId: string | undefined;
+  constructor(message: string, httpStatus?: number, externalId?: string, options?: ErrorOptions) {
+    super(message, options);
+    this.httpStatus = httpStatus;
+    this.externalId = externalId;
+  }
+}
+
+/** 402: the card was declined. Definitive: the operation failed and is never retried. */
+export class Declined extends GatewayError {
+  override name = 'Declined';
+  readonly outcome = 'declined';
+}
+
+/** 429 (or an auth/permission error nothing was executed for): try again later with the same key. */
+export class RetryLater extends GatewayError {
+  override name = 'RetryLater';
+  readonly outcome = 'rate_limited';
+}
+
+/** Nobody knows whether the charge happened: timeouts, resets, cut-off bodies, 5xx, 409. */
+export class AmbiguousOutcome extends GatewayError {
+  override name = 'AmbiguousOutcome';
+  readonly outcome = 'ambiguous';
+}
+
+/** 400 idempotency_error: the same key was sent with other parameters. A bug in key design, never normal. */
+export class IdempotencyKeyMisuse extends GatewayError {
+  override name = 'IdempotencyKeyMisuse';
+  readonly outcome = 'idempotency_bug';
+}
+
+/** Any other 4xx on a create: Stripe refused the request before executing it, so nothing was charged. */
+export class Rejected extends GatewayError {
+  override name = 'Rejected';
+  readonly outcome = 'rejected';
+}
+
+export const idempotencyKeyFor = (operationId: string): string => `payment-op:${operationId}`;

@@ -1,0 +1,150 @@
+// The payment operation's state machine. This module is the only one that changes an operation's
+// status, and every write it makes is conditioned on the caller's fencing token (DESIGN §3).
+//
+//            create/retrieve/search outcome
+//   pending ───────────────────────────────▶ succeeded   (2xx with status succeeded)
+//      │  ╲                                  failed      (402 decline; canceled or requires_payment_method;
+//      │   ╲                                              any other 4xx refused before execution)
+//      │    ╲──────────▶ unknown ──────────▶ succeeded | failed   (retry with the same key, retrieve,
+//      │  ambiguous      │    ▲                                    or search once the key window passed)
+//      │  (timeout, 5xx, └────┘ still ambiguous / review needed
+//      │   409, processing…)
+//      └─▶ pending  (429: nothing executed, status unchanged)
+//
+// succeeded and failed are terminal: no write touches them again and they cause no external call
+// (invariant 5). "Needs review" is not a status: it is a reason recorded on an unsettled operation.
+import type { Queryable } from '../db/pool.ts';
+import * as sql from '../sql/statements.ts';
+
+export type OperationStatus = 'pending' | 'unknown' | 'succeeded' | 'failed';
+
+export interface Operation {
+  id: string;
+  order_id: string;
+  kind: 'charge';
+  amount: number;
+  currency: string;
+  customer_id: string;
+  payment_method: string;
+  status: OperationStatus;
+  external_id: string | null;
+  attempts: number;
+  first_attempted_at: Date | null;
+  last_error: string | null;
+  last_outcome: string | null;
+  review_reason: string | null;
+  needs_review: boolean;
+  settled_at: Date | null;
+  fence: number;
+  lease_owner: string | null;
+  lease_expires_at: Date | null;
+  created_at: Date;
+  updated_at: Date;
+}
+
+export const isSettled = (status: OperationStatus): boolean => status === 'succeeded' || status === 'failed';
+
+/** What one step of the executor learned. */
+export type Outcome =
+  | { kind: 'succeeded'; externalId: string }
+  | { kind: 'failed'; externalId: string | null; reason: string }
+  | { kind: 'ambiguous'; externalId: string | null; reason: string }
+  | { kind: 'rate_limited'; reason: string }
+  | { kind: 'needs_review'; externalId: string | null; reason: string };
+
+/** The transition table: the status an outcome moves an unsettled operation to. */
+export function nextStatus(current: OperationStatus, outcome: Outcome): OperationStatus {
+  if (isSettled(current)) throw new Error(`operation is settled (${current}); outcomes cannot change it`);
+  switch (outcome.kind) {
+    case 'succeeded':
+      return 'succeeded';
+    case 'failed':
+      return 'failed';
+    case 'ambiguous':
+    case 'needs_review':
+      return 'unknown';
+    case 'rate_limited':
+      return current;
+  }
+}
+
+/** The caller's fencing token is no longer the operation's: another claim took it over, or it settled. */
+export class StaleFenceError extends Error {
+  override name = 'StaleFenceError';
+  readonly operationId: string;
+  readonly fence: number;
+  readonly currentFence: number | undefined;
+  readonly currentStatus: OperationStatus | undefined;
+  constructor(operationId: string, fence: number, currentFence?: number, currentStatus?: OperationStatus) {
+    super(
+      `operation ${operationId}: write with fence ${fence} rejected (current fence ${currentFence}, status ${currentStatus})`,
+    );
+    this.operationId = operationId;
+    this.fence = fence;
+    this.currentFence = currentFence;
+    this.currentStatus = currentStatus;
+  }
+}
+
+export class OperationNotFoundError extends Error {
+  override name = 'OperationNotFoundError';
+  readonly operationId: string;
+  constructor(operationId: string) {
+    super(`no payment operation ${operationId}`);
+    this.operationId = operationId;
+  }
+}
+
+async function staleFence(db: Queryable, id: string, fence: number): Promise<StaleFenceError> {
+  const { rows } = await db.query(sql.fenceOf(id));
+  return new StaleFenceError(id, fence, rows[0]?.fence, rows[0]?.status);
+}
+
+export async function loadOperation(
+  db: Queryable,
+  id: string,
+  keyWindowSeconds: number,
+): Promise<Operation & { key_window_passed: boolean }> {
+  const { rows } = await db.query(sql.loadOperation(id, keyWindowSeconds));
+  if (!rows[0]) throw new OperationNotFoundError(id);
+  return rows[0];
+}
+
+/** Fenced: counts the gateway call about to be made (and, for a create, stamps first_attempted_at). */
+export async function recordAttempt(
+  db: Queryable,
+  id: string,
+  fence: number,
+  call: 'create' | 'retrieve' | 'search',
+): Promise<{ attempts: number; first_attempted_at: Date | null }> {
+  const { rows } = await db.query(sql.recordAttempt(id, fence, call === 'create'));
+  if (!rows[0]) throw await staleFence(db, id, fence);
+  return rows[0];
+}
+
+/** Fenced: applies an outcome through the transition table and returns the updated operation. */
+export async function recordOutcome(db: Queryable, op: Operation, fence: number, outcome: Outcome): Promise<Operation> {
+  const status = nextStatus(op.status, outcome);
+  const externalId = 'externalId' in outcome ? outcome.externalId : null;
+  const error = 'reason' in outcome ? outcome.reason : null;
+  const review = outcome.kind === 'needs_review' ? outcome.reason : null;
+  const { rows } = await db.query(sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review));
+  if (!rows[0]) throw await staleFence(db, op.id, fence);
+  return rows[0];
+}
+
+/** The fencing token of a new claim, or undefined when the operation is settled or leased by someone live. */
+export async function acquireLease(db: Queryable, id: string, owner: string, ttlMs: number): Promise<number | undefined> {
+  const { rows } = await db.query(sql.acquireLease(id, owner, ttlMs));
+  return rows[0]?.fence;
+}
+
+/** Extends the lease while a call is in flight; false when the fence moved (the lease was taken over). */
+export async function renewLease(db: Queryable, id: string, fence: number, ttlMs: number): Promise<boolean> {
+  const { rowCount } = await db.query(sql.renewLease(id, fence, ttlMs));
+  return rowCount === 1;
+}
+
+export async function releaseLease(db: Queryable, id: string, fence: number): Promise<void> {
+  await db.query(sql.releaseLease(id, fence));
+}

@@ -1,0 +1,125 @@
+// Every SQL statement outboxd runs against its own tables, in one place, each a named prepared
+// statement (parsed once per connection). Read top to bottom this is the whole data path.
+// Status writes are only ever issued by src/payments/operation.ts, the operation's state machine.
+import type { QueryConfig } from 'pg';
+
+const statement =
+  <A extends unknown[]>(name: string, text: string) =>
+  (...values: A): QueryConfig => ({ name, text, values });
+
+const UNSETTLED = `status in ('pending', 'unknown')`;
+
+// ─── orders ────────────────────────────────────────────────────────────────────────────────────────
+
+export const insertOrder = statement<[id: string, amount: number, currency: string, customer: string, pm: string]>(
+  'outboxd_insert_order',
+  `insert into orders (id, amount, currency, customer_id, payment_method) values ($1, $2, $3, $4, $5)
+   on conflict (id) do nothing`,
+);
+
+// ─── payment operations: creation and reads ────────────────────────────────────────────────────────
+
+export const insertChargeOperation = statement<
+  [orderId: string, amount: number, currency: string, customer: string, pm: string]
+>(
+  'outboxd_insert_charge_operation',
+  `insert into payment_operations (order_id, kind, amount, currency, customer_id, payment_method)
+   values ($1, 'charge', $2, $3, $4, $5)
+   on conflict (order_id, kind) do nothing
+   returning id`,
+);
+
+export const findChargeOperationByOrder = statement<[orderId: string]>(
+  'outboxd_find_charge_operation_by_order',
+  `select * from payment_operations where order_id = $1 and kind = 'charge'`,
+);
+
+/** The operation, with whether its idempotency key window (seconds from first_attempted_at) has passed,
+ * judged by the database clock so that every replica agrees. */
+export const loadOperation = statement<[id: string, keyWindowSeconds: number]>(
+  'outboxd_load_operation',
+  `select *, coalesce(first_attempted_at < now() - make_interval(secs => $2), false) as key_window_passed
+   from payment_operations where id = $1`,
+);
+
+// ─── lease and fence (DESIGN §3) ───────────────────────────────────────────────────────────────────
+
+/** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token. */
+export const acquireLease = statement<[id: string, owner: string, ttlMs: number]>(
+  'outboxd_acquire_lease',
+  `update payment_operations
+   set fence = fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
+       updated_at = now()
+   where id = $1 and ${UNSETTLED} and (lease_expires_at is null or lease_expires_at < now())
+   returning fence`,
+);
+
+export const renewLease = statement<[id: string, fence: number, ttlMs: number]>(
+  'outboxd_renew_lease',
+  `update payment_operations set lease_expires_at = now() + make_interval(secs => $3 / 1000.0)
+   where id = $1 and fence = $2 and lease_owner is not null
+   returning lease_expires_at`,
+);
+
+export const releaseLease = statement<[id: string, fence: number]>(
+  'outboxd_release_lease',
+  `update payment_operations set lease_owner = null, lease_expires_at = null
+   where id = $1 and fence = $2 and lease_owner is not null`,
+);
+
+// ─── the executor's fenced writes ──────────────────────────────────────────────────────────────────
+
+/** Counts a gateway call before it is made; for a create, records first_attempted_at before the send
+ * (invariant 7). Zero rows: the fence moved or the operation settled, and the call must not be made. */
+export const recordAttempt = statement<[id: string, fence: number, isCreate: boolean]>(
+  'outboxd_record_attempt',
+  `update payment_operations
+   set attempts = attempts + 1, updated_at = now(),
+       first_attempted_at = case when $3 then coalesce(first_attempted_at, now()) else first_attempted_at end
+   where id = $1 and fence = $2 and ${UNSETTLED}
+   returning attempts, first_attempted_at`,
+);
+
+/** Writes an outcome. Never touches a settled operation (invariant 5) and only with the current fence
+ * (invariant 8). settled_at is set exactly when the new status is a settled one. */
+export const recordOutcome = statement<
+  [
+    id: string,
+    fence: number,
+    status: string,
+    externalId: string | null,
+    lastOutcome: string,
+    lastError: string | null,
+    reviewReason: string | null,
+  ]
+>(
+  'outboxd_record_outcome',
+  `update payment_operations
+   set status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
+       -- a review reason stays until the operation settles (a later ambiguous retry does not clear it)
+       review_reason = case when $3 in ('succeeded', 'failed') then null else coalesce($7, review_reason) end,
+       updated_at = now(),
+       settled_at = case when $3 in ('succeeded', 'failed') then now() end
+   where id = $1 and fence = $2 and ${UNSETTLED}
+   returning *`,
+);
+
+export const fenceOf = statement<[id: string]>(
+  'outboxd_fence_of',
+  `select fence, status, lease_owner from payment_operations where id = $1`,
+);
+
+// ─── listings (admin and CLI) ──────────────────────────────────────────────────────────────────────
+
+export const listOperations = statement<[status: string | null, needsReview: boolean, limit: number]>(
+  'outboxd_list_operations',
+  `select * from payment_operations
+   where ($1::text is null or status = $1) and (not $2 or needs_review)
+   order by created_at, id
+   limit $3`,
+);
+
+export const showOperation = statement<[id: string]>(
+  'outboxd_show_operation',
+  `select * from payment_operations where id = $1`,
+);

@@ -1,0 +1,96 @@
+// An in-process PaymentGateway for the executor's unit tests that models Stripe's idempotency layer:
+// the first result of a key (success, decline or stored 500) is replayed for every later request with
+// that key until the keys are pruned. Faults are switches. Its ledger is the truth tests compare with.
+import { randomUUID } from 'node:crypto';
+import {
+  AmbiguousOutcome,
+  Declined,
+  RetryLater,
+  type Charge,
+  type ChargeRequest,
+  type PaymentGateway,
+} from '../../src/payments/gateway.ts';
+
+interface Stored {
+  charge?: Charge;
+  error?: Error;
+}
+
+export class FakeStripe implements PaymentGateway {
+  /** Every PaymentIntent created, in order: the ledger. */
+  readonly charges: Charge[] = [];
+  /** Every call made, in order. */
+  readonly calls: { method: 'create' | 'retrieve' | 'search'; key?: string; id?: string }[] = [];
+  private readonly keys = new Map<string, Stored>();
+
+  /** The next create executes (and is stored under its key) but its response is lost. */
+  loseResponseOnce = false;
+  /** The next N creates are refused with a 429 before executing. */
+  rateLimitNext = 0;
+  /** When set, every create waits for it before answering (to observe the database mid-call). */
+  hold: Promise<void> | undefined;
+  /** Charges are only found by search while this is true (Search is not read-after-write). */
+  searchIndexed = true;
+
+  async createCharge(req: ChargeRequest): Promise<Charge> {
+    this.calls.push({ method: 'create', key: req.idempotencyKey });
+    if (this.hold) await this.hold;
+    if (this.rateLimitNext > 0) {
+      this.rateLimitNext--;
+      throw new RetryLater('Too many requests', 429);
+    }
+    let stored = this.keys.get(req.idempotencyKey);
+    if (!stored) {
+      stored = this.execute(req);
+      this.keys.set(req.idempotencyKey, stored);
+    }
+    if (this.loseResponseOnce) {
+      this.loseResponseOnce = false;
+      throw new AmbiguousOutcome('socket hang up (response lost)');
+    }
+    if (stored.error) throw stored.error;
+    return { ...stored.charge! };
+  }
+
+  async retrieveCharge(id: string): Promise<Charge> {
+    this.calls.push({ method: 'retrieve', id });
+    const charge = this.charges.find((c) => c.id === id);
+    if (!charge) throw new AmbiguousOutcome(`no such payment intent ${id}`, 404);
+    return { ...charge };
+  }
+
+  async findCharges(operationId: string): Promise<Charge[]> {
+    this.calls.push({ method: 'search', id: operationId });
+    if (!this.searchIndexed) return [];
+    return this.charges.filter((c) => c.operationId === operationId).map((c) => ({ ...c }));
+  }
+
+  /** Forget every idempotency key, as Stripe does after 24 hours. */
+  pruneKeys(): void {
+    this.keys.clear();
+  }
+
+  /** Move a PaymentIntent to another status, as Stripe does when `processing` finishes. */
+  settle(id: string, status: string): void {
+    this.charges.find((c) => c.id === id)!.status = status;
+  }
+
+  /** Adds a charge for `operationId` that did not come through the executor (a duplicate, say). */
+  addCharge(charge: Omit<Charge, 'id'>): Charge {
+    const c = { id: `pi_${randomUUID().replaceAll('-', '').slice(0, 24)}`, ...charge };
+    this.charges.push(c);
+    return c;
+  }
+
+  private execute(req: ChargeRequest): Stored {
+    const status =
+      req.paymentMethod === 'pm_card_processing'
+        ? 'processing'
+        : req.paymentMethod.startsWith('pm_card_chargeDeclined')
+          ? 'requires_payment_method'
+          : 'succeeded';
+    const charge = this.addCharge({ status, amount: req.amount, currency: req.currency, operationId: req.operationId });
+    if (status === 'requires_payment_method') return { error: new Declined('Your card was declined.', 402, charge.id) };
+    return { charge };
+  }
+}

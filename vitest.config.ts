@@ -1,0 +1,13 @@
+import { defineConfig } from 'vitest/config';
+
+export default defineConfig({
+  test: {
+    globalSetup: ['./test/support/globalSetup.ts'],
+    include: ['test/**/*.test.ts'],
+    // Each file has its own database; files run in parallel on the two cores, tests in a file in order.
+    fileParallelism: true,
+    maxWorkers: 3,
+    testTimeout: 60_000,
+    hookTimeout: 120_000,
+  },
+});
