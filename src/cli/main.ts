@@ -1,0 +1,142 @@
+// `outboxd`: a thin command line over the capabilities. Config is parsed once here; every command
+// prints its result on stdout (JSON with --json) and its errors on stderr with a non-zero exit.
+import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
+import { loadConfig, type Config } from '../config.ts';
+import { migrate } from '../db/migrate.ts';
+import { createLogger, type Logger } from '../log.ts';
+import { confirmFromFile, type BulkSummary } from '../orders/bulk.ts';
+import { confirmOrder } from '../orders/confirm.ts';
+import { createBoss } from '../outbox.ts';
+import { openDatabase, openPool } from '../runtime.ts';
+import { listOperations, showOperation } from '../admin/operations.ts';
+import { EXIT, exitCodeOf } from './exit.ts';
+import { printOperations } from './print.ts';
+
+const program = new Command('outboxd')
+  .description('Effectively-once payment side effects from a PostgreSQL outbox')
+  .showHelpAfterError()
+  .exitOverride();
+
+let config: Config;
+let log: Logger | undefined;
+program.hook('preAction', () => {
+  config = loadConfig();
+  log = createLogger(config.logLevel, { cmd: 'outboxd' });
+});
+
+/** Runs `fn` with an open database and pool, closing both however it ends. */
+async function withDatabase<T>(fn: (ctx: { url: string; pool: ReturnType<typeof openPool> }) => Promise<T>): Promise<T> {
+  const db = await openDatabase(config, log!);
+  const pool = openPool(db, 'outboxd-cli', 8);
+  try {
+    return await fn({ url: db.url, pool });
+  } finally {
+    await pool.end();
+    await db.close();
+  }
+}
+
+const positiveInt = (v: string) => {
+  const n = Number(v);
+  if (!Number.isSafeInteger(n)) throw new InvalidArgumentError('must be an integer');
+  return n;
+};
+
+program
+  .command('migrate')
+  .description('apply the drizzle/ migrations and the pg-boss schema (idempotent)')
+  .action(async () => {
+    if (config.databaseUrl) await migrate(config.databaseUrl);
+    else await withDatabase(async () => {}); // opening the embedded database migrates it
+    log!.info('migrations applied');
+  });
+
+const order = program.command('order').description('orders');
+order
+  .command('confirm')
+  .description('confirm an order: order, charge operation and outbox job in one transaction')
+  .option('--order-id <id>')
+  .addOption(new Option('--amount <minor-units>', 'amount in minor units').argParser(positiveInt))
+  .option('--currency <code>', 'ISO 4217 currency, e.g. eur')
+  .option('--customer <cus>')
+  .option('--payment-method <pm>')
+  .option('--from-file <orders.jsonl>', 'one order a line: {"orderId","amount","currency","customer","paymentMethod"}')
+  .option('--json', 'machine-readable output')
+  .action(async (o) => {
+    await withDatabase(async ({ url, pool }) => {
+      const boss = createBoss(url, 'client', 2);
+      await boss.start();
+      try {
+        if (o.fromFile) {
+          const summary = await confirmFromFile(pool, boss, o.fromFile, { onProgress: progressPrinter() });
+          if (process.stderr.isTTY) process.stderr.write('\n');
+          printBulk(summary, o.json);
+          if (summary.failed > 0) process.exitCode = EXIT.partial;
+          return;
+        }
+        const input = {
+          orderId: o.orderId,
+          amount: o.amount,
+          currency: o.currency,
+          customer: o.customer,
+          paymentMethod: o.paymentMethod,
+        };
+        const { operationId, created } = await confirmOrder(pool, boss, input);
+        console.log(o.json ? JSON.stringify({ operationId, created }) : operationId);
+      } finally {
+        await boss.stop({ graceful: false });
+      }
+    });
+  });
+
+const ops = program.command('ops').description('payment operations');
+ops
+  .command('list')
+  .description('list operations (oldest first)')
+  .addOption(new Option('--status <status>').choices(['pending', 'unknown', 'succeeded', 'failed']))
+  .option('--needs-review', 'only operations held for a person, with the reason')
+  .addOption(new Option('--limit <n>').argParser(positiveInt).default(1000))
+  .option('--json', 'machine-readable output')
+  .action(async (o) => {
+    await withDatabase(async ({ pool }) => {
+      const rows = await listOperations(pool, { status: o.status, needsReview: !!o.needsReview, limit: o.limit });
+      printOperations(rows, o.json);
+    });
+  });
+ops
+  .command('show')
+  .description('one operation, as JSON')
+  .argument('<op-id>')
+  .option('--json', 'machine-readable output (the default for show)')
+  .action(async (id: string) => {
+    await withDatabase(async ({ pool }) => {
+      console.log(JSON.stringify(await showOperation(pool, id), null, 2));
+    });
+  });
+
+function progressPrinter(): ((s: BulkSummary) => void) | undefined {
+  if (!process.stderr.isTTY) return undefined;
+  let last = 0;
+  return (s) => {
+    if (Date.now() - last < 200) return;
+    last = Date.now();
+    process.stderr.write(`\r${s.confirmed + s.alreadyConfirmed} confirmed, ${s.failed} refused, line ${s.lines}`);
+  };
+}
+
+function printBulk(s: BulkSummary, json: boolean): void {
+  if (json) return console.log(JSON.stringify(s));
+  console.log(`${s.lines} lines: ${s.confirmed} confirmed, ${s.alreadyConfirmed} already confirmed, ${s.failed} refused`);
+  for (const f of s.failures) console.log(`  line ${f.line}: ${f.error}`);
+}
+
+try {
+  await program.parseAsync();
+} catch (err) {
+  if (!(err instanceof CommanderError)) {
+    const e = err as Error;
+    process.stderr.write(`outboxd: ${e.message}\n`);
+    log?.debug({ err }, "command failed");
+  }
+  process.exitCode = exitCodeOf(err);
+}
