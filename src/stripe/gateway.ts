@@ -1,0 +1,120 @@
+// PaymentGateway over the real Stripe SDK. It reports what Stripe said, classified by HTTP status and
+// raw error type (DESIGN §2.4 and §5), never by error class alone: a 409 is a StripeAPIError but
+// means "the same key is still executing"; a cut-off body is a StripeConnectionError.
+import Stripe from 'stripe';
+import {
+  AmbiguousOutcome,
+  Declined,
+  GatewayError,
+  IdempotencyKeyMisuse,
+  Rejected,
+  RetryLater,
+  type Charge,
+  type ChargeRequest,
+  type PaymentGateway,
+} from '../payments/gateway.ts';
+
+export interface StripeGatewayOptions {
+  secretKey: string;
+  /** e.g. http://127.0.0.1:12111; unset: api.stripe.com */
+  apiBase?: string | undefined;
+  /** Per attempt (the SDK's timeout is not a total). */
+  timeoutMs: number;
+  /** The SDK's own retries; they reuse our key. A reset connection is retried once even at 0. */
+  maxNetworkRetries?: number;
+}
+
+export function stripeClient(opts: StripeGatewayOptions): Stripe {
+  const base = opts.apiBase ? new URL(opts.apiBase) : undefined;
+  return new Stripe(opts.secretKey, {
+    maxNetworkRetries: opts.maxNetworkRetries ?? 0,
+    timeout: opts.timeoutMs,
+    telemetry: false,
+    ...(base
+      ? {
+          host: base.hostname,
+          port: Number(base.port || (base.protocol === 'https:' ? 443 : 80)),
+          protocol: base.protocol === 'https:' ? 'https' : 'http',
+        }
+      : {}),
+  });
+}
+
+const SEARCH_PAGE = 100;
+
+export class StripeGateway implements PaymentGateway {
+  private readonly stripe: Stripe;
+
+  constructor(opts: StripeGatewayOptions) {
+    this.stripe = stripeClient(opts);
+  }
+
+  async createCharge(req: ChargeRequest): Promise<Charge> {
+    try {
+      const pi = await this.stripe.paymentIntents.create(
+        {
+          amount: req.amount,
+          currency: req.currency,
+          customer: req.customer,
+          payment_method: req.paymentMethod,
+          confirm: true,
+          off_session: true,
+          metadata: { operation_id: req.operationId },
+        },
+        { idempotencyKey: req.idempotencyKey },
+      );
+      return toCharge(pi);
+    } catch (err) {
+      throw classify(err);
+    }
+  }
+
+  async retrieveCharge(externalId: string): Promise<Charge> {
+    try {
+      return toCharge(await this.stripe.paymentIntents.retrieve(externalId));
+    } catch (err) {
+      throw classify(err);
+    }
+  }
+
+  async findCharges(operationId: string): Promise<Charge[]> {
+    const found: Charge[] = [];
+    let page: string | undefined;
+    try {
+      do {
+        const result = await this.stripe.paymentIntents.search({
+          query: `metadata['operation_id']:'${operationId.replaceAll("'", "\\'")}'`,
+          limit: SEARCH_PAGE,
+          ...(page ? { page } : {}),
+        });
+        found.push(...result.data.map(toCharge));
+        page = result.has_more && result.next_page ? result.next_page : undefined;
+      } while (page);
+    } catch (err) {
+      throw classify(err);
+    }
+    return found;
+  }
+}
+
+function toCharge(pi: Stripe.PaymentIntent): Charge {
+  return { id: pi.id, status: pi.status, amount: pi.amount, currency: pi.currency, operationId: pi.metadata?.operation_id };
+}
+
+/** DESIGN §2.4, by HTTP status (what stripe@23 itself decides the class by) and raw type. */
+export function classify(err: unknown): GatewayError {
+  if (!(err instanceof Stripe.errors.StripeError)) return new AmbiguousOutcome(String(err), undefined, undefined, { cause: err });
+  const status = err.statusCode;
+  const pi = (err.payment_intent as { id?: string } | undefined)?.id;
+  const message = err.message;
+  const opts = { cause: err };
+  // No status: connection error, timeout, a body cut off after the headers, unreadable JSON.
+  if (status === undefined) return new AmbiguousOutcome(`${err.type}: ${message}`, undefined, pi, opts);
+  if (status === 402) return new Declined(`${err.code ?? 'card_error'}: ${message}`, status, pi, opts);
+  if (status === 429 || (status === 400 && err.code === 'rate_limit')) return new RetryLater(message, status, pi, opts);
+  if (status === 400 && err.rawType === 'idempotency_error') return new IdempotencyKeyMisuse(message, status, pi, opts);
+  if (status === 409 || status >= 500) return new AmbiguousOutcome(`${err.code ?? err.type}: ${message}`, status, pi, opts);
+  // Bad key or missing permission: nothing executed; an operator must fix the configuration.
+  if (status === 401 || status === 403) return new RetryLater(`${err.type}: ${message}`, status, pi, opts);
+  return new Rejected(`${err.code ?? err.type}: ${message}`, status, pi, opts);
+}
