@@ -5,6 +5,9 @@ import { startEmbeddedPostgres } from './db/embedded.ts';
 import { migrate } from './db/migrate.ts';
 import { createPool, type Pool } from './db/pool.ts';
 import type { Logger } from './log.ts';
+import type { PaymentGateway } from './payments/gateway.ts';
+import { StripeEmulator } from './stripe/emulator/emulator.ts';
+import { StripeGateway } from './stripe/gateway.ts';
 
 export interface Database {
   url: string;
@@ -22,4 +25,34 @@ export async function openDatabase(config: Config, log: Logger): Promise<Databas
 
 export function openPool(db: Database, name: string, max = 10): Pool {
   return createPool(db.url, { max, applicationName: name });
+}
+
+export const EMULATOR_KEY = 'sk_test_outboxd_emulator';
+
+export interface GatewayHandle {
+  gateway: PaymentGateway;
+  /** Set when the built-in emulator runs in this process. */
+  emulator?: StripeEmulator;
+  close(): Promise<void>;
+}
+
+/**
+ * STRIPE_SECRET_KEY set: real Stripe (or STRIPE_API_BASE). Unset: the built-in emulator, started here
+ * unless STRIPE_API_BASE points at a running one (replicas sharing a standalone `outboxd stripe-emulator`).
+ */
+export async function openGateway(config: Config, log: Logger): Promise<GatewayHandle> {
+  const { secretKey, apiBase, timeoutMs } = config.stripe;
+  if (secretKey) return { gateway: new StripeGateway({ secretKey, apiBase, timeoutMs }), close: async () => {} };
+  if (apiBase) {
+    log.warn({ apiBase }, 'STRIPE_SECRET_KEY is unset: using the Stripe emulator at STRIPE_API_BASE; no real money moves');
+    return { gateway: new StripeGateway({ secretKey: EMULATOR_KEY, apiBase, timeoutMs }), close: async () => {} };
+  }
+  const emulator = new StripeEmulator({ processingSettleMs: 30_000 });
+  const { url } = await emulator.listen(0);
+  log.warn({ emulator: url }, 'STRIPE_SECRET_KEY is unset: started the built-in Stripe emulator; no real money moves');
+  return {
+    gateway: new StripeGateway({ secretKey: EMULATOR_KEY, apiBase: url, timeoutMs }),
+    emulator,
+    close: () => emulator.close(),
+  };
 }

@@ -9,6 +9,7 @@ import { confirmOrder } from '../orders/confirm.ts';
 import { createBoss } from '../outbox.ts';
 import { openDatabase, openPool } from '../runtime.ts';
 import { listOperations, showOperation } from '../admin/operations.ts';
+import { StripeEmulator } from '../stripe/emulator/emulator.ts';
 import { EXIT, exitCodeOf } from './exit.ts';
 import { printOperations } from './print.ts';
 
@@ -112,6 +113,25 @@ ops
     await withDatabase(async ({ pool }) => {
       console.log(JSON.stringify(await showOperation(pool, id), null, 2));
     });
+  });
+
+program
+  .command('stripe-emulator')
+  .description('the built-in Stripe emulator, standalone (control API under /_emulator/)')
+  .addOption(new Option('--port <n>').argParser(positiveInt).default(12111))
+  .addOption(new Option('--host <addr>').default('127.0.0.1'))
+  .addOption(new Option('--search-lag-ms <ms>').argParser(positiveInt).default(0))
+  .addOption(new Option('--processing-settle-ms <ms>', 'pm_card_processing succeeds after this').argParser(positiveInt))
+  .action(async (o) => {
+    const emulator = new StripeEmulator({ searchLagMs: o.searchLagMs, processingSettleMs: o.processingSettleMs });
+    const { url } = await emulator.listen(o.port, o.host);
+    log!.warn({ url }, 'Stripe emulator listening: test keys only (sk_test_…), no real money moves');
+    console.log(url);
+    await new Promise<void>((resolve) => {
+      process.once('SIGINT', resolve);
+      process.once('SIGTERM', resolve);
+    });
+    await emulator.close();
   });
 
 function progressPrinter(): ((s: BulkSummary) => void) | undefined {

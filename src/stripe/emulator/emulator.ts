@@ -104,7 +104,8 @@ const DAY_MS = 24 * 60 * 60 * 1000;
 const id = (prefix: string) => `${prefix}_${randomBytes(12).toString('hex')}`;
 
 export class StripeEmulator {
-  private readonly opts: Required<Omit<EmulatorOptions, 'processingSettleMs'>> & { processingSettleMs?: number };
+  private readonly initial: EmulatorOptions;
+  private opts!: Required<Omit<EmulatorOptions, 'processingSettleMs'>> & { processingSettleMs?: number };
   private clockOffsetMs = 0;
   private searchFrozen = false;
   private readonly intents = new Map<string, LedgerEntry>();
@@ -117,11 +118,8 @@ export class StripeEmulator {
   private nextRule = 1;
 
   constructor(opts: EmulatorOptions = {}) {
-    this.opts = {
-      idempotencyRetentionMs: opts.idempotencyRetentionMs ?? DAY_MS,
-      searchLagMs: opts.searchLagMs ?? 0,
-      ...(opts.processingSettleMs !== undefined ? { processingSettleMs: opts.processingSettleMs } : {}),
-    };
+    this.initial = opts;
+    this.reset();
   }
 
   // ─── the handle tests and the control API use ────────────────────────────────────────────────────
@@ -179,7 +177,14 @@ export class StripeEmulator {
     }
   }
 
+  /** Back to a new emulator's state and options (the listener stays). */
   reset(): void {
+    const opts = this.initial;
+    this.opts = {
+      idempotencyRetentionMs: opts.idempotencyRetentionMs ?? DAY_MS,
+      searchLagMs: opts.searchLagMs ?? 0,
+      ...(opts.processingSettleMs !== undefined ? { processingSettleMs: opts.processingSettleMs } : {}),
+    };
     this.intents.clear();
     this.indexed.clear();
     this.keys.clear();
