@@ -10,6 +10,7 @@ import { createBoss } from '../outbox.ts';
 import { openDatabase, openPool } from '../runtime.ts';
 import { listOperations, showOperation } from '../admin/operations.ts';
 import { StripeEmulator } from '../stripe/emulator/emulator.ts';
+import { runWorker } from '../dispatcher/worker.ts';
 import { EXIT, exitCodeOf } from './exit.ts';
 import { printOperations } from './print.ts';
 
@@ -50,6 +51,13 @@ program
     if (config.databaseUrl) await migrate(config.databaseUrl);
     else await withDatabase(async () => {}); // opening the embedded database migrates it
     log!.info('migrations applied');
+  });
+
+program
+  .command('worker')
+  .description('one dispatcher replica, until SIGTERM/SIGINT')
+  .action(async () => {
+    await runWorker(config, log!);
   });
 
 const order = program.command('order').description('orders');

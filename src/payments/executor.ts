@@ -10,6 +10,7 @@ import {
   recordAttempt,
   recordOutcome,
   type Operation,
+  type OperationStatus,
   type Outcome,
 } from './operation.ts';
 
@@ -20,12 +21,15 @@ export type GatewayCall = 'create' | 'retrieve' | 'search';
 
 export interface ExecuteOptions {
   keyWindowSeconds?: number;
+  /** Bound by the caller to the operation (ids, fence, attempt). */
   log?: Logger;
   /** Runs inside the transaction that records the outcome (the dispatcher completes its job there). */
   onRecorded?: (tx: PoolClient, op: Operation) => Promise<void>;
 }
 
 export interface Execution {
+  /** The status before this run, for the transition it made. */
+  from: OperationStatus;
   operation: Operation;
   /** Which gateway call was made, or null when the operation was already settled. */
   call: GatewayCall | null;
@@ -39,11 +43,11 @@ export async function executeCharge(
   fence: number,
   opts: ExecuteOptions = {},
 ): Promise<Execution> {
-  const log = opts.log?.child({ operationId, fence });
+  const log = opts.log;
 
   // 1. Load. A settled operation is never overwritten and causes no external call (invariant 5).
   const op = await loadOperation(db, operationId, opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS);
-  if (isSettled(op.status)) return { operation: op, call: null, outcome: null };
+  if (isSettled(op.status)) return { from: op.status, operation: op, call: null, outcome: null };
 
   // 2. Choose the call. A known charge is settled by retrieve, never by another create (invariant 6);
   //    past the key window the key may be gone, so never create: search (invariant 7).
@@ -64,7 +68,7 @@ export async function executeCharge(
     await opts.onRecorded?.(tx, recorded);
     return recorded;
   });
-  return { operation, call, outcome };
+  return { from: op.status, operation, call, outcome };
 }
 
 async function callGateway(gateway: PaymentGateway, op: Operation, call: GatewayCall): Promise<Outcome> {

@@ -96,8 +96,8 @@ export class OperationNotFoundError extends Error {
 }
 
 async function staleFence(db: Queryable, id: string, fence: number): Promise<StaleFenceError> {
-  const { rows } = await db.query(sql.fenceOf(id));
-  return new StaleFenceError(id, fence, rows[0]?.fence, rows[0]?.status);
+  const now = await peekOperation(db, id);
+  return new StaleFenceError(id, fence, now?.fence, now?.status);
 }
 
 export async function loadOperation(
@@ -133,10 +133,37 @@ export async function recordOutcome(db: Queryable, op: Operation, fence: number,
   return rows[0];
 }
 
+export interface Lease {
+  fence: number;
+  /** The holder whose expired lease this claim took over, if any. */
+  previousOwner: string | null;
+}
+
+/** A new claim with a larger fencing token, or undefined when the operation is settled or leased by someone live. */
+export async function claimOperation(db: Queryable, id: string, owner: string, ttlMs: number): Promise<Lease | undefined> {
+  const { rows } = await db.query(sql.acquireLease(id, owner, ttlMs));
+  return rows[0] ? { fence: rows[0].fence, previousOwner: rows[0].previous_owner } : undefined;
+}
+
 /** The fencing token of a new claim, or undefined when the operation is settled or leased by someone live. */
 export async function acquireLease(db: Queryable, id: string, owner: string, ttlMs: number): Promise<number | undefined> {
-  const { rows } = await db.query(sql.acquireLease(id, owner, ttlMs));
-  return rows[0]?.fence;
+  return (await claimOperation(db, id, owner, ttlMs))?.fence;
+}
+
+/** Fenced: holds an unsettled operation for a person; its status does not change. */
+export async function flagForReview(db: Queryable, id: string, fence: number, reason: string): Promise<Operation> {
+  const { rows } = await db.query(sql.flagForReview(id, fence, reason));
+  if (!rows[0]) throw await staleFence(db, id, fence);
+  return rows[0];
+}
+
+/** The operation's current fence and status, without a claim. */
+export async function peekOperation(
+  db: Queryable,
+  id: string,
+): Promise<{ fence: number; status: OperationStatus; lease_owner: string | null } | undefined> {
+  const { rows } = await db.query(sql.fenceOf(id));
+  return rows[0];
 }
 
 /** Extends the lease while a call is in flight; false when the fence moved (the lease was taken over). */

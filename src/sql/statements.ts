@@ -44,14 +44,17 @@ export const loadOperation = statement<[id: string, keyWindowSeconds: number]>(
 
 // ─── lease and fence (DESIGN §3) ───────────────────────────────────────────────────────────────────
 
-/** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token. */
+/** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token.
+ * previous_owner is set when an expired lease was taken over (its holder died or stalled). */
 export const acquireLease = statement<[id: string, owner: string, ttlMs: number]>(
   'outboxd_acquire_lease',
-  `update payment_operations
-   set fence = fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
+  `with prev as (select id, lease_owner from payment_operations where id = $1 for update)
+   update payment_operations op
+   set fence = op.fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
        updated_at = now()
-   where id = $1 and ${UNSETTLED} and (lease_expires_at is null or lease_expires_at < now())
-   returning fence`,
+   from prev
+   where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
+   returning op.fence, prev.lease_owner as previous_owner`,
 );
 
 export const renewLease = statement<[id: string, fence: number, ttlMs: number]>(
@@ -65,6 +68,14 @@ export const releaseLease = statement<[id: string, fence: number]>(
   'outboxd_release_lease',
   `update payment_operations set lease_owner = null, lease_expires_at = null
    where id = $1 and fence = $2 and lease_owner is not null`,
+);
+
+/** At shutdown: gives back every lease this replica still holds, so others need not wait for expiry. */
+export const releaseLeasesOf = statement<[owner: string]>(
+  'outboxd_release_leases_of',
+  `update payment_operations set lease_owner = null, lease_expires_at = null
+   where lease_owner = $1
+   returning id`,
 );
 
 // ─── the executor's fenced writes ──────────────────────────────────────────────────────────────────
@@ -104,9 +115,28 @@ export const recordOutcome = statement<
    returning *`,
 );
 
+/** Fenced: holds an unsettled operation for a person without changing its status. */
+export const flagForReview = statement<[id: string, fence: number, reason: string]>(
+  'outboxd_flag_for_review',
+  `update payment_operations set review_reason = $3, updated_at = now()
+   where id = $1 and fence = $2 and ${UNSETTLED}
+   returning *`,
+);
+
 export const fenceOf = statement<[id: string]>(
   'outboxd_fence_of',
   `select fence, status, lease_owner from payment_operations where id = $1`,
+);
+
+// ─── health (metrics) ─────────────────────────────────────────────────────────────────────────────
+
+export const operationHealth = statement<[]>(
+  'outboxd_operation_health',
+  `select
+     count(*) filter (where needs_review)::int as needs_review,
+     count(*) filter (where ${UNSETTLED})::int as unsettled,
+     coalesce(extract(epoch from now() - min(created_at) filter (where ${UNSETTLED})), 0)::float8 as oldest_unsettled_seconds
+   from payment_operations`,
 );
 
 // ─── listings (admin and CLI) ──────────────────────────────────────────────────────────────────────

@@ -1,0 +1,206 @@
+// The dispatcher: turns charge jobs into settled operations. pg-boss claims the job (SKIP LOCKED,
+// retries with backoff, heartbeats, dead letter); the operation's lease and fencing token make sure
+// that at most one claim writes, whatever pg-boss redelivers (DESIGN §3).
+//
+// One job:  claim the operation (fence + 1) ─▶ executeCharge with the token, lease renewed meanwhile
+//           ─▶ settled: outcome, lease release and job completion in ONE fenced transaction
+//           ─▶ unsettled (ambiguous, 429, review): lease released, the job fails → retried with backoff
+//           ─▶ leased by a live claim: retried later, never dropped
+//           ─▶ fenced out: this claim changes nothing and abandons the job
+import type { Job, JobResult, PgBoss } from 'pg-boss';
+import { bossDb, type Pool } from '../db/pool.ts';
+import type { Logger } from '../log.ts';
+import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, type ChargeJob } from '../outbox.ts';
+import { executeCharge } from '../payments/executor.ts';
+import type { PaymentGateway } from '../payments/gateway.ts';
+import {
+  claimOperation,
+  flagForReview,
+  isSettled,
+  loadOperation,
+  peekOperation,
+  releaseLease,
+  renewLease,
+  StaleFenceError,
+} from '../payments/operation.ts';
+import * as sql from '../sql/statements.ts';
+import type { Metrics } from './metrics.ts';
+
+export interface DispatcherOptions {
+  workerId: string;
+  /** Operations executing at once in this replica. */
+  concurrency: number;
+  leaseTtlMs: number;
+  keyWindowSeconds?: number;
+}
+
+export interface DispatcherDeps {
+  boss: PgBoss;
+  pool: Pool;
+  gateway: PaymentGateway;
+  log: Logger;
+  metrics: Metrics;
+}
+
+type Disposition = Omit<JobResult, 'id'>;
+const completed: Disposition = { status: 'completed' };
+const retryLater = (reason: string): Disposition => ({ status: 'failed', output: { reason } });
+
+export class Dispatcher {
+  private readonly deps: DispatcherDeps;
+  private readonly opts: DispatcherOptions;
+  private readonly log: Logger;
+  private draining = false;
+
+  constructor(deps: DispatcherDeps, opts: DispatcherOptions) {
+    this.deps = deps;
+    this.opts = opts;
+    this.log = deps.log;
+  }
+
+  get isDraining(): boolean {
+    return this.draining;
+  }
+
+  /**
+   * pg-boss waits out its polling interval after every fetch unless the loop was notified meanwhile.
+   * So each of the `concurrency` loops fetches one job, and after handling one wakes itself
+   * (notifyWorker): while there is a backlog it fetches again at once, and only an empty fetch waits.
+   * NOTIFY wakes idle loops the moment a job is enqueued. Exactly `concurrency` jobs at most are in
+   * hand, and a slow call holds up no other job.
+   */
+  async start(): Promise<void> {
+    const { boss } = this.deps;
+    const loop = { batchSize: 1, perJobResults: true, notifyPollingIntervalSeconds: 2, pollingIntervalSeconds: 0.5 } as const;
+    const register = async (queue: string, handle: (job: Job<ChargeJob>) => Promise<Disposition>) => {
+      let loopId: string | undefined;
+      loopId = await boss.work<ChargeJob>(queue, loop, async (jobs: Job<ChargeJob>[]) => {
+        const results = await Promise.all(jobs.map(async (job) => ({ id: job.id, ...(await handle(job)) })));
+        if (loopId && !this.draining) boss.notifyWorker(loopId);
+        return results;
+      });
+    };
+    for (let i = 0; i < this.opts.concurrency; i++) await register(CHARGE_QUEUE, (job) => this.handle(job));
+    await register(CHARGE_DEAD_QUEUE, (job) => this.handleDeadLetter(job));
+    this.log.info({ concurrency: this.opts.concurrency, leaseTtlMs: this.opts.leaseTtlMs }, 'dispatcher started');
+  }
+
+  /** Stops claiming, lets in-flight operations finish within graceMs, then gives back this replica's leases. */
+  async drain(graceMs: number): Promise<{ finished: boolean }> {
+    this.draining = true;
+    const { boss, pool } = this.deps;
+    const stopped = Promise.all([boss.offWork(CHARGE_QUEUE, { wait: true }), boss.offWork(CHARGE_DEAD_QUEUE, { wait: true })]);
+    let timer: NodeJS.Timeout | undefined;
+    const finished = await Promise.race([
+      stopped.then(() => true),
+      new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), graceMs))),
+    ]);
+    clearTimeout(timer);
+    const { rows } = await pool.query(sql.releaseLeasesOf(this.opts.workerId));
+    this.log.info({ finished, leasesReleased: rows.length }, 'dispatcher drained');
+    return { finished };
+  }
+
+  private async handle(job: Job<ChargeJob>): Promise<Disposition> {
+    const { pool, gateway, boss, metrics } = this.deps;
+    const operationId = job.data?.operationId;
+    const log = this.log.child({ jobId: job.id, operationId, attempt: job.retryCount });
+    if (typeof operationId !== 'string') {
+      log.error({ data: job.data }, 'malformed charge job');
+      return { status: 'deadletter', output: { reason: 'malformed job' } };
+    }
+
+    const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs);
+    if (!lease) return this.notClaimed(operationId, log);
+    const { fence } = lease;
+    const opLog = log.child({ fence });
+    if (lease.previousOwner) {
+      metrics.leaseTakeovers.inc();
+      opLog.warn({ previousOwner: lease.previousOwner }, 'took over an expired lease');
+    }
+
+    metrics.inFlight.inc();
+    let leaseLost = false;
+    const renewal = setInterval(() => {
+      renewLease(pool, operationId, fence, this.opts.leaseTtlMs)
+        .then((held) => {
+          if (!held && !leaseLost) opLog.warn('lease taken over during the call: its outcome will be fenced out');
+          leaseLost ||= !held;
+        })
+        .catch((err: Error) => opLog.warn({ err }, 'lease renewal failed'));
+    }, Math.max(250, Math.floor(this.opts.leaseTtlMs / 3)));
+    let released = false;
+    try {
+      const run = await executeCharge(pool, gateway, operationId, fence, {
+        keyWindowSeconds: this.opts.keyWindowSeconds,
+        log: opLog,
+        onRecorded: async (tx, op) => {
+          await releaseLease(tx, operationId, fence);
+          released = true;
+          if (!isSettled(op.status)) return;
+          // Fenced to this attempt by pg-boss; `affected` is returned at runtime though not declared.
+          const { affected } = (await boss.complete(CHARGE_QUEUE, { id: job.id, retryCount: job.retryCount }, null, {
+            db: bossDb(tx),
+          })) as { affected: number };
+          if (affected === 0) opLog.warn('job attempt was no longer ours at completion; the operation settled all the same');
+        },
+      });
+      const { operation: op, call, outcome } = run;
+      if (call && outcome) metrics.gatewayOutcomes.inc({ call, outcome: outcome.kind });
+      if (run.from !== op.status) metrics.transitions.inc({ from: run.from, to: op.status });
+      if (isSettled(op.status)) {
+        metrics.jobs.inc({ result: 'settled' });
+        return completed;
+      }
+      metrics.jobs.inc({ result: 'retry' });
+      return retryLater(`${op.status}: ${op.last_error ?? outcome?.kind}`);
+    } catch (err) {
+      if (err instanceof StaleFenceError) {
+        metrics.fencedOut.inc();
+        released = true; // the lease is someone else's now
+        opLog.warn({ fence: err.fence, currentFence: err.currentFence, currentStatus: err.currentStatus }, 'fenced out: another claim owns this operation; abandoning the job');
+        metrics.jobs.inc({ result: 'fenced_out' });
+        return completed;
+      }
+      opLog.error({ err }, 'charge job failed; it will be retried');
+      metrics.jobs.inc({ result: 'error' });
+      return retryLater(String(err));
+    } finally {
+      clearInterval(renewal);
+      metrics.inFlight.dec();
+      if (!released) await releaseLease(pool, operationId, fence).catch(() => {});
+    }
+  }
+
+  /** No claim: settled (nothing to do), unknown (a broken job) or leased by a live claim (later). */
+  private async notClaimed(operationId: string, log: Logger): Promise<Disposition> {
+    const now = await peekOperation(this.deps.pool, operationId);
+    if (!now) {
+      log.error('charge job for an operation that does not exist');
+      return { status: 'deadletter', output: { reason: 'no such operation' } };
+    }
+    if (isSettled(now.status)) return completed;
+    this.deps.metrics.leaseBusy.inc();
+    log.info({ holder: now.lease_owner }, 'operation leased by another live claim; retrying later');
+    return retryLater(`leased by ${now.lease_owner}`);
+  }
+
+  /** Retries ran out: the operation is held for a person (never silently dropped). */
+  private async handleDeadLetter(job: Job<ChargeJob>): Promise<Disposition> {
+    const { pool } = this.deps;
+    const operationId = job.data?.operationId;
+    const log = this.log.child({ jobId: job.id, operationId, queue: CHARGE_DEAD_QUEUE });
+    if (typeof operationId !== 'string') return completed;
+    const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs);
+    if (!lease) return this.notClaimed(operationId, log);
+    try {
+      const op = await loadOperation(pool, operationId, 0);
+      const reason = `retries exhausted: the charge job was dead-lettered after ${chargeQueueOptions.retryLimit} retries (last error: ${op.last_error ?? 'none'})${op.review_reason ? `; ${op.review_reason}` : ''}`;
+      await flagForReview(pool, operationId, lease.fence, reason);
+      log.error({ reason }, 'operation needs review');
+      return completed;
+    } finally {
+      await releaseLease(pool, operationId, lease.fence);
+    }
+  }
+}

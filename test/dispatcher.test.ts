@@ -1,0 +1,204 @@
+// The dispatcher: in-process replicas for queue semantics, real OS processes where the property is
+// about processes (kill -9, SIGSTOP, SIGTERM).
+import pg from 'pg';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { Dispatcher } from '../src/dispatcher/dispatcher.ts';
+import { createMetrics } from '../src/dispatcher/metrics.ts';
+import { createLogger } from '../src/log.ts';
+import { createBoss } from '../src/outbox.ts';
+import { idempotencyKeyFor } from '../src/payments/gateway.ts';
+import { createTestDatabase, type TestDb } from './support/db.ts';
+import { startEmulator, type RunningEmulator } from './support/emulator.ts';
+import { confirm, operation } from './support/fixtures.ts';
+import { startReplica, waitUntil, type Replica } from './support/replica.ts';
+
+let t: TestDb;
+let e: RunningEmulator;
+const replicas: Replica[] = [];
+beforeAll(async () => {
+  [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
+});
+afterAll(async () => {
+  await Promise.all([t.close(), e.close()]);
+});
+beforeEach(() => e.emulator.reset());
+afterEach(async () => {
+  for (const r of replicas.splice(0)) {
+    r.kill('SIGCONT');
+    r.kill('SIGKILL');
+    await r.exited;
+  }
+  await t.pool.query(`delete from pgboss.job where name in ('charge', 'charge_dead')`);
+});
+
+const replica = async (env: Record<string, string> = {}) => {
+  const r = await startReplica({
+    DATABASE_URL: t.url,
+    STRIPE_API_BASE: e.url,
+    STRIPE_SECRET_KEY: '',
+    WORKER_CONCURRENCY: '4',
+    STRIPE_TIMEOUT_MS: '2000',
+    LEASE_TTL_MS: '3000',
+    SHUTDOWN_GRACE_MS: '10000',
+    ...env,
+  });
+  replicas.push(r);
+  return r;
+};
+const charges = (op: string) => e.emulator.ledger().filter((l) => l.paymentIntent.metadata.operation_id === op);
+const createsFor = (op: string) => e.emulator.requests().filter((r) => r.endpoint === 'create' && r.operationId === op);
+const settled = async (op: string) => ['succeeded', 'failed'].includes((await operation(t, op)).status);
+
+describe('dispatcher replicas (OS processes)', () => {
+  it('two replicas, many orders: every operation settles with exactly one charge', async () => {
+    const [a, b] = await Promise.all([replica(), replica()]);
+    const ops = await Promise.all(Array.from({ length: 60 }, (_, i) => confirm(t, { paymentMethod: i % 10 === 0 ? 'pm_card_chargeDeclined' : 'pm_card_visa' })));
+    await waitUntil(async () => (await Promise.all(ops.map(settled))).every(Boolean), 60_000, 'all settled');
+    for (const op of ops) {
+      expect(charges(op)).toHaveLength(1);
+      expect(new Set(createsFor(op).map((r) => r.idempotencyKey))).toEqual(new Set([idempotencyKeyFor(op)]));
+    }
+    const { rows } = await t.pool.query(`select status, count(*)::int as n from payment_operations where id = any($1) group by status`, [ops]);
+    expect(Object.fromEntries(rows.map((r) => [r.status, r.n]))).toEqual({ succeeded: 54, failed: 6 });
+    expect((await a.metric('outboxd_jobs_total')) + (await b.metric('outboxd_jobs_total'))).toBe(60);
+  });
+
+  it('kill -9 while the call is in flight: another replica takes over after the lease, same key, one charge', async () => {
+    const a = await replica();
+    const op = await confirm(t);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 1500 } });
+    await waitUntil(() => createsFor(op).length === 1, 20_000, 'the first create');
+    a.kill('SIGKILL');
+    const b = await replica();
+    const started = Date.now();
+    await waitUntil(() => settled(op), 60_000, 'takeover settles');
+    expect(Date.now() - started).toBeLessThan(60_000);
+    expect((await operation(t, op)).status).toBe('succeeded');
+    expect(charges(op)).toHaveLength(1);
+    expect(createsFor(op).map((r) => r.idempotencyKey)).toEqual([idempotencyKeyFor(op), idempotencyKeyFor(op)]);
+    expect(await b.metric('outboxd_lease_takeovers_total')).toBe(1);
+  });
+
+  it('a replica SIGSTOPped past its lease is fenced out when it resumes; the status stays as the other wrote it', async () => {
+    const a = await replica();
+    const op = await confirm(t);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 1000 } });
+    await waitUntil(() => createsFor(op).length === 1, 20_000, 'the first create');
+    a.kill('SIGSTOP');
+    const b = await replica();
+    await waitUntil(() => settled(op), 60_000, 'the second replica settles');
+    const settledByB = await operation(t, op);
+    expect(settledByB.status).toBe('succeeded');
+    a.kill('SIGCONT');
+    await waitUntil(async () => (await a.metric('outboxd_fenced_out_writes_total')) >= 1, 20_000, 'the stale write to be fenced');
+    const after = await operation(t, op);
+    expect(after).toMatchObject({ status: 'succeeded', fence: settledByB.fence, external_id: settledByB.external_id, settled_at: settledByB.settled_at });
+    expect(charges(op)).toHaveLength(1);
+    expect(a.logs.some((l) => l.msg === 'fenced out: another claim owns this operation; abandoning the job')).toBe(true);
+    expect(await b.metric('outboxd_fenced_out_writes_total')).toBe(0);
+  });
+
+  it('SIGTERM during in-flight calls: /readyz turns unready, the calls finish, exit 0, nothing left leased', async () => {
+    const a = await replica();
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 1500 }, count: Infinity });
+    const ops = await Promise.all(Array.from({ length: 4 }, () => confirm(t)));
+    await waitUntil(() => ops.every((op) => createsFor(op).length === 1), 20_000, 'four calls in flight');
+    expect((await a.get('/readyz')).status).toBe(200);
+    const termAt = Date.now();
+    a.kill('SIGTERM');
+    await waitUntil(async () => (await a.get('/readyz').catch(() => ({ status: 0 }))).status === 503, 5_000, 'unready');
+    const { code } = await a.exited;
+    expect(code).toBe(0);
+    expect(Date.now() - termAt).toBeLessThan(10_000);
+    for (const op of ops) expect(await operation(t, op)).toMatchObject({ status: 'succeeded', lease_owner: null });
+  });
+
+  it('while calls are in flight no worker session is in a transaction (pg_stat_activity)', async () => {
+    const a = await replica({ WORKER_CONCURRENCY: '6' });
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 1000 }, count: Infinity });
+    const ops = await Promise.all(Array.from({ length: 6 }, () => confirm(t)));
+    await waitUntil(() => ops.every((op) => createsFor(op).length === 1), 20_000, 'six calls in flight');
+    const observer = new pg.Client({ connectionString: t.url });
+    await observer.connect();
+    const { rows } = await observer.query(
+      `select state, query from pg_stat_activity where application_name = 'outboxd-worker' and datname = current_database()`,
+    );
+    await observer.end();
+    expect(await a.metric('outboxd_in_flight')).toBe(6);
+    expect(rows.filter((r) => r.state !== 'idle')).toEqual([]);
+    await waitUntil(async () => (await Promise.all(ops.map(settled))).every(Boolean), 20_000, 'settled');
+  });
+});
+
+describe('dispatcher (in-process)', () => {
+  const log = createLogger('silent');
+  async function dispatcher(workerId: string, opts: { leaseTtlMs?: number } = {}) {
+    const boss = createBoss(t.url, 'worker', 3);
+    boss.on('error', () => {});
+    await boss.start();
+    const metrics = createMetrics({ db: t.pool, boss });
+    const d = new Dispatcher(
+      { boss, pool: t.pool, gateway: e.gateway({ timeoutMs: 10_000 }), log, metrics },
+      { workerId, concurrency: 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000 },
+    );
+    await d.start();
+    return { d, boss, metrics, stop: () => boss.stop({ graceful: false }) };
+  }
+
+  it('a job redelivered by pg-boss expiry while its first handler runs waits on the lease: one charge', async () => {
+    const op = await confirm(t);
+    // Shorten this job's expiry so pg-boss's own supervisor hands it out again mid-call.
+    await t.pool.query(`update pgboss.job set expire_seconds = 1 where name = 'charge' and data->>'operationId' = $1`, [op]);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 9_000 } });
+    const a = await dispatcher('replica-a');
+    await waitUntil(() => createsFor(op).length === 1, 10_000, 'the first create');
+    const b = await dispatcher('replica-b');
+    try {
+      const busy = async () => (await a.metrics.leaseBusy.get()).values[0]!.value + (await b.metrics.leaseBusy.get()).values[0]!.value;
+      await waitUntil(async () => (await busy()) >= 1, 20_000, 'the redelivered job to meet the lease');
+      expect(await settled(op)).toBe(false);
+      await waitUntil(() => settled(op), 30_000, 'settled');
+      expect(charges(op)).toHaveLength(1);
+      expect(createsFor(op)).toHaveLength(1);
+      // The redelivery is the same job: it completes, and no second job was ever made.
+      const jobStates = async () =>
+        (await t.pool.query(`select state from pgboss.job where name = 'charge' and data->>'operationId' = $1`, [op])).rows;
+      await waitUntil(async () => (await jobStates()).every((j) => j.state === 'completed'), 20_000, 'the job to complete');
+      expect(await jobStates()).toHaveLength(1);
+    } finally {
+      await Promise.all([a.stop(), b.stop()]);
+    }
+  });
+
+  it('unknown operations are re-driven with the same key until settled', async () => {
+    const op = await confirm(t);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'error_before_commit', status: 503 }, count: 2 });
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'truncate' } });
+    const a = await dispatcher('replica-a');
+    try {
+      await waitUntil(() => settled(op), 30_000, 'settled');
+      expect((await operation(t, op)).status).toBe('succeeded');
+      expect(createsFor(op).map((r) => r.idempotencyKey)).toEqual(Array(3).fill(idempotencyKeyFor(op)));
+      expect(charges(op)).toHaveLength(1);
+    } finally {
+      await a.stop();
+    }
+  });
+
+  it('a dead-lettered operation is flagged for review, never silently dropped', async () => {
+    const op = await confirm(t);
+    // Exhaust the retries at once instead of waiting hours of backoff.
+    await t.pool.query(`update pgboss.job set retry_limit = 0 where name = 'charge' and data->>'operationId' = $1`, [op]);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'rate_limit' } });
+    const a = await dispatcher('replica-a');
+    try {
+      await waitUntil(async () => (await operation(t, op)).needs_review, 30_000, 'review flag');
+      const flagged = await operation(t, op);
+      expect(flagged.status).toBe('pending');
+      expect(flagged.review_reason).toMatch(/dead-lettered.*429|dead-lettered.*Too many/);
+      expect(flagged.lease_owner).toBeNull();
+    } finally {
+      await a.stop();
+    }
+  });
+});

@@ -1,0 +1,73 @@
+// A worker replica as a real OS process (`bin/outboxd.js worker`), for properties about processes:
+// kill -9, SIGSTOP/SIGCONT, SIGTERM drain.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+
+const BIN = fileURLToPath(new URL('../../bin/outboxd.js', import.meta.url));
+
+export interface Replica {
+  proc: ChildProcess;
+  port: number;
+  logs: Record<string, unknown>[];
+  metric(name: string): Promise<number>;
+  get(path: string): Promise<{ status: number; body: string }>;
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  kill(signal: NodeJS.Signals): void;
+}
+
+export async function startReplica(env: Record<string, string>): Promise<Replica> {
+  const proc = spawn(process.execPath, [BIN, 'worker'], {
+    env: { ...process.env, HTTP_PORT: '0', LOG_LEVEL: 'info', ...env },
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  const logs: Record<string, unknown>[] = [];
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    proc.once('exit', (code, signal) => resolve({ code, signal })),
+  );
+  const port = await new Promise<number>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`replica did not start: ${JSON.stringify(logs.slice(-5))}`)), 30_000);
+    createInterface({ input: proc.stderr! }).on('line', (line) => {
+      try {
+        const entry = JSON.parse(line);
+        logs.push(entry);
+        if (entry.msg === 'worker ready') {
+          clearTimeout(timer);
+          resolve(entry.httpPort);
+        }
+      } catch {
+        logs.push({ raw: line });
+      }
+    });
+    void exited.then(({ code }) => reject(new Error(`replica exited with ${code} before it was ready: ${JSON.stringify(logs.slice(-5))}`)));
+  });
+  const get = async (path: string) => {
+    const res = await fetch(`http://127.0.0.1:${port}${path}`);
+    return { status: res.status, body: await res.text() };
+  };
+  return {
+    proc,
+    port,
+    logs,
+    get,
+    exited,
+    kill: (signal) => proc.kill(signal),
+    async metric(name) {
+      const { body } = await get('/metrics');
+      return body
+        .split('\n')
+        .filter((l) => l.startsWith(name))
+        .reduce((sum, l) => sum + Number(l.split(' ').pop()), 0);
+    },
+  };
+}
+
+export async function waitUntil<T>(fn: () => Promise<T> | T, timeoutMs = 30_000, what = 'condition'): Promise<NonNullable<T>> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v as NonNullable<T>;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
