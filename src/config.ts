@@ -19,6 +19,14 @@ export const envSchema = z.object({
   LEASE_TTL_MS: intInRange(1_000, 600_000, 30_000),
   SHUTDOWN_GRACE_MS: intInRange(0, 600_000, 25_000),
   HTTP_PORT: intInRange(0, 65_535, 8080),
+  /** cron of the reconcile sweep every worker schedules (pg-boss runs one at a time). */
+  RECONCILE_CRON: z.string().min(9).default('*/5 * * * *'),
+  /** Admin HTTP API bearer token; unset: the admin routes are off. */
+  ADMIN_TOKEN: z.string().min(16, 'ADMIN_TOKEN must be at least 16 characters').optional(),
+  /** Who the admin token acts as in the audit trail. */
+  ADMIN_TOKEN_NAME: z.string().min(1).default('admin-api'),
+  /** Stripe webhook signing secret; unset: POST /webhooks/stripe is off. */
+  STRIPE_WEBHOOK_SECRET: optionalString,
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 
@@ -28,7 +36,9 @@ export interface Config {
   databaseUrl: string | undefined;
   dataDir: string;
   stripe: { secretKey: string | undefined; apiBase: string | undefined; timeoutMs: number };
-  worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number };
+  worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number; reconcileCron: string };
+  admin: { token: string | undefined; tokenName: string };
+  webhookSecret: string | undefined;
   logLevel: Env['LOG_LEVEL'];
 }
 
@@ -58,7 +68,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       leaseTtlMs: e.LEASE_TTL_MS,
       shutdownGraceMs: e.SHUTDOWN_GRACE_MS,
       httpPort: e.HTTP_PORT,
+      reconcileCron: e.RECONCILE_CRON,
     },
+    admin: { token: e.ADMIN_TOKEN, tokenName: e.ADMIN_TOKEN_NAME },
+    webhookSecret: e.STRIPE_WEBHOOK_SECRET,
     logLevel: e.LOG_LEVEL,
   };
 }

@@ -49,10 +49,14 @@ export function createBoss(connectionString: string, role: 'migrator' | 'worker'
   });
 }
 
+/** The scheduled reconcile sweep (pg-boss cron); one sweep at a time across all replicas. */
+export const RECONCILE_QUEUE = 'reconcile';
+
 /** Creates the queues (idempotent). Run by `outboxd migrate`, after pg-boss installed its schema. */
 export async function createQueues(boss: PgBoss): Promise<void> {
   await boss.createQueue(CHARGE_DEAD_QUEUE, { retryLimit: 5, retryBackoff: true, notify: true });
   await boss.createQueue(CHARGE_QUEUE, chargeQueueOptions);
+  await boss.createQueue(RECONCILE_QUEUE, { policy: 'singleton', retryLimit: 0, expireInSeconds: 15 * 60 });
 }
 
 /** Enqueues the job that drives `operationId`, through `db` so it commits with the caller's transaction. */

@@ -97,6 +97,7 @@ describe('executeCharge', () => {
         throw new Error('unused');
       },
       findCharges: async () => [],
+      listCharges: async () => [],
     };
     const id = await confirm(t);
     const run = await executeCharge(t.pool, misuse, id, await claim(t, id));

@@ -1,13 +1,11 @@
 // Read-side of the admin capability: listings for people and scripts.
 import type { Queryable } from '../db/pool.ts';
 import { ValidationError } from '../orders/validate.ts';
-import { OperationNotFoundError, type Operation } from '../payments/operation.ts';
+import { isOperationId, OperationNotFoundError, type Operation } from '../payments/operation.ts';
 import * as sql from '../sql/statements.ts';
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-
 export function parseOperationId(id: string): string {
-  if (!UUID.test(id)) throw new ValidationError('operationId', `not an operation id (a UUID): ${JSON.stringify(id)}`);
+  if (!isOperationId(id)) throw new ValidationError('operationId', `not an operation id (a UUID): ${JSON.stringify(id)}`);
   return id.toLowerCase();
 }
 

@@ -3,13 +3,15 @@ import { ConfigError } from '../config.ts';
 import { OrderConflictError } from '../orders/confirm.ts';
 import { ValidationError } from '../orders/validate.ts';
 import { OperationNotFoundError } from '../payments/operation.ts';
+import { ResolutionRefused } from '../admin/resolve.ts';
 
-/** Exit codes: 0 done; 1 failure; 2 bad usage or input; 3 partly done (bulk lines refused); 4 not found. */
-export const EXIT = { ok: 0, failure: 1, usage: 2, partial: 3, notFound: 4 } as const;
+/** Exit codes: 0 done; 1 failure; 2 bad usage, input or a refused action; 3 partly done (bulk lines
+ * refused); 4 not found; 5 drift between Stripe and the operations. */
+export const EXIT = { ok: 0, failure: 1, usage: 2, partial: 3, notFound: 4, drift: 5 } as const;
 
 export function exitCodeOf(err: unknown): number {
   if (err instanceof CommanderError) return err.exitCode === 0 ? EXIT.ok : EXIT.usage;
-  if (err instanceof ValidationError || err instanceof ConfigError || err instanceof OrderConflictError) return EXIT.usage;
+  if (err instanceof ValidationError || err instanceof ConfigError || err instanceof OrderConflictError || err instanceof ResolutionRefused) return EXIT.usage;
   if (err instanceof OperationNotFoundError) return EXIT.notFound;
   return EXIT.failure;
 }

@@ -7,10 +7,16 @@ import { createLogger, type Logger } from '../log.ts';
 import { confirmFromFile, type BulkSummary } from '../orders/bulk.ts';
 import { confirmOrder } from '../orders/confirm.ts';
 import { createBoss } from '../outbox.ts';
-import { openDatabase, openPool } from '../runtime.ts';
+import { openDatabase, openGateway, openPool } from '../runtime.ts';
 import { listOperations, showOperation } from '../admin/operations.ts';
 import { StripeEmulator } from '../stripe/emulator/emulator.ts';
 import { runWorker } from '../dispatcher/worker.ts';
+import { userInfo } from 'node:os';
+import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
+import { resolveOperation, type Resolution } from '../admin/resolve.ts';
+import { driftReport } from '../reconcile/drift.ts';
+import { reconcileNow } from '../admin/reconcile.ts';
+import { parseDuration } from './duration.ts';
 import { EXIT, exitCodeOf } from './exit.ts';
 import { printOperations } from './print.ts';
 
@@ -141,6 +147,98 @@ program
     });
     await emulator.close();
   });
+
+ops
+  .command('resolve')
+  .description('settle an operation held for review, after checking Stripe (verified again, audited)')
+  .argument('<op-id>')
+  .option('--succeeded', 'the charge happened: name it with --external-id')
+  .option('--external-id <pi>', 'the PaymentIntent that settles it')
+  .option('--failed', 'no charge happened: say why with --reason')
+  .option('--reason <text>')
+  .option('--actor <name>', 'who resolves (audit trail)', defaultActor())
+  .option('--json', 'machine-readable output')
+  .action(async (id: string, o) => {
+    if (!!o.succeeded === !!o.failed) throw new InvalidArgumentError('give exactly one of --succeeded or --failed');
+    const resolution: Resolution = o.succeeded
+      ? { outcome: 'succeeded', externalId: required(o.externalId, '--external-id') }
+      : { outcome: 'failed', reason: required(o.reason, '--reason') };
+    await withDatabase(async ({ pool }) => {
+      const gateway = await openGateway(config, log!);
+      try {
+        const op = await resolveOperation(pool, gateway.gateway, id, resolution, o.actor);
+        console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}`);
+      } finally {
+        await gateway.close();
+      }
+    });
+  });
+
+program
+  .command('requeue')
+  .description('re-drive unsettled operations with no live job (the same operation, so the same key)')
+  .argument('[op-id]')
+  .option('--stuck', 'every unsettled operation untouched for --older-than')
+  .addOption(new Option('--older-than <duration>', 'e.g. 10m, 2h').argParser(parseDuration).default(600, '10m'))
+  .option('--dry-run', 'report what would be requeued')
+  .option('--actor <name>', 'who requeues (audit trail)', defaultActor())
+  .option('--json', 'machine-readable output')
+  .action(async (id: string | undefined, o) => {
+    if (!!id === !!o.stuck) throw new InvalidArgumentError('give an operation id or --stuck');
+    await withDatabase(async ({ url, pool }) => {
+      const boss = createBoss(url, 'client', 2);
+      await boss.start();
+      try {
+        const opts = { actor: o.actor, dryRun: !!o.dryRun };
+        const results = id
+          ? [await requeueOperation(pool, boss, id, opts)]
+          : await requeueStuck(pool, boss, { ...opts, olderThanSeconds: o.olderThan });
+        if (o.json) console.log(JSON.stringify(results));
+        else for (const r of results) console.log(`${r.operationId} ${r.result}${'reason' in r ? `: ${r.reason}` : ''}`);
+        if (results.some((r) => r.result === 'refused')) process.exitCode = EXIT.usage;
+      } finally {
+        await boss.stop({ graceful: false });
+      }
+    });
+  });
+
+program
+  .command('reconcile')
+  .description('one reconciliation sweep; with --report, the drift between Stripe and the operations')
+  .option('--report', 'report drift instead of settling (exit 5 when drift exists)')
+  .option('--actor <name>', 'who runs the sweep (audit trail)', defaultActor())
+  .addOption(new Option('--since <duration>', 'report: charges created since, e.g. 7d').argParser(parseDuration).default(7 * 86400, '7d'))
+  .option('--json', 'machine-readable output')
+  .action(async (o) => {
+    await withDatabase(async ({ pool }) => {
+      const gateway = await openGateway(config, log!);
+      try {
+        if (o.report) {
+          const report = await driftReport(pool, gateway.gateway, new Date(Date.now() - o.since * 1000));
+          if (o.json) console.log(JSON.stringify(report));
+          else {
+            console.log(`${report.charges} charges since ${report.since}, ${report.operations} operations: ${report.drift.length} drift`);
+            for (const d of report.drift) console.log(`  ${d.kind} ${d.operationId ?? '-'} ${d.chargeIds.join(',')} ${d.detail}`);
+          }
+          if (report.drift.length > 0) process.exitCode = EXIT.drift;
+          return;
+        }
+        const report = await reconcileNow(pool, gateway.gateway, { actor: o.actor, owner: `cli:${process.pid}`, leaseTtlMs: config.worker.leaseTtlMs, log: log! });
+        console.log(o.json ? JSON.stringify(report) : `${report.examined} examined: ${report.settled} settled, ${report.needsReview} need review, ${report.skipped} skipped`);
+      } finally {
+        await gateway.close();
+      }
+    });
+  });
+
+function defaultActor(): string {
+  return `cli:${process.env.USER ?? userInfo().username}`;
+}
+
+function required(value: string | undefined, flag: string): string {
+  if (!value) throw new InvalidArgumentError(`${flag} is required here`);
+  return value;
+}
 
 function progressPrinter(): ((s: BulkSummary) => void) | undefined {
   if (!process.stderr.isTTY) return undefined;

@@ -1,7 +1,7 @@
 // The tables outboxd owns. drizzle-kit generates the SQL migrations in drizzle/ from this file;
 // the statements the worker runs live in src/sql/ (named, prepared), not in query builders.
 import { sql } from 'drizzle-orm';
-import { bigint, boolean, check, index, integer, pgTable, text, timestamp, unique, uuid } from 'drizzle-orm/pg-core';
+import { bigint, boolean, check, index, integer, jsonb, pgTable, text, timestamp, unique, uuid } from 'drizzle-orm/pg-core';
 
 const timestamps = {
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
@@ -74,3 +74,28 @@ export const paymentOperations = pgTable(
       .where(sql`${t.reviewReason} is not null`),
   ],
 );
+
+/** Every admin action (resolve, requeue, reconcile run), with who, when, what and the evidence. */
+export const adminAudit = pgTable(
+  'admin_audit',
+  {
+    id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
+    at: timestamp('at', { withTimezone: true }).notNull().defaultNow(),
+    actor: text('actor').notNull(),
+    action: text('action').notNull(),
+    operationId: uuid('operation_id').references(() => paymentOperations.id),
+    details: jsonb('details').notNull().default({}),
+  },
+  (t) => [index('admin_audit_operation_idx').on(t.operationId, t.at)],
+);
+
+/** Stripe webhook inbox: one row per event id, so a redelivered event is acknowledged, not reprocessed. */
+export const webhookEvents = pgTable('webhook_events', {
+  id: text('id').primaryKey(),
+  type: text('type').notNull(),
+  operationId: uuid('operation_id'),
+  receivedAt: timestamp('received_at', { withTimezone: true }).notNull().defaultNow(),
+  /** What processing decided: settled, already_settled, ignored, no_operation, mismatch. */
+  result: text('result').notNull(),
+  payload: jsonb('payload').notNull(),
+});

@@ -10,7 +10,8 @@
 import type { Job, JobResult, PgBoss } from 'pg-boss';
 import { bossDb, type Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, type ChargeJob } from '../outbox.ts';
+import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, RECONCILE_QUEUE, type ChargeJob } from '../outbox.ts';
+import { reconcileSweep } from '../reconcile/sweep.ts';
 import { executeCharge } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import {
@@ -32,6 +33,8 @@ export interface DispatcherOptions {
   concurrency: number;
   leaseTtlMs: number;
   keyWindowSeconds?: number;
+  /** Schedule the reconcile sweep with this cron (pg-boss runs one at a time across replicas). */
+  reconcileCron?: string;
 }
 
 export interface DispatcherDeps {
@@ -82,6 +85,19 @@ export class Dispatcher {
     };
     for (let i = 0; i < this.opts.concurrency; i++) await register(CHARGE_QUEUE, (job) => this.handle(job));
     await register(CHARGE_DEAD_QUEUE, (job) => this.handleDeadLetter(job));
+    if (this.opts.reconcileCron) {
+      await boss.schedule(RECONCILE_QUEUE, this.opts.reconcileCron);
+      await boss.work(RECONCILE_QUEUE, { batchSize: 1, pollingIntervalSeconds: 5 }, async () => {
+        const report = await reconcileSweep(this.deps.pool, this.deps.gateway, {
+          owner: this.opts.workerId,
+          leaseTtlMs: this.opts.leaseTtlMs,
+          log: this.log,
+          ...(this.opts.keyWindowSeconds !== undefined ? { keyWindowSeconds: this.opts.keyWindowSeconds } : {}),
+        });
+        this.log.info({ examined: report.examined, settled: report.settled, needsReview: report.needsReview }, 'reconcile sweep');
+        return { examined: report.examined, settled: report.settled, needsReview: report.needsReview };
+      });
+    }
     this.log.info({ concurrency: this.opts.concurrency, leaseTtlMs: this.opts.leaseTtlMs }, 'dispatcher started');
   }
 
@@ -89,7 +105,9 @@ export class Dispatcher {
   async drain(graceMs: number): Promise<{ finished: boolean }> {
     this.draining = true;
     const { boss, pool } = this.deps;
-    const stopped = Promise.all([boss.offWork(CHARGE_QUEUE, { wait: true }), boss.offWork(CHARGE_DEAD_QUEUE, { wait: true })]);
+    const stopped = Promise.all(
+      [CHARGE_QUEUE, CHARGE_DEAD_QUEUE, RECONCILE_QUEUE].map((queue) => boss.offWork(queue, { wait: true })),
+    );
     let timer: NodeJS.Timeout | undefined;
     const finished = await Promise.race([
       stopped.then(() => true),

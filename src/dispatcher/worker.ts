@@ -2,7 +2,9 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { Config } from '../config.ts';
+import { adminRoutes } from '../http/admin.ts';
 import { sendJson, startHttpServer } from '../http/server.ts';
+import { webhookRoutes } from '../http/webhooks.ts';
 import type { Logger } from '../log.ts';
 import { createBoss } from '../outbox.ts';
 import { openDatabase, openGateway, openPool } from '../runtime.ts';
@@ -22,23 +24,38 @@ export async function runWorker(config: Config, baseLog: Logger): Promise<void> 
   const metrics = createMetrics({ db: pool, boss });
   const dispatcher = new Dispatcher(
     { boss, pool, gateway: gateway.gateway, log, metrics },
-    { workerId, concurrency: config.worker.concurrency, leaseTtlMs: config.worker.leaseTtlMs },
+    {
+      workerId,
+      concurrency: config.worker.concurrency,
+      leaseTtlMs: config.worker.leaseTtlMs,
+      reconcileCron: config.worker.reconcileCron,
+    },
   );
   await dispatcher.start();
 
-  const http = await startHttpServer(config.worker.httpPort, {
-    'GET /healthz': (_req, res) => sendJson(res, 200, { status: 'ok', workerId }),
-    'GET /readyz': async (_req, res) => {
-      const dbOk = await pool.query('select 1').then(() => true, () => false);
-      const ready = dbOk && !dispatcher.isDraining;
-      sendJson(res, ready ? 200 : 503, { ready, database: dbOk, draining: dispatcher.isDraining });
-    },
-    'GET /metrics': async (_req, res) => {
-      const text = await metrics.registry.metrics();
-      res.writeHead(200, { 'Content-Type': metrics.registry.contentType });
-      res.end(text);
-    },
-  });
+  const http = await startHttpServer(config.worker.httpPort, [
+    ['GET', '/healthz', ({ res }) => sendJson(res, 200, { status: 'ok', workerId })],
+    [
+      'GET',
+      '/readyz',
+      async ({ res }) => {
+        const dbOk = await pool.query('select 1').then(() => true, () => false);
+        const ready = dbOk && !dispatcher.isDraining;
+        sendJson(res, ready ? 200 : 503, { ready, database: dbOk, draining: dispatcher.isDraining });
+      },
+    ],
+    [
+      'GET',
+      '/metrics',
+      async ({ res }) => {
+        const text = await metrics.registry.metrics();
+        res.writeHead(200, { 'Content-Type': metrics.registry.contentType });
+        res.end(text);
+      },
+    ],
+    ...adminRoutes({ pool, boss, gateway: gateway.gateway, log, config, workerId }),
+    ...webhookRoutes({ pool, log, secret: config.webhookSecret }),
+  ]);
   log.info({ httpPort: http.port, concurrency: config.worker.concurrency, embeddedDatabase: db.embedded }, 'worker ready');
 
   const signal = await new Promise<NodeJS.Signals>((resolve) => {

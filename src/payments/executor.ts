@@ -23,6 +23,8 @@ export interface ExecuteOptions {
   keyWindowSeconds?: number;
   /** Bound by the caller to the operation (ids, fence, attempt). */
   log?: Logger;
+  /** false: only settle through retrieve or search, never create (the reconcile sweep). */
+  allowCreate?: boolean;
   /** Runs inside the transaction that records the outcome (the dispatcher completes its job there). */
   onRecorded?: (tx: PoolClient, op: Operation) => Promise<void>;
 }
@@ -52,6 +54,7 @@ export async function executeCharge(
   // 2. Choose the call. A known charge is settled by retrieve, never by another create (invariant 6);
   //    past the key window the key may be gone, so never create: search (invariant 7).
   const call: GatewayCall = op.external_id ? 'retrieve' : op.key_window_passed ? 'search' : 'create';
+  if (call === 'create' && opts.allowCreate === false) return { from: op.status, operation: op, call: null, outcome: null };
 
   // 3. Recovery point, before the call: count the attempt; a create stamps first_attempted_at now, so
   //    the key window is measured from the first send. Fenced: a stale claim stops here, having called nothing.

@@ -27,6 +27,8 @@ export interface PaymentGateway {
   retrieveCharge(externalId: string): Promise<Charge>;
   /** Every charge whose metadata carries this operation id, all pages. Not read-after-write. */
   findCharges(operationId: string): Promise<Charge[]>;
+  /** Every charge created at or after `since`, all pages (the drift report reads them). */
+  listCharges(since: Date): Promise<Charge[]>;
 }
 
 export abstract class GatewayError extends Error {

@@ -42,6 +42,9 @@ export interface Operation {
   updated_at: Date;
 }
 
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+export const isOperationId = (s: string): boolean => UUID.test(s);
+
 export const isSettled = (status: OperationStatus): boolean => status === 'succeeded' || status === 'failed';
 
 /** What one step of the executor learned. */
@@ -175,3 +178,21 @@ export async function renewLease(db: Queryable, id: string, fence: number, ttlMs
 export async function releaseLease(db: Queryable, id: string, fence: number): Promise<void> {
   await db.query(sql.releaseLease(id, fence));
 }
+
+/**
+ * Settles from outside the executor (a person's resolution, a Stripe webhook): only an unsettled
+ * operation, and with a fence bump so a worker still holding a claim writes nothing after it.
+ * Undefined when the operation was already settled (a settled operation is never overwritten).
+ */
+export async function settleFromOutside(
+  db: Queryable,
+  id: string,
+  status: 'succeeded' | 'failed',
+  externalId: string | null,
+  source: string,
+  reason: string | null,
+): Promise<Operation | undefined> {
+  const { rows } = await db.query(sql.settleFromOutside(id, status, externalId, source, reason));
+  return rows[0];
+}
+

@@ -128,6 +128,73 @@ export const fenceOf = statement<[id: string]>(
   `select fence, status, lease_owner from payment_operations where id = $1`,
 );
 
+// ─── settlement from outside the executor: a person (admin resolve) or a Stripe webhook ───────────
+
+/** Settles an unsettled operation and bumps the fence, so a worker still holding a claim is fenced out. */
+export const settleFromOutside = statement<
+  [id: string, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null]
+>(
+  'outboxd_settle_from_outside',
+  `update payment_operations
+   set fence = fence + 1, lease_owner = null, lease_expires_at = null,
+       status = $2, external_id = coalesce($3, external_id), last_outcome = $4, last_error = $5,
+       review_reason = null, settled_at = now(), updated_at = now()
+   where id = $1 and ${UNSETTLED}
+   returning *`,
+);
+
+export const insertAudit = statement<[actor: string, action: string, operationId: string | null, details: string]>(
+  'outboxd_insert_audit',
+  `insert into admin_audit (actor, action, operation_id, details) values ($1, $2, $3, $4::jsonb) returning *`,
+);
+
+export const insertWebhookEvent = statement<[id: string, type: string, operationId: string | null, result: string, payload: string]>(
+  'outboxd_insert_webhook_event',
+  `insert into webhook_events (id, type, operation_id, result, payload) values ($1, $2, $3, $4, $5::jsonb)
+   on conflict (id) do nothing
+   returning id`,
+);
+
+/** Serialises admin re-drives of one operation (check for a live job, then enqueue). */
+export const lockOperationForRequeue = statement<[id: string]>(
+  'outboxd_lock_operation_for_requeue',
+  `select pg_advisory_xact_lock(hashtextextended('outboxd-requeue:' || $1, 0))`,
+);
+
+// ─── reconciliation ────────────────────────────────────────────────────────────────────────────────
+
+/** What the reconcile sweep may decide: a known charge to retrieve, or a key window that has passed.
+ * Operations inside the window without a charge id are the dispatcher's, and leased ones are busy. */
+export const reconcileCandidates = statement<[keyWindowSeconds: number, limit: number]>(
+  'outboxd_reconcile_candidates',
+  `select id from payment_operations
+   where ${UNSETTLED}
+     and (external_id is not null or first_attempted_at < now() - make_interval(secs => $1))
+     and (lease_expires_at is null or lease_expires_at < now())
+   order by updated_at
+   limit $2`,
+);
+
+/** Unsettled operations untouched for a while: candidates for `requeue --stuck`. */
+export const stuckOperations = statement<[olderThanSeconds: number, limit: number]>(
+  'outboxd_stuck_operations',
+  `select * from payment_operations
+   where ${UNSETTLED} and updated_at < now() - make_interval(secs => $1)
+   order by updated_at
+   limit $2`,
+);
+
+export const operationsByIds = statement<[ids: string[]]>(
+  'outboxd_operations_by_ids',
+  `select * from payment_operations where id = any($1::uuid[])`,
+);
+
+/** Succeeded operations settled since a time: each must have its charge in Stripe. */
+export const succeededSince = statement<[since: Date]>(
+  'outboxd_succeeded_since',
+  `select * from payment_operations where status = 'succeeded' and settled_at >= $1`,
+);
+
 // ─── health (metrics) ─────────────────────────────────────────────────────────────────────────────
 
 export const operationHealth = statement<[]>(

@@ -95,6 +95,17 @@ export class StripeGateway implements PaymentGateway {
     }
     return found;
   }
+
+  async listCharges(since: Date): Promise<Charge[]> {
+    const found: Charge[] = [];
+    try {
+      const created = { gte: Math.floor(since.getTime() / 1000) };
+      for await (const pi of this.stripe.paymentIntents.list({ created, limit: 100 })) found.push(toCharge(pi));
+    } catch (err) {
+      throw classify(err);
+    }
+    return found;
+  }
 }
 
 function toCharge(pi: Stripe.PaymentIntent): Charge {

@@ -65,6 +65,10 @@ export class FakeStripe implements PaymentGateway {
     return this.charges.filter((c) => c.operationId === operationId).map((c) => ({ ...c }));
   }
 
+  async listCharges(): Promise<Charge[]> {
+    return this.charges.map((c) => ({ ...c }));
+  }
+
   /** Forget every idempotency key, as Stripe does after 24 hours. */
   pruneKeys(): void {
     this.keys.clear();

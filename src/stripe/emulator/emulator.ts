@@ -5,6 +5,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
+import Stripe from 'stripe';
 import { parseForm, type FormValue } from './form.ts';
 import { matches, parseSearchQuery } from './search.ts';
 
@@ -37,6 +38,32 @@ export interface EmulatorOptions {
   searchLagMs?: number;
   /** pm_card_processing PaymentIntents succeed this long after creation; unset: only by settle(). */
   processingSettleMs?: number;
+  /** Where to POST signed payment_intent.* events (at least once: retried on failure). */
+  webhooks?: WebhookTarget;
+}
+
+export interface WebhookTarget {
+  url: string;
+  secret: string;
+  /** Delay before each event is sent (a real endpoint hears of a charge after its API response). */
+  delayMs?: number;
+}
+
+export interface EmulatedEvent {
+  id: string;
+  object: 'event';
+  type: string;
+  created: number;
+  livemode: false;
+  api_version: string;
+  data: { object: PaymentIntent };
+}
+
+export interface WebhookDelivery {
+  eventId: string;
+  type: string;
+  attempt: number;
+  status: number | 'error';
 }
 
 export interface PaymentIntent {
@@ -66,7 +93,7 @@ export interface RequestLogEntry {
   requestId: string;
   method: string;
   path: string;
-  endpoint: Endpoint | 'other';
+  endpoint: Endpoint | 'list' | 'other';
   idempotencyKey: string | null;
   operationId: string | null;
   status: number | 'reset' | 'truncated' | 'hung';
@@ -100,12 +127,21 @@ const DECLINES: Record<string, { code: string; decline_code?: string; message: s
   },
 };
 
+const EVENT_FOR_STATUS: Record<string, string> = {
+  succeeded: 'payment_intent.succeeded',
+  requires_payment_method: 'payment_intent.payment_failed',
+  canceled: 'payment_intent.canceled',
+  processing: 'payment_intent.processing',
+};
+
 const DAY_MS = 24 * 60 * 60 * 1000;
 const id = (prefix: string) => `${prefix}_${randomBytes(12).toString('hex')}`;
 
 export class StripeEmulator {
   private readonly initial: EmulatorOptions;
-  private opts!: Required<Omit<EmulatorOptions, 'processingSettleMs'>> & { processingSettleMs?: number };
+  private opts!: Required<Omit<EmulatorOptions, 'processingSettleMs' | 'webhooks'>> & Omit<EmulatorOptions, 'idempotencyRetentionMs' | 'searchLagMs'>;
+  private readonly events: EmulatedEvent[] = [];
+  private readonly deliveries: WebhookDelivery[] = [];
   private clockOffsetMs = 0;
   private searchFrozen = false;
   private readonly intents = new Map<string, LedgerEntry>();
@@ -166,7 +202,29 @@ export class StripeEmulator {
     if (!entry) throw new Error(`no payment intent ${paymentIntentId}`);
     entry.paymentIntent.status = status;
     entry.paymentIntent.amount_received = status === 'succeeded' ? entry.paymentIntent.amount : 0;
+    this.emit(entry.paymentIntent);
     return entry.paymentIntent;
+  }
+
+  configureWebhooks(target: WebhookTarget | undefined): void {
+    if (target) this.opts.webhooks = target;
+    else delete this.opts.webhooks;
+  }
+
+  /** Every event emitted, oldest first. */
+  emittedEvents(): EmulatedEvent[] {
+    return [...this.events];
+  }
+
+  webhookDeliveries(): WebhookDelivery[] {
+    return [...this.deliveries];
+  }
+
+  /** Sends an event again, as Stripe may: the receiver must acknowledge it without acting twice. */
+  async redeliver(eventId: string): Promise<number | 'error'> {
+    const event = this.events.find((e) => e.id === eventId);
+    if (!event) throw new Error(`no event ${eventId}`);
+    return this.deliverEvent(event, 1, false);
   }
 
   configureSearch(opts: { lagMs?: number; frozen?: boolean }): void {
@@ -184,7 +242,10 @@ export class StripeEmulator {
       idempotencyRetentionMs: opts.idempotencyRetentionMs ?? DAY_MS,
       searchLagMs: opts.searchLagMs ?? 0,
       ...(opts.processingSettleMs !== undefined ? { processingSettleMs: opts.processingSettleMs } : {}),
+      ...(opts.webhooks ? { webhooks: opts.webhooks } : {}),
     };
+    this.events.length = 0;
+    this.deliveries.length = 0;
     this.intents.clear();
     this.indexed.clear();
     this.keys.clear();
@@ -262,6 +323,10 @@ export class StripeEmulator {
     if (req.method === 'GET' && url.pathname === '/v1/payment_intents/search') {
       entry.endpoint = 'search';
       return this.search(url, res, entry);
+    }
+    if (req.method === 'GET' && url.pathname === '/v1/payment_intents') {
+      entry.endpoint = 'list';
+      return this.list(url, res, entry);
     }
     if (req.method === 'GET' && retrieve) {
       entry.endpoint = 'retrieve';
@@ -361,6 +426,23 @@ export class StripeEmulator {
     }, faults);
   }
 
+  /** GET /v1/payment_intents: newest first, `created[gte]`, `limit`, `starting_after` (a list, not a search: read-after-write). */
+  private list(url: URL, res: ServerResponse, entry: RequestLogEntry) {
+    const limit = Math.min(Math.max(Number(url.searchParams.get('limit') ?? 10) || 10, 1), 100);
+    const gte = Number(url.searchParams.get('created[gte]') ?? 0);
+    const all = [...this.intents.values()]
+      .map((e) => this.current(e))
+      .filter((pi) => pi.created >= gte)
+      .sort((a, b) => b.created - a.created || (a.id < b.id ? -1 : 1));
+    const after = url.searchParams.get('starting_after');
+    const start = after ? all.findIndex((pi) => pi.id === after) + 1 : 0;
+    const data = all.slice(start, start + limit);
+    return this.deliver(res, entry, {
+      status: 200,
+      body: json({ object: 'list', data, has_more: start + limit < all.length, url: '/v1/payment_intents' }),
+    }, []);
+  }
+
   // ─── faults ──────────────────────────────────────────────────────────────────────────────────────
 
   private takeFaults(endpoint: Endpoint, operationId: string | null, customer: string | null): Fault[] {
@@ -440,7 +522,46 @@ export class StripeEmulator {
       last_payment_error: decline ? { type: 'card_error', ...decline } : null,
     };
     this.intents.set(pi.id, { paymentIntent: pi, idempotencyKey: key, createdAtMs: this.now() });
+    this.emit(pi);
     return pi;
+  }
+
+  // ─── webhooks ────────────────────────────────────────────────────────────────────────────────────
+
+  private emit(pi: PaymentIntent): void {
+    const type = EVENT_FOR_STATUS[pi.status];
+    const target = this.opts.webhooks;
+    if (!type || !target) return;
+    const event: EmulatedEvent = {
+      id: id('evt'),
+      object: 'event',
+      type,
+      created: Math.floor(this.now() / 1000),
+      livemode: false,
+      api_version: '2025-01-01',
+      data: { object: structuredClone(pi) },
+    };
+    this.events.push(event);
+    setTimeout(() => void this.deliverEvent(event, 1, true), target.delayMs ?? 0);
+  }
+
+  private async deliverEvent(event: EmulatedEvent, attempt: number, retry: boolean): Promise<number | 'error'> {
+    const target = this.opts.webhooks;
+    if (!target) return 'error';
+    const payload = JSON.stringify(event);
+    const signature = Stripe.webhooks.generateTestHeaderString({ payload, secret: target.secret });
+    let status: number | 'error';
+    try {
+      const res = await fetch(target.url, { method: 'POST', headers: { 'Content-Type': 'application/json', 'Stripe-Signature': signature }, body: payload });
+      status = res.status;
+      await res.arrayBuffer();
+    } catch {
+      status = 'error';
+    }
+    this.deliveries.push({ eventId: event.id, type: event.type, attempt, status });
+    const ok = typeof status === 'number' && status >= 200 && status < 300;
+    if (!ok && retry && attempt < 3) setTimeout(() => void this.deliverEvent(event, attempt + 1, true), 200 * attempt);
+    return status;
   }
 
   /** The PaymentIntent as of now: a processing one may have finished. */
@@ -485,6 +606,8 @@ export class StripeEmulator {
       if (route === 'POST /_emulator/keys/prune') return ok({ pruned: this.pruneKeys(input.olderThanMs) });
       if (route === 'POST /_emulator/search') return ok(this.configureSearch(input));
       if (route === 'POST /_emulator/reset') return ok(this.reset());
+      if (route === 'POST /_emulator/webhooks') return ok(this.configureWebhooks(input.url ? input : undefined));
+      if (route === 'GET /_emulator/events') return ok(this.emittedEvents());
       const settle = /^POST \/_emulator\/payment_intents\/(pi_\w+)\/settle$/.exec(route);
       if (settle) return ok(this.settle(settle[1]!, input.status));
       return this.sendRaw(res, 404, { error: `no control route ${route}` });

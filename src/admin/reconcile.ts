@@ -1,0 +1,22 @@
+import type { Pool } from '../db/pool.ts';
+import type { Logger } from '../log.ts';
+import type { PaymentGateway } from '../payments/gateway.ts';
+import { reconcileSweep, type SweepReport } from '../reconcile/sweep.ts';
+import { recordAudit } from './audit.ts';
+
+/** A sweep a person asked for (CLI or admin API), recorded in the audit trail. */
+export async function reconcileNow(
+  pool: Pool,
+  gateway: PaymentGateway,
+  opts: { actor: string; owner: string; leaseTtlMs: number; log: Logger },
+): Promise<SweepReport> {
+  const report = await reconcileSweep(pool, gateway, { owner: opts.owner, leaseTtlMs: opts.leaseTtlMs, log: opts.log });
+  const decisions = report.decisions.map((d) => ({ operationId: d.operationId, to: d.to, outcome: d.outcome, evidence: d.evidence }));
+  await recordAudit(pool, {
+    actor: opts.actor,
+    action: 'reconcile',
+    operationId: null,
+    details: { examined: report.examined, settled: report.settled, needsReview: report.needsReview, decisions },
+  });
+  return report;
+}

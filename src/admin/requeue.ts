@@ -1,0 +1,62 @@
+// Re-drive of stuck operations. A requeue only ever enqueues a new job for the SAME operation, so it
+// is driven with the same idempotency key and cannot create a second effect (invariant 10).
+import type { PgBoss } from 'pg-boss';
+import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
+import { CHARGE_QUEUE, enqueueCharge, type ChargeJob } from '../outbox.ts';
+import type { Operation } from '../payments/operation.ts';
+import * as sql from '../sql/statements.ts';
+import { recordAudit } from './audit.ts';
+import { showOperation } from './operations.ts';
+
+export type RequeueResult =
+  | { operationId: string; result: 'requeued'; jobId: string | null }
+  | { operationId: string; result: 'would_requeue' }
+  | { operationId: string; result: 'skipped'; reason: string }
+  | { operationId: string; result: 'refused'; reason: string };
+
+const LIVE_JOB_STATES = new Set(['created', 'retry', 'active']);
+
+export async function requeueOperation(
+  pool: Pool,
+  boss: PgBoss,
+  id: string,
+  opts: { actor: string; dryRun?: boolean },
+): Promise<RequeueResult> {
+  const op = await showOperation(pool, id);
+  return inTransaction(pool, async (tx) => {
+    // One requeue of an operation at a time: the check for a live job and the enqueue are one step.
+    await tx.query(sql.lockOperationForRequeue(op.id));
+    const { rows } = await tx.query(sql.showOperation(op.id));
+    const current: Operation = rows[0];
+    if (current.status === 'succeeded' || current.status === 'failed') {
+      return { operationId: op.id, result: 'refused', reason: `operation is ${current.status}` };
+    }
+    if (current.lease_expires_at && current.lease_expires_at > new Date()) {
+      return { operationId: op.id, result: 'skipped', reason: `leased by ${current.lease_owner} until ${current.lease_expires_at.toISOString()}` };
+    }
+    const jobs = await boss.findJobs<ChargeJob>(CHARGE_QUEUE, { data: { operationId: op.id }, db: bossDb(tx) });
+    const live = jobs.find((j) => LIVE_JOB_STATES.has(j.state));
+    if (live) return { operationId: op.id, result: 'skipped', reason: `job ${live.id} is ${live.state}` };
+    if (opts.dryRun) return { operationId: op.id, result: 'would_requeue' };
+    const jobId = await enqueueCharge(boss, bossDb(tx), op.id);
+    await recordAudit(tx, {
+      actor: opts.actor,
+      action: 'requeue',
+      operationId: op.id,
+      details: { jobId, status: current.status, previousJobs: jobs.map((j) => ({ id: j.id, state: j.state })) },
+    });
+    return { operationId: op.id, result: 'requeued', jobId };
+  });
+}
+
+/** Every unsettled operation untouched for `olderThanSeconds` that has no live job or lease. */
+export async function requeueStuck(
+  pool: Pool,
+  boss: PgBoss,
+  opts: { actor: string; olderThanSeconds: number; dryRun?: boolean; limit?: number },
+): Promise<RequeueResult[]> {
+  const { rows } = await pool.query(sql.stuckOperations(opts.olderThanSeconds, opts.limit ?? 1000));
+  const results: RequeueResult[] = [];
+  for (const op of rows as Operation[]) results.push(await requeueOperation(pool, boss, op.id, opts));
+  return results;
+}

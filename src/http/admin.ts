@@ -1,0 +1,137 @@
+// The admin API: the CLI's admin commands as JSON over HTTP, behind a bearer token compared in
+// constant time. No ADMIN_TOKEN configured: these routes do not exist (404).
+import { createHash, timingSafeEqual } from 'node:crypto';
+import type { IncomingMessage } from 'node:http';
+import type { PgBoss } from 'pg-boss';
+import { z } from 'zod';
+import { listOperations, showOperation } from '../admin/operations.ts';
+import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
+import { ResolutionRefused, resolveOperation } from '../admin/resolve.ts';
+import type { Config } from '../config.ts';
+import type { Pool } from '../db/pool.ts';
+import type { Logger } from '../log.ts';
+import { ValidationError } from '../orders/validate.ts';
+import type { PaymentGateway } from '../payments/gateway.ts';
+import { OperationNotFoundError } from '../payments/operation.ts';
+import { reconcileNow } from '../admin/reconcile.ts';
+import { HttpError, readBody, sendJson, type Handler, type Route } from './server.ts';
+
+export interface AdminDeps {
+  pool: Pool;
+  boss: PgBoss;
+  gateway: PaymentGateway;
+  log: Logger;
+  config: Config;
+  workerId: string;
+}
+
+const digest = (s: string) => createHash('sha256').update(s).digest();
+
+function authorize(req: IncomingMessage, token: string): void {
+  const m = /^Bearer (\S+)$/.exec(String(req.headers.authorization ?? ''));
+  if (!m) throw new HttpError(401, 'unauthorized', 'Authorization: Bearer <ADMIN_TOKEN> is required');
+  // Equal-length digests, so the comparison takes the same time whatever the guess.
+  if (!timingSafeEqual(digest(m[1]!), digest(token))) throw new HttpError(403, 'forbidden', 'token not accepted');
+}
+
+async function jsonBody<T>(req: IncomingMessage, schema: z.ZodType<T>): Promise<T> {
+  const raw = (await readBody(req, 64 * 1024)).toString('utf8');
+  let parsed: unknown;
+  try {
+    parsed = raw ? JSON.parse(raw) : {};
+  } catch {
+    throw new HttpError(422, 'invalid_json', 'the body is not JSON');
+  }
+  const result = schema.safeParse(parsed);
+  if (!result.success) {
+    const issue = result.error.issues[0]!;
+    throw new HttpError(422, 'invalid_input', `${issue.path.join('.') || 'body'}: ${issue.message}`);
+  }
+  return result.data;
+}
+
+const resolveBody = z.discriminatedUnion('outcome', [
+  z.strictObject({ outcome: z.literal('succeeded'), externalId: z.string().regex(/^pi_\w+$/, 'a PaymentIntent id (pi_…)') }),
+  z.strictObject({ outcome: z.literal('failed'), reason: z.string().trim().min(1).max(1000) }),
+]);
+const requeueBody = z.strictObject({ dryRun: z.boolean().optional() });
+const stuckBody = z.strictObject({
+  olderThanSeconds: z.number().int().min(0).max(30 * 86400).default(600),
+  dryRun: z.boolean().optional(),
+});
+const listQuery = z.object({
+  status: z.enum(['pending', 'unknown', 'succeeded', 'failed']).optional(),
+  needs_review: z.enum(['true', 'false']).optional(),
+  limit: z.coerce.number().int().min(1).max(10_000).default(1000),
+});
+
+const OP = /^\/admin\/operations\/([^/]+)$/;
+const OP_ACTION = (action: string) => new RegExp(`^/admin/operations/([^/]+)/${action}$`);
+
+export function adminRoutes(deps: AdminDeps): Route[] {
+  const token = deps.config.admin.token;
+  if (!token) return [];
+  const actor = `token:${deps.config.admin.tokenName}`;
+
+  /** Auth first, then the domain's errors as HTTP statuses. */
+  const guarded =
+    (handler: Handler): Handler =>
+    async (r) => {
+      authorize(r.req, token);
+      try {
+        await handler(r);
+      } catch (err) {
+        if (err instanceof ValidationError) throw new HttpError(422, 'invalid_input', err.message);
+        if (err instanceof OperationNotFoundError) throw new HttpError(404, 'not_found', err.message);
+        if (err instanceof ResolutionRefused) throw new HttpError(422, 'refused', err.message);
+        throw err;
+      }
+    };
+
+  return [
+    [
+      'GET',
+      '/admin/operations',
+      guarded(async ({ url, res }) => {
+        const q = listQuery.safeParse(Object.fromEntries(url.searchParams));
+        if (!q.success) throw new HttpError(422, 'invalid_input', q.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; '));
+        const rows = await listOperations(deps.pool, { status: q.data.status, needsReview: q.data.needs_review === 'true', limit: q.data.limit });
+        sendJson(res, 200, { operations: rows });
+      }),
+    ],
+    ['GET', OP, guarded(async ({ res, params }) => sendJson(res, 200, await showOperation(deps.pool, params[0]!)))],
+    [
+      'POST',
+      OP_ACTION('resolve'),
+      guarded(async ({ req, res, params }) => {
+        const body = await jsonBody(req, resolveBody);
+        sendJson(res, 200, await resolveOperation(deps.pool, deps.gateway, params[0]!, body, actor));
+      }),
+    ],
+    [
+      'POST',
+      OP_ACTION('requeue'),
+      guarded(async ({ req, res, params }) => {
+        const body = await jsonBody(req, requeueBody);
+        const result = await requeueOperation(deps.pool, deps.boss, params[0]!, { actor, dryRun: !!body.dryRun });
+        sendJson(res, result.result === 'refused' ? 409 : 200, result);
+      }),
+    ],
+    [
+      'POST',
+      '/admin/requeue-stuck',
+      guarded(async ({ req, res }) => {
+        const body = await jsonBody(req, stuckBody);
+        sendJson(res, 200, { results: await requeueStuck(deps.pool, deps.boss, { actor, olderThanSeconds: body.olderThanSeconds, dryRun: !!body.dryRun }) });
+      }),
+    ],
+    [
+      'POST',
+      '/admin/reconcile',
+      guarded(async ({ res }) => {
+        const report = await reconcileNow(deps.pool, deps.gateway, { actor, owner: deps.workerId, leaseTtlMs: deps.config.worker.leaseTtlMs, log: deps.log });
+        sendJson(res, 200, report);
+      }),
+    ],
+  ];
+}

@@ -1,0 +1,29 @@
+import Stripe from 'stripe';
+import type { Pool } from '../db/pool.ts';
+import type { Logger } from '../log.ts';
+import { receiveStripeEvent } from '../webhooks/inbox.ts';
+import { readBody, sendJson, type Route } from './server.ts';
+
+/** POST /webhooks/stripe, on when STRIPE_WEBHOOK_SECRET is set. The signature is checked on the raw body. */
+export function webhookRoutes(deps: { pool: Pool; log: Logger; secret: string | undefined }): Route[] {
+  const { secret } = deps;
+  if (!secret) return [];
+  return [
+    [
+      'POST',
+      '/webhooks/stripe',
+      async ({ req, res }) => {
+        const raw = await readBody(req);
+        let event: Stripe.Event;
+        try {
+          event = Stripe.webhooks.constructEvent(raw, String(req.headers['stripe-signature'] ?? ''), secret);
+        } catch (err) {
+          deps.log.warn({ err: (err as Error).message }, 'stripe webhook refused: bad signature');
+          return sendJson(res, 400, { error: 'bad_signature', message: 'Stripe-Signature does not verify' });
+        }
+        const result = await receiveStripeEvent(deps.pool, event, deps.log);
+        sendJson(res, 200, { received: true, result });
+      },
+    ],
+  ];
+}
