@@ -2,12 +2,9 @@
 // about processes (kill -9, SIGSTOP, SIGTERM).
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { Dispatcher } from '../src/dispatcher/dispatcher.ts';
-import { createMetrics } from '../src/dispatcher/metrics.ts';
-import { createLogger } from '../src/log.ts';
-import { createBoss } from '../src/outbox.ts';
 import { idempotencyKeyFor } from '../src/payments/gateway.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
+import { startDispatcher } from './support/dispatcher.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
 import { confirm, operation } from './support/fixtures.ts';
 import { startReplica, waitUntil, type Replica } from './support/replica.ts';
@@ -131,19 +128,7 @@ describe('dispatcher replicas (OS processes)', () => {
 });
 
 describe('dispatcher (in-process)', () => {
-  const log = createLogger('silent');
-  async function dispatcher(workerId: string, opts: { leaseTtlMs?: number } = {}) {
-    const boss = createBoss(t.url, 'worker', 3);
-    boss.on('error', () => {});
-    await boss.start();
-    const metrics = createMetrics({ db: t.pool, boss });
-    const d = new Dispatcher(
-      { boss, pool: t.pool, gateway: e.gateway({ timeoutMs: 10_000 }), log, metrics },
-      { workerId, concurrency: 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000 },
-    );
-    await d.start();
-    return { d, boss, metrics, stop: () => boss.stop({ graceful: false }) };
-  }
+  const dispatcher = (workerId: string) => startDispatcher(t, e.gateway({ timeoutMs: 10_000 }), workerId);
 
   it('a job redelivered by pg-boss expiry while its first handler runs waits on the lease: one charge', async () => {
     const op = await confirm(t);

@@ -1,0 +1,202 @@
+// Admin re-enqueue (invariant 10), the admin HTTP API and the Stripe webhook inbox.
+import Stripe from 'stripe';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { requeueOperation, requeueStuck } from '../src/admin/requeue.ts';
+import { loadConfig } from '../src/config.ts';
+import { adminRoutes } from '../src/http/admin.ts';
+import { startHttpServer, type HttpServer } from '../src/http/server.ts';
+import { webhookRoutes } from '../src/http/webhooks.ts';
+import { createLogger } from '../src/log.ts';
+import { executeCharge } from '../src/payments/executor.ts';
+import { releaseLease } from '../src/payments/operation.ts';
+import { createTestDatabase, type TestDb } from './support/db.ts';
+import { startDispatcher } from './support/dispatcher.ts';
+import { startEmulator, type RunningEmulator } from './support/emulator.ts';
+import { chargeJobs, claim, confirm, operation } from './support/fixtures.ts';
+import { waitUntil } from './support/replica.ts';
+
+const TOKEN = 'test-admin-token-0123456789';
+const WEBHOOK_SECRET = 'whsec_test_outboxd';
+const log = createLogger('silent');
+let t: TestDb;
+let e: RunningEmulator;
+let http: HttpServer;
+let base: string;
+
+beforeAll(async () => {
+  [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
+  const config = loadConfig({ ADMIN_TOKEN: TOKEN, ADMIN_TOKEN_NAME: 'ops-team', STRIPE_WEBHOOK_SECRET: WEBHOOK_SECRET });
+  http = await startHttpServer(0, [
+    ...adminRoutes({ pool: t.pool, boss: t.boss, gateway: e.gateway(), log, config, workerId: 'admin-test' }),
+    ...webhookRoutes({ pool: t.pool, log, secret: config.webhookSecret }),
+  ], '127.0.0.1');
+  base = `http://127.0.0.1:${http.port}`;
+});
+afterAll(async () => {
+  await http.close();
+  await Promise.all([t.close(), e.close()]);
+});
+beforeEach(() => e.emulator.reset());
+
+const charges = (op: string) => e.emulator.ledger().filter((l) => l.paymentIntent.metadata.operation_id === op);
+const api = (path: string, init: RequestInit & { token?: string | null } = {}) =>
+  fetch(`${base}${path}`, {
+    ...init,
+    headers: { 'Content-Type': 'application/json', ...(init.token !== null ? { Authorization: `Bearer ${init.token ?? TOKEN}` } : {}) },
+  });
+
+describe('requeue (invariant 10)', () => {
+  it('a dead-lettered job: requeue gives the same operation a new job, which settles with one charge', async () => {
+    const op = await confirm(t);
+    await t.pool.query(`update pgboss.job set state = 'failed', completed_on = now() where name = 'charge' and data->>'operationId' = $1`, [op]);
+    await t.pool.query(`update payment_operations set review_reason = 'retries exhausted' where id = $1`, [op]);
+    const result = await requeueOperation(t.pool, t.boss, op, { actor: 'alice' });
+    expect(result.result).toBe('requeued');
+    expect(await chargeJobs(t, op)).toBe(2);
+    const replica = await startDispatcher(t, e.gateway(), 'replica-a');
+    try {
+      await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 20_000, 'settled');
+    } finally {
+      await replica.stop();
+    }
+    expect(charges(op)).toHaveLength(1);
+    const { rows } = await t.pool.query(`select actor, action from admin_audit where operation_id = $1`, [op]);
+    expect(rows).toEqual([{ actor: 'alice', action: 'requeue' }]);
+  });
+
+  it('skips an operation with a queued job or a live lease, refuses a settled one', async () => {
+    const queued = await confirm(t);
+    expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'skipped', reason: expect.stringMatching(/is created/) });
+    await t.pool.query(`delete from pgboss.job where data->>'operationId' = $1`, [queued]);
+    const fence = await claim(t, queued);
+    expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'skipped', reason: expect.stringMatching(/leased/) });
+    await executeCharge(t.pool, e.gateway(), queued, fence);
+    await releaseLease(t.pool, queued, fence);
+    expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'refused', reason: 'operation is succeeded' });
+  });
+
+  it('concurrent requeues beside running workers never make a second charge', async () => {
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 30 }, count: Infinity });
+    const ops = await Promise.all(Array.from({ length: 40 }, () => confirm(t)));
+    // The jobs are lost: every operation needs a requeue, and the requeues race each other.
+    await t.pool.query(`delete from pgboss.job where name = 'charge' and data->>'operationId' = any($1)`, [ops]);
+    const replicas = await Promise.all([startDispatcher(t, e.gateway(), 'r1'), startDispatcher(t, e.gateway(), 'r2')]);
+    try {
+      for (let round = 0; round < 5; round++) {
+        await Promise.all([
+          requeueStuck(t.pool, t.boss, { actor: 'x', olderThanSeconds: 0 }),
+          requeueStuck(t.pool, t.boss, { actor: 'y', olderThanSeconds: 0 }),
+          ...ops.slice(0, 10).map((op) => requeueOperation(t.pool, t.boss, op, { actor: 'z' })),
+        ]);
+      }
+      await waitUntil(async () => {
+        const { rows } = await t.pool.query(`select count(*)::int as n from payment_operations where id = any($1) and status = 'succeeded'`, [ops]);
+        return rows[0].n === ops.length;
+      }, 40_000, 'all settled');
+    } finally {
+      await Promise.all(replicas.map((r) => r.stop()));
+    }
+    for (const op of ops) {
+      expect(charges(op)).toHaveLength(1);
+      expect(await chargeJobs(t, op)).toBe(1); // one live job at a time: the racing requeues made one
+    }
+  });
+});
+
+describe('admin HTTP API', () => {
+  it('refuses a missing token (401) and a wrong one (403)', async () => {
+    expect((await api('/admin/operations', { token: null })).status).toBe(401);
+    expect((await api('/admin/operations', { token: 'wrong-token-wrong-token' })).status).toBe(403);
+    const ok = await api('/admin/operations?needs_review=true');
+    expect(ok.status).toBe(200);
+    expect(await ok.json()).toHaveProperty('operations');
+  });
+
+  it('does not exist when no ADMIN_TOKEN is configured', async () => {
+    const server = await startHttpServer(0, adminRoutes({ pool: t.pool, boss: t.boss, gateway: e.gateway(), log, config: loadConfig({}), workerId: 'w' }), '127.0.0.1');
+    try {
+      expect((await fetch(`http://127.0.0.1:${server.port}/admin/operations`, { headers: { Authorization: 'Bearer anything' } })).status).toBe(404);
+    } finally {
+      await server.close();
+    }
+  });
+
+  it('404 for an unknown operation, 422 for bad input', async () => {
+    expect((await api('/admin/operations/3f2504e0-4f89-41d3-9a0c-0305e82c3301')).status).toBe(404);
+    expect((await api('/admin/operations/not-a-uuid')).status).toBe(422);
+    expect((await api('/admin/operations?status=bogus')).status).toBe(422);
+    const op = await confirm(t);
+    const bad = await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: 'ch_1' }) });
+    expect(bad.status).toBe(422);
+    expect(await bad.json()).toMatchObject({ error: 'invalid_input', message: expect.stringMatching(/externalId/) });
+    expect((await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: '{' })).status).toBe(422);
+  });
+
+  it('resolves with evidence, audited under the token’s name; requeues and reconciles', async () => {
+    const op = await confirm(t);
+    await t.pool.query(`update payment_operations set status = 'unknown', review_reason = 'checked by hand' where id = $1`, [op]);
+    const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
+    const res = await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: pi.id }) });
+    expect(res.status).toBe(200);
+    expect(await res.json()).toMatchObject({ status: 'succeeded', external_id: pi.id });
+    const { rows } = await t.pool.query(`select actor from admin_audit where operation_id = $1`, [op]);
+    expect(rows).toEqual([{ actor: 'token:ops-team' }]);
+    expect((await api(`/admin/operations/${op}/requeue`, { method: 'POST', body: '{}' })).status).toBe(409);
+    const sweep = await api('/admin/reconcile', { method: 'POST' });
+    expect(sweep.status).toBe(200);
+    expect(await sweep.json()).toHaveProperty('examined');
+  });
+});
+
+describe('Stripe webhook inbox', () => {
+  const signed = (payload: string, secret = WEBHOOK_SECRET) => ({
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', 'Stripe-Signature': Stripe.webhooks.generateTestHeaderString({ payload, secret }) },
+    body: payload,
+  });
+
+  it('settles an unknown operation before any retry; the retry then makes no call', async () => {
+    e.emulator.configureWebhooks({ url: `${base}/webhooks/stripe`, secret: WEBHOOK_SECRET, delayMs: 300 });
+    const op = await confirm(t);
+    const fence = await claim(t, op);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'truncate' } });
+    expect((await executeCharge(t.pool, e.gateway(), op, fence)).operation.status).toBe('unknown');
+    await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 5_000, 'webhook settles');
+    expect((await operation(t, op)).external_id).toBe(charges(op)[0]!.paymentIntent.id);
+    const requestsBefore = e.emulator.requests().length;
+    const next = await claim(t, op).catch(() => undefined);
+    expect(next).toBeUndefined(); // settled: no claim, so no call
+    expect(e.emulator.requests()).toHaveLength(requestsBefore);
+  });
+
+  it('a duplicate delivery is acknowledged and not reprocessed', async () => {
+    e.emulator.configureWebhooks({ url: `${base}/webhooks/stripe`, secret: WEBHOOK_SECRET });
+    const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
+    const pi = charges(op)[0]!.paymentIntent;
+    e.emulator.settle(pi.id, 'succeeded');
+    await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 5_000, 'webhook settles');
+    const event = e.emulator.emittedEvents().find((ev) => ev.type === 'payment_intent.succeeded')!;
+    expect(await e.emulator.redeliver(event.id)).toBe(200);
+    const { rows } = await t.pool.query(`select result from webhook_events where id = $1`, [event.id]);
+    expect(rows).toEqual([{ result: 'settled' }]);
+    const replay = await fetch(`${base}/webhooks/stripe`, signed(JSON.stringify(event)));
+    expect(await replay.json()).toEqual({ received: true, result: 'duplicate' });
+  });
+
+  it('a forged signature is refused with 400 and nothing is stored', async () => {
+    const op = await confirm(t);
+    const forged = JSON.stringify({ id: 'evt_forged', object: 'event', type: 'payment_intent.succeeded', data: { object: { id: 'pi_x', amount: 2599, currency: 'eur', metadata: { operation_id: op } } } });
+    const res = await fetch(`${base}/webhooks/stripe`, signed(forged, 'whsec_someone_else'));
+    expect(res.status).toBe(400);
+    expect((await t.pool.query(`select 1 from webhook_events where id = 'evt_forged'`)).rows).toHaveLength(0);
+    expect((await operation(t, op)).status).toBe('pending');
+  });
+
+  it('an event whose amount does not match is recorded as a mismatch and settles nothing', async () => {
+    const op = await confirm(t);
+    const event = JSON.stringify({ id: 'evt_mismatch', object: 'event', type: 'payment_intent.succeeded', data: { object: { id: 'pi_y', amount: 1, currency: 'eur', metadata: { operation_id: op } } } });
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'mismatch' });
+    expect((await operation(t, op)).status).toBe('pending');
+  });
+});

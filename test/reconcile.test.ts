@@ -1,0 +1,179 @@
+// Reconciliation past the key window, the drift report and review resolution, over the real SDK.
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { ResolutionRefused, resolveOperation } from '../src/admin/resolve.ts';
+import { createLogger } from '../src/log.ts';
+import { executeCharge } from '../src/payments/executor.ts';
+import { releaseLease } from '../src/payments/operation.ts';
+import { driftReport } from '../src/reconcile/drift.ts';
+import { reconcileSweep } from '../src/reconcile/sweep.ts';
+import { createTestDatabase, type TestDb } from './support/db.ts';
+import { startEmulator, type RunningEmulator } from './support/emulator.ts';
+import { claim, confirm, operation } from './support/fixtures.ts';
+
+let t: TestDb;
+let e: RunningEmulator;
+const log = createLogger('silent');
+beforeAll(async () => {
+  [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
+});
+afterAll(async () => {
+  await Promise.all([t.close(), e.close()]);
+});
+beforeEach(async () => {
+  e.emulator.reset();
+  // Each test looks at its own operations only: settle everything earlier tests left unsettled.
+  await t.pool.query(`update payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
+});
+
+const sweep = () => reconcileSweep(t.pool, e.gateway(), { owner: 'sweeper', leaseTtlMs: 10_000, log });
+const stripe = () => e.client();
+/** An operation whose call went out, lost its answer, and whose key window has since passed. */
+async function lostPastWindow(overrides: Parameters<typeof confirm>[1] = {}): Promise<string> {
+  const op = await confirm(t, overrides);
+  await t.pool.query(
+    `update payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '25 hours' where id = $1`,
+    [op],
+  );
+  return op;
+}
+const chargeFor = (op: string, over: { amount?: number; payment_method?: string } = {}) =>
+  stripe()
+    .paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op }, ...over })
+    .catch(() => undefined);
+
+describe('reconcile sweep (past the key window)', () => {
+  it('one match succeeded → succeeded with its id; one match requires_payment_method → failed', async () => {
+    const paid = await lostPastWindow();
+    const declined = await lostPastWindow({ paymentMethod: 'pm_card_chargeDeclined' });
+    const pi = await chargeFor(paid);
+    await chargeFor(declined, { payment_method: 'pm_card_chargeDeclined' });
+    const report = await sweep();
+    expect(report).toMatchObject({ examined: 2, settled: 2 });
+    expect(await operation(t, paid)).toMatchObject({ status: 'succeeded', external_id: pi!.id });
+    expect((await operation(t, declined)).status).toBe('failed');
+    expect(e.emulator.requests().filter((r) => r.endpoint === 'create')).toHaveLength(2); // ours only: no create by the sweep
+  });
+
+  it('zero matches → unknown, held for review (never "not charged")', async () => {
+    const op = await lostPastWindow();
+    await sweep();
+    expect(await operation(t, op)).toMatchObject({ status: 'unknown', needs_review: true });
+  });
+
+  it('two matches → review, with both charges named', async () => {
+    const op = await lostPastWindow();
+    const [a, b] = [await chargeFor(op), await chargeFor(op)];
+    await sweep();
+    const held = await operation(t, op);
+    expect(held).toMatchObject({ status: 'unknown', needs_review: true, external_id: null });
+    expect(held.review_reason).toContain(a!.id);
+    expect(held.review_reason).toContain(b!.id);
+  });
+
+  it('search lag: found only once the index catches up', async () => {
+    e.emulator.configureSearch({ lagMs: 120_000 });
+    const op = await lostPastWindow();
+    await chargeFor(op);
+    await sweep();
+    expect(await operation(t, op)).toMatchObject({ status: 'unknown', needs_review: true });
+    e.emulator.advanceClock(120_000);
+    await sweep();
+    expect(await operation(t, op)).toMatchObject({ status: 'succeeded', needs_review: false });
+  });
+
+  it('pages through more than 100 matches before deciding', async () => {
+    const op = await lostPastWindow();
+    for (let i = 0; i < 101; i++) await chargeFor(op);
+    await sweep();
+    expect((await operation(t, op)).review_reason).toMatch(/found 101 charges/);
+    expect(e.emulator.requests().filter((r) => r.endpoint === 'search')).toHaveLength(2);
+  });
+
+  it('leaves operations inside the window to the dispatcher, and retrieves known charges', async () => {
+    const inside = await confirm(t);
+    await t.pool.query(`update payment_operations set status = 'unknown', first_attempted_at = now() where id = $1`, [inside]);
+    const known = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    const fence = await claim(t, known);
+    await executeCharge(t.pool, e.gateway(), known, fence);
+    await releaseLease(t.pool, known, fence); // a live lease would (rightly) keep the sweep away
+    const pi = e.emulator.ledger().find((l) => l.paymentIntent.metadata.operation_id === known)!.paymentIntent;
+    e.emulator.settle(pi.id, 'succeeded');
+    const report = await sweep();
+    expect(report.decisions.map((d) => [d.operationId, d.call])).toEqual([[known, 'retrieve']]);
+    expect((await operation(t, inside)).status).toBe('unknown');
+    expect((await operation(t, known)).status).toBe('succeeded');
+  });
+});
+
+describe('drift report', () => {
+  it('finds the extra charge of a pruned-key resend, an orphan, and a succeeded operation without its charge', async () => {
+    const since = new Date(Date.now() - 60_000);
+    const op = await confirm(t);
+    const fence = await claim(t, op);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'truncate' } });
+    await executeCharge(t.pool, e.gateway(), op, fence);
+    e.emulator.pruneKeys(); // Stripe forgot the key early: the resend charges again
+    await executeCharge(t.pool, e.gateway(), op, fence);
+    const orphan = await chargeFor('00000000-0000-4000-8000-000000000000');
+    const missing = await confirm(t);
+    await t.pool.query(`update payment_operations set status = 'succeeded', settled_at = now(), external_id = 'pi_doesnotexist' where id = $1`, [missing]);
+
+    const report = await driftReport(t.pool, e.gateway(), since);
+    const kinds = report.drift.map((d) => [d.kind, d.operationId]);
+    expect(kinds).toContainEqual(['duplicate_charge', op]);
+    expect(kinds).toContainEqual(['orphan_charge', '00000000-0000-4000-8000-000000000000']);
+    expect(kinds).toContainEqual(['missing_charge', missing]);
+    expect(report.drift.find((d) => d.kind === 'orphan_charge')!.chargeIds).toEqual([orphan!.id]);
+  });
+
+  it('no drift for a clean run', async () => {
+    const since = new Date(Date.now() - 1000);
+    await t.pool.query(`update payment_operations set settled_at = now() - interval '1 day' where settled_at >= $1`, [since]);
+    const op = await confirm(t);
+    await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
+    expect((await driftReport(t.pool, e.gateway(), since)).drift).toEqual([]);
+  });
+
+  it('`outboxd reconcile --report` exits 5 when drift exists', async () => {
+    await chargeFor('00000000-0000-4000-8000-00000000abcd');
+    const bin = fileURLToPath(new URL('../bin/outboxd.js', import.meta.url));
+    const child = spawn(process.execPath, [bin, 'reconcile', '--report', '--since', '1d', '--json'], {
+      env: { ...process.env, DATABASE_URL: t.url, STRIPE_API_BASE: e.url, STRIPE_SECRET_KEY: '', LOG_LEVEL: 'silent' },
+    });
+    let out = '';
+    child.stdout.on('data', (d) => (out += d));
+    const code = await new Promise((r) => child.on('exit', r));
+    expect(code).toBe(5);
+    expect(JSON.parse(out).drift.map((d: { kind: string }) => d.kind)).toContain('orphan_charge');
+  });
+});
+
+describe('review resolution', () => {
+  it('refuses a pi_ of another operation or amount; accepts the right one and audits it', async () => {
+    const op = await lostPastWindow();
+    await sweep(); // zero matches → review
+    const other = await chargeFor('00000000-0000-4000-8000-000000000001');
+    const wrongAmount = await chargeFor(op, { amount: 1 });
+    const right = await chargeFor(op);
+    const gw = e.gateway();
+    await expect(resolveOperation(t.pool, gw, op, { outcome: 'succeeded', externalId: other!.id }, 'alice')).rejects.toBeInstanceOf(ResolutionRefused);
+    await expect(resolveOperation(t.pool, gw, op, { outcome: 'succeeded', externalId: wrongAmount!.id }, 'alice')).rejects.toThrow(/is 1 eur/);
+    await expect(resolveOperation(t.pool, gw, op, { outcome: 'failed', reason: 'customer says no' }, 'alice')).rejects.toThrow(/succeeded charges/);
+    expect((await operation(t, op)).status).toBe('unknown');
+
+    const resolved = await resolveOperation(t.pool, gw, op, { outcome: 'succeeded', externalId: right!.id }, 'alice');
+    expect(resolved).toMatchObject({ status: 'succeeded', external_id: right!.id, needs_review: false });
+    const { rows } = await t.pool.query(`select actor, action, details from admin_audit where operation_id = $1`, [op]);
+    expect(rows).toEqual([{ actor: 'alice', action: 'resolve', details: expect.objectContaining({ outcome: 'succeeded', previousStatus: 'unknown' }) }]);
+    await expect(resolveOperation(t.pool, gw, op, { outcome: 'succeeded', externalId: right!.id }, 'alice')).rejects.toThrow(/never overwritten/);
+  });
+
+  it('resolving as failed needs a reason and no succeeded charge in Stripe', async () => {
+    const op = await lostPastWindow();
+    const resolved = await resolveOperation(t.pool, e.gateway(), op, { outcome: 'failed', reason: 'card expired, confirmed in dashboard' }, 'bob');
+    expect(resolved).toMatchObject({ status: 'failed' });
+    expect(resolved.last_error).toMatch(/resolved by bob/);
+  });
+});

@@ -1,0 +1,33 @@
+import type { PgBoss } from 'pg-boss';
+import { Dispatcher } from '../../src/dispatcher/dispatcher.ts';
+import { createMetrics, type Metrics } from '../../src/dispatcher/metrics.ts';
+import { createLogger } from '../../src/log.ts';
+import { createBoss } from '../../src/outbox.ts';
+import type { PaymentGateway } from '../../src/payments/gateway.ts';
+import type { TestDb } from './db.ts';
+
+export interface InProcessReplica {
+  dispatcher: Dispatcher;
+  boss: PgBoss;
+  metrics: Metrics;
+  stop(): Promise<void>;
+}
+
+/** A dispatcher replica inside the test process, with its own pg-boss (supervising, listening). */
+export async function startDispatcher(
+  t: TestDb,
+  gateway: PaymentGateway,
+  workerId: string,
+  opts: { leaseTtlMs?: number; concurrency?: number } = {},
+): Promise<InProcessReplica> {
+  const boss = createBoss(t.url, 'worker', 3);
+  boss.on('error', () => {});
+  await boss.start();
+  const metrics = createMetrics({ db: t.pool, boss });
+  const dispatcher = new Dispatcher(
+    { boss, pool: t.pool, gateway, log: createLogger('silent'), metrics },
+    { workerId, concurrency: opts.concurrency ?? 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000 },
+  );
+  await dispatcher.start();
+  return { dispatcher, boss, metrics, stop: () => boss.stop({ graceful: false }) };
+}
