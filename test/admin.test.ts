@@ -13,7 +13,7 @@ import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startDispatcher } from './support/dispatcher.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
 import { chargeJobs, claim, confirm, operation } from './support/fixtures.ts';
-import { waitUntil } from './support/replica.ts';
+import { waitUntil } from '../scripts/lib/replica.ts';
 
 const TOKEN = 'test-admin-token-0123456789';
 const WEBHOOK_SECRET = 'whsec_test_outboxd';

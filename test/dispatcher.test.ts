@@ -7,7 +7,7 @@ import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startDispatcher } from './support/dispatcher.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
 import { confirm, operation } from './support/fixtures.ts';
-import { startReplica, waitUntil, type Replica } from './support/replica.ts';
+import { startReplica, waitUntil, type Replica } from '../scripts/lib/replica.ts';
 
 let t: TestDb;
 let e: RunningEmulator;

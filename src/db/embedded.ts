@@ -69,6 +69,8 @@ export async function startEmbeddedPostgres(opts: {
   log: Logger;
   /** false: a throw-away cluster whose files are deleted on stop (the test suite's). */
   persistent?: boolean;
+  /** A fixed port (a restarted cluster keeps its address); default: any free port. */
+  port?: number;
 }): Promise<EmbeddedCluster> {
   const databaseDir = path.resolve(opts.dataDir, 'pg');
   const existing = runningPort(databaseDir);
@@ -81,7 +83,7 @@ export async function startEmbeddedPostgres(opts: {
   // As root, PostgreSQL runs as the `postgres` user, who must be able to enter the data directory's parent.
   if (asRoot) await chmod(path.dirname(databaseDir), 0o755);
   const EmbeddedPostgres = await importEmbeddedPostgres();
-  const port = await freePort();
+  const port = opts.port ?? (await freePort());
   const pg = new EmbeddedPostgres({
     databaseDir,
     port,

@@ -445,13 +445,16 @@ export class StripeEmulator {
 
   // ─── faults ──────────────────────────────────────────────────────────────────────────────────────
 
+  /** The faults for one request, rules in the order they were added: one latency, which composes with
+   * anything, and at most one fault that changes the answer. A rule is used up only when it applies. */
   private takeFaults(endpoint: Endpoint, operationId: string | null, customer: string | null): Fault[] {
     const hit: Fault[] = [];
     for (const rule of this.rules) {
       if (rule.count <= 0 || (rule.endpoint !== 'any' && rule.endpoint !== endpoint)) continue;
       if (rule.match.operationId && rule.match.operationId !== operationId) continue;
       if (rule.match.customer && rule.match.customer !== customer) continue;
-      if (hit.some((f) => f.kind === rule.fault.kind)) continue;
+      const isLatency = rule.fault.kind === 'latency';
+      if (hit.some((f) => (f.kind === 'latency') === isLatency)) continue;
       rule.count--;
       hit.push(rule.fault);
     }

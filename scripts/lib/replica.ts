@@ -1,5 +1,5 @@
-// A worker replica as a real OS process (`bin/outboxd.js worker`), for properties about processes:
-// kill -9, SIGSTOP/SIGCONT, SIGTERM drain.
+// A worker replica as a real OS process (`bin/outboxd.js worker`), for the tests, the demo, chaos and
+// the benchmark: properties about processes (kill -9, SIGSTOP/SIGCONT, SIGTERM drain) need processes.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -16,9 +16,10 @@ export interface Replica {
   kill(signal: NodeJS.Signals): void;
 }
 
-export async function startReplica(env: Record<string, string>): Promise<Replica> {
+export async function startReplica(env: Record<string, string>, opts: { onLog?: (entry: Record<string, unknown>) => void } = {}): Promise<Replica> {
   const proc = spawn(process.execPath, [BIN, 'worker'], {
-    env: { ...process.env, HTTP_PORT: '0', LOG_LEVEL: 'info', ...env },
+    // The port is read from the 'worker ready' line, so the replica logs at info whatever env asks.
+    env: { ...process.env, HTTP_PORT: '0', ...env, LOG_LEVEL: 'info' },
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   const logs: Record<string, unknown>[] = [];
@@ -31,6 +32,7 @@ export async function startReplica(env: Record<string, string>): Promise<Replica
       try {
         const entry = JSON.parse(line);
         logs.push(entry);
+        opts.onLog?.(entry);
         if (entry.msg === 'worker ready') {
           clearTimeout(timer);
           resolve(entry.httpPort);

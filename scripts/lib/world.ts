@@ -1,0 +1,107 @@
+// A whole outboxd deployment on this machine, for the demo, chaos and the benchmark: a PostgreSQL
+// (embedded, restartable; or DATABASE_URL), a fresh migrated database, the Stripe emulator in this
+// process, and worker replicas as OS processes pointed at both.
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import pg from 'pg';
+import type { PgBoss } from 'pg-boss';
+import { databaseUrl, freePort, startEmbeddedPostgres, type EmbeddedCluster } from '../../src/db/embedded.ts';
+import { migrate } from '../../src/db/migrate.ts';
+import { createPool, type Pool } from '../../src/db/pool.ts';
+import { createLogger } from '../../src/log.ts';
+import { createBoss } from '../../src/outbox.ts';
+import { EMULATOR_KEY } from '../../src/runtime.ts';
+import { StripeEmulator, type EmulatorOptions } from '../../src/stripe/emulator/emulator.ts';
+import { StripeGateway } from '../../src/stripe/gateway.ts';
+import { startReplica, type Replica } from './replica.ts';
+
+export interface World {
+  url: string;
+  pool: Pool;
+  boss: PgBoss;
+  emulator: StripeEmulator;
+  emulatorUrl: string;
+  gateway: StripeGateway;
+  replicas: Replica[];
+  /** Whether restartPostgres() can do anything (only the embedded cluster is ours to restart). */
+  canRestartPostgres: boolean;
+  startReplica(env?: Record<string, string>, onLog?: (entry: Record<string, unknown>) => void): Promise<Replica>;
+  restartPostgres(downMs?: number): Promise<void>;
+  close(): Promise<void>;
+}
+
+export async function startWorld(opts: { name: string; emulator?: EmulatorOptions; replicaEnv?: Record<string, string> }): Promise<World> {
+  const log = createLogger(process.env.LOG_LEVEL ?? 'warn');
+  let cluster: EmbeddedCluster | undefined;
+  let dataDir: string | undefined;
+  let port: number | undefined;
+  let admin = process.env.DATABASE_URL;
+  if (!admin) {
+    dataDir = await mkdtemp(path.join(tmpdir(), `outboxd-${opts.name}-`));
+    port = await freePort();
+    cluster = await startEmbeddedPostgres({ dataDir, port, log });
+    admin = cluster.url;
+  }
+  const dbName = `outboxd_${opts.name}_${randomBytes(4).toString('hex')}`;
+  const client = new pg.Client({ connectionString: admin });
+  await client.connect();
+  await client.query(`create database ${dbName}`);
+  await client.end();
+  const url = databaseUrl(admin, dbName);
+  await migrate(url);
+  const pool = createPool(url, { max: 20, applicationName: `outboxd-${opts.name}` });
+  const boss = createBoss(url, 'client', 4);
+  boss.on('error', () => {});
+  await boss.start();
+  const emulator = new StripeEmulator(opts.emulator);
+  const { url: emulatorUrl } = await emulator.listen(0);
+  const replicas: Replica[] = [];
+
+  const world: World = {
+    url,
+    pool,
+    boss,
+    emulator,
+    emulatorUrl,
+    gateway: new StripeGateway({ secretKey: EMULATOR_KEY, apiBase: emulatorUrl, timeoutMs: 5_000 }),
+    replicas,
+    canRestartPostgres: !!cluster,
+    async startReplica(env = {}, onLog) {
+      const r = await startReplica(
+        { DATABASE_URL: url, STRIPE_API_BASE: emulatorUrl, STRIPE_SECRET_KEY: '', ...opts.replicaEnv, ...env },
+        onLog ? { onLog } : {},
+      );
+      replicas.push(r);
+      return r;
+    },
+    async restartPostgres(downMs = 1_000) {
+      if (!cluster || !dataDir) return;
+      await cluster.stop();
+      await new Promise((r) => setTimeout(r, downMs));
+      cluster = await startEmbeddedPostgres({ dataDir, port: port!, log });
+    },
+    async close() {
+      for (const r of replicas) {
+        if (r.proc.exitCode === null && r.proc.signalCode === null) {
+          r.kill('SIGCONT');
+          r.kill('SIGKILL');
+          await r.exited;
+        }
+      }
+      await boss.stop({ graceful: false }).catch(() => {});
+      await pool.end().catch(() => {});
+      await emulator.close();
+      if (cluster) await cluster.stop();
+      if (dataDir) await rm(dataDir, { recursive: true, force: true });
+      else {
+        const c = new pg.Client({ connectionString: admin });
+        await c.connect();
+        await c.query(`drop database if exists ${dbName} with (force)`);
+        await c.end();
+      }
+    },
+  };
+  return world;
+}
