@@ -163,7 +163,12 @@ describe('dispatcher (in-process)', () => {
     try {
       await waitUntil(() => settled(op), 30_000, 'settled');
       expect((await operation(t, op)).status).toBe('succeeded');
-      expect(createsFor(op).map((r) => r.idempotencyKey)).toEqual(Array(3).fill(idempotencyKeyFor(op)));
+      expect(createsFor(op).map((r) => [r.idempotencyKey, r.status, r.replayed])).toEqual([
+        [idempotencyKeyFor(op), 503, false],
+        [idempotencyKeyFor(op), 503, false],
+        [idempotencyKeyFor(op), 'truncated', false],
+        [idempotencyKeyFor(op), 200, true],
+      ]);
       expect(charges(op)).toHaveLength(1);
     } finally {
       await a.stop();
