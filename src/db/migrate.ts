@@ -10,10 +10,10 @@ const MIGRATION_LOCK = 7_411_001;
 /** Whether drizzle's journal lists migrations this database has not applied yet. */
 async function drizzlePending(client: PoolClient): Promise<boolean> {
   const journal = JSON.parse(await readFile(`${MIGRATIONS}/meta/_journal.json`, 'utf8')) as { entries: unknown[] };
-  const { rows } = await client.query(
-    `select case when to_regclass('drizzle.__drizzle_migrations') is null then 0
-            else (select count(*)::int from drizzle.__drizzle_migrations) end as applied`,
-  );
+  // Two statements: PostgreSQL resolves a table name when it parses, even in a branch never taken.
+  const { rows: exists } = await client.query(`select to_regclass('drizzle.__drizzle_migrations') is not null as ok`);
+  if (!exists[0].ok) return true;
+  const { rows } = await client.query(`select count(*)::int as applied from drizzle.__drizzle_migrations`);
   return rows[0].applied < journal.entries.length;
 }
 
