@@ -164,7 +164,7 @@ try {
     if (due > Date.now()) await sleep(due - Date.now());
     for (let attempt = 0; ; attempt++) {
       try {
-        const { operationId } = await confirmOrder(world.pool, world.boss, { orderId: `chaos-${SEED}-${i}`, amount, currency: 'eur', customer: `cus_chaos_${i}`, paymentMethod: pm });
+        const { operationId } = await confirmOrder(world.pool, { orderId: `chaos-${SEED}-${i}`, amount, currency: 'eur', customer: `cus_chaos_${i}`, paymentMethod: pm });
         confirmed.push(operationId);
         break;
       } catch (err) {
@@ -197,11 +197,13 @@ try {
     const liveJob = jobs.find((j) => ['created', 'retry', 'active'].includes(j.state));
     const inWindow = op.first_attempted_at && Date.now() - op.first_attempted_at.getTime() < KEY_WINDOW_SECONDS * 1000;
     let why: string;
+    const inOutbox = (await world.pool.query(`select 1 from charge_outbox where operation_id = $1`, [op.id])).rows.length > 0;
     if (legitimate().has(op.id) && inWindow) why = 'inside the key window: Stripe replays the stored 500 for this key (legitimate; reconcile settles it after the window)';
+    else if (inOutbox) why = 'waiting in the outbox to be relayed to a job';
     else if (liveJob) why = `still being retried (job ${liveJob.state}, next start ${liveJob.startAfter.toISOString()}): ${op.last_error ?? ''}`;
     else {
-      why = 'no live job and no lease: nothing would ever drive it';
-      lost.push({ kind: 'succeeded_without_charge', operationId: op.id, detail: 'lost: unsettled with no job' });
+      why = 'no outbox row, no live job: nothing would ever drive it';
+      lost.push({ kind: 'succeeded_without_charge', operationId: op.id, detail: 'lost: unsettled with no outbox row and no job' });
     }
     unsettled.push({ operationId: op.id, status: op.status, why });
   }

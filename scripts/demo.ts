@@ -35,7 +35,7 @@ try {
   const pms = ['pm_card_visa', 'pm_card_visa', 'pm_card_visa', 'pm_card_visa', 'pm_card_chargeDeclined', 'pm_card_processing'];
   const ops: string[] = [];
   for (let i = 0; i < ORDERS; i++) {
-    const { operationId } = await confirmOrder(world.pool, world.boss, {
+    const { operationId } = await confirmOrder(world.pool, {
       orderId: `demo-${i + 1}-${randomUUID().slice(0, 8)}`,
       amount: 500 + i * 25,
       currency: 'eur',

@@ -1,6 +1,14 @@
-// The outbox is a pg-boss queue. A charge job carries only the operation id: the operation row is the
-// durable truth, the job is just the reminder to drive it (at least once).
+// The outbox. Confirmation writes a plain charge_outbox row in its own transaction; workers relay the
+// rows to the pg-boss `charge` queue in batches (insert the jobs and delete the rows in one
+// transaction), and pg-boss then gives claiming, retries with backoff, heartbeats and dead letter.
+// A charge job carries only the operation id: the operation row is the durable truth, the job is the
+// reminder to drive it (at least once).
+//
+// Measured here (npm run bench): a pg-boss send() inside the business transaction halves its rate; a
+// plain row keeps it near the raw insert rate, and one insert() of a batch costs little per job.
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
+import { bossDb, inTransaction, type Pool, type Queryable } from './db/pool.ts';
+import * as sql from './sql/statements.ts';
 
 export const CHARGE_QUEUE = 'charge';
 /** Where pg-boss moves a charge job whose retries ran out; its worker flags the operation for review. */
@@ -59,7 +67,31 @@ export async function createQueues(boss: PgBoss): Promise<void> {
   await boss.createQueue(RECONCILE_QUEUE, { policy: 'singleton', retryLimit: 0, expireInSeconds: 15 * 60 });
 }
 
-/** Enqueues the job that drives `operationId`, through `db` so it commits with the caller's transaction. */
+/** The confirming transaction's part: one outbox row, committed or rolled back with the order. */
+export async function recordOutboxRow(tx: Queryable, operationId: string): Promise<void> {
+  await tx.query(sql.insertOutboxRow(operationId));
+}
+
+export const RELAY_BATCH = 500;
+
+/**
+ * Moves up to `limit` outbox rows to pg-boss jobs in one transaction: the rows are deleted as their
+ * jobs are inserted, so each row becomes exactly one job, and relays on several replicas take
+ * disjoint batches (SKIP LOCKED). Returns how many were relayed.
+ */
+export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): Promise<number> {
+  const { rows: any } = await db.query(sql.outboxHasRows());
+  if (!any[0].any) return 0;
+  return inTransaction(db, async (tx) => {
+    const { rows } = await tx.query(sql.takeOutboxBatch(limit));
+    if (rows.length === 0) return 0;
+    const jobs = rows.map((r: { operation_id: string }) => ({ data: { operationId: r.operation_id } satisfies ChargeJob }));
+    await boss.insert(CHARGE_QUEUE, jobs, { db: bossDb(tx) });
+    return rows.length;
+  });
+}
+
+/** Enqueues a job for `operationId` directly (admin re-drive), through `db` so it joins the caller's transaction. */
 export async function enqueueCharge(
   boss: PgBoss,
   db: IDatabase,

@@ -12,7 +12,7 @@ import { releaseLease } from '../src/payments/operation.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startDispatcher } from './support/dispatcher.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
-import { chargeJobs, claim, confirm, operation } from './support/fixtures.ts';
+import { chargeJobs, claim, confirm, operation, relay } from './support/fixtures.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 
 const TOKEN = 'test-admin-token-0123456789';
@@ -48,6 +48,7 @@ const api = (path: string, init: RequestInit & { token?: string | null } = {}) =
 describe('requeue (invariant 10)', () => {
   it('a dead-lettered job: requeue gives the same operation a new job, which settles with one charge', async () => {
     const op = await confirm(t);
+    await relay(t);
     await t.pool.query(`update pgboss.job set state = 'failed', completed_on = now() where name = 'charge' and data->>'operationId' = $1`, [op]);
     await t.pool.query(`update payment_operations set review_reason = 'retries exhausted' where id = $1`, [op]);
     const result = await requeueOperation(t.pool, t.boss, op, { actor: 'alice' });
@@ -66,6 +67,8 @@ describe('requeue (invariant 10)', () => {
 
   it('skips an operation with a queued job or a live lease, refuses a settled one', async () => {
     const queued = await confirm(t);
+    expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'skipped', reason: expect.stringMatching(/outbox/) });
+    await relay(t);
     expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'skipped', reason: expect.stringMatching(/is created/) });
     await t.pool.query(`delete from pgboss.job where data->>'operationId' = $1`, [queued]);
     const fence = await claim(t, queued);
@@ -79,7 +82,7 @@ describe('requeue (invariant 10)', () => {
     e.emulator.addFault({ fault: { kind: 'latency', ms: 30 }, count: Infinity });
     const ops = await Promise.all(Array.from({ length: 40 }, () => confirm(t)));
     // The jobs are lost: every operation needs a requeue, and the requeues race each other.
-    await t.pool.query(`delete from pgboss.job where name = 'charge' and data->>'operationId' = any($1)`, [ops]);
+    await t.pool.query(`delete from charge_outbox where operation_id = any($1)`, [ops]);
     const replicas = await Promise.all([startDispatcher(t, e.gateway(), 'r1'), startDispatcher(t, e.gateway(), 'r2')]);
     try {
       for (let round = 0; round < 5; round++) {

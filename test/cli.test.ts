@@ -69,7 +69,7 @@ describe('outboxd order confirm', () => {
     expect(summary.failures[1]).toMatchObject({ field: 'amount' });
     const after = await counts(t);
     expect(after.operations - before.operations).toBe(196);
-    expect(after.jobs - before.jobs).toBe(196);
+    expect(after.outbox - before.outbox).toBe(196);
     const rerun = JSON.parse((await outboxd('order', 'confirm', '--from-file', file, '--json')).stdout);
     expect(rerun).toMatchObject({ confirmed: 0, alreadyConfirmed: 196, failed: 4 });
   });
@@ -92,7 +92,7 @@ describe('outboxd ops and requeue', () => {
     expect(res.code).toBe(0);
     const results = JSON.parse(res.stdout);
     expect(results.length).toBeGreaterThan(0);
-    expect(results.every((r: { result: string }) => r.result === 'skipped')).toBe(true); // every one has its queued job
+    expect(results.every((r: { result: string }) => r.result === 'skipped')).toBe(true); // each waits in the outbox
     expect(await counts(t)).toEqual(before);
   });
 });

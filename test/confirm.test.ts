@@ -1,11 +1,11 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { bossDb, inTransaction } from '../src/db/pool.ts';
+import { inTransaction } from '../src/db/pool.ts';
 import { confirmOrder, OrderConflictError } from '../src/orders/confirm.ts';
 import { ValidationError } from '../src/orders/validate.ts';
-import { enqueueCharge } from '../src/outbox.ts';
+import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, recordOutboxRow, relayOutbox } from '../src/outbox.ts';
 import * as sql from '../src/sql/statements.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
-import { chargeJobs, counts, operation, orderInput } from './support/fixtures.ts';
+import { chargeJobs, counts, operation, orderInput, outboxRows, relay } from './support/fixtures.ts';
 
 let t: TestDb;
 beforeAll(async () => {
@@ -14,9 +14,9 @@ beforeAll(async () => {
 afterAll(() => t.close());
 
 describe('confirmOrder (invariant 1)', () => {
-  it('commits the order, a pending charge operation and one outbox job together', async () => {
+  it('commits the order, a pending charge operation and one outbox row together', async () => {
     const input = orderInput({ amount: 1234, currency: 'USD' });
-    const { operationId, created } = await confirmOrder(t.pool, t.boss, input);
+    const { operationId, created } = await confirmOrder(t.pool, input);
     expect(created).toBe(true);
     const op = await operation(t, operationId);
     expect(op).toMatchObject({
@@ -29,34 +29,35 @@ describe('confirmOrder (invariant 1)', () => {
       first_attempted_at: null,
       fence: 0,
     });
-    expect(await chargeJobs(t, operationId)).toBe(1);
+    expect(await outboxRows(t, operationId)).toBe(1);
   });
 
   it('confirming the same order twice returns the same operation and enqueues nothing new', async () => {
     const input = orderInput();
-    const first = await confirmOrder(t.pool, t.boss, input);
-    const second = await confirmOrder(t.pool, t.boss, input);
+    const first = await confirmOrder(t.pool, input);
+    const second = await confirmOrder(t.pool, input);
     expect(second).toEqual({ operationId: first.operationId, created: false });
-    expect(await chargeJobs(t, first.operationId)).toBe(1);
+    expect(await outboxRows(t, first.operationId)).toBe(1);
   });
 
   it('confirming concurrently yields one operation and one job', async () => {
     const input = orderInput();
-    const results = await Promise.all(Array.from({ length: 8 }, () => confirmOrder(t.pool, t.boss, input)));
+    const results = await Promise.all(Array.from({ length: 8 }, () => confirmOrder(t.pool, input)));
     expect(new Set(results.map((r) => r.operationId)).size).toBe(1);
     expect(results.filter((r) => r.created)).toHaveLength(1);
-    expect(await chargeJobs(t, results[0]!.operationId)).toBe(1);
+    expect(await outboxRows(t, results[0]!.operationId)).toBe(1);
   });
 
   it('refuses to re-confirm an order with a different amount', async () => {
     const input = orderInput();
-    await confirmOrder(t.pool, t.boss, input);
-    await expect(confirmOrder(t.pool, t.boss, { ...input, amount: input.amount + 1 })).rejects.toBeInstanceOf(
+    await confirmOrder(t.pool, input);
+    await expect(confirmOrder(t.pool, { ...input, amount: input.amount + 1 })).rejects.toBeInstanceOf(
       OrderConflictError,
     );
   });
 
-  it('a rollback after the enqueue leaves no order, no operation and no job', async () => {
+  it('a rollback after the outbox row leaves no order, no operation, no outbox row and no job', async () => {
+    await relay(t); // earlier tests' rows: the baseline has an empty outbox
     const before = await counts(t);
     const input = orderInput();
     await expect(
@@ -64,11 +65,38 @@ describe('confirmOrder (invariant 1)', () => {
         const v = [input.orderId, input.amount, input.currency, input.customer, input.paymentMethod] as const;
         await tx.query(sql.insertOrder(...v));
         const { rows } = await tx.query(sql.insertChargeOperation(...v));
-        expect(await enqueueCharge(t.boss, bossDb(tx), rows[0].id)).toBeTruthy();
-        throw new Error('the application fails after enqueueing');
+        await recordOutboxRow(tx, rows[0].id);
+        throw new Error('the application fails after writing the outbox row');
       }),
     ).rejects.toThrow('the application fails');
+    expect(await relay(t)).toBe(0);
     expect(await counts(t)).toEqual(before);
+  });
+});
+
+describe('the outbox relay', () => {
+  it('turns each outbox row into exactly one charge job with the queue’s policy, and removes the row', async () => {
+    const op = (await confirmOrder(t.pool, orderInput())).operationId;
+    await relay(t);
+    expect(await outboxRows(t, op)).toBe(0);
+    expect(await chargeJobs(t, op)).toBe(1);
+    const [job] = await t.boss.findJobs(CHARGE_QUEUE, { data: { operationId: op } });
+    expect(job).toMatchObject({ heartbeatSeconds: chargeQueueOptions.heartbeatSeconds, deadLetter: CHARGE_DEAD_QUEUE, retryLimit: chargeQueueOptions.retryLimit });
+    expect(await relay(t)).toBe(0);
+    expect(await chargeJobs(t, op)).toBe(1);
+  });
+
+  it('relays running at once take disjoint batches: one job per row', async () => {
+    const ops = await Promise.all(Array.from({ length: 300 }, () => confirmOrder(t.pool, orderInput()).then((c) => c.operationId)));
+    const moved = await Promise.all(Array.from({ length: 4 }, () => relayOutbox(t.pool, t.boss, 50)));
+    const rest = await relay(t);
+    expect(moved.reduce((a, b) => a + b, 0) + rest).toBeGreaterThanOrEqual(300);
+    const { rows } = await t.pool.query(
+      `select data->>'operationId' as op, count(*)::int as n from pgboss.job where name = 'charge' and data->>'operationId' = any($1) group by 1`,
+      [ops],
+    );
+    expect(rows).toHaveLength(300);
+    expect(rows.every((r) => r.n === 1)).toBe(true);
   });
 });
 
@@ -94,7 +122,7 @@ describe('input validation (invariant 11): refused before anything is written', 
   it.each(bad)('%s', async (_name, change, field) => {
     const before = await counts(t);
     const input = { ...orderInput(), ...change };
-    const err = await confirmOrder(t.pool, t.boss, input).catch((e: unknown) => e);
+    const err = await confirmOrder(t.pool, input).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(ValidationError);
     expect((err as ValidationError).field).toBe(field);
     expect(await counts(t)).toEqual(before);

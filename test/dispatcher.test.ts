@@ -6,7 +6,7 @@ import { idempotencyKeyFor } from '../src/payments/gateway.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startDispatcher } from './support/dispatcher.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
-import { confirm, operation } from './support/fixtures.ts';
+import { confirm, operation, relay } from './support/fixtures.ts';
 import { startReplica, waitUntil, type Replica } from '../scripts/lib/replica.ts';
 
 let t: TestDb;
@@ -26,6 +26,7 @@ afterEach(async () => {
     await r.exited;
   }
   await t.pool.query(`delete from pgboss.job where name in ('charge', 'charge_dead')`);
+  await t.pool.query(`delete from charge_outbox`);
 });
 
 const replica = async (env: Record<string, string> = {}) => {
@@ -132,6 +133,7 @@ describe('dispatcher (in-process)', () => {
 
   it('a job redelivered by pg-boss expiry while its first handler runs waits on the lease: one charge', async () => {
     const op = await confirm(t);
+    await relay(t);
     // Shorten this job's expiry so pg-boss's own supervisor hands it out again mid-call.
     await t.pool.query(`update pgboss.job set expire_seconds = 1 where name = 'charge' and data->>'operationId' = $1`, [op]);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 9_000 } });
@@ -177,6 +179,7 @@ describe('dispatcher (in-process)', () => {
 
   it('a dead-lettered operation is flagged for review, never silently dropped', async () => {
     const op = await confirm(t);
+    await relay(t);
     // Exhaust the retries at once instead of waiting hours of backoff.
     await t.pool.query(`update pgboss.job set retry_limit = 0 where name = 'charge' and data->>'operationId' = $1`, [op]);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'rate_limit' } });

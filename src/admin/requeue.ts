@@ -34,6 +34,8 @@ export async function requeueOperation(
     if (current.lease_expires_at && current.lease_expires_at > new Date()) {
       return { operationId: op.id, result: 'skipped', reason: `leased by ${current.lease_owner} until ${current.lease_expires_at.toISOString()}` };
     }
+    const { rows: waiting } = await tx.query(sql.outboxRowFor(op.id));
+    if (waiting[0]) return { operationId: op.id, result: 'skipped', reason: 'waiting in the outbox to be relayed' };
     const jobs = await boss.findJobs<ChargeJob>(CHARGE_QUEUE, { data: { operationId: op.id }, db: bossDb(tx) });
     const live = jobs.find((j) => LIVE_JOB_STATES.has(j.state));
     if (live) return { operationId: op.id, result: 'skipped', reason: `job ${live.id} is ${live.state}` };

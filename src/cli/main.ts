@@ -69,7 +69,7 @@ program
 const order = program.command('order').description('orders');
 order
   .command('confirm')
-  .description('confirm an order: order, charge operation and outbox job in one transaction')
+  .description('confirm an order: order, charge operation and outbox row in one transaction')
   .option('--order-id <id>')
   .addOption(new Option('--amount <minor-units>', 'amount in minor units').argParser(positiveInt))
   .option('--currency <code>', 'ISO 4217 currency, e.g. eur')
@@ -78,29 +78,23 @@ order
   .option('--from-file <orders.jsonl>', 'one order a line: {"orderId","amount","currency","customer","paymentMethod"}')
   .option('--json', 'machine-readable output')
   .action(async (o) => {
-    await withDatabase(async ({ url, pool }) => {
-      const boss = createBoss(url, 'client', 2);
-      await boss.start();
-      try {
-        if (o.fromFile) {
-          const summary = await confirmFromFile(pool, boss, o.fromFile, { onProgress: progressPrinter() });
-          if (process.stderr.isTTY) process.stderr.write('\n');
-          printBulk(summary, o.json);
-          if (summary.failed > 0) process.exitCode = EXIT.partial;
-          return;
-        }
-        const input = {
-          orderId: o.orderId,
-          amount: o.amount,
-          currency: o.currency,
-          customer: o.customer,
-          paymentMethod: o.paymentMethod,
-        };
-        const { operationId, created } = await confirmOrder(pool, boss, input);
-        console.log(o.json ? JSON.stringify({ operationId, created }) : operationId);
-      } finally {
-        await boss.stop({ graceful: false });
+    await withDatabase(async ({ pool }) => {
+      if (o.fromFile) {
+        const summary = await confirmFromFile(pool, o.fromFile, { onProgress: progressPrinter() });
+        if (process.stderr.isTTY) process.stderr.write('\n');
+        printBulk(summary, o.json);
+        if (summary.failed > 0) process.exitCode = EXIT.partial;
+        return;
       }
+      const input = {
+        orderId: o.orderId,
+        amount: o.amount,
+        currency: o.currency,
+        customer: o.customer,
+        paymentMethod: o.paymentMethod,
+      };
+      const { operationId, created } = await confirmOrder(pool, input);
+      console.log(o.json ? JSON.stringify({ operationId, created }) : operationId);
     });
   });
 

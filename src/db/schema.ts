@@ -99,3 +99,16 @@ export const webhookEvents = pgTable('webhook_events', {
   result: text('result').notNull(),
   payload: jsonb('payload').notNull(),
 });
+
+/**
+ * The outbox proper: one row per charge to drive, inserted in the confirming transaction (a plain
+ * insert, far cheaper there than a pg-boss job) and relayed to pg-boss in batches by the workers,
+ * deleted in the transaction that creates its job.
+ */
+export const chargeOutbox = pgTable('charge_outbox', {
+  id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
+  operationId: uuid('operation_id')
+    .notNull()
+    .references(() => paymentOperations.id),
+  createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+});

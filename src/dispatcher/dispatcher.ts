@@ -2,6 +2,8 @@
 // retries with backoff, heartbeats, dead letter); the operation's lease and fencing token make sure
 // that at most one claim writes, whatever pg-boss redelivers (DESIGN §3).
 //
+// Every replica also relays the outbox: confirmed orders' rows become charge jobs in batches.
+//
 // One job:  claim the operation (fence + 1) ─▶ executeCharge with the token, lease renewed meanwhile
 //           ─▶ settled: outcome, lease release and job completion in ONE fenced transaction
 //           ─▶ unsettled (ambiguous, 429, review): lease released, the job fails → retried with backoff
@@ -10,15 +12,14 @@
 import type { Job, JobResult, PgBoss } from 'pg-boss';
 import { bossDb, type Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, RECONCILE_QUEUE, type ChargeJob } from '../outbox.ts';
+import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
-import { executeCharge } from '../payments/executor.ts';
+import { executeCharge, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import {
   claimOperation,
   flagForReview,
   isSettled,
-  loadOperation,
   peekOperation,
   releaseLease,
   renewLease,
@@ -35,6 +36,8 @@ export interface DispatcherOptions {
   keyWindowSeconds?: number;
   /** Schedule the reconcile sweep with this cron (pg-boss runs one at a time across replicas). */
   reconcileCron?: string;
+  /** How often an idle relay looks for new outbox rows (a full batch is followed at once). */
+  relayIntervalMs?: number;
 }
 
 export interface DispatcherDeps {
@@ -54,6 +57,8 @@ export class Dispatcher {
   private readonly opts: DispatcherOptions;
   private readonly log: Logger;
   private draining = false;
+  private relaying: Promise<void> | undefined;
+  private wakeRelay: (() => void) | undefined;
 
   constructor(deps: DispatcherDeps, opts: DispatcherOptions) {
     this.deps = deps;
@@ -98,12 +103,36 @@ export class Dispatcher {
         return { examined: report.examined, settled: report.settled, needsReview: report.needsReview };
       });
     }
+    this.relaying = this.relay();
     this.log.info({ concurrency: this.opts.concurrency, leaseTtlMs: this.opts.leaseTtlMs }, 'dispatcher started');
+  }
+
+  /** Moves confirmed orders' outbox rows to pg-boss jobs, in batches, until draining. */
+  private async relay(): Promise<void> {
+    const interval = this.opts.relayIntervalMs ?? 50;
+    while (!this.draining) {
+      let pause = interval;
+      try {
+        if ((await relayOutbox(this.deps.pool, this.deps.boss)) === RELAY_BATCH) continue; // more waiting
+      } catch (err) {
+        this.log.warn({ err }, 'outbox relay failed; retrying');
+        pause = 1_000;
+      }
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, pause);
+        this.wakeRelay = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+    }
   }
 
   /** Stops claiming, lets in-flight operations finish within graceMs, then gives back this replica's leases. */
   async drain(graceMs: number): Promise<{ finished: boolean }> {
     this.draining = true;
+    this.wakeRelay?.();
+    await this.relaying;
     const { boss, pool } = this.deps;
     const stopped = Promise.all(
       [CHARGE_QUEUE, CHARGE_DEAD_QUEUE, RECONCILE_QUEUE].map((queue) => boss.offWork(queue, { wait: true })),
@@ -128,7 +157,8 @@ export class Dispatcher {
       return { status: 'deadletter', output: { reason: 'malformed job' } };
     }
 
-    const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs);
+    const keyWindowSeconds = this.opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
+    const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, keyWindowSeconds);
     if (!lease) return this.notClaimed(operationId, log);
     const { fence } = lease;
     const opLog = log.child({ fence });
@@ -150,11 +180,11 @@ export class Dispatcher {
     let released = false;
     try {
       const run = await executeCharge(pool, gateway, operationId, fence, {
-        keyWindowSeconds: this.opts.keyWindowSeconds,
+        keyWindowSeconds,
+        claimed: lease.operation,
         log: opLog,
         onRecorded: async (tx, op) => {
-          await releaseLease(tx, operationId, fence);
-          released = true;
+          released = true; // recording the outcome ended the lease
           if (!isSettled(op.status)) return;
           // Fenced to this attempt by pg-boss; `affected` is returned at runtime though not declared.
           const { affected } = (await boss.complete(CHARGE_QUEUE, { id: job.id, retryCount: job.retryCount }, null, {
@@ -209,16 +239,17 @@ export class Dispatcher {
     const operationId = job.data?.operationId;
     const log = this.log.child({ jobId: job.id, operationId, queue: CHARGE_DEAD_QUEUE });
     if (typeof operationId !== 'string') return completed;
-    const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs);
+    const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, 0);
     if (!lease) return this.notClaimed(operationId, log);
+    const op = lease.operation;
+    const reason = `retries exhausted: the charge job was dead-lettered after ${chargeQueueOptions.retryLimit} retries (last error: ${op.last_error ?? 'none'})${op.review_reason ? `; ${op.review_reason}` : ''}`;
     try {
-      const op = await loadOperation(pool, operationId, 0);
-      const reason = `retries exhausted: the charge job was dead-lettered after ${chargeQueueOptions.retryLimit} retries (last error: ${op.last_error ?? 'none'})${op.review_reason ? `; ${op.review_reason}` : ''}`;
       await flagForReview(pool, operationId, lease.fence, reason);
-      log.error({ reason }, 'operation needs review');
-      return completed;
-    } finally {
-      await releaseLease(pool, operationId, lease.fence);
+    } catch (err) {
+      await releaseLease(pool, operationId, lease.fence).catch(() => {});
+      throw err;
     }
+    log.error({ reason }, 'operation needs review');
+    return completed;
   }
 }

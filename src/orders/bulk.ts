@@ -2,7 +2,6 @@
 // by number and skipped, a bounded number of confirmations in flight (one process, not one per order).
 import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
-import type { PgBoss } from 'pg-boss';
 import type { Pool } from '../db/pool.ts';
 import { confirmOrder } from './confirm.ts';
 
@@ -22,7 +21,6 @@ export interface BulkSummary {
 
 export async function confirmFromFile(
   db: Pool,
-  boss: PgBoss,
   file: string,
   opts: { concurrency?: number; onProgress?: (s: BulkSummary) => void } = {},
 ): Promise<BulkSummary> {
@@ -32,7 +30,7 @@ export async function confirmFromFile(
 
   const confirmLine = async (text: string, line: number) => {
     try {
-      const { created } = await confirmOrder(db, boss, JSON.parse(text));
+      const { created } = await confirmOrder(db, JSON.parse(text));
       if (created) summary.confirmed++;
       else summary.alreadyConfirmed++;
     } catch (err) {

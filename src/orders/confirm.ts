@@ -1,8 +1,7 @@
-// Order confirmation: the order, its charge operation and the outbox job commit in ONE transaction
+// Order confirmation: the order, its charge operation and its outbox row commit in ONE transaction
 // (invariant 1), before anything talks to Stripe.
-import type { PgBoss } from 'pg-boss';
-import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
-import { enqueueCharge } from '../outbox.ts';
+import { inTransaction, type Pool } from '../db/pool.ts';
+import { recordOutboxRow } from '../outbox.ts';
 import type { Operation } from '../payments/operation.ts';
 import * as sql from '../sql/statements.ts';
 import { parseOrderInput, type OrderInput } from './validate.ts';
@@ -26,7 +25,7 @@ export interface Confirmation {
   created: boolean;
 }
 
-export async function confirmOrder(db: Pool, boss: PgBoss, input: unknown): Promise<Confirmation> {
+export async function confirmOrder(db: Pool, input: unknown): Promise<Confirmation> {
   const order = parseOrderInput(input);
   return inTransaction(db, async (tx) => {
     const values = [order.orderId, order.amount, order.currency, order.customer, order.paymentMethod] as const;
@@ -34,7 +33,7 @@ export async function confirmOrder(db: Pool, boss: PgBoss, input: unknown): Prom
     const inserted = await tx.query(sql.insertChargeOperation(...values));
     if (inserted.rows[0]) {
       const operationId: string = inserted.rows[0].id;
-      await enqueueCharge(boss, bossDb(tx), operationId);
+      await recordOutboxRow(tx, operationId);
       return { operationId, created: true };
     }
     // Confirmed before: the same operation id, and nothing enqueued, provided it is the same order.

@@ -9,6 +9,7 @@ import {
   loadOperation,
   recordAttempt,
   recordOutcome,
+  type LoadedOperation,
   type Operation,
   type OperationStatus,
   type Outcome,
@@ -23,6 +24,8 @@ export interface ExecuteOptions {
   keyWindowSeconds?: number;
   /** Bound by the caller to the operation (ids, fence, attempt). */
   log?: Logger;
+  /** The operation as the caller's claim just returned it, with this fence: saves reading it again. */
+  claimed?: LoadedOperation;
   /** false: only settle through retrieve or search, never create (the reconcile sweep). */
   allowCreate?: boolean;
   /** Runs inside the transaction that records the outcome (the dispatcher completes its job there). */
@@ -48,7 +51,8 @@ export async function executeCharge(
   const log = opts.log;
 
   // 1. Load. A settled operation is never overwritten and causes no external call (invariant 5).
-  const op = await loadOperation(db, operationId, opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS);
+  const claimed = opts.claimed?.id === operationId && opts.claimed.fence === fence ? opts.claimed : undefined;
+  const op = claimed ?? (await loadOperation(db, operationId, opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS));
   if (isSettled(op.status)) return { from: op.status, operation: op, call: null, outcome: null };
 
   // 2. Choose the call. A known charge is settled by retrieve, never by another create (invariant 6);

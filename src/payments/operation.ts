@@ -103,11 +103,7 @@ async function staleFence(db: Queryable, id: string, fence: number): Promise<Sta
   return new StaleFenceError(id, fence, now?.fence, now?.status);
 }
 
-export async function loadOperation(
-  db: Queryable,
-  id: string,
-  keyWindowSeconds: number,
-): Promise<Operation & { key_window_passed: boolean }> {
+export async function loadOperation(db: Queryable, id: string, keyWindowSeconds: number): Promise<LoadedOperation> {
   const { rows } = await db.query(sql.loadOperation(id, keyWindowSeconds));
   if (!rows[0]) throw new OperationNotFoundError(id);
   return rows[0];
@@ -125,7 +121,8 @@ export async function recordAttempt(
   return rows[0];
 }
 
-/** Fenced: applies an outcome through the transition table and returns the updated operation. */
+/** Fenced: applies an outcome through the transition table, ends the claim's lease, and returns the
+ * updated operation. */
 export async function recordOutcome(db: Queryable, op: Operation, fence: number, outcome: Outcome): Promise<Operation> {
   const status = nextStatus(op.status, outcome);
   const externalId = 'externalId' in outcome ? outcome.externalId : null;
@@ -136,24 +133,36 @@ export async function recordOutcome(db: Queryable, op: Operation, fence: number,
   return rows[0];
 }
 
+export type LoadedOperation = Operation & { key_window_passed: boolean };
+
 export interface Lease {
   fence: number;
   /** The holder whose expired lease this claim took over, if any. */
   previousOwner: string | null;
+  /** The operation as the claim left it (what loadOperation would read). */
+  operation: LoadedOperation;
 }
 
 /** A new claim with a larger fencing token, or undefined when the operation is settled or leased by someone live. */
-export async function claimOperation(db: Queryable, id: string, owner: string, ttlMs: number): Promise<Lease | undefined> {
-  const { rows } = await db.query(sql.acquireLease(id, owner, ttlMs));
-  return rows[0] ? { fence: rows[0].fence, previousOwner: rows[0].previous_owner } : undefined;
+export async function claimOperation(
+  db: Queryable,
+  id: string,
+  owner: string,
+  ttlMs: number,
+  keyWindowSeconds: number,
+): Promise<Lease | undefined> {
+  const { rows } = await db.query(sql.acquireLease(id, owner, ttlMs, keyWindowSeconds));
+  if (!rows[0]) return undefined;
+  const { previous_owner, ...operation } = rows[0];
+  return { fence: operation.fence, previousOwner: previous_owner, operation };
 }
 
 /** The fencing token of a new claim, or undefined when the operation is settled or leased by someone live. */
 export async function acquireLease(db: Queryable, id: string, owner: string, ttlMs: number): Promise<number | undefined> {
-  return (await claimOperation(db, id, owner, ttlMs))?.fence;
+  return (await claimOperation(db, id, owner, ttlMs, 0))?.fence;
 }
 
-/** Fenced: holds an unsettled operation for a person; its status does not change. */
+/** Fenced: holds an unsettled operation for a person (its status does not change) and ends the claim. */
 export async function flagForReview(db: Queryable, id: string, fence: number, reason: string): Promise<Operation> {
   const { rows } = await db.query(sql.flagForReview(id, fence, reason));
   if (!rows[0]) throw await staleFence(db, id, fence);

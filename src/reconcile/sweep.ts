@@ -36,14 +36,14 @@ export async function reconcileSweep(
   const { rows } = await pool.query(sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500));
   const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, decisions: [] };
   for (const { id } of rows as { id: string }[]) {
-    const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs);
+    const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, keyWindowSeconds);
     if (!lease) {
       report.skipped++; // settled or claimed since the candidates were read
       continue;
     }
     const log = opts.log.child({ operationId: id, fence: lease.fence });
     try {
-      const run = await executeCharge(pool, gateway, id, lease.fence, { keyWindowSeconds, allowCreate: false, log });
+      const run = await executeCharge(pool, gateway, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, log });
       const op: Operation = run.operation;
       const decision: SweepDecision = {
         operationId: id,

@@ -17,6 +17,33 @@ export const insertOrder = statement<[id: string, amount: number, currency: stri
    on conflict (id) do nothing`,
 );
 
+// ─── the outbox: written with the order, relayed to pg-boss in batches ─────────────────────────────
+
+export const insertOutboxRow = statement<[operationId: string]>(
+  'outboxd_insert_outbox_row',
+  `insert into charge_outbox (operation_id) values ($1)`,
+);
+
+export const outboxHasRows = statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from charge_outbox) as any`);
+
+/** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark. */
+export const takeOutboxBatch = statement<[limit: number]>(
+  'outboxd_take_outbox_batch',
+  `delete from charge_outbox
+   where id in (select id from charge_outbox order by id limit $1 for update skip locked)
+   returning operation_id`,
+);
+
+export const outboxRowFor = statement<[operationId: string]>(
+  'outboxd_outbox_row_for',
+  `select id, created_at from charge_outbox where operation_id = $1 order by id limit 1`,
+);
+
+export const outboxDepth = statement<[]>(
+  'outboxd_outbox_depth',
+  `select count(*)::int as rows, coalesce(extract(epoch from now() - min(created_at)), 0)::float8 as oldest_seconds from charge_outbox`,
+);
+
 // ─── payment operations: creation and reads ────────────────────────────────────────────────────────
 
 export const insertChargeOperation = statement<
@@ -45,8 +72,9 @@ export const loadOperation = statement<[id: string, keyWindowSeconds: number]>(
 // ─── lease and fence (DESIGN §3) ───────────────────────────────────────────────────────────────────
 
 /** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token.
- * previous_owner is set when an expired lease was taken over (its holder died or stalled). */
-export const acquireLease = statement<[id: string, owner: string, ttlMs: number]>(
+ * Returns the claimed operation as loadOperation does (the executor needs no second read), and
+ * previous_owner when an expired lease was taken over (its holder died or stalled). */
+export const acquireLease = statement<[id: string, owner: string, ttlMs: number, keyWindowSeconds: number]>(
   'outboxd_acquire_lease',
   `with prev as (select id, lease_owner from payment_operations where id = $1 for update)
    update payment_operations op
@@ -54,7 +82,8 @@ export const acquireLease = statement<[id: string, owner: string, ttlMs: number]
        updated_at = now()
    from prev
    where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
-   returning op.fence, prev.lease_owner as previous_owner`,
+   returning op.*, prev.lease_owner as previous_owner,
+     coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as key_window_passed`,
 );
 
 export const renewLease = statement<[id: string, fence: number, ttlMs: number]>(
@@ -91,8 +120,8 @@ export const recordAttempt = statement<[id: string, fence: number, isCreate: boo
    returning attempts, first_attempted_at`,
 );
 
-/** Writes an outcome. Never touches a settled operation (invariant 5) and only with the current fence
- * (invariant 8). settled_at is set exactly when the new status is a settled one. */
+/** Writes an outcome and ends the claim's lease. Never touches a settled operation (invariant 5) and
+ * only with the current fence (invariant 8). settled_at is set exactly when the new status is settled. */
 export const recordOutcome = statement<
   [
     id: string,
@@ -109,16 +138,16 @@ export const recordOutcome = statement<
    set status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
        -- a review reason stays until the operation settles (a later ambiguous retry does not clear it)
        review_reason = case when $3 in ('succeeded', 'failed') then null else coalesce($7, review_reason) end,
-       updated_at = now(),
+       updated_at = now(), lease_owner = null, lease_expires_at = null,
        settled_at = case when $3 in ('succeeded', 'failed') then now() end
    where id = $1 and fence = $2 and ${UNSETTLED}
    returning *`,
 );
 
-/** Fenced: holds an unsettled operation for a person without changing its status. */
+/** Fenced: holds an unsettled operation for a person without changing its status; ends the claim. */
 export const flagForReview = statement<[id: string, fence: number, reason: string]>(
   'outboxd_flag_for_review',
-  `update payment_operations set review_reason = $3, updated_at = now()
+  `update payment_operations set review_reason = $3, updated_at = now(), lease_owner = null, lease_expires_at = null
    where id = $1 and fence = $2 and ${UNSETTLED}
    returning *`,
 );

@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { confirmOrder } from '../../src/orders/confirm.ts';
 import type { OrderInput } from '../../src/orders/validate.ts';
+import { relayOutbox } from '../../src/outbox.ts';
 import { acquireLease, type Operation } from '../../src/payments/operation.ts';
 import type { TestDb } from './db.ts';
 
@@ -16,7 +17,7 @@ export function orderInput(overrides: Partial<OrderInput> = {}): OrderInput {
 }
 
 export async function confirm(t: TestDb, overrides: Partial<OrderInput> = {}): Promise<string> {
-  return (await confirmOrder(t.pool, t.boss, orderInput(overrides))).operationId;
+  return (await confirmOrder(t.pool, orderInput(overrides))).operationId;
 }
 
 /** Takes the operation's lease the way a dispatcher does and returns the fencing token. */
@@ -39,10 +40,26 @@ export async function chargeJobs(t: TestDb, operationId?: string): Promise<numbe
   return rows[0].n;
 }
 
-export async function counts(t: TestDb): Promise<{ orders: number; operations: number; jobs: number }> {
+export async function outboxRows(t: TestDb, operationId?: string): Promise<number> {
+  const { rows } = await t.pool.query(
+    `select count(*)::int as n from charge_outbox where ($1::uuid is null or operation_id = $1)`,
+    [operationId ?? null],
+  );
+  return rows[0].n;
+}
+
+/** Relays every outbox row to a pg-boss job, as a worker's relay does. */
+export async function relay(t: TestDb): Promise<number> {
+  let total = 0;
+  for (let n = -1; n !== 0; total += n) n = await relayOutbox(t.pool, t.boss);
+  return total;
+}
+
+export async function counts(t: TestDb): Promise<{ orders: number; operations: number; outbox: number; jobs: number }> {
   const { rows } = await t.pool.query(`select
       (select count(*)::int from orders) as orders,
       (select count(*)::int from payment_operations) as operations,
+      (select count(*)::int from charge_outbox) as outbox,
       (select count(*)::int from pgboss.job where name = 'charge') as jobs`);
   return rows[0];
 }
