@@ -168,6 +168,7 @@ export class Dispatcher {
     }
 
     metrics.inFlight.inc();
+    const started = performance.now();
     let leaseLost = false;
     const renewal = setInterval(() => {
       renewLease(pool, operationId, fence, this.opts.leaseTtlMs)
@@ -196,6 +197,7 @@ export class Dispatcher {
       const { operation: op, call, outcome } = run;
       if (call && outcome) metrics.gatewayOutcomes.inc({ call, outcome: outcome.kind });
       if (run.from !== op.status) metrics.transitions.inc({ from: run.from, to: op.status });
+      opLog.debug({ durationMs: Math.round(performance.now() - started), status: op.status }, 'job handled');
       if (isSettled(op.status)) {
         metrics.jobs.inc({ result: 'settled' });
         return completed;

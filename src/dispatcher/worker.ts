@@ -11,6 +11,9 @@ import { openDatabase, openGateway, openPool } from '../runtime.ts';
 import { Dispatcher } from './dispatcher.ts';
 import { createMetrics } from './metrics.ts';
 
+/** What a replica serves for its platform: deploy/ manifests are checked against these (test/deploy). */
+export const PROBES = { liveness: '/healthz', readiness: '/readyz', metrics: '/metrics' } as const;
+
 export async function runWorker(config: Config, baseLog: Logger): Promise<void> {
   const workerId = `${hostname()}:${process.pid}:${randomBytes(2).toString('hex')}`;
   const log = baseLog.child({ workerId });
@@ -35,10 +38,10 @@ export async function runWorker(config: Config, baseLog: Logger): Promise<void> 
   await dispatcher.start();
 
   const http = await startHttpServer(config.worker.httpPort, [
-    ['GET', '/healthz', ({ res }) => sendJson(res, 200, { status: 'ok', workerId })],
+    ['GET', PROBES.liveness, ({ res }) => sendJson(res, 200, { status: 'ok', workerId })],
     [
       'GET',
-      '/readyz',
+      PROBES.readiness,
       async ({ res }) => {
         const dbOk = await pool.query('select 1').then(() => true, () => false);
         const ready = dbOk && !dispatcher.isDraining;
@@ -47,7 +50,7 @@ export async function runWorker(config: Config, baseLog: Logger): Promise<void> 
     ],
     [
       'GET',
-      '/metrics',
+      PROBES.metrics,
       async ({ res }) => {
         const text = await metrics.registry.metrics();
         res.writeHead(200, { 'Content-Type': metrics.registry.contentType });

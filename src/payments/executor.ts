@@ -65,8 +65,10 @@ export async function executeCharge(
   const { attempts } = await recordAttempt(db, op.id, fence, call);
 
   // 4. The external call. No transaction is open and no connection is held.
+  const started = performance.now();
   const outcome = await callGateway(gateway, op, call);
-  log?.info({ orderId: op.order_id, call, attempt: attempts, outcome: outcome.kind }, 'gateway call finished');
+  const durationMs = Math.round(performance.now() - started);
+  log?.info({ orderId: op.order_id, call, attempt: attempts, outcome: outcome.kind, durationMs }, 'gateway call finished');
   if (outcome.kind === 'needs_review') log?.error({ reason: outcome.reason }, 'operation needs review');
 
   // 5. Record the outcome, fenced, in one short transaction with whatever the caller commits beside it.

@@ -1,0 +1,122 @@
+// deploy/ kept honest without a Docker engine: every manifest parses and validates against the
+// Kubernetes schemas, and what it names (probe paths, port, env vars, CLI commands) is what the code
+// serves and reads.
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import path from 'node:path';
+import { Namespace, ConfigMap, Service } from 'kubernetes-models/v1';
+import { Deployment } from 'kubernetes-models/apps/v1';
+import { Job } from 'kubernetes-models/batch/v1';
+import { PodDisruptionBudget } from 'kubernetes-models/policy/v1';
+import { HorizontalPodAutoscaler } from 'kubernetes-models/autoscaling/v2';
+import { parseAllDocuments } from 'yaml';
+import { describe, expect, it } from 'vitest';
+import { envSchema, loadConfig } from '../src/config.ts';
+import { PROBES } from '../src/dispatcher/worker.ts';
+import { DEPLOYED_NODE_OPTIONS } from '../scripts/lib/world.ts';
+
+const ROOT = path.resolve(import.meta.dirname, '..');
+const read = (p: string) => readFileSync(path.join(ROOT, p), 'utf8');
+const walk = (dir: string): string[] =>
+  readdirSync(path.join(ROOT, dir)).flatMap((f) => {
+    const p = path.join(dir, f);
+    return statSync(path.join(ROOT, p)).isDirectory() ? walk(p) : [p];
+  });
+const yamlFiles = walk('deploy').filter((f) => /\.ya?ml$/.test(f));
+type Doc = Record<string, any>;
+const docs = (file: string): Doc[] =>
+  parseAllDocuments(read(file)).map((d) => {
+    if (d.errors.length) throw new Error(`${file}: ${d.errors[0]!.message}`);
+    return d.toJS() as Doc;
+  });
+const k8s = walk('deploy/k8s/base').filter((f) => f.endsWith('.yaml') && !f.endsWith('kustomization.yaml')).flatMap(docs);
+const byKind = (kind: string) => k8s.filter((d) => d.kind === kind);
+const deployment = byKind('Deployment')[0]!;
+const worker = deployment.spec.template.spec.containers[0];
+const job = byKind('Job')[0]!;
+const compose = docs('deploy/compose.yaml')[0]!;
+const CONFIG_KEYS = Object.keys(envSchema.shape);
+/** NODE_OPTIONS is Node's own; everything else the app reads is in the config schema. */
+const NODE_KEYS = ['NODE_OPTIONS', 'NODE_ENV'];
+const DEFAULT_PORT = loadConfig({}).worker.httpPort;
+
+describe('deploy manifests', () => {
+  it('every YAML file under deploy/ parses', () => {
+    expect(yamlFiles.length).toBeGreaterThanOrEqual(10);
+    for (const f of yamlFiles) expect(() => docs(f), f).not.toThrow();
+  });
+
+  it('validates against the Kubernetes schemas', () => {
+    const models: Record<string, new (d: any) => { validate(): void }> = {
+      Namespace, ConfigMap, Service, Deployment, Job, PodDisruptionBudget, HorizontalPodAutoscaler,
+    };
+    for (const d of k8s) {
+      const Model = models[d.kind];
+      expect(Model, `a schema for ${d.kind}`).toBeDefined();
+      expect(() => new Model!(d).validate(), `${d.kind} ${d.metadata?.name}`).not.toThrow();
+    }
+    expect(() => new Deployment({ ...deployment, spec: { ...deployment.spec, replicas: 'three' } }).validate()).toThrow();
+  });
+
+  it('the kustomization lists every base manifest', () => {
+    const listed = docs('deploy/k8s/base/kustomization.yaml')[0]!.resources as string[];
+    const files = readdirSync(path.join(ROOT, 'deploy/k8s/base')).filter((f) => f !== 'kustomization.yaml');
+    expect(new Set(listed)).toEqual(new Set(files));
+  });
+
+  it('probes, port and metrics annotations are the ones the worker serves', () => {
+    const configMap = byKind('ConfigMap')[0]!.data;
+    const port = Number(configMap.HTTP_PORT ?? DEFAULT_PORT);
+    expect(worker.ports).toEqual([{ name: 'http', containerPort: port }]);
+    expect(worker.readinessProbe.httpGet.path).toBe(PROBES.readiness);
+    expect(worker.livenessProbe.httpGet.path).toBe(PROBES.liveness);
+    const annotations = deployment.spec.template.metadata.annotations;
+    expect(annotations['prometheus.io/path']).toBe(PROBES.metrics);
+    expect(Number(annotations['prometheus.io/port'])).toBe(port);
+    expect(read('deploy/Dockerfile')).toContain(PROBES.liveness);
+    expect(byKind('Service')[0]!.spec.type).toBe('ClusterIP');
+  });
+
+  it('gives a drain more time than SHUTDOWN_GRACE_MS, and runs non-root on a read-only root', () => {
+    const grace = Number(byKind('ConfigMap')[0]!.data.SHUTDOWN_GRACE_MS);
+    expect(deployment.spec.template.spec.terminationGracePeriodSeconds * 1000).toBeGreaterThan(grace);
+    expect(deployment.spec.replicas).toBe(3);
+    expect(deployment.spec.template.spec.securityContext.runAsNonRoot).toBe(true);
+    expect(worker.securityContext).toMatchObject({ readOnlyRootFilesystem: true, allowPrivilegeEscalation: false });
+    expect(compose.services.worker.stop_grace_period).toBe('40s');
+  });
+
+  it('every env var named in deploy/ is one the config module reads, and .env.example lists them all', () => {
+    const named = new Set<string>([
+      ...Object.keys(byKind('ConfigMap')[0]!.data),
+      ...worker.env.map((e: { name: string }) => e.name),
+      ...Object.keys(compose['x-outboxd'].environment),
+      ...(docs('deploy/k8s/overlays/example/kustomization.yaml')[0]!.secretGenerator[0].literals as string[]).map((l) => l.split('=')[0]!),
+      ...[...read('deploy/Dockerfile').matchAll(/^\s*(?:ENV\s+)?([A-Z_]+)=/gm)].map((m) => m[1]!),
+    ]);
+    for (const key of named) expect([...CONFIG_KEYS, ...NODE_KEYS], key).toContain(key);
+    const example = [...read('deploy/.env.example').matchAll(/^([A-Z_]+)=/gm)].map((m) => m[1]);
+    expect(new Set(example)).toEqual(new Set(CONFIG_KEYS));
+    const runbook = [...read('docs/runbook.md').matchAll(/^\| `([A-Z_]+)` \|/gm)].map((m) => m[1]);
+    expect(new Set(runbook)).toEqual(new Set(CONFIG_KEYS));
+  });
+
+  it('the image, the migration Job and compose run the CLI the README documents', () => {
+    const dockerfile = read('deploy/Dockerfile');
+    const readme = read('README.md');
+    expect(dockerfile).toMatch(/^FROM node:24-slim/m);
+    expect(dockerfile).toMatch(/npm ci --omit=dev/);
+    expect(dockerfile).toMatch(/^USER node$/m);
+    expect(dockerfile).toMatch(/^ENTRYPOINT \["\/usr\/bin\/tini", "--", "node", "bin\/outboxd.js"\]$/m);
+    expect(dockerfile).toMatch(/^CMD \["worker"\]$/m);
+    expect(dockerfile).toContain(`NODE_OPTIONS="${DEPLOYED_NODE_OPTIONS}"`);
+    expect(worker.env.find((e: { name: string }) => e.name === 'NODE_OPTIONS').value).toBe(DEPLOYED_NODE_OPTIONS);
+    expect(worker.args).toEqual(['worker']);
+    expect(job.spec.template.spec.containers[0].args).toEqual(['migrate']);
+    expect(compose.services.migrate.command).toEqual(['migrate']);
+    expect(compose.services.worker.command).toEqual(['worker']);
+    expect(compose.services.worker.depends_on.migrate.condition).toBe('service_completed_successfully');
+    for (const cmd of ['outboxd migrate', 'outboxd worker', 'outboxd stripe-emulator']) expect(readme).toContain(cmd);
+    const bin = JSON.parse(read('package.json')).bin.outboxd;
+    expect(bin).toBe('bin/outboxd.js');
+  });
+});
