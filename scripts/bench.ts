@@ -86,7 +86,8 @@ async function drain(w: World, replicas: number, n: number, env: Record<string, 
       // A worker session inside a transaction while nothing runs in it would be a connection held across
       // a call (invariant 3); sessions running a statement at the sampled instant are not that.
       `select count(*)::int as total,
-              count(*) filter (where application_name = 'outboxd-worker' and state like 'idle in transaction%')::int as busy
+              count(*) filter (where application_name = 'outboxd-worker' and state like 'idle in transaction%'
+                                 and now() - state_change > interval '50 milliseconds')::int as busy
        from pg_stat_activity where datname = current_database()`,
     ).catch(() => ({ rows: [{ total: 0, busy: 0 }] }));
     peakConnections = Math.max(peakConnections, r[0].total);
@@ -146,7 +147,7 @@ async function latencySection(w: World) {
   const res = await drain(w, replicas, 800, {});
   const ideal = (replicas * CONCURRENCY) / 0.1;
   rows.push({ section: '3. latency-bound', measure: `settled/s at 100 ms Stripe latency, ${replicas}×${CONCURRENCY}`, value: fmt(res.rate), reference: `${fmt(ideal)} (ideal)`, ratio: pct(res.rate, ideal) });
-  rows.push({ section: '5. resources', measure: "worker sessions 'idle in transaction' while calls are in flight (max sampled every 100 ms)", value: String(res.heldDuringCalls), reference: '0', ratio: '' });
+  rows.push({ section: '5. resources', measure: "worker sessions 'idle in transaction' for > 50 ms while 100 ms calls are in flight (max sampled)", value: String(res.heldDuringCalls), reference: '0', ratio: '' });
   results.latencyBound = { ...res, ideal };
   w.emulator.clearFaults();
 }
@@ -155,11 +156,18 @@ async function pickupSection(w: World) {
   const replica = await w.startReplica({ WORKER_CONCURRENCY: String(CONCURRENCY), LOG_LEVEL: 'warn' });
   await sleep(1_000);
   const samples: number[] = [];
+  const slow: unknown[] = [];
   for (let i = 0; i < 60; i++) {
     const { operationId } = await confirmOrder(w.pool, order(i));
     const t0 = Date.now();
     await waitUntil(async () => (await w.pool.query(`select settled_at from payment_operations where id = $1`, [operationId])).rows[0].settled_at, 60_000, 'settled');
     samples.push(Date.now() - t0);
+    if (Date.now() - t0 > 2_000) {
+      // Keep what a slow one looked like: the explanation belongs next to the number.
+      const { rows: op } = await w.pool.query(`select status, attempts, fence, last_error, created_at, settled_at, updated_at from payment_operations where id = $1`, [operationId]);
+      const jobs = await w.boss.findJobs('charge', { data: { operationId } });
+      slow.push({ ms: Date.now() - t0, operation: op[0], jobs: jobs.map((j) => ({ state: j.state, retryCount: j.retryCount, createdOn: j.createdOn, startedOn: j.startedOn, output: j.output })) });
+    }
     await sleep(150);
   }
   replica.kill('SIGTERM');
@@ -167,7 +175,8 @@ async function pickupSection(w: World) {
   w.replicas.length = 0;
   samples.sort((a, b) => a - b);
   const q = (p: number) => samples[Math.min(samples.length - 1, Math.floor((p / 100) * samples.length))]!;
-  results.pickup = { p50: q(50), p95: q(95), p99: q(99) };
+  results.pickup = { p50: q(50), p95: q(95), p99: q(99), slow };
+  for (const x of slow) say(`slow pickup: ${JSON.stringify(x)}`);
   rows.push({ section: '4. end-to-end', measure: 'confirm → settled on an idle worker, p50 / p95 / p99 (ms)', value: `${q(50)} / ${q(95)} / ${q(99)}`, reference: '≤ 100 (p50 target)', ratio: '' });
 }
 

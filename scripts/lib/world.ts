@@ -1,20 +1,18 @@
 // A whole outboxd deployment on this machine, for the demo, chaos and the benchmark: a PostgreSQL
 // (embedded, restartable; or DATABASE_URL), a fresh migrated database, the Stripe emulator in this
 // process, and worker replicas as OS processes pointed at both.
-import { randomBytes } from 'node:crypto';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import pg from 'pg';
 import type { PgBoss } from 'pg-boss';
-import { databaseUrl, freePort, startEmbeddedPostgres, type EmbeddedCluster } from '../../src/db/embedded.ts';
-import { migrate } from '../../src/db/migrate.ts';
+import { freePort, startEmbeddedPostgres, type EmbeddedCluster } from '../../src/db/embedded.ts';
 import { createPool, type Pool } from '../../src/db/pool.ts';
 import { createLogger } from '../../src/log.ts';
 import { createBoss } from '../../src/outbox.ts';
 import { EMULATOR_KEY } from '../../src/runtime.ts';
 import { StripeEmulator, type EmulatorOptions } from '../../src/stripe/emulator/emulator.ts';
 import { StripeGateway } from '../../src/stripe/gateway.ts';
+import { createMigratedDatabase } from './database.ts';
 import { startReplica, type Replica } from './replica.ts';
 
 /**
@@ -51,13 +49,8 @@ export async function startWorld(opts: { name: string; emulator?: EmulatorOption
     cluster = await startEmbeddedPostgres({ dataDir, port, log });
     admin = cluster.url;
   }
-  const dbName = `outboxd_${opts.name}_${randomBytes(4).toString('hex')}`;
-  const client = new pg.Client({ connectionString: admin });
-  await client.connect();
-  await client.query(`create database ${dbName}`);
-  await client.end();
-  const url = databaseUrl(admin, dbName);
-  await migrate(url);
+  const database = await createMigratedDatabase(admin, `outboxd_${opts.name}`);
+  const { url } = database;
   const pool = createPool(url, { max: 20, applicationName: `outboxd-${opts.name}` });
   const boss = createBoss(url, 'client', 4);
   boss.on('error', () => {});
@@ -102,12 +95,7 @@ export async function startWorld(opts: { name: string; emulator?: EmulatorOption
       await emulator.close();
       if (cluster) await cluster.stop();
       if (dataDir) await rm(dataDir, { recursive: true, force: true });
-      else {
-        const c = new pg.Client({ connectionString: admin });
-        await c.connect();
-        await c.query(`drop database if exists ${dbName} with (force)`);
-        await c.end();
-      }
+      else await database.drop();
     },
   };
   return world;

@@ -4,7 +4,7 @@ import { ValidationError } from '../orders/validate.ts';
 import { isOperationId, OperationNotFoundError, type Operation } from '../payments/operation.ts';
 import * as sql from '../sql/statements.ts';
 
-export function parseOperationId(id: string): string {
+function parseOperationId(id: string): string {
   if (!isOperationId(id)) throw new ValidationError('operationId', `not an operation id (a UUID): ${JSON.stringify(id)}`);
   return id.toLowerCase();
 }

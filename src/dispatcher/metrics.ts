@@ -56,6 +56,14 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss }) {
         if (q) this.set(q.queuedCount);
       },
     }),
+    outboxRows: new Gauge({
+      name: 'outboxd_outbox_rows',
+      help: 'Confirmed orders whose outbox row waits to be relayed to a charge job',
+      registers: r,
+      async collect() {
+        this.set((await source.db.query(sql.outboxDepth())).rows[0].rows);
+      },
+    }),
     oldestUnsettled: new Gauge({
       name: 'outboxd_oldest_unsettled_age_seconds',
       help: 'Age of the oldest pending or unknown operation',

@@ -39,10 +39,7 @@ export const outboxRowFor = statement<[operationId: string]>(
   `select id, created_at from charge_outbox where operation_id = $1 order by id limit 1`,
 );
 
-export const outboxDepth = statement<[]>(
-  'outboxd_outbox_depth',
-  `select count(*)::int as rows, coalesce(extract(epoch from now() - min(created_at)), 0)::float8 as oldest_seconds from charge_outbox`,
-);
+export const outboxDepth = statement<[]>('outboxd_outbox_depth', `select count(*)::int as rows from charge_outbox`);
 
 // ─── payment operations: creation and reads ────────────────────────────────────────────────────────
 

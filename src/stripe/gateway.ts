@@ -113,7 +113,7 @@ function toCharge(pi: Stripe.PaymentIntent): Charge {
 }
 
 /** DESIGN §2.4, by HTTP status (what stripe@23 itself decides the class by) and raw type. */
-export function classify(err: unknown): GatewayError {
+function classify(err: unknown): GatewayError {
   if (!(err instanceof Stripe.errors.StripeError)) return new AmbiguousOutcome(String(err), undefined, undefined, { cause: err });
   const status = err.statusCode;
   const pi = (err.payment_intent as { id?: string } | undefined)?.id;
