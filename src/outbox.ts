@@ -92,11 +92,6 @@ export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): 
 }
 
 /** Enqueues a job for `operationId` directly (admin re-drive), through `db` so it joins the caller's transaction. */
-export async function enqueueCharge(
-  boss: PgBoss,
-  db: IDatabase,
-  operationId: string,
-  opts: { startAfter?: Date } = {},
-): Promise<string | null> {
-  return boss.send(CHARGE_QUEUE, { operationId } satisfies ChargeJob, { db, ...opts });
+export async function enqueueCharge(boss: PgBoss, db: IDatabase, operationId: string): Promise<string | null> {
+  return boss.send(CHARGE_QUEUE, { operationId } satisfies ChargeJob, { db });
 }

@@ -4,7 +4,7 @@ import { Command, CommanderError, InvalidArgumentError, Option } from 'commander
 import { loadConfig, type Config } from '../config.ts';
 import { migrate } from '../db/migrate.ts';
 import { createLogger, type Logger } from '../log.ts';
-import { confirmFromFile, type BulkSummary } from '../orders/bulk.ts';
+import { BULK_CONCURRENCY, confirmFromFile, type BulkSummary } from '../orders/bulk.ts';
 import { confirmOrder } from '../orders/confirm.ts';
 import { createBoss } from '../outbox.ts';
 import { openDatabase, openGateway, openPool } from '../runtime.ts';
@@ -35,7 +35,7 @@ program.hook('preAction', () => {
 /** Runs `fn` with an open database and pool, closing both however it ends. */
 async function withDatabase<T>(fn: (ctx: { url: string; pool: ReturnType<typeof openPool> }) => Promise<T>): Promise<T> {
   const db = await openDatabase(config, log!);
-  const pool = openPool(db, 'outboxd-cli', 8);
+  const pool = openPool(db, 'outboxd-cli', BULK_CONCURRENCY);
   try {
     return await fn({ url: db.url, pool });
   } finally {

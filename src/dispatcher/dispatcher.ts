@@ -185,7 +185,6 @@ export class Dispatcher {
         claimed: lease.operation,
         log: opLog,
         onRecorded: async (tx, op) => {
-          released = true; // recording the outcome ended the lease
           if (!isSettled(op.status)) return;
           // Fenced to this attempt by pg-boss; `affected` is returned at runtime though not declared.
           const { affected } = (await boss.complete(CHARGE_QUEUE, { id: job.id, retryCount: job.retryCount }, null, {
@@ -195,6 +194,7 @@ export class Dispatcher {
         },
       });
       const { operation: op, call, outcome } = run;
+      released = call !== null; // a recorded (committed) outcome ended the lease
       if (call && outcome) metrics.gatewayOutcomes.inc({ call, outcome: outcome.kind });
       if (run.from !== op.status) metrics.transitions.inc({ from: run.from, to: op.status });
       opLog.debug({ durationMs: Math.round(performance.now() - started), status: op.status }, 'job handled');

@@ -5,6 +5,9 @@ import { createInterface } from 'node:readline';
 import type { Pool } from '../db/pool.ts';
 import { confirmOrder } from './confirm.ts';
 
+/** Confirmations in flight: enough to keep PostgreSQL's commits busy (npm run bench, confirm-order at 16 clients). */
+export const BULK_CONCURRENCY = 16;
+
 export interface BulkFailure {
   line: number;
   error: string;
@@ -26,7 +29,7 @@ export async function confirmFromFile(
 ): Promise<BulkSummary> {
   const summary: BulkSummary = { lines: 0, confirmed: 0, alreadyConfirmed: 0, failed: 0, failures: [] };
   const inFlight = new Set<Promise<void>>();
-  const limit = opts.concurrency ?? 8;
+  const limit = opts.concurrency ?? BULK_CONCURRENCY;
 
   const confirmLine = async (text: string, line: number) => {
     try {
