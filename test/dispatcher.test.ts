@@ -59,6 +59,29 @@ describe('dispatcher replicas (OS processes)', () => {
     const { rows } = await t.pool.query(`select status, count(*)::int as n from payment_operations where id = any($1) group by status`, [ops]);
     expect(Object.fromEntries(rows.map((r) => [r.status, r.n]))).toEqual({ succeeded: 54, failed: 6 });
     expect((await a.metric('outboxd_jobs_total')) + (await b.metric('outboxd_jobs_total'))).toBe(60);
+    const sum = async (name: string) => (await a.metric(name)) + (await b.metric(name));
+    expect(await sum('outboxd_operation_transitions_total{from="pending",to="succeeded"}')).toBe(54);
+    expect(await sum('outboxd_operation_transitions_total{from="pending",to="failed"}')).toBe(6);
+    expect(await sum('outboxd_gateway_outcomes_total{call="create"')).toBe(60);
+    expect(await a.metric('outboxd_in_flight')).toBe(0);
+  });
+
+  it('a second signal during the drain exits at once, without waiting for the calls', async () => {
+    const a = await replica({ SHUTDOWN_GRACE_MS: '20000' });
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 1800 }, count: Infinity });
+    const op = await confirm(t);
+    await waitUntil(() => createsFor(op).length === 1, 20_000, 'a call in flight');
+    a.kill('SIGTERM');
+    await waitUntil(async () => (await a.get('/readyz').catch(() => ({ status: 0 }))).status === 503, 5_000, 'draining');
+    const second = Date.now();
+    a.kill('SIGTERM');
+    const { code } = await a.exited;
+    expect(code).toBe(143);
+    expect(Date.now() - second).toBeLessThan(1_000);
+    // Nothing is lost: the lease expires and the operation is still driven (here, by a new replica).
+    await replica();
+    await waitUntil(() => settled(op), 60_000, 'settled after the hard exit');
+    expect(charges(op)).toHaveLength(1);
   });
 
   it('kill -9 while the call is in flight: another replica takes over after the lease, same key, one charge', async () => {
