@@ -175,7 +175,13 @@ async function pickupSection(w: World) {
       }
       return (await w.pool.query(`select settled_at from payment_operations where id = $1`, [operationId])).rows[0].settled_at;
     }, 60_000, 'settled');
-    samples.push(Date.now() - t0);
+    // The database's own clock, not this loop's 50 ms polling: from the confirming transaction to the
+    // transaction that recorded the outcome.
+    const { rows: timing } = await w.pool.query(
+      `select (extract(epoch from settled_at - created_at) * 1000)::float8 as ms from payment_operations where id = $1`,
+      [operationId],
+    );
+    samples.push(Math.round(timing[0].ms));
     if (Date.now() - t0 > 2_000) {
       // Keep what a slow one looked like: the explanation belongs next to the number.
       const { rows: op } = await w.pool.query(`select status, attempts, fence, last_error, created_at, settled_at, updated_at from payment_operations where id = $1`, [operationId]);
@@ -191,7 +197,7 @@ async function pickupSection(w: World) {
   const q = (p: number) => samples[Math.min(samples.length - 1, Math.floor((p / 100) * samples.length))]!;
   results.pickup = { p50: q(50), p95: q(95), p99: q(99), slow };
   for (const x of slow) say(`slow pickup: ${JSON.stringify(x)}`);
-  rows.push({ section: '4. end-to-end', measure: 'confirm → settled on an idle worker, p50 / p95 / p99 (ms)', value: `${q(50)} / ${q(95)} / ${q(99)}`, reference: '≤ 100 (p50 target)', ratio: '' });
+  rows.push({ section: '4. end-to-end', measure: 'confirm → settled on an idle worker (database clock), p50 / p95 / p99 (ms)', value: `${q(50)} / ${q(95)} / ${q(99)}`, reference: '≤ 100 (p50 target)', ratio: '' });
 }
 
 const world = await startWorld({ name: 'bench' });
