@@ -77,7 +77,17 @@ const onLog = (entry: Record<string, unknown>) => {
   if (entry.msg === 'took over an expired lease') stats.takeovers++;
 };
 const live: Replica[] = [];
-const spawnReplica = async () => live.push(await world.startReplica({}, onLog));
+/** Replicas this run killed on purpose; any other exit before the end is a crash, and a violation. */
+const killedOnPurpose = new Set<Replica>();
+const crashes: string[] = [];
+let finishing = false;
+const spawnReplica = async () => {
+  const r = await world.startReplica({}, onLog);
+  void r.exited.then(({ code, signal }) => {
+    if (!killedOnPurpose.has(r) && !finishing) crashes.push(`replica ${r.proc.pid} exited by itself (code ${code}, signal ${signal}): ${JSON.stringify(r.logs.slice(-2))}`);
+  });
+  live.push(r);
+};
 
 let exitCode = 1;
 try {
@@ -107,6 +117,7 @@ try {
         nextKill += KILL_EVERY_MS;
         const victim = killable[Math.floor(random() * killable.length)]!;
         live.splice(live.indexOf(victim), 1);
+        killedOnPurpose.add(victim);
         victim.kill('SIGCONT');
         victim.kill('SIGKILL');
         stats.kills++;
@@ -213,7 +224,12 @@ try {
     .sort((a, b) => a - b);
   const q = (p: number) => settleTimes[Math.min(settleTimes.length - 1, Math.floor((p / 100) * settleTimes.length))] ?? 0;
   const byStatus = Object.fromEntries(['pending', 'unknown', 'succeeded', 'failed'].map((s) => [s, operations.filter((o) => o.status === s).length]));
-  const allViolations = [...violations, ...lost.map((v) => ({ ...v, kind: 'lost_operation' as const }))];
+  const allViolations = [
+    ...violations,
+    ...lost.map((v) => ({ ...v, kind: 'lost_operation' as const })),
+    ...crashes.map((detail) => ({ kind: 'replica_crashed' as const, operationId: null, detail })),
+  ];
+  finishing = true;
   const report = {
     seed: SEED,
     orders: ORDERS,
@@ -231,6 +247,7 @@ try {
     console.log(`\nchaos seed ${SEED}: ${report.operations} operations (${Object.entries(byStatus).map(([k, v]) => `${v} ${k}`).join(', ')}), ${report.charges} PaymentIntents (${report.succeededCharges} succeeded)`);
     console.log(`faults: ${stats.kills} kill -9, ${stats.stops} SIGSTOP, ${stats.terminated} sessions terminated, ${stats.pgRestarts} PostgreSQL restart(s); ${stats.takeovers} lease takeovers, ${stats.fencedOut} fenced-out writes`);
     console.log(`time to settle: p50 ${report.settleMs.p50} ms, p95 ${report.settleMs.p95} ms, max ${report.settleMs.max} ms`);
+    console.log(`replicas that crashed (not killed by chaos): ${crashes.length}`);
     console.log(`double charges: ${allViolations.filter((v) => v.kind === 'double_charge').length}; failed but charged: ${allViolations.filter((v) => v.kind === 'failed_but_charged').length}; succeeded without charge: ${allViolations.filter((v) => v.kind === 'succeeded_without_charge').length}; orphans: ${allViolations.filter((v) => v.kind === 'orphan_charge').length}; creates without our key: ${allViolations.filter((v) => v.kind === 'create_without_our_key').length}; lost: ${lost.length}`);
     for (const u of unsettled) console.log(`  unsettled ${u.operationId} (${u.status}): ${u.why}`);
     for (const v of allViolations) console.log(`  ✗ ${v.kind} ${v.operationId ?? ''}: ${v.detail}`);

@@ -1,7 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { createBoss, createQueues } from '../outbox.ts';
-import { createPool, type PoolClient } from './pool.ts';
+import { createPool, withClient, type PoolClient } from './pool.ts';
 
 const MIGRATIONS = fileURLToPath(new URL('../../drizzle', import.meta.url));
 /** Serialises concurrent `outboxd migrate` runs (two deploys at once, tests in parallel). */
@@ -20,7 +20,14 @@ async function drizzlePending(client: PoolClient): Promise<boolean> {
 /** Applies drizzle/ migrations, installs or upgrades the pg-boss schema and creates the queues. Idempotent. */
 export async function migrate(connectionString: string): Promise<void> {
   const pool = createPool(connectionString, { max: 1, applicationName: 'outboxd-migrate' });
-  const client = await pool.connect();
+  try {
+    await withClient(pool, (client) => migrateWith(client, connectionString));
+  } finally {
+    await pool.end();
+  }
+}
+
+async function migrateWith(client: PoolClient, connectionString: string): Promise<void> {
   try {
     await client.query('select pg_advisory_lock($1)', [MIGRATION_LOCK]);
     if (await drizzlePending(client)) {
@@ -40,7 +47,5 @@ export async function migrate(connectionString: string): Promise<void> {
     }
   } finally {
     await client.query('select pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch(() => {});
-    client.release();
-    await pool.end();
   }
 }

@@ -28,18 +28,40 @@ export function createPool(connectionString: string, opts: { max?: number; appli
  * on throw. Nothing slow belongs inside: above all no external call (invariant 3).
  */
 export async function inTransaction<T>(pool: pg.Pool, fn: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
+  return withClient(pool, async (client, markBroken) => {
+    try {
+      await client.query('begin');
+      const result = await fn(client);
+      await client.query('commit');
+      return result;
+    } catch (err) {
+      // A client whose rollback fails is in an unknown state: drop it instead of pooling it.
+      await client.query('rollback').catch(markBroken);
+      throw err;
+    }
+  });
+}
+
+/**
+ * Checks a client out for `fn` and back in. While checked out, a client whose connection dies between
+ * two statements (a server restart, pg_terminate_backend) emits 'error'; with no listener that would
+ * crash the process. The error is kept instead: the next statement fails on its own, and the client is
+ * discarded rather than pooled.
+ */
+export async function withClient<T>(
+  pool: pg.Pool,
+  fn: (client: pg.PoolClient, markBroken: (err: Error) => void) => Promise<T>,
+): Promise<T> {
   const client = await pool.connect();
   let broken: Error | undefined;
+  const markBroken = (err: Error) => {
+    broken ??= err;
+  };
+  client.on('error', markBroken);
   try {
-    await client.query('begin');
-    const result = await fn(client);
-    await client.query('commit');
-    return result;
-  } catch (err) {
-    // A client whose rollback fails is in an unknown state: drop it instead of pooling it.
-    await client.query('rollback').catch((e: Error) => (broken = e));
-    throw err;
+    return await fn(client, markBroken);
   } finally {
+    client.removeListener('error', markBroken);
     client.release(broken);
   }
 }
