@@ -7,6 +7,7 @@ import { StaleFenceError } from '../src/payments/operation.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { FakeStripe } from './support/fakeStripe.ts';
 import { claim, confirm, operation } from './support/fixtures.ts';
+import { waitUntil } from '../scripts/lib/replica.ts';
 
 let t: TestDb;
 beforeAll(async () => {
@@ -218,7 +219,7 @@ describe('executeCharge', () => {
       let release!: () => void;
       stripe.hold = new Promise((r) => (release = r));
       const running = executeCharge(t.pool, stripe, id, stale);
-      await waitFor(() => stripe.calls.length === 1);
+      await waitUntil(() => stripe.calls.length === 1, 5_000, 'the gateway call');
       await t.pool.query(`update payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [id]);
       await claim(t, id, 'worker-b');
       release();
@@ -236,7 +237,7 @@ describe('executeCharge', () => {
     const pool = (await import('../src/db/pool.ts')).createPool(t.url, { max: 2, applicationName: 'executor-under-test' });
     try {
       const running = executeCharge(pool, stripe, id, await claim(t, id));
-      await waitFor(() => stripe.calls.length === 1);
+      await waitUntil(() => stripe.calls.length === 1, 5_000, 'the gateway call');
       const observer = new pg.Client({ connectionString: t.url });
       await observer.connect();
       const { rows } = await observer.query(
@@ -253,11 +254,3 @@ describe('executeCharge', () => {
     }
   });
 });
-
-async function waitFor(cond: () => boolean, timeoutMs = 5_000): Promise<void> {
-  const until = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > until) throw new Error('condition not met in time');
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
