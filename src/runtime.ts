@@ -31,8 +31,7 @@ export const EMULATOR_KEY = 'sk_test_outboxd_emulator';
 
 export interface GatewayHandle {
   gateway: PaymentGateway;
-  /** Set when the built-in emulator runs in this process. */
-  emulator?: StripeEmulator;
+  /** Stops the built-in emulator if this process started it. */
   close(): Promise<void>;
 }
 
@@ -52,7 +51,6 @@ export async function openGateway(config: Config, log: Logger): Promise<GatewayH
   log.warn({ emulator: url }, 'STRIPE_SECRET_KEY is unset: started the built-in Stripe emulator; no real money moves');
   return {
     gateway: new StripeGateway({ secretKey: EMULATOR_KEY, apiBase: url, timeoutMs }),
-    emulator,
     close: () => emulator.close(),
   };
 }
