@@ -16,6 +16,7 @@ import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
 import { resolveOperation, type Resolution } from '../admin/resolve.ts';
 import { driftReport } from '../reconcile/drift.ts';
 import { reconcileNow } from '../admin/reconcile.ts';
+import type { PaymentGateway } from '../payments/gateway.ts';
 import { parseDuration } from './duration.ts';
 import { EXIT, exitCodeOf } from './exit.ts';
 import { printOperations } from './print.ts';
@@ -41,6 +42,16 @@ async function withDatabase<T>(fn: (ctx: { url: string; pool: ReturnType<typeof 
   } finally {
     await pool.end();
     await db.close();
+  }
+}
+
+/** Runs `fn` with the configured payment gateway (starting the built-in emulator if need be), then closes it. */
+async function withGateway<T>(fn: (gateway: PaymentGateway) => Promise<T>): Promise<T> {
+  const handle = await openGateway(config, log!);
+  try {
+    return await fn(handle.gateway);
+  } finally {
+    await handle.close();
   }
 }
 
@@ -157,15 +168,12 @@ ops
     const resolution: Resolution = o.succeeded
       ? { outcome: 'succeeded', externalId: required(o.externalId, '--external-id') }
       : { outcome: 'failed', reason: required(o.reason, '--reason') };
-    await withDatabase(async ({ pool }) => {
-      const gateway = await openGateway(config, log!);
-      try {
-        const op = await resolveOperation(pool, gateway.gateway, id, resolution, o.actor);
+    await withDatabase(({ pool }) =>
+      withGateway(async (gateway) => {
+        const op = await resolveOperation(pool, gateway, id, resolution, o.actor);
         console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}`);
-      } finally {
-        await gateway.close();
-      }
-    });
+      }),
+    );
   });
 
 program
@@ -204,11 +212,10 @@ program
   .addOption(new Option('--since <duration>', 'report: charges created since, e.g. 7d').argParser(parseDuration).default(7 * 86400, '7d'))
   .option('--json', 'machine-readable output')
   .action(async (o) => {
-    await withDatabase(async ({ pool }) => {
-      const gateway = await openGateway(config, log!);
-      try {
+    await withDatabase(({ pool }) =>
+      withGateway(async (gateway) => {
         if (o.report) {
-          const report = await driftReport(pool, gateway.gateway, new Date(Date.now() - o.since * 1000));
+          const report = await driftReport(pool, gateway, new Date(Date.now() - o.since * 1000));
           if (o.json) console.log(JSON.stringify(report));
           else {
             console.log(`${report.charges} charges since ${report.since}, ${report.operations} operations: ${report.drift.length} drift`);
@@ -217,12 +224,10 @@ program
           if (report.drift.length > 0) process.exitCode = EXIT.drift;
           return;
         }
-        const report = await reconcileNow(pool, gateway.gateway, { actor: o.actor, owner: `cli:${process.pid}`, leaseTtlMs: config.worker.leaseTtlMs, log: log! });
+        const report = await reconcileNow(pool, gateway, { actor: o.actor, owner: `cli:${process.pid}`, leaseTtlMs: config.worker.leaseTtlMs, log: log! });
         console.log(o.json ? JSON.stringify(report) : `${report.examined} examined: ${report.settled} settled, ${report.needsReview} need review, ${report.skipped} skipped`);
-      } finally {
-        await gateway.close();
-      }
-    });
+      }),
+    );
   });
 
 function defaultActor(): string {
