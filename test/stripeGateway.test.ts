@@ -1,7 +1,8 @@
 // The seed's table again, over HTTP: executeCharge → StripeGateway → the real stripe SDK → the emulator.
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { executeCharge } from '../src/payments/executor.ts';
-import { AmbiguousOutcome, idempotencyKeyFor, Rejected, RetryLater } from '../src/payments/gateway.ts';
+import { createServer } from 'node:net';
+import { AmbiguousOutcome, idempotencyKeyFor, NotExecuted, Rejected, RetryLater } from '../src/payments/gateway.ts';
 import { StaleFenceError } from '../src/payments/operation.ts';
 import { StripeGateway } from '../src/stripe/gateway.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
@@ -98,6 +99,48 @@ describe('executeCharge over HTTP with the real SDK', () => {
     ]);
   });
 
+  it('a day of 429s, then success: the 429s never started the key window, so it is sent normally', async () => {
+    const op = await confirm(t);
+    const fence = await claim(t, op);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'rate_limit' }, count: 3 });
+    for (let i = 0; i < 3; i++) {
+      const run = await executeCharge(t.pool, gateway, op, fence);
+      expect(run.operation).toMatchObject({ status: 'pending', last_outcome: 'rate_limited', first_attempted_at: null, last_attempted_at: null });
+    }
+    // A day passes: any window the 429s had opened would now be closed.
+    await t.pool.query(`update payment_operations set first_attempted_at = first_attempted_at - interval '1 day' where id = $1`, [op]);
+    const run = await executeCharge(t.pool, gateway, op, fence);
+    expect(run).toMatchObject({ call: 'create', operation: { status: 'succeeded' } });
+    expect(charges(op)).toHaveLength(1);
+  });
+
+  it('401 and a refused connection do not start the key window either', async () => {
+    const op = await confirm(t);
+    const fence = await claim(t, op);
+    const badKey = new StripeGateway({ secretKey: 'sk_live_wrong', apiBase: e.url, timeoutMs: 1_000 });
+    expect((await executeCharge(t.pool, badKey, op, fence)).operation).toMatchObject({ status: 'pending', last_outcome: 'not_executed', first_attempted_at: null });
+    const nowhere = new StripeGateway({ secretKey: 'sk_test_x', apiBase: 'http://127.0.0.1:1', timeoutMs: 500 });
+    expect((await executeCharge(t.pool, nowhere, op, fence)).operation).toMatchObject({ status: 'pending', last_outcome: 'not_executed', first_attempted_at: null });
+  });
+
+  it('a 429 after an attempt that may have executed keeps the window from that attempt: past it, search, never create', async () => {
+    const op = await confirm(t);
+    const fence = await claim(t, op);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'error_after_commit', status: 500 } });
+    const first = (await executeCharge(t.pool, gateway, op, fence)).operation;
+    expect(first).toMatchObject({ status: 'unknown', first_attempted_at: expect.any(Date) });
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'rate_limit' } });
+    const limited = (await executeCharge(t.pool, gateway, op, fence)).operation;
+    expect(limited).toMatchObject({ status: 'unknown', last_outcome: 'rate_limited' });
+    expect(limited.first_attempted_at).toEqual(first.first_attempted_at);
+    expect(limited.last_attempted_at).toEqual(first.last_attempted_at);
+    await passKeyWindow(op);
+    e.emulator.pruneKeys();
+    const after = await executeCharge(t.pool, gateway, op, fence);
+    expect(after).toMatchObject({ call: 'search', operation: { status: 'succeeded' } });
+    expect(charges(op)).toHaveLength(1);
+  });
+
   it('decline (402) → failed with the PaymentIntent id, never called again', async () => {
     const op = await confirm(t, { paymentMethod: 'pm_card_chargeDeclinedInsufficientFunds' });
     const fence = await claim(t, op);
@@ -154,17 +197,36 @@ describe('executeCharge over HTTP with the real SDK', () => {
 });
 
 describe('classification of what the SDK raises', () => {
-  it('401 (bad key) → RetryLater, nothing executed', async () => {
+  it('401 (bad key) → NotExecuted; 429 → RetryLater', async () => {
     const bad = new StripeGateway({ secretKey: 'sk_live_wrong', apiBase: e.url, timeoutMs: 1_000 });
-    const err = await bad.retrieveCharge('pi_123').catch((x) => x);
-    expect(err).toBeInstanceOf(RetryLater);
+    expect(await bad.retrieveCharge('pi_123').catch((x) => x)).toBeInstanceOf(NotExecuted);
+    e.emulator.addFault({ fault: { kind: 'rate_limit' }, endpoint: 'retrieve' });
+    expect(await gateway.retrieveCharge('pi_123').catch((x) => x)).toBeInstanceOf(RetryLater);
   });
-  it('404 → Rejected; 5xx and connection refused → AmbiguousOutcome', async () => {
+  it('404 → Rejected; 5xx → AmbiguousOutcome; a connection refused on the only attempt → NotExecuted', async () => {
     expect(await gateway.retrieveCharge('pi_missing').catch((x) => x)).toBeInstanceOf(Rejected);
     e.emulator.addFault({ fault: { kind: 'error_before_commit', status: 502 }, endpoint: 'retrieve' });
     expect(await gateway.retrieveCharge('pi_missing').catch((x) => x)).toBeInstanceOf(AmbiguousOutcome);
     const nowhere = new StripeGateway({ secretKey: 'sk_test_x', apiBase: 'http://127.0.0.1:1', timeoutMs: 500 });
-    expect(await nowhere.retrieveCharge('pi_1').catch((x) => x)).toBeInstanceOf(AmbiguousOutcome);
+    expect(await nowhere.retrieveCharge('pi_1').catch((x) => x)).toBeInstanceOf(NotExecuted);
+  });
+  it('a connection refused on the SDK\'s resend after a reset → AmbiguousOutcome (the first send may have executed)', async () => {
+    // Takes the request, resets the connection, and stops listening: the SDK resends once after a
+    // reset, and that resend is refused.
+    const server = createServer((socket) => {
+      socket.once('data', () => {
+        server.close();
+        socket.resetAndDestroy();
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const port = (server.address() as { port: number }).port;
+    const flaky = new StripeGateway({ secretKey: 'sk_test_x', apiBase: `http://127.0.0.1:${port}`, timeoutMs: 1_000 });
+    const err = await flaky
+      .createCharge({ operationId: 'op', amount: 100, currency: 'eur', customer: 'c', paymentMethod: 'pm_card_visa', idempotencyKey: 'payment-op:op' })
+      .catch((x) => x);
+    expect(err).toBeInstanceOf(AmbiguousOutcome);
+    expect(String(err.message)).toMatch(/retried 1 times/);
   });
   it('findCharges follows next_page across more than 100 results', async () => {
     const op = await confirm(t);

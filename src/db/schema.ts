@@ -43,6 +43,9 @@ export const paymentOperations = pgTable(
     attempts: integer('attempts').notNull().default(0),
     /** Set before the first create is sent: the idempotency key window is measured from it. */
     firstAttemptedAt: timestamp('first_attempted_at', { withTimezone: true }),
+    /** Set before each create is sent: Search is not read-after-write, so a failed resolution waits a
+     * freshness horizon after the last create that may have executed. */
+    lastAttemptedAt: timestamp('last_attempted_at', { withTimezone: true }),
     lastError: text('last_error'),
     /** The last gateway outcome class (succeeded, declined, ambiguous, rate_limited, …), for people. */
     lastOutcome: text('last_outcome'),

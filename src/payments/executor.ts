@@ -3,7 +3,7 @@
 // so a crash at any line leaves a recovery point the next claim continues from.
 import { inTransaction, type Pool, type PoolClient } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { GatewayError, idempotencyKeyFor, type Charge, type PaymentGateway } from './gateway.ts';
+import { FAILED_CHARGE_STATUSES, GatewayError, idempotencyKeyFor, type Charge, type PaymentGateway } from './gateway.ts';
 import {
   isSettled,
   loadOperation,
@@ -26,7 +26,7 @@ export interface ExecuteOptions {
   log?: Logger;
   /** The operation as the caller's claim just returned it, with this fence: saves reading it again. */
   claimed?: LoadedOperation;
-  /** false: only settle through retrieve or search, never create (the reconcile sweep). */
+  /** false: only settle through retrieve or search, never create (the reconcile sweep: read-only). */
   allowCreate?: boolean;
   /** Runs inside the transaction that records the outcome (the dispatcher completes its job there). */
   onRecorded?: (tx: PoolClient, op: Operation) => Promise<void>;
@@ -56,13 +56,16 @@ export async function executeCharge(
   if (isSettled(op.status)) return { from: op.status, operation: op, call: null, outcome: null };
 
   // 2. Choose the call. A known charge is settled by retrieve, never by another create (invariant 6);
-  //    past the key window the key may be gone, so never create: search (invariant 7).
-  const call: GatewayCall = op.external_id ? 'retrieve' : op.key_window_passed ? 'search' : 'create';
-  if (call === 'create' && opts.allowCreate === false) return { from: op.status, operation: op, call: null, outcome: null };
+  //    past the key window the key may be gone, so never create: search (invariant 7). A read-only
+  //    caller (the sweep) searches where the dispatcher would create.
+  const readOnly = opts.allowCreate === false;
+  const call: GatewayCall = op.external_id ? 'retrieve' : op.key_window_passed || readOnly ? 'search' : 'create';
 
-  // 3. Recovery point, before the call: count the attempt; a create stamps first_attempted_at now, so
-  //    the key window is measured from the first send. Fenced: a stale claim stops here, having called nothing.
-  const { attempts } = await recordAttempt(db, op.id, fence, call);
+  // 3. Recovery point, before the call: count the attempt; a create stamps first_attempted_at (once) and
+  //    last_attempted_at now, so the key window is measured from the first send. Fenced: a stale claim
+  //    stops here, having called nothing.
+  const attempt = await recordAttempt(db, op.id, fence, call);
+  const { attempts } = attempt;
 
   // 4. The external call. No transaction is open and no connection is held.
   const started = performance.now();
@@ -73,14 +76,14 @@ export async function executeCharge(
 
   // 5. Record the outcome, fenced, in one short transaction with whatever the caller commits beside it.
   const operation = await inTransaction(db, async (tx) => {
-    const recorded = await recordOutcome(tx, op, fence, outcome);
+    const recorded = await recordOutcome(tx, op, fence, outcome, call === 'create' ? attempt : undefined);
     await opts.onRecorded?.(tx, recorded);
     return recorded;
   });
   return { from: op.status, operation, call, outcome };
 }
 
-async function callGateway(gateway: PaymentGateway, op: Operation, call: GatewayCall): Promise<Outcome> {
+async function callGateway(gateway: PaymentGateway, op: LoadedOperation, call: GatewayCall): Promise<Outcome> {
   try {
     switch (call) {
       case 'create':
@@ -97,8 +100,12 @@ async function callGateway(gateway: PaymentGateway, op: Operation, call: Gateway
         );
       case 'retrieve':
         return fromCharge(op, await gateway.retrieveCharge(op.external_id!));
-      case 'search':
-        return fromSearch(op, await gateway.findCharges(op.id));
+      case 'search': {
+        // Search results may be stale: a single match settles by what retrieve says now.
+        const matches = await gateway.findCharges(op.id);
+        if (matches.length !== 1) return fromSearch(op, matches);
+        return fromCharge(op, await gateway.retrieveCharge(matches[0]!.id));
+      }
     }
   } catch (err) {
     return fromError(err, call);
@@ -108,16 +115,10 @@ async function callGateway(gateway: PaymentGateway, op: Operation, call: Gateway
 /** DESIGN §2.4: a 2xx is not success by itself; the PaymentIntent's status decides. */
 function fromCharge(op: Operation, charge: Charge): Outcome {
   const mismatch = mismatchOf(op, charge);
-  if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch };
-  switch (charge.status) {
-    case 'succeeded':
-      return { kind: 'succeeded', externalId: charge.id };
-    case 'canceled':
-    case 'requires_payment_method':
-      return { kind: 'failed', externalId: charge.id, reason: `payment intent ${charge.status}` };
-    default:
-      return { kind: 'ambiguous', externalId: charge.id, reason: `payment intent ${charge.status}` };
-  }
+  if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch, retry: false };
+  if (charge.status === 'succeeded') return { kind: 'succeeded', externalId: charge.id };
+  if (FAILED_CHARGE_STATUSES.has(charge.status)) return { kind: 'failed', externalId: charge.id, reason: `payment intent ${charge.status}` };
+  return { kind: 'ambiguous', externalId: charge.id, reason: `payment intent ${charge.status}` };
 }
 
 /** A charge that does not carry this operation's id, amount and currency must not settle it. */
@@ -129,15 +130,16 @@ function mismatchOf(op: Operation, charge: Charge): string | null {
   return null;
 }
 
-/** Past the key window: exactly one match settles by its status; zero or several go to a person.
- *  Search is not read-after-write, so zero matches never means "not charged". */
-function fromSearch(op: Operation, matches: Charge[]): Outcome {
-  if (matches.length === 1) return fromCharge(op, matches[0]!);
-  const reason =
-    matches.length === 0
-      ? 'key window passed and search found no charge for this operation (search may lag; not proof of no charge)'
-      : `key window passed and search found ${matches.length} charges for this operation: ${matches.map((m) => m.id).join(', ')}`;
-  return { kind: 'needs_review', externalId: null, reason };
+/** Zero or several matches (one is retrieved and settles by its status): search is not read-after-write,
+ * so zero never means "not charged" — it waits, searched again later; several is a double charge for a
+ * person. */
+function fromSearch(op: Operation & { key_window_passed: boolean }, matches: Charge[]): Outcome {
+  if (matches.length === 0) {
+    const when = op.key_window_passed ? 'key window passed and search' : 'search';
+    return { kind: 'needs_review', externalId: null, retry: true, reason: `${when} found no charge for this operation (search may lag; not proof of no charge)` };
+  }
+  const reason = `search found ${matches.length} charges for this operation: ${matches.map((m) => m.id).join(', ')}`;
+  return { kind: 'needs_review', externalId: null, reason, retry: false };
 }
 
 function fromError(err: unknown, call: GatewayCall): Outcome {
@@ -151,14 +153,16 @@ function fromError(err: unknown, call: GatewayCall): Outcome {
       return { kind: 'failed', externalId: err.externalId ?? null, reason };
     case 'rate_limited':
       return { kind: 'rate_limited', reason };
+    case 'not_executed':
+      return { kind: 'not_executed', reason };
     case 'ambiguous':
       return { kind: 'ambiguous', externalId: err.externalId ?? null, reason };
     case 'idempotency_bug':
-      return { kind: 'needs_review', externalId: null, reason: `idempotency key misuse (a bug): ${reason}` };
+      return { kind: 'needs_review', externalId: null, reason: `idempotency key misuse (a bug): ${reason}`, retry: false };
     case 'rejected':
       // Refused before execution: definitive for a create; for a read it proves nothing about the charge.
       return call === 'create'
         ? { kind: 'failed', externalId: null, reason }
-        : { kind: 'needs_review', externalId: null, reason: `${call} refused: ${reason}` };
+        : { kind: 'needs_review', externalId: null, reason: `${call} refused: ${reason}`, retry: false };
   }
 }

@@ -22,6 +22,10 @@ export interface Charge {
   operationId: string | undefined;
 }
 
+/** PaymentIntent statuses that are final and charged nothing (an off-session confirm that was declined
+ * leaves requires_payment_method). Anything else may still charge, or has. */
+export const FAILED_CHARGE_STATUSES: ReadonlySet<string> = new Set(['canceled', 'requires_payment_method']);
+
 export interface PaymentGateway {
   createCharge(req: ChargeRequest): Promise<Charge>;
   retrieveCharge(externalId: string): Promise<Charge>;
@@ -32,7 +36,7 @@ export interface PaymentGateway {
 }
 
 export abstract class GatewayError extends Error {
-  abstract readonly outcome: 'declined' | 'rate_limited' | 'ambiguous' | 'idempotency_bug' | 'rejected';
+  abstract readonly outcome: 'declined' | 'rate_limited' | 'not_executed' | 'ambiguous' | 'idempotency_bug' | 'rejected';
   readonly httpStatus: number | undefined;
   /** The PaymentIntent the error names, when the provider returned one. */
   readonly externalId: string | undefined;
@@ -49,10 +53,18 @@ export class Declined extends GatewayError {
   readonly outcome = 'declined';
 }
 
-/** 429 (or an auth/permission error nothing was executed for): try again later with the same key. */
+/** 429: Stripe's rate limiter answers before its idempotency layer, so nothing executed and no key was
+ * stored. Try again later with the same key. */
 export class RetryLater extends GatewayError {
   override name = 'RetryLater';
   readonly outcome = 'rate_limited';
+}
+
+/** Provably never executed: 401/403 (bad key or missing permission, refused before anything runs) or a
+ * connection refused on the first and only attempt (no byte reached Stripe). Retry later, same key. */
+export class NotExecuted extends GatewayError {
+  override name = 'NotExecuted';
+  readonly outcome = 'not_executed';
 }
 
 /** Nobody knows whether the charge happened: timeouts, resets, cut-off bodies, 5xx, 409. */

@@ -9,7 +9,8 @@
 //      │  ambiguous      │    ▲                                    or search once the key window passed)
 //      │  (timeout, 5xx, └────┘ still ambiguous / review needed
 //      │   409, processing…)
-//      └─▶ pending  (429: nothing executed, status unchanged)
+//      └─▶ pending  (429, 401/403, connection refused: nothing executed, status unchanged, and the key
+//                    window this attempt opened is closed again)
 //
 // succeeded and failed are terminal: no write touches them again and they cause no external call
 // (invariant 5). "Needs review" is not a status: it is a reason recorded on an unsettled operation.
@@ -30,6 +31,7 @@ export interface Operation {
   external_id: string | null;
   attempts: number;
   first_attempted_at: Date | null;
+  last_attempted_at: Date | null;
   last_error: string | null;
   last_outcome: string | null;
   review_reason: string | null;
@@ -53,7 +55,12 @@ export type Outcome =
   | { kind: 'failed'; externalId: string | null; reason: string }
   | { kind: 'ambiguous'; externalId: string | null; reason: string }
   | { kind: 'rate_limited'; reason: string }
-  | { kind: 'needs_review'; externalId: string | null; reason: string };
+  | { kind: 'not_executed'; reason: string }
+  /** retry: whether driving it again can help (search may catch up); false holds it for a person now. */
+  | { kind: 'needs_review'; externalId: string | null; reason: string; retry: boolean };
+
+/** Outcomes that prove the call executed nothing at the provider: not an attempt that may have charged. */
+export const executedNothing = (outcome: Outcome): boolean => outcome.kind === 'rate_limited' || outcome.kind === 'not_executed';
 
 /** The transition table: the status an outcome moves an unsettled operation to. */
 export function nextStatus(current: OperationStatus, outcome: Outcome): OperationStatus {
@@ -67,6 +74,7 @@ export function nextStatus(current: OperationStatus, outcome: Outcome): Operatio
     case 'needs_review':
       return 'unknown';
     case 'rate_limited':
+    case 'not_executed':
       return current;
   }
 }
@@ -109,26 +117,46 @@ export async function loadOperation(db: Queryable, id: string, keyWindowSeconds:
   return rows[0];
 }
 
-/** Fenced: counts the gateway call about to be made (and, for a create, stamps first_attempted_at). */
+export interface Attempt {
+  attempts: number;
+  first_attempted_at: Date | null;
+  /** The stamps before this attempt: put back when its outcome proves nothing executed. */
+  prev_first_attempted_at: Date | null;
+  prev_last_attempted_at: Date | null;
+}
+
+/** Fenced: counts the gateway call about to be made (and, for a create, stamps first_attempted_at and
+ * last_attempted_at now, before the send, so a crash mid-call leaves the window measured). */
 export async function recordAttempt(
   db: Queryable,
   id: string,
   fence: number,
   call: 'create' | 'retrieve' | 'search',
-): Promise<{ attempts: number; first_attempted_at: Date | null }> {
+): Promise<Attempt> {
   const { rows } = await db.query(sql.recordAttempt(id, fence, call === 'create'));
   if (!rows[0]) throw await staleFence(db, id, fence);
   return rows[0];
 }
 
 /** Fenced: applies an outcome through the transition table, ends the claim's lease, and returns the
- * updated operation. */
-export async function recordOutcome(db: Queryable, op: Operation, fence: number, outcome: Outcome): Promise<Operation> {
+ * updated operation. With the create `attempt` whose outcome proves nothing executed, its stamps are
+ * undone: a 429 (or 401/403, or a connection never opened) does not start the key window. */
+export async function recordOutcome(
+  db: Queryable,
+  op: Operation,
+  fence: number,
+  outcome: Outcome,
+  createAttempt?: Attempt,
+): Promise<Operation> {
   const status = nextStatus(op.status, outcome);
   const externalId = 'externalId' in outcome ? outcome.externalId : null;
   const error = 'reason' in outcome ? outcome.reason : null;
   const review = outcome.kind === 'needs_review' ? outcome.reason : null;
-  const { rows } = await db.query(sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review));
+  const undo = createAttempt !== undefined && executedNothing(outcome);
+  const { rows } = await db.query(
+    sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review, undo,
+      createAttempt?.prev_first_attempted_at ?? null, createAttempt?.prev_last_attempted_at ?? null),
+  );
   if (!rows[0]) throw await staleFence(db, op.id, fence);
   return rows[0];
 }
@@ -186,6 +214,21 @@ export async function renewLease(db: Queryable, id: string, fence: number, ttlMs
 
 export async function releaseLease(db: Queryable, id: string, fence: number): Promise<void> {
   await db.query(sql.releaseLease(id, fence));
+}
+
+/** Fenced: settles an operation under the caller's own claim (a person's resolution). Undefined when
+ * the fence moved or the operation settled meanwhile. */
+export async function settleUnderLease(
+  db: Queryable,
+  id: string,
+  fence: number,
+  status: 'succeeded' | 'failed',
+  externalId: string | null,
+  source: string,
+  reason: string | null,
+): Promise<Operation | undefined> {
+  const { rows } = await db.query(sql.settleUnderLease(id, fence, status, externalId, source, reason));
+  return rows[0];
 }
 
 /**

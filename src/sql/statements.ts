@@ -106,19 +106,27 @@ export const releaseLeasesOf = statement<[owner: string]>(
 
 // ─── the executor's fenced writes ──────────────────────────────────────────────────────────────────
 
-/** Counts a gateway call before it is made; for a create, records first_attempted_at before the send
- * (invariant 7). Zero rows: the fence moved or the operation settled, and the call must not be made. */
+/** Counts a gateway call before it is made; for a create, records first_attempted_at (the first send,
+ * invariant 7) and last_attempted_at before the send, returning what they were, so that an outcome that
+ * proves nothing executed can put them back. Zero rows: the fence moved or the operation settled, and
+ * the call must not be made. */
 export const recordAttempt = statement<[id: string, fence: number, isCreate: boolean]>(
   'outboxd_record_attempt',
-  `update payment_operations
+  `with prev as (select first_attempted_at, last_attempted_at from payment_operations where id = $1)
+   update payment_operations
    set attempts = attempts + 1, updated_at = now(),
-       first_attempted_at = case when $3 then coalesce(first_attempted_at, now()) else first_attempted_at end
+       first_attempted_at = case when $3 then coalesce(first_attempted_at, now()) else first_attempted_at end,
+       last_attempted_at = case when $3 then now() else last_attempted_at end
    where id = $1 and fence = $2 and ${UNSETTLED}
-   returning attempts, first_attempted_at`,
+   returning attempts, first_attempted_at,
+     (select first_attempted_at from prev) as prev_first_attempted_at,
+     (select last_attempted_at from prev) as prev_last_attempted_at`,
 );
 
 /** Writes an outcome and ends the claim's lease. Never touches a settled operation (invariant 5) and
- * only with the current fence (invariant 8). settled_at is set exactly when the new status is settled. */
+ * only with the current fence (invariant 8). settled_at is set exactly when the new status is settled.
+ * $8: the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt
+ * stamps go back to $9/$10: a window that only such calls opened is not open. */
 export const recordOutcome = statement<
   [
     id: string,
@@ -128,6 +136,9 @@ export const recordOutcome = statement<
     lastOutcome: string,
     lastError: string | null,
     reviewReason: string | null,
+    undoAttempt: boolean,
+    firstAttemptedAt: Date | null,
+    lastAttemptedAt: Date | null,
   ]
 >(
   'outboxd_record_outcome',
@@ -135,6 +146,8 @@ export const recordOutcome = statement<
    set status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
        -- a review reason stays until the operation settles (a later ambiguous retry does not clear it)
        review_reason = case when $3 in ('succeeded', 'failed') then null else coalesce($7, review_reason) end,
+       first_attempted_at = case when $8 then $9::timestamptz else first_attempted_at end,
+       last_attempted_at = case when $8 then $10::timestamptz else last_attempted_at end,
        updated_at = now(), lease_owner = null, lease_expires_at = null,
        settled_at = case when $3 in ('succeeded', 'failed') then now() end
    where id = $1 and fence = $2 and ${UNSETTLED}
@@ -169,6 +182,27 @@ export const settleFromOutside = statement<
    returning *`,
 );
 
+/** A person's resolution, written under the lease the resolution holds: fenced like any claim, so it
+ * cannot land after another claim took the operation over. */
+export const settleUnderLease = statement<
+  [id: string, fence: number, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null]
+>(
+  'outboxd_settle_under_lease',
+  `update payment_operations
+   set lease_owner = null, lease_expires_at = null,
+       status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
+       review_reason = null, settled_at = now(), updated_at = now()
+   where id = $1 and fence = $2 and ${UNSETTLED}
+   returning *`,
+);
+
+/** How long ago the last create that may have executed was sent, by the database clock (null: never). */
+export const lastAttemptAge = statement<[id: string]>(
+  'outboxd_last_attempt_age',
+  `select extract(epoch from now() - coalesce(last_attempted_at, first_attempted_at))::float8 as age_seconds
+   from payment_operations where id = $1`,
+);
+
 export const insertAudit = statement<[actor: string, action: string, operationId: string | null, details: string]>(
   'outboxd_insert_audit',
   `insert into admin_audit (actor, action, operation_id, details) values ($1, $2, $3, $4::jsonb) returning *`,
@@ -189,14 +223,31 @@ export const lockOperationForRequeue = statement<[id: string]>(
 
 // ─── reconciliation ────────────────────────────────────────────────────────────────────────────────
 
-/** What the reconcile sweep may decide: a known charge to retrieve, or a key window that has passed.
- * Operations inside the window without a charge id are the dispatcher's, and leased ones are busy. */
+/** What the reconcile sweep may decide: a known charge to retrieve, a key window that has passed, or an
+ * operation held for review after an attempt that may have charged (searched read-only inside the
+ * window too: a dead-lettered job drives it no more). Other operations inside the window without a
+ * charge id are the dispatcher's, and leased ones are busy. */
 export const reconcileCandidates = statement<[keyWindowSeconds: number, limit: number]>(
   'outboxd_reconcile_candidates',
   `select id from payment_operations
    where ${UNSETTLED}
-     and (external_id is not null or first_attempted_at < now() - make_interval(secs => $1))
+     and (external_id is not null
+          or first_attempted_at < now() - make_interval(secs => $1)
+          or (status = 'unknown' and review_reason is not null and first_attempted_at is not null))
      and (lease_expires_at is null or lease_expires_at < now())
+   order by updated_at
+   limit $2`,
+);
+
+/** Unsettled, unflagged operations untouched for a while with no lease and nothing in the outbox: the
+ * sweep checks each for a live job, and flags one that nothing drives. */
+export const undrivenCandidates = statement<[idleSeconds: number, limit: number]>(
+  'outboxd_undriven_candidates',
+  `select id from payment_operations op
+   where ${UNSETTLED} and review_reason is null
+     and (lease_expires_at is null or lease_expires_at < now())
+     and updated_at < now() - make_interval(secs => $1)
+     and not exists (select 1 from charge_outbox o where o.operation_id = op.id)
    order by updated_at
    limit $2`,
 );

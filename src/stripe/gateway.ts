@@ -7,6 +7,7 @@ import {
   Declined,
   GatewayError,
   IdempotencyKeyMisuse,
+  NotExecuted,
   Rejected,
   RetryLater,
   type Charge,
@@ -119,13 +120,29 @@ function classify(err: unknown): GatewayError {
   const pi = (err.payment_intent as { id?: string } | undefined)?.id;
   const message = err.message;
   const opts = { cause: err };
-  // No status: connection error, timeout, a body cut off after the headers, unreadable JSON.
-  if (status === undefined) return new AmbiguousOutcome(`${err.type}: ${message}`, undefined, pi, opts);
+  // No status: connection error, timeout, a body cut off after the headers, unreadable JSON. Only a
+  // connection that never opened, on the SDK's one and only attempt, proves that nothing was sent: the
+  // SDK resends once after a reset, and that earlier attempt may have executed.
+  if (status === undefined) {
+    if (neverSent(err)) return new NotExecuted(`${err.type}: ${message}`, undefined, undefined, opts);
+    return new AmbiguousOutcome(`${err.type}: ${message}`, undefined, pi, opts);
+  }
   if (status === 402) return new Declined(`${err.code ?? 'card_error'}: ${message}`, status, pi, opts);
   if (status === 429 || (status === 400 && err.code === 'rate_limit')) return new RetryLater(message, status, pi, opts);
   if (status === 400 && err.rawType === 'idempotency_error') return new IdempotencyKeyMisuse(message, status, pi, opts);
   if (status === 409 || status >= 500) return new AmbiguousOutcome(`${err.code ?? err.type}: ${message}`, status, pi, opts);
   // Bad key or missing permission: nothing executed; an operator must fix the configuration.
-  if (status === 401 || status === 403) return new RetryLater(`${err.type}: ${message}`, status, pi, opts);
+  if (status === 401 || status === 403) return new NotExecuted(`${err.type}: ${message}`, status, pi, opts);
   return new Rejected(`${err.code ?? err.type}: ${message}`, status, pi, opts);
+}
+
+/** Errors of a connection that was never established: the request cannot have reached Stripe. */
+const NEVER_CONNECTED = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN']);
+
+/** A StripeConnectionError for a connection that never opened, on the first attempt: the SDK says
+ * "Request was retried N times" when it resent, and keeps the socket error as `detail`. */
+function neverSent(err: InstanceType<typeof Stripe.errors.StripeError>): boolean {
+  if (!(err instanceof Stripe.errors.StripeConnectionError)) return false;
+  const code = (err.detail as { code?: string } | undefined)?.code;
+  return code !== undefined && NEVER_CONNECTED.has(code) && !/retried/.test(err.message);
 }

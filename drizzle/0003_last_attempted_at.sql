@@ -1,0 +1,1 @@
+ALTER TABLE "payment_operations" ADD COLUMN "last_attempted_at" timestamp with time zone;
