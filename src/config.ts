@@ -27,6 +27,11 @@ export const envSchema = z.object({
   ADMIN_TOKEN_NAME: z.string().min(1).default('admin-api'),
   /** Stripe webhook signing secret; unset: POST /webhooks/stripe is off. */
   STRIPE_WEBHOOK_SECRET: optionalString,
+  /** Days a received webhook event's (trimmed) payload is kept. */
+  WEBHOOK_RETENTION_DAYS: intInRange(1, 3650, 30),
+  /** A failed resolution waits this long after the last create that may have executed: Stripe's search
+   * normally lags under a minute, longer during incidents. */
+  SEARCH_FRESHNESS_SECONDS: intInRange(0, 7 * 86_400, 3_600),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 
@@ -39,6 +44,8 @@ export interface Config {
   worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number; reconcileCron: string };
   admin: { token: string | undefined; tokenName: string };
   webhookSecret: string | undefined;
+  webhookRetentionDays: number;
+  searchFreshnessSeconds: number;
   logLevel: Env['LOG_LEVEL'];
 }
 
@@ -72,6 +79,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     },
     admin: { token: e.ADMIN_TOKEN, tokenName: e.ADMIN_TOKEN_NAME },
     webhookSecret: e.STRIPE_WEBHOOK_SECRET,
+    webhookRetentionDays: e.WEBHOOK_RETENTION_DAYS,
+    searchFreshnessSeconds: e.SEARCH_FRESHNESS_SECONDS,
     logLevel: e.LOG_LEVEL,
   };
 }

@@ -91,6 +91,21 @@ export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): 
   });
 }
 
+/** Job states in which pg-boss will still hand the job to a worker (or has). */
+export const LIVE_JOB_STATES: ReadonlySet<string> = new Set(['created', 'retry', 'active']);
+
+/** A job of `queue` that will still drive (or is driving) the operation: created, waiting to retry, or
+ * active. Read through `db`, so it can join the caller's transaction. */
+export async function liveJobFor(
+  boss: PgBoss,
+  db: IDatabase,
+  operationId: string,
+  queue: string = CHARGE_QUEUE,
+): Promise<{ id: string; state: string } | undefined> {
+  const jobs = await boss.findJobs<ChargeJob>(queue, { data: { operationId }, db });
+  return jobs.find((j) => LIVE_JOB_STATES.has(j.state));
+}
+
 /** Enqueues a job for `operationId` directly (admin re-drive), through `db` so it joins the caller's transaction. */
 export async function enqueueCharge(boss: PgBoss, db: IDatabase, operationId: string): Promise<string | null> {
   return boss.send(CHARGE_QUEUE, { operationId } satisfies ChargeJob, { db });

@@ -2,15 +2,16 @@
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { ResolutionRefused, resolveOperation } from '../src/admin/resolve.ts';
+import { ResolutionRefused, resolveOperation, type Resolution } from '../src/admin/resolve.ts';
 import { createLogger } from '../src/log.ts';
 import { executeCharge } from '../src/payments/executor.ts';
-import { releaseLease } from '../src/payments/operation.ts';
+import { claimOperation, releaseLease } from '../src/payments/operation.ts';
 import { driftReport } from '../src/reconcile/drift.ts';
 import { reconcileSweep } from '../src/reconcile/sweep.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
-import { claim, confirm, operation } from './support/fixtures.ts';
+import { claim, confirm, operation, relay } from './support/fixtures.ts';
+import { waitUntil } from '../scripts/lib/replica.ts';
 
 let t: TestDb;
 let e: RunningEmulator;
@@ -27,13 +28,20 @@ beforeEach(async () => {
   await t.pool.query(`update payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
 });
 
-const sweep = () => reconcileSweep(t.pool, e.gateway(), { owner: 'sweeper', leaseTtlMs: 10_000, log });
+const sweep = () => reconcileSweep(t.pool, e.gateway(), t.boss, { owner: 'sweeper', leaseTtlMs: 10_000, log });
+const RESOLVE = { leaseTtlMs: 10_000, searchFreshnessSeconds: 3_600 };
+const resolve = (op: string, resolution: Resolution, actor = 'alice', gw = e.gateway()) =>
+  resolveOperation(t.pool, gw, t.boss, op, resolution, actor, RESOLVE);
 const stripe = () => e.client();
-/** An operation whose call went out, lost its answer, and whose key window has since passed. */
+const charges = (op: string) => e.emulator.ledger().filter((l) => l.paymentIntent.metadata.operation_id === op);
+/** An operation whose call went out, lost its answer, and whose key window has since passed; its job is
+ * gone (the outbox row relayed, the job dead-lettered). */
 async function lostPastWindow(overrides: Parameters<typeof confirm>[1] = {}): Promise<string> {
   const op = await confirm(t, overrides);
+  await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
   await t.pool.query(
-    `update payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '25 hours' where id = $1`,
+    `update payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '25 hours',
+       last_attempted_at = now() - interval '25 hours' where id = $1`,
     [op],
   );
   return op;
@@ -158,22 +166,144 @@ describe('review resolution', () => {
     const wrongAmount = await chargeFor(op, { amount: 1 });
     const right = await chargeFor(op);
     const gw = e.gateway();
-    await expect(resolveOperation(t.pool, gw, op, { outcome: 'succeeded', externalId: other!.id }, 'alice')).rejects.toBeInstanceOf(ResolutionRefused);
-    await expect(resolveOperation(t.pool, gw, op, { outcome: 'succeeded', externalId: wrongAmount!.id }, 'alice')).rejects.toThrow(/is 1 eur/);
-    await expect(resolveOperation(t.pool, gw, op, { outcome: 'failed', reason: 'customer says no' }, 'alice')).rejects.toThrow(/succeeded charges/);
+    await expect(resolve(op, { outcome: 'succeeded', externalId: other!.id }, 'alice', gw)).rejects.toBeInstanceOf(ResolutionRefused);
+    await expect(resolve(op, { outcome: 'succeeded', externalId: wrongAmount!.id }, 'alice', gw)).rejects.toThrow(/is 1 eur/);
+    await expect(resolve(op, { outcome: 'failed', reason: 'customer says no' }, 'alice', gw)).rejects.toThrow(/have not failed: pi_\w+ \(succeeded\)/);
     expect((await operation(t, op)).status).toBe('unknown');
 
-    const resolved = await resolveOperation(t.pool, gw, op, { outcome: 'succeeded', externalId: right!.id }, 'alice');
+    const resolved = await resolve(op, { outcome: 'succeeded', externalId: right!.id }, 'alice', gw);
     expect(resolved).toMatchObject({ status: 'succeeded', external_id: right!.id, needs_review: false });
     const { rows } = await t.pool.query(`select actor, action, details from admin_audit where operation_id = $1`, [op]);
     expect(rows).toEqual([{ actor: 'alice', action: 'resolve', details: expect.objectContaining({ outcome: 'succeeded', previousStatus: 'unknown' }) }]);
-    await expect(resolveOperation(t.pool, gw, op, { outcome: 'succeeded', externalId: right!.id }, 'alice')).rejects.toThrow(/never overwritten/);
+    await expect(resolve(op, { outcome: 'succeeded', externalId: right!.id }, 'alice', gw)).rejects.toThrow(/never overwritten/);
   });
 
   it('resolving as failed needs a reason and no succeeded charge in Stripe', async () => {
     const op = await lostPastWindow();
-    const resolved = await resolveOperation(t.pool, e.gateway(), op, { outcome: 'failed', reason: 'card expired, confirmed in dashboard' }, 'bob');
+    const resolved = await resolve(op, { outcome: 'failed', reason: 'card expired, confirmed in dashboard' }, 'bob');
     expect(resolved).toMatchObject({ status: 'failed' });
     expect(resolved.last_error).toMatch(/resolved by bob/);
+  });
+});
+
+describe('a resolution never contradicts Stripe (issue 10)', () => {
+  /** An unsettled operation whose job is gone and whose last create went out `ago` (SQL interval). */
+  async function heldForReview(ago: string, overrides: Parameters<typeof confirm>[1] = {}): Promise<string> {
+    const op = await confirm(t, overrides);
+    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+    await t.pool.query(
+      `update payment_operations set status = 'unknown', attempts = 1, review_reason = 'retries exhausted',
+         first_attempted_at = now() - $2::interval, last_attempted_at = now() - $2::interval where id = $1`,
+      [op, ago],
+    );
+    return op;
+  }
+
+  it('refused while a worker\'s create is in flight; the charge then settles succeeded, never failed', async () => {
+    const op = await confirm(t);
+    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 1_500 } });
+    const fence = await claim(t, op, 'worker-w');
+    const inFlight = executeCharge(t.pool, e.gateway({ timeoutMs: 5_000 }), op, fence);
+    await waitUntil(async () => (await operation(t, op)).first_attempted_at !== null, 5_000, 'the create is sent');
+    // Search shows nothing yet: the create has not returned. The resolution must not write `failed`.
+    await expect(resolve(op, { outcome: 'failed', reason: 'no charge in the dashboard' })).rejects.toThrow(/leased by worker-w until .*try again/);
+    const run = await inFlight;
+    expect(run.operation.status).toBe('succeeded');
+    expect(charges(op)).toHaveLength(1);
+    const { rows } = await t.pool.query(`select count(*)::int as n from admin_audit where operation_id = $1`, [op]);
+    expect(rows[0].n).toBe(0);
+  });
+
+  it('holds its own lease for the whole evidence check: no claim can start meanwhile', async () => {
+    const op = await heldForReview('2 hours');
+    e.emulator.addFault({ endpoint: 'search', fault: { kind: 'latency', ms: 800 } });
+    const resolving = resolve(op, { outcome: 'failed', reason: 'declined by the bank, checked' });
+    await waitUntil(async () => (await operation(t, op)).lease_owner === 'resolve:alice', 5_000, 'the resolution holds the lease');
+    expect(await claimOperation(t.pool, op, 'worker-x', 10_000, 0)).toBeUndefined();
+    expect(await resolving).toMatchObject({ status: 'failed', lease_owner: null });
+  });
+
+  it('refused while the operation waits in the outbox or its job is queued', async () => {
+    const op = await confirm(t);
+    await expect(resolve(op, { outcome: 'failed', reason: 'x' })).rejects.toThrow(/waits in the outbox/);
+    await relay(t);
+    await expect(resolve(op, { outcome: 'failed', reason: 'x' })).rejects.toThrow(/job \S+ for operation \S+ is created: the workers still drive it/);
+    expect(await operation(t, op)).toMatchObject({ status: 'pending', lease_owner: null });
+  });
+
+  it('--failed is refused while the known charge is processing', async () => {
+    const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+    const run = await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
+    expect(run.operation).toMatchObject({ status: 'unknown', external_id: expect.stringMatching(/^pi_/) });
+    await t.pool.query(`update payment_operations set last_attempted_at = now() - interval '2 hours' where id = $1`, [op]);
+    await expect(resolve(op, { outcome: 'failed', reason: 'x' })).rejects.toThrow(/is processing, not failed/);
+    expect((await operation(t, op)).status).toBe('unknown');
+  });
+
+  it('--failed is refused when search shows a charge for the operation that has not failed', async () => {
+    const op = await heldForReview('2 hours');
+    await chargeFor(op, { payment_method: 'pm_card_processing' });
+    await expect(resolve(op, { outcome: 'failed', reason: 'x' })).rejects.toThrow(/have not failed: pi_\w+ \(processing\)/);
+    const declined = await heldForReview('2 hours');
+    await chargeFor(declined, { payment_method: 'pm_card_chargeDeclined' });
+    expect(await resolve(declined, { outcome: 'failed', reason: 'declined, see dashboard' })).toMatchObject({ status: 'failed' });
+  });
+
+  it('--failed waits out the search-freshness horizon after the last attempt, and says when to try again', async () => {
+    const op = await heldForReview('10 minutes');
+    await expect(resolve(op, { outcome: 'failed', reason: 'x' })).rejects.toThrow(/600 s ago.*try again in 3\d\d\d s/);
+    expect(await operation(t, op)).toMatchObject({ status: 'unknown', lease_owner: null });
+    await t.pool.query(`update payment_operations set last_attempted_at = now() - interval '61 minutes' where id = $1`, [op]);
+    expect(await resolve(op, { outcome: 'failed', reason: 'nothing in Stripe after an hour' })).toMatchObject({ status: 'failed' });
+  });
+
+  it('--succeeded must name the operation\'s known charge when it has one', async () => {
+    const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+    await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
+    const other = await chargeFor(op);
+    await expect(resolve(op, { outcome: 'succeeded', externalId: other!.id })).rejects.toThrow(/is known to Stripe as pi_/);
+  });
+});
+
+describe('the sweep drives what no job drives (issue 10)', () => {
+  it('a dead-lettered unknown operation inside the window is searched, read-only; one match settles through retrieve', async () => {
+    const op = await confirm(t);
+    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'hang' } });
+    const lost = await executeCharge(t.pool, e.gateway({ timeoutMs: 300 }), op, await claim(t, op));
+    expect(lost.operation).toMatchObject({ status: 'unknown', external_id: null });
+    await t.pool.query(`update payment_operations set review_reason = 'retries exhausted' where id = $1`, [op]);
+    const report = await sweep();
+    expect(report.decisions).toContainEqual(expect.objectContaining({ operationId: op, call: 'search', to: 'succeeded' }));
+    expect(await operation(t, op)).toMatchObject({ status: 'succeeded', external_id: charges(op)[0]!.paymentIntent.id });
+    expect(e.emulator.requests().filter((r) => r.endpoint === 'create')).toHaveLength(1);
+    expect(e.emulator.requests().filter((r) => r.endpoint === 'retrieve')).toHaveLength(1);
+  });
+
+  it('zero matches inside the window keeps it unknown and flagged (never "not charged"), with no create', async () => {
+    const op = await confirm(t);
+    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+    await t.pool.query(
+      `update payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '1 hour', review_reason = 'retries exhausted' where id = $1`,
+      [op],
+    );
+    await sweep();
+    expect(await operation(t, op)).toMatchObject({ status: 'unknown', needs_review: true });
+    expect(e.emulator.requests().map((r) => r.endpoint)).toEqual(['search']);
+  });
+
+  it('an unsettled operation that no job drives is flagged; one with a live job is not', async () => {
+    const orphan = await confirm(t);
+    const driven = await confirm(t);
+    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [orphan]);
+    await relay(t); // `driven` gets a job
+    await t.pool.query(`update payment_operations set updated_at = now() - interval '1 hour' where id = any($1)`, [[orphan, driven]]);
+    const report = await sweep();
+    expect(report.undriven).toEqual([orphan]);
+    expect((await operation(t, orphan)).review_reason).toMatch(/no job drives this operation/);
+    expect(await operation(t, driven)).toMatchObject({ needs_review: false, lease_owner: null });
   });
 });

@@ -1,3 +1,4 @@
+import type { PgBoss } from 'pg-boss';
 import type { Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
@@ -8,15 +9,16 @@ import { recordAudit } from './audit.ts';
 export async function reconcileNow(
   pool: Pool,
   gateway: PaymentGateway,
+  boss: PgBoss,
   opts: { actor: string; owner: string; leaseTtlMs: number; log: Logger },
 ): Promise<SweepReport> {
-  const report = await reconcileSweep(pool, gateway, { owner: opts.owner, leaseTtlMs: opts.leaseTtlMs, log: opts.log });
+  const report = await reconcileSweep(pool, gateway, boss, { owner: opts.owner, leaseTtlMs: opts.leaseTtlMs, log: opts.log });
   const decisions = report.decisions.map((d) => ({ operationId: d.operationId, to: d.to, outcome: d.outcome, evidence: d.evidence }));
   await recordAudit(pool, {
     actor: opts.actor,
     action: 'reconcile',
     operationId: null,
-    details: { examined: report.examined, settled: report.settled, needsReview: report.needsReview, decisions },
+    details: { examined: report.examined, settled: report.settled, needsReview: report.needsReview, undriven: report.undriven, decisions },
   });
   return report;
 }

@@ -2,7 +2,7 @@
 // is driven with the same idempotency key and cannot create a second effect (invariant 10).
 import type { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
-import { CHARGE_QUEUE, enqueueCharge, type ChargeJob } from '../outbox.ts';
+import { CHARGE_QUEUE, enqueueCharge, LIVE_JOB_STATES, type ChargeJob } from '../outbox.ts';
 import type { Operation } from '../payments/operation.ts';
 import * as sql from '../sql/statements.ts';
 import { recordAudit } from './audit.ts';
@@ -13,8 +13,6 @@ export type RequeueResult =
   | { operationId: string; result: 'would_requeue' }
   | { operationId: string; result: 'skipped'; reason: string }
   | { operationId: string; result: 'refused'; reason: string };
-
-const LIVE_JOB_STATES = new Set(['created', 'retry', 'active']);
 
 export async function requeueOperation(
   pool: Pool,

@@ -1,16 +1,32 @@
-// A person settles an operation held for review, after checking Stripe. The evidence is checked
-// again here before anything is written: a succeeded resolution must name a charge that exists, carries
-// this operation's id, amount and currency, and succeeded; a failed one must not contradict a
-// succeeded charge that Stripe can find.
-import { inTransaction, type Pool } from '../db/pool.ts';
+// A person settles an operation held for review, after checking Stripe. A resolution must never
+// contradict Stripe, so it runs like a claim:
+//   1. take the operation's lease (no worker can start a call meanwhile), refused while another claim's
+//      lease is live, a row waits in the outbox, or a job for the operation is queued or active;
+//   2. check the evidence against Stripe with the lease held (renewed while the checks run);
+//   3. write the settlement fenced by that lease, with the audit entry, in one transaction.
+// --succeeded must name a PaymentIntent that carries this operation's id, amount and currency and has
+// succeeded. --failed is refused while any charge Stripe shows for the operation is not definitively
+// failed, while the known charge is anything but failed, and while the last create that may have
+// executed is younger than the search-freshness horizon (Search is not read-after-write).
+import type { PgBoss } from 'pg-boss';
+import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
 import { ValidationError } from '../orders/validate.ts';
-import type { PaymentGateway } from '../payments/gateway.ts';
-import { isSettled, settleFromOutside, type Operation } from '../payments/operation.ts';
+import { liveJobFor } from '../outbox.ts';
+import { FAILED_CHARGE_STATUSES, type PaymentGateway } from '../payments/gateway.ts';
+import { claimOperation, isSettled, releaseLease, renewLease, settleUnderLease, type Operation } from '../payments/operation.ts';
+import * as sql from '../sql/statements.ts';
 import { recordAudit } from './audit.ts';
 import { showOperation } from './operations.ts';
 
 export type Resolution = { outcome: 'succeeded'; externalId: string } | { outcome: 'failed'; reason: string };
 
+export interface ResolveOptions {
+  leaseTtlMs: number;
+  /** How long after the last create that may have executed a failed resolution waits for Search. */
+  searchFreshnessSeconds: number;
+}
+
+/** Refused: the message says why, and when trying again can help. */
 export class ResolutionRefused extends Error {
   override name = 'ResolutionRefused';
 }
@@ -18,42 +34,113 @@ export class ResolutionRefused extends Error {
 export async function resolveOperation(
   pool: Pool,
   gateway: PaymentGateway,
+  boss: PgBoss,
   id: string,
   resolution: Resolution,
   actor: string,
+  opts: ResolveOptions,
 ): Promise<Operation> {
   if (!actor.trim()) throw new ValidationError('actor', 'who resolves must be named');
-  const op = await showOperation(pool, id);
-  if (isSettled(op.status)) throw new ResolutionRefused(`operation ${op.id} is already ${op.status}; a settled operation is never overwritten`);
-
-  let evidence: Record<string, unknown>;
-  if (resolution.outcome === 'succeeded') {
-    if (!/^pi_\w+$/.test(resolution.externalId)) throw new ValidationError('externalId', 'must be a PaymentIntent id (pi_…)');
-    const charge = await gateway.retrieveCharge(resolution.externalId);
-    if (charge.operationId !== op.id) throw new ResolutionRefused(`${charge.id} belongs to operation ${charge.operationId ?? '(none)'}, not ${op.id}`);
-    if (charge.amount !== op.amount || charge.currency !== op.currency) {
-      throw new ResolutionRefused(`${charge.id} is ${charge.amount} ${charge.currency}; the operation is ${op.amount} ${op.currency}`);
-    }
-    if (charge.status !== 'succeeded') throw new ResolutionRefused(`${charge.id} is ${charge.status}, not succeeded`);
-    evidence = { charge };
-  } else {
-    if (!resolution.reason.trim()) throw new ValidationError('reason', 'a failed resolution needs the reason');
-    const paid = (await gateway.findCharges(op.id)).filter((c) => c.status === 'succeeded');
-    if (paid.length > 0) throw new ResolutionRefused(`Stripe shows succeeded charges for this operation: ${paid.map((c) => c.id).join(', ')}`);
-    evidence = { reason: resolution.reason, searchedSucceededCharges: 0 };
+  if (resolution.outcome === 'succeeded' && !/^pi_\w+$/.test(resolution.externalId)) {
+    throw new ValidationError('externalId', 'must be a PaymentIntent id (pi_…)');
   }
+  if (resolution.outcome === 'failed' && !resolution.reason.trim()) throw new ValidationError('reason', 'a failed resolution needs the reason');
+  const found = await showOperation(pool, id);
+  if (isSettled(found.status)) throw new ResolutionRefused(`operation ${found.id} is already ${found.status}; a settled operation is never overwritten`);
 
-  return inTransaction(pool, async (tx) => {
-    const externalId = resolution.outcome === 'succeeded' ? resolution.externalId : null;
-    const reason = resolution.outcome === 'failed' ? `resolved by ${actor}: ${resolution.reason}` : null;
-    const settled = await settleFromOutside(tx, op.id, resolution.outcome, externalId, 'resolved_by_admin', reason);
-    if (!settled) throw new ResolutionRefused(`operation ${op.id} settled while it was being resolved`);
-    await recordAudit(tx, {
-      actor,
-      action: 'resolve',
-      operationId: op.id,
-      details: { outcome: resolution.outcome, previousStatus: op.status, reviewReason: op.review_reason, evidence },
+  // 1. The resolution's own claim.
+  const lease = await claimOperation(pool, found.id, `resolve:${actor}`, opts.leaseTtlMs, 0);
+  if (!lease) throw await notClaimable(pool, found.id);
+  const { fence, operation: op } = lease;
+  const renewal = setInterval(() => void renewLease(pool, op.id, fence, opts.leaseTtlMs).catch(() => {}), Math.max(250, Math.floor(opts.leaseTtlMs / 3)));
+  try {
+    await refuseWhileDriven(pool, boss, op.id);
+
+    // 2. The evidence, with no transaction open.
+    const evidence = resolution.outcome === 'succeeded'
+      ? await evidenceOfSuccess(gateway, op, resolution.externalId)
+      : await evidenceOfFailure(pool, gateway, op, resolution.reason, opts.searchFreshnessSeconds);
+
+    // 3. Settle under the lease, audited in the same transaction.
+    return await inTransaction(pool, async (tx) => {
+      const externalId = resolution.outcome === 'succeeded' ? resolution.externalId : null;
+      const reason = resolution.outcome === 'failed' ? `resolved by ${actor}: ${resolution.reason}` : null;
+      const settled = await settleUnderLease(tx, op.id, fence, resolution.outcome, externalId, 'resolved_by_admin', reason);
+      if (!settled) throw new ResolutionRefused(`operation ${op.id} settled or was taken over while it was being resolved; look at it again`);
+      await recordAudit(tx, {
+        actor,
+        action: 'resolve',
+        operationId: op.id,
+        details: { outcome: resolution.outcome, previousStatus: op.status, reviewReason: op.review_reason, evidence },
+      });
+      return settled;
     });
-    return settled;
-  });
+  } finally {
+    clearInterval(renewal);
+    await releaseLease(pool, op.id, fence).catch(() => {});
+  }
+}
+
+async function notClaimable(pool: Pool, id: string): Promise<Error> {
+  const now = await showOperation(pool, id);
+  if (isSettled(now.status)) return new ResolutionRefused(`operation ${id} is already ${now.status}; a settled operation is never overwritten`);
+  const until = now.lease_expires_at ? ` until ${now.lease_expires_at.toISOString()}` : '';
+  return new ResolutionRefused(
+    `operation ${id} is leased by ${now.lease_owner ?? 'another claim'}${until}: a call to Stripe may be in flight; try again after the lease ends`,
+  );
+}
+
+/** A queued or active job (or a row still in the outbox) means the machine is still driving it. */
+async function refuseWhileDriven(pool: Pool, boss: PgBoss, id: string): Promise<void> {
+  const { rows } = await pool.query(sql.outboxRowFor(id));
+  if (rows[0]) throw new ResolutionRefused(`operation ${id} waits in the outbox to be sent; resolve it only once the workers have given up on it`);
+  const job = await liveJobFor(boss, bossDb(pool), id);
+  if (job) {
+    throw new ResolutionRefused(
+      `job ${job.id} for operation ${id} is ${job.state}: the workers still drive it (same key); try again once it settles or is dead-lettered into review`,
+    );
+  }
+}
+
+async function evidenceOfSuccess(gateway: PaymentGateway, op: Operation, externalId: string): Promise<Record<string, unknown>> {
+  if (op.external_id && op.external_id !== externalId) {
+    throw new ResolutionRefused(`operation ${op.id} is known to Stripe as ${op.external_id}, not ${externalId}; resolve it with its own charge`);
+  }
+  const charge = await gateway.retrieveCharge(externalId);
+  if (charge.operationId !== op.id) throw new ResolutionRefused(`${charge.id} belongs to operation ${charge.operationId ?? '(none)'}, not ${op.id}`);
+  if (charge.amount !== op.amount || charge.currency !== op.currency) {
+    throw new ResolutionRefused(`${charge.id} is ${charge.amount} ${charge.currency}; the operation is ${op.amount} ${op.currency}`);
+  }
+  if (charge.status !== 'succeeded') throw new ResolutionRefused(`${charge.id} is ${charge.status}, not succeeded; try again when it has settled in Stripe`);
+  return { charge };
+}
+
+async function evidenceOfFailure(
+  pool: Pool,
+  gateway: PaymentGateway,
+  op: Operation,
+  reason: string,
+  horizonSeconds: number,
+): Promise<Record<string, unknown>> {
+  const { rows } = await pool.query(sql.lastAttemptAge(op.id));
+  const age: number | null = rows[0]?.age_seconds ?? null;
+  if (age !== null && age < horizonSeconds) {
+    const wait = Math.ceil(horizonSeconds - age);
+    throw new ResolutionRefused(
+      `the last attempt to charge was ${Math.floor(age)} s ago: Stripe's search may not show its charge yet (freshness horizon ${horizonSeconds} s); try again in ${wait} s`,
+    );
+  }
+  let known;
+  if (op.external_id) {
+    known = await gateway.retrieveCharge(op.external_id);
+    if (!FAILED_CHARGE_STATUSES.has(known.status)) {
+      throw new ResolutionRefused(`${known.id} is ${known.status}, not failed: ${known.status === 'succeeded' ? 'the customer was charged' : 'it may still charge; try again when it is final in Stripe'}`);
+    }
+  }
+  const charges = await gateway.findCharges(op.id);
+  const live = charges.filter((c) => !FAILED_CHARGE_STATUSES.has(c.status));
+  if (live.length > 0) {
+    throw new ResolutionRefused(`Stripe shows charges for this operation that have not failed: ${live.map((c) => `${c.id} (${c.status})`).join(', ')}`);
+  }
+  return { reason, knownCharge: known ?? null, searchedCharges: charges.map((c) => ({ id: c.id, status: c.status })), lastAttemptAgeSeconds: age };
 }

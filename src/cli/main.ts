@@ -7,6 +7,7 @@ import { createLogger, type Logger } from '../log.ts';
 import { BULK_CONCURRENCY, confirmFromFile, type BulkSummary } from '../orders/bulk.ts';
 import { confirmOrder } from '../orders/confirm.ts';
 import { createBoss } from '../outbox.ts';
+import type { PgBoss } from 'pg-boss';
 import { openDatabase, openGateway, openPool } from '../runtime.ts';
 import { listOperations, showOperation } from '../admin/operations.ts';
 import { StripeEmulator } from '../stripe/emulator/emulator.ts';
@@ -42,6 +43,18 @@ async function withDatabase<T>(fn: (ctx: { url: string; pool: ReturnType<typeof 
   } finally {
     await pool.end();
     await db.close();
+  }
+}
+
+/** Runs `fn` with a pg-boss that only sends and reads jobs (no supervision), then stops it. */
+async function withBoss<T>(url: string, fn: (boss: PgBoss) => Promise<T>): Promise<T> {
+  const boss = createBoss(url, 'client', 2);
+  boss.on('error', (err) => log!.warn({ err }, 'pg-boss error'));
+  await boss.start();
+  try {
+    return await fn(boss);
+  } finally {
+    await boss.stop({ graceful: false });
   }
 }
 
@@ -168,9 +181,10 @@ ops
     const resolution: Resolution = o.succeeded
       ? { outcome: 'succeeded', externalId: required(o.externalId, '--external-id') }
       : { outcome: 'failed', reason: required(o.reason, '--reason') };
-    await withDatabase(({ pool }) =>
+    await withDatabase(({ url, pool }) =>
       withGateway(async (gateway) => {
-        const op = await resolveOperation(pool, gateway, id, resolution, o.actor);
+        const opts = { leaseTtlMs: config.worker.leaseTtlMs, searchFreshnessSeconds: config.searchFreshnessSeconds };
+        const op = await withBoss(url, (boss) => resolveOperation(pool, gateway, boss, id, resolution, o.actor, opts));
         console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}`);
       }),
     );
@@ -187,10 +201,8 @@ program
   .option('--json', 'machine-readable output')
   .action(async (id: string | undefined, o) => {
     if (!!id === !!o.stuck) throw new InvalidArgumentError('give an operation id or --stuck');
-    await withDatabase(async ({ url, pool }) => {
-      const boss = createBoss(url, 'client', 2);
-      await boss.start();
-      try {
+    await withDatabase(({ url, pool }) =>
+      withBoss(url, async (boss) => {
         const opts = { actor: o.actor, dryRun: !!o.dryRun };
         const results = id
           ? [await requeueOperation(pool, boss, id, opts)]
@@ -198,10 +210,8 @@ program
         if (o.json) console.log(JSON.stringify(results));
         else for (const r of results) console.log(`${r.operationId} ${r.result}${'reason' in r ? `: ${r.reason}` : ''}`);
         if (results.some((r) => r.result === 'refused')) process.exitCode = EXIT.usage;
-      } finally {
-        await boss.stop({ graceful: false });
-      }
-    });
+      }),
+    );
   });
 
 program
@@ -212,7 +222,7 @@ program
   .addOption(new Option('--since <duration>', 'report: charges created since, e.g. 7d').argParser(parseDuration).default(7 * 86400, '7d'))
   .option('--json', 'machine-readable output')
   .action(async (o) => {
-    await withDatabase(({ pool }) =>
+    await withDatabase(({ url, pool }) =>
       withGateway(async (gateway) => {
         if (o.report) {
           const report = await driftReport(pool, gateway, new Date(Date.now() - o.since * 1000));
@@ -224,7 +234,7 @@ program
           if (report.drift.length > 0) process.exitCode = EXIT.drift;
           return;
         }
-        const report = await reconcileNow(pool, gateway, { actor: o.actor, owner: `cli:${process.pid}`, leaseTtlMs: config.worker.leaseTtlMs, log: log! });
+        const report = await withBoss(url, (boss) => reconcileNow(pool, gateway, boss, { actor: o.actor, owner: `cli:${process.pid}`, leaseTtlMs: config.worker.leaseTtlMs, log: log! }));
         console.log(o.json ? JSON.stringify(report) : `${report.examined} examined: ${report.settled} settled, ${report.needsReview} need review, ${report.skipped} skipped`);
       }),
     );

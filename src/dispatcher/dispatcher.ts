@@ -6,7 +6,10 @@
 //
 // One job:  claim the operation (fence + 1) ─▶ executeCharge with the token, lease renewed meanwhile
 //           ─▶ settled: outcome, lease release and job completion in ONE fenced transaction
-//           ─▶ unsettled (ambiguous, 429, review): lease released, the job fails → retried with backoff
+//           ─▶ unsettled (ambiguous, 429, search not caught up): lease released, the job fails → retried
+//              with backoff
+//           ─▶ held for a person (key misuse, a charge that is not this operation's, two charges):
+//              dead-lettered at once, not retried 40 times
 //           ─▶ leased by a live claim: retried later, never dropped
 //           ─▶ fenced out: this claim changes nothing and abandons the job
 import type { Job, JobResult, PgBoss } from 'pg-boss';
@@ -93,14 +96,15 @@ export class Dispatcher {
     if (this.opts.reconcileCron) {
       await boss.schedule(RECONCILE_QUEUE, this.opts.reconcileCron);
       await boss.work(RECONCILE_QUEUE, { batchSize: 1, pollingIntervalSeconds: 5 }, async () => {
-        const report = await reconcileSweep(this.deps.pool, this.deps.gateway, {
+        const report = await reconcileSweep(this.deps.pool, this.deps.gateway, this.deps.boss, {
           owner: this.opts.workerId,
           leaseTtlMs: this.opts.leaseTtlMs,
           log: this.log,
           ...(this.opts.keyWindowSeconds !== undefined ? { keyWindowSeconds: this.opts.keyWindowSeconds } : {}),
         });
-        this.log.info({ examined: report.examined, settled: report.settled, needsReview: report.needsReview }, 'reconcile sweep');
-        return { examined: report.examined, settled: report.settled, needsReview: report.needsReview };
+        const summary = { examined: report.examined, settled: report.settled, needsReview: report.needsReview, undriven: report.undriven.length };
+        this.log.info(summary, 'reconcile sweep');
+        return summary;
       });
     }
     this.relaying = this.relay();
@@ -202,6 +206,10 @@ export class Dispatcher {
         metrics.jobs.inc({ result: 'settled' });
         return completed;
       }
+      if (outcome?.kind === 'needs_review' && !outcome.retry) {
+        metrics.jobs.inc({ result: 'review' });
+        return { status: 'deadletter', output: { reason: outcome.reason } };
+      }
       metrics.jobs.inc({ result: 'retry' });
       return retryLater(`${op.status}: ${op.last_error ?? outcome?.kind}`);
     } catch (err) {
@@ -235,7 +243,9 @@ export class Dispatcher {
     return retryLater(`leased by ${now.lease_owner}`);
   }
 
-  /** Retries ran out: the operation is held for a person (never silently dropped). */
+  /** Retries ran out, or the outcome held the operation for a person at once: it is flagged (never
+   * silently dropped), keeping a reason the executor already recorded. Should this handler itself keep
+   * failing, the reconcile sweep flags any unsettled operation that no job drives. */
   private async handleDeadLetter(job: Job<ChargeJob>): Promise<Disposition> {
     const { pool } = this.deps;
     const operationId = job.data?.operationId;
@@ -244,7 +254,7 @@ export class Dispatcher {
     const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, 0);
     if (!lease) return this.notClaimed(operationId, log);
     const op = lease.operation;
-    const reason = `retries exhausted: the charge job was dead-lettered after ${chargeQueueOptions.retryLimit} retries (last error: ${op.last_error ?? 'none'})${op.review_reason ? `; ${op.review_reason}` : ''}`;
+    const reason = op.review_reason ?? `retries exhausted: the charge job was dead-lettered after ${chargeQueueOptions.retryLimit} retries (last error: ${op.last_error ?? 'none'})`;
     try {
       await flagForReview(pool, operationId, lease.fence, reason);
     } catch (err) {

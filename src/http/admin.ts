@@ -105,7 +105,8 @@ export function adminRoutes(deps: AdminDeps): Route[] {
       OP_ACTION('resolve'),
       guarded(async ({ req, res, params }) => {
         const body = await jsonBody(req, resolveBody);
-        sendJson(res, 200, await resolveOperation(deps.pool, deps.gateway, params[0]!, body, actor));
+        const opts = { leaseTtlMs: deps.config.worker.leaseTtlMs, searchFreshnessSeconds: deps.config.searchFreshnessSeconds };
+        sendJson(res, 200, await resolveOperation(deps.pool, deps.gateway, deps.boss, params[0]!, body, actor, opts));
       }),
     ],
     [
@@ -129,7 +130,7 @@ export function adminRoutes(deps: AdminDeps): Route[] {
       'POST',
       '/admin/reconcile',
       guarded(async ({ res }) => {
-        const report = await reconcileNow(deps.pool, deps.gateway, { actor, owner: deps.workerId, leaseTtlMs: deps.config.worker.leaseTtlMs, log: deps.log });
+        const report = await reconcileNow(deps.pool, deps.gateway, deps.boss, { actor, owner: deps.workerId, leaseTtlMs: deps.config.worker.leaseTtlMs, log: deps.log });
         sendJson(res, 200, report);
       }),
     ],

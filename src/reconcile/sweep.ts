@@ -1,13 +1,22 @@
 // The reconcile sweep: settles what idempotency keys can no longer settle. Operations past the key
-// window are looked up through Search (all pages), operations with a known charge are retrieved;
-// operations inside the window are left to the dispatcher. It never creates a charge, and it claims
-// each operation with a lease and fence like any worker, so it can run beside the dispatchers.
+// window, and operations held for review after an attempt that may have charged, are looked up through
+// Search (all pages; a single match is then retrieved); operations with a known charge are retrieved;
+// other operations inside the window are left to the dispatcher. It never creates a charge, and it
+// claims each operation with a lease and fence like any worker, so it can run beside the dispatchers.
+// Last, it flags any unsettled operation that no job drives any more (a dead-letter handler that kept
+// failing, a job lost by hand): never neither driven nor flagged.
+import type { PgBoss } from 'pg-boss';
 import type { Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
+import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, liveJobFor } from '../outbox.ts';
+import { bossDb } from '../db/pool.ts';
 import { executeCharge, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
-import { claimOperation, releaseLease, StaleFenceError, type Operation } from '../payments/operation.ts';
+import { claimOperation, flagForReview, releaseLease, StaleFenceError, type Operation } from '../payments/operation.ts';
 import * as sql from '../sql/statements.ts';
+
+/** An unsettled operation untouched this long, with no lease, outbox row or live job, is flagged. */
+export const UNDRIVEN_AFTER_SECONDS = 15 * 60;
 
 export interface SweepDecision {
   operationId: string;
@@ -24,17 +33,24 @@ export interface SweepReport {
   settled: number;
   needsReview: number;
   skipped: number;
+  /** Operations flagged because no job drove them. */
+  undriven: string[];
   decisions: SweepDecision[];
 }
 
-export async function reconcileSweep(
-  pool: Pool,
-  gateway: PaymentGateway,
-  opts: { owner: string; leaseTtlMs: number; log: Logger; limit?: number; keyWindowSeconds?: number },
-): Promise<SweepReport> {
+export interface SweepOptions {
+  owner: string;
+  leaseTtlMs: number;
+  log: Logger;
+  limit?: number;
+  keyWindowSeconds?: number;
+  undrivenAfterSeconds?: number;
+}
+
+export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: PgBoss, opts: SweepOptions): Promise<SweepReport> {
   const keyWindowSeconds = opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
   const { rows } = await pool.query(sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500));
-  const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, decisions: [] };
+  const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, undriven: [], decisions: [] };
   for (const { id } of rows as { id: string }[]) {
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, keyWindowSeconds);
     if (!lease) {
@@ -65,5 +81,31 @@ export async function reconcileSweep(
       await releaseLease(pool, id, lease.fence).catch(() => {});
     }
   }
+  report.undriven = await flagUndriven(pool, boss, opts);
   return report;
+}
+
+/** Flags unsettled operations that nothing drives. Each is claimed first, so no requeue or dispatcher
+ * can start driving it between the check for a live job and the flag. */
+async function flagUndriven(pool: Pool, boss: PgBoss, opts: SweepOptions): Promise<string[]> {
+  const idle = opts.undrivenAfterSeconds ?? UNDRIVEN_AFTER_SECONDS;
+  const { rows } = await pool.query(sql.undrivenCandidates(idle, opts.limit ?? 500));
+  const flagged: string[] = [];
+  for (const { id } of rows as { id: string }[]) {
+    const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, 0);
+    if (!lease) continue;
+    try {
+      const db = bossDb(pool);
+      if ((await liveJobFor(boss, db, id, CHARGE_QUEUE)) || (await liveJobFor(boss, db, id, CHARGE_DEAD_QUEUE))) continue;
+      const reason = `no job drives this operation (its job ended without settling it, last error: ${lease.operation.last_error ?? 'none'}); requeue it (same key) or resolve it`;
+      await flagForReview(pool, id, lease.fence, reason);
+      flagged.push(id);
+      opts.log.error({ operationId: id, reason }, 'operation needs review');
+    } catch (err) {
+      if (!(err instanceof StaleFenceError)) opts.log.error({ err, operationId: id }, 'checking for a job failed');
+    } finally {
+      await releaseLease(pool, id, lease.fence).catch(() => {});
+    }
+  }
+  return flagged;
 }
