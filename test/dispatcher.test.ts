@@ -217,4 +217,25 @@ describe('dispatcher (in-process)', () => {
       await a.stop();
     }
   });
+
+  it('an idempotency-key misuse is flagged and dead-lettered at once, not retried', async () => {
+    const op = await confirm(t);
+    // The first create executes and stores a 500 under the key; then the operation's amount changes
+    // under it (the bug this guards against): the same key with other parameters → 400 idempotency_error.
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'error_after_commit', status: 500 } });
+    const a = await dispatcher('replica-a');
+    try {
+      await relay(t);
+      await waitUntil(async () => (await operation(t, op)).status === 'unknown', 10_000, 'first attempt');
+      await t.pool.query(`update payment_operations set amount = amount + 1 where id = $1`, [op]);
+      await waitUntil(async () => (await operation(t, op)).needs_review, 20_000, 'review flag');
+      const flagged = await operation(t, op);
+      expect(flagged.review_reason).toMatch(/idempotency key misuse/);
+      const { rows } = await t.pool.query(`select state, retry_count from pgboss.job where name = 'charge' and data->>'operationId' = $1`, [op]);
+      expect(rows).toEqual([{ state: 'failed', retry_count: 1 }]);
+      expect(createsFor(op).map((r) => r.status)).toEqual([500, 400]);
+    } finally {
+      await a.stop();
+    }
+  });
 });
