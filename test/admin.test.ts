@@ -6,6 +6,7 @@ import { loadConfig } from '../src/config.ts';
 import { adminRoutes } from '../src/http/admin.ts';
 import { startHttpServer, type HttpServer } from '../src/http/server.ts';
 import { webhookRoutes } from '../src/http/webhooks.ts';
+import { pruneWebhookEvents } from '../src/webhooks/inbox.ts';
 import { createLogger } from '../src/log.ts';
 import { executeCharge } from '../src/payments/executor.ts';
 import { releaseLease } from '../src/payments/operation.ts';
@@ -22,13 +23,14 @@ let t: TestDb;
 let e: RunningEmulator;
 let http: HttpServer;
 let base: string;
+let mismatches = 0;
 
 beforeAll(async () => {
   [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
   const config = loadConfig({ ADMIN_TOKEN: TOKEN, ADMIN_TOKEN_NAME: 'ops-team', STRIPE_WEBHOOK_SECRET: WEBHOOK_SECRET });
   http = await startHttpServer(0, [
     ...adminRoutes({ pool: t.pool, boss: t.boss, gateway: e.gateway(), log, config, workerId: 'admin-test' }),
-    ...webhookRoutes({ pool: t.pool, log, secret: config.webhookSecret }),
+    ...webhookRoutes({ pool: t.pool, gateway: e.gateway(), log, secret: config.webhookSecret, onMismatch: () => mismatches++ }),
   ], '127.0.0.1');
   base = `http://127.0.0.1:${http.port}`;
 });
@@ -137,6 +139,7 @@ describe('admin HTTP API', () => {
 
   it('resolves with evidence, audited under the token’s name; requeues and reconciles', async () => {
     const op = await confirm(t);
+    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
     await t.pool.query(`update payment_operations set status = 'unknown', review_reason = 'checked by hand' where id = $1`, [op]);
     const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
     const res = await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: pi.id }) });
@@ -180,9 +183,12 @@ describe('Stripe webhook inbox', () => {
     e.emulator.settle(pi.id, 'succeeded');
     await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 5_000, 'webhook settles');
     const event = e.emulator.emittedEvents().find((ev) => ev.type === 'payment_intent.succeeded')!;
+    // Whichever event was processed first settled it (each is checked by retrieving the PaymentIntent).
+    await waitUntil(async () => (await t.pool.query(`select 1 from webhook_events where id = $1`, [event.id])).rows.length === 1, 5_000, 'recorded');
+    const before = (await t.pool.query(`select id, result from webhook_events where operation_id = $1 order by id`, [op])).rows;
+    expect(before.filter((r) => r.result === 'settled').map((r) => r.id)).toHaveLength(1);
     expect(await e.emulator.redeliver(event.id)).toBe(200);
-    const { rows } = await t.pool.query(`select result from webhook_events where id = $1`, [event.id]);
-    expect(rows).toEqual([{ result: 'settled' }]);
+    expect((await t.pool.query(`select id, result from webhook_events where operation_id = $1 order by id`, [op])).rows).toEqual(before);
     const replay = await fetch(`${base}/webhooks/stripe`, signed(JSON.stringify(event)));
     expect(await replay.json()).toEqual({ received: true, result: 'duplicate' });
   });
@@ -196,10 +202,48 @@ describe('Stripe webhook inbox', () => {
     expect((await operation(t, op)).status).toBe('pending');
   });
 
-  it('an event whose amount does not match is recorded as a mismatch and settles nothing', async () => {
+  const eventFor = (id: string, pi: Record<string, unknown>, type = 'payment_intent.succeeded') =>
+    JSON.stringify({ id, object: 'event', type, created: 1_700_000_000, livemode: false, data: { object: pi } });
+  const createPi = (op: string, over: Record<string, unknown> = {}) =>
+    e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op }, ...over });
+
+  it('a PaymentIntent whose amount does not match flags the operation for review, counted, and settles nothing', async () => {
     const op = await confirm(t);
-    const event = JSON.stringify({ id: 'evt_mismatch', object: 'event', type: 'payment_intent.succeeded', data: { object: { id: 'pi_y', amount: 1, currency: 'eur', metadata: { operation_id: op } } } });
+    const pi = await createPi(op, { amount: 1 });
+    const before = mismatches;
+    // The event itself claims the right amount: only the retrieved PaymentIntent counts.
+    const event = eventFor('evt_mismatch', { id: pi.id, amount: 2599, currency: 'eur', metadata: { operation_id: op } });
     expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'mismatch' });
+    expect(await operation(t, op)).toMatchObject({ status: 'pending', needs_review: true, review_reason: expect.stringMatching(/is 1 eur/) });
+    expect(mismatches).toBe(before + 1);
+  });
+
+  it('an event is a hint: a "succeeded" event for a PaymentIntent still processing settles nothing', async () => {
+    const op = await confirm(t);
+    const pi = await createPi(op, { payment_method: 'pm_card_processing' });
+    const event = eventFor('evt_claims_success', { id: pi.id, status: 'succeeded', amount: 2599, currency: 'eur', metadata: { operation_id: op } });
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'not_final' });
     expect((await operation(t, op)).status).toBe('pending');
+  });
+
+  it('a PaymentIntent other than the operation\'s known charge is a mismatch, not a settlement', async () => {
+    const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
+    const stray = await createPi(op);
+    const event = eventFor('evt_stray', { id: stray.id });
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'mismatch' });
+    expect(await operation(t, op)).toMatchObject({ status: 'unknown', needs_review: true, review_reason: expect.stringMatching(/not the operation's charge/) });
+  });
+
+  it('stores ids, type, times and the PaymentIntent\'s id and status only; pruned after the retention', async () => {
+    const op = await confirm(t);
+    const pi = await createPi(op);
+    const event = eventFor('evt_trimmed', { id: pi.id, payment_method: 'pm_card_visa', billing_details: { name: 'A Person' }, metadata: { operation_id: op } });
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'settled' });
+    const { rows } = await t.pool.query(`select payload from webhook_events where id = 'evt_trimmed'`);
+    expect(rows[0].payload).toEqual({ id: 'evt_trimmed', type: 'payment_intent.succeeded', created: 1_700_000_000, livemode: false, payment_intent: { id: pi.id, status: 'succeeded' } });
+    await t.pool.query(`update webhook_events set received_at = now() - interval '31 days' where id = 'evt_trimmed'`);
+    expect(await pruneWebhookEvents(t.pool, 30)).toBeGreaterThanOrEqual(1);
+    expect((await t.pool.query(`select 1 from webhook_events where id = 'evt_trimmed'`)).rows).toHaveLength(0);
   });
 });

@@ -17,6 +17,7 @@ import { bossDb, type Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
 import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
+import { pruneWebhookEvents } from '../webhooks/inbox.ts';
 import { executeCharge, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import {
@@ -39,6 +40,8 @@ export interface DispatcherOptions {
   keyWindowSeconds?: number;
   /** Schedule the reconcile sweep with this cron (pg-boss runs one at a time across replicas). */
   reconcileCron?: string;
+  /** Stored webhook events older than this are deleted after each scheduled sweep. */
+  webhookRetentionDays?: number;
   /** How often an idle relay looks for new outbox rows (a full batch is followed at once). */
   relayIntervalMs?: number;
 }
@@ -102,7 +105,8 @@ export class Dispatcher {
           log: this.log,
           ...(this.opts.keyWindowSeconds !== undefined ? { keyWindowSeconds: this.opts.keyWindowSeconds } : {}),
         });
-        const summary = { examined: report.examined, settled: report.settled, needsReview: report.needsReview, undriven: report.undriven.length };
+        const prunedEvents = await pruneWebhookEvents(this.deps.pool, this.opts.webhookRetentionDays ?? 30);
+        const summary = { examined: report.examined, settled: report.settled, needsReview: report.needsReview, undriven: report.undriven.length, prunedEvents };
         this.log.info(summary, 'reconcile sweep');
         return summary;
       });

@@ -45,6 +45,11 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss }) {
       help: 'Jobs retried later because another live lease held their operation',
       registers: r,
     }),
+    webhookMismatches: new Counter({
+      name: 'outboxd_webhook_mismatches_total',
+      help: 'Stripe events whose PaymentIntent does not match the operation it names (each flags it for review)',
+      registers: r,
+    }),
     jobs: new Counter({ name: 'outboxd_jobs_total', help: 'Charge jobs handled, by result', labelNames: ['result'], registers: r }),
     inFlight: new Gauge({ name: 'outboxd_in_flight', help: 'Operations being executed by this replica', registers: r }),
     queueDepth: new Gauge({

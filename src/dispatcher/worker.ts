@@ -33,6 +33,7 @@ export async function runWorker(config: Config, baseLog: Logger): Promise<void> 
       concurrency: config.worker.concurrency,
       leaseTtlMs: config.worker.leaseTtlMs,
       reconcileCron: config.worker.reconcileCron,
+      webhookRetentionDays: config.webhookRetentionDays,
     },
   );
   await dispatcher.start();
@@ -58,7 +59,7 @@ export async function runWorker(config: Config, baseLog: Logger): Promise<void> 
       },
     ],
     ...adminRoutes({ pool, boss, gateway: gateway.gateway, log, config, workerId }),
-    ...webhookRoutes({ pool, log, secret: config.webhookSecret }),
+    ...webhookRoutes({ pool, gateway: gateway.gateway, log, secret: config.webhookSecret, onMismatch: () => metrics.webhookMismatches.inc() }),
   ]);
   log.info({ httpPort: http.port, concurrency: config.worker.concurrency, embeddedDatabase: db.embedded }, 'worker ready');
 

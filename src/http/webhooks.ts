@@ -1,11 +1,9 @@
 import Stripe from 'stripe';
-import type { Pool } from '../db/pool.ts';
-import type { Logger } from '../log.ts';
-import { receiveStripeEvent } from '../webhooks/inbox.ts';
+import { receiveStripeEvent, type InboxDeps } from '../webhooks/inbox.ts';
 import { readBody, sendJson, type Route } from './server.ts';
 
 /** POST /webhooks/stripe, on when STRIPE_WEBHOOK_SECRET is set. The signature is checked on the raw body. */
-export function webhookRoutes(deps: { pool: Pool; log: Logger; secret: string | undefined }): Route[] {
+export function webhookRoutes(deps: InboxDeps & { secret: string | undefined }): Route[] {
   const { secret } = deps;
   if (!secret) return [];
   return [
@@ -21,7 +19,7 @@ export function webhookRoutes(deps: { pool: Pool; log: Logger; secret: string | 
           deps.log.warn({ err: (err as Error).message }, 'stripe webhook refused: bad signature');
           return sendJson(res, 400, { error: 'bad_signature', message: 'Stripe-Signature does not verify' });
         }
-        const result = await receiveStripeEvent(deps.pool, event, deps.log);
+        const result = await receiveStripeEvent(deps, event);
         sendJson(res, 200, { received: true, result });
       },
     ],

@@ -197,6 +197,11 @@ export async function flagForReview(db: Queryable, id: string, fence: number, re
   return rows[0];
 }
 
+/** Holds an unsettled operation for a person without a claim (its status is not touched). */
+export async function flagFromOutside(db: Queryable, id: string, reason: string): Promise<void> {
+  await db.query(sql.flagFromOutside(id, reason));
+}
+
 /** The operation's current fence and status, without a claim. */
 export async function peekOperation(
   db: Queryable,

@@ -215,6 +215,26 @@ export const insertWebhookEvent = statement<[id: string, type: string, operation
    returning id`,
 );
 
+export const webhookEventSeen = statement<[id: string]>(
+  'outboxd_webhook_event_seen',
+  `select 1 as seen from webhook_events where id = $1`,
+);
+
+/** Stored events are kept for deduplication and evidence, not forever. */
+export const pruneWebhookEvents = statement<[retentionDays: number]>(
+  'outboxd_prune_webhook_events',
+  `delete from webhook_events where received_at < now() - make_interval(days => $1)`,
+);
+
+/** Holds an unsettled operation for a person from outside any claim (a webhook that contradicts it).
+ * The status is not touched, so no fence is needed; a later outcome keeps the reason unless it settles. */
+export const flagFromOutside = statement<[id: string, reason: string]>(
+  'outboxd_flag_from_outside',
+  `update payment_operations set review_reason = $2, updated_at = now()
+   where id = $1 and ${UNSETTLED}
+   returning id`,
+);
+
 /** Serialises admin re-drives of one operation (check for a live job, then enqueue). */
 export const lockOperationForRequeue = statement<[id: string]>(
   'outboxd_lock_operation_for_requeue',

@@ -1,34 +1,51 @@
-// The Stripe webhook inbox. Each verified event is recorded by its id in the same transaction that
-// acts on it, so a redelivered event (Stripe delivers at least once) is acknowledged, not reprocessed.
-// A payment_intent.succeeded / payment_failed / canceled event settles the matching unsettled
-// operation, through the same guarded write as an admin resolution: never over a settled status,
-// and with a fence bump so a worker mid-call writes nothing after it.
+// The Stripe webhook inbox. An event is a hint, never evidence: on any payment_intent.* event the
+// PaymentIntent is retrieved from Stripe (no transaction open), checked against the operation its
+// metadata names (operation id, amount, currency, the charge already known), and the operation is
+// settled from the RETRIEVED status only, through the same guarded write as any outside settlement:
+// never over a settled status, and with a fence bump so a worker mid-call writes nothing after it.
+// Each event is recorded by its id in the transaction that acts on it, so a redelivery (Stripe
+// delivers at least once) is acknowledged, not reprocessed. Only ids, type, times and the
+// PaymentIntent's id and status are stored (no payment-method or billing details), and only for the
+// retention period.
 import type Stripe from 'stripe';
-import { inTransaction, type Pool } from '../db/pool.ts';
+import { inTransaction, type Pool, type PoolClient } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { isOperationId, settleFromOutside, type Operation } from '../payments/operation.ts';
+import { FAILED_CHARGE_STATUSES, type Charge, type PaymentGateway } from '../payments/gateway.ts';
+import { flagFromOutside, isOperationId, settleFromOutside, type Operation } from '../payments/operation.ts';
 import * as sql from '../sql/statements.ts';
 
-export type InboxResult = 'settled' | 'already_settled' | 'ignored' | 'no_operation' | 'mismatch' | 'duplicate';
+export type InboxResult = 'settled' | 'already_settled' | 'not_final' | 'ignored' | 'no_operation' | 'mismatch' | 'duplicate';
 
-const SETTLING: Record<string, 'succeeded' | 'failed'> = {
-  'payment_intent.succeeded': 'succeeded',
-  'payment_intent.payment_failed': 'failed',
-  'payment_intent.canceled': 'failed',
-};
+export interface InboxDeps {
+  pool: Pool;
+  gateway: PaymentGateway;
+  log: Logger;
+  /** Counts events whose PaymentIntent does not match the operation it names. */
+  onMismatch?: () => void;
+}
 
 class Duplicate extends Error {}
 
-export async function receiveStripeEvent(pool: Pool, event: Stripe.Event, log: Logger): Promise<InboxResult> {
-  const pi = event.data.object as Partial<Stripe.PaymentIntent>;
-  const operationId = event.type.startsWith('payment_intent.') ? pi.metadata?.operation_id : undefined;
-  const opId = operationId && isOperationId(operationId) ? operationId : null;
+export async function receiveStripeEvent(deps: InboxDeps, event: Stripe.Event): Promise<InboxResult> {
+  const { pool, log } = deps;
+  const hinted = event.type.startsWith('payment_intent.') ? (event.data.object as { id?: unknown }).id : undefined;
+  const piId = typeof hinted === 'string' && /^pi_\w+$/.test(hinted) ? hinted : undefined;
+  if ((await pool.query(sql.webhookEventSeen(event.id))).rows[0]) return 'duplicate';
+
+  // The evidence, fetched before any transaction opens (invariant 3). A failure here answers 5xx and
+  // Stripe delivers the event again later.
+  const charge = piId ? await deps.gateway.retrieveCharge(piId) : undefined;
+  const opId = charge?.operationId && isOperationId(charge.operationId) ? charge.operationId : null;
   try {
     return await inTransaction(pool, async (tx) => {
-      const result = await act(tx, event, pi, opId);
-      const { rows } = await tx.query(sql.insertWebhookEvent(event.id, event.type, opId, result, JSON.stringify(event)));
-      if (!rows[0]) throw new Duplicate(); // recorded by an earlier delivery: undo whatever this one did
-      log.info({ eventId: event.id, type: event.type, operationId: opId, result }, 'stripe event received');
+      const result = charge ? await act(tx, charge, opId, event.type) : 'ignored';
+      const { rows } = await tx.query(sql.insertWebhookEvent(event.id, event.type, opId, result, JSON.stringify(trimmed(event, charge))));
+      if (!rows[0]) throw new Duplicate(); // recorded by a concurrent delivery: undo whatever this one did
+      log.info({ eventId: event.id, type: event.type, operationId: opId, paymentIntent: piId, status: charge?.status, result }, 'stripe event received');
+      if (result === 'mismatch') {
+        deps.onMismatch?.();
+        log.error({ eventId: event.id, operationId: opId, paymentIntent: piId }, 'stripe event names a payment intent that does not match its operation: flagged for review');
+      }
       return result;
     });
   } catch (err) {
@@ -37,20 +54,43 @@ export async function receiveStripeEvent(pool: Pool, event: Stripe.Event, log: L
   }
 }
 
-async function act(
-  tx: Parameters<Parameters<typeof inTransaction>[1]>[0],
-  event: Stripe.Event,
-  pi: Partial<Stripe.PaymentIntent>,
-  opId: string | null,
-): Promise<InboxResult> {
-  const status = SETTLING[event.type];
-  if (!status) return 'ignored';
+/** Deletes stored events older than the retention; returns how many. */
+export async function pruneWebhookEvents(pool: Pool, retentionDays: number): Promise<number> {
+  return (await pool.query(sql.pruneWebhookEvents(retentionDays))).rowCount ?? 0;
+}
+
+async function act(tx: PoolClient, charge: Charge, opId: string | null, type: string): Promise<InboxResult> {
   if (!opId) return 'no_operation';
   const { rows } = await tx.query(sql.showOperation(opId));
   const op: Operation | undefined = rows[0];
   if (!op) return 'no_operation';
-  if (pi.amount !== op.amount || pi.currency !== op.currency) return 'mismatch';
-  const reason = status === 'failed' ? `${event.type}: ${pi.last_payment_error?.message ?? pi.status}` : null;
-  const settled = await settleFromOutside(tx, opId, status, pi.id ?? null, `webhook:${event.type}`, reason);
+  const mismatch = mismatchOf(op, charge);
+  if (mismatch) {
+    await flagFromOutside(tx, op.id, `webhook ${type}: ${mismatch}`);
+    return 'mismatch';
+  }
+  const status = charge.status === 'succeeded' ? 'succeeded' : FAILED_CHARGE_STATUSES.has(charge.status) ? 'failed' : undefined;
+  if (!status) return 'not_final';
+  const reason = status === 'failed' ? `${type}: payment intent ${charge.status}` : null;
+  const settled = await settleFromOutside(tx, op.id, status, charge.id, `webhook:${type}`, reason);
   return settled ? 'settled' : 'already_settled';
+}
+
+function mismatchOf(op: Operation, charge: Charge): string | null {
+  if (charge.amount !== op.amount || charge.currency !== op.currency) {
+    return `${charge.id} is ${charge.amount} ${charge.currency}, the operation ${op.amount} ${op.currency}`;
+  }
+  if (op.external_id && op.external_id !== charge.id) return `${charge.id} is not the operation's charge ${op.external_id}`;
+  return null;
+}
+
+/** What is kept of an event: ids, type, times, and the PaymentIntent's id and retrieved status. */
+function trimmed(event: Stripe.Event, charge: Charge | undefined) {
+  return {
+    id: event.id,
+    type: event.type,
+    created: event.created,
+    livemode: event.livemode,
+    payment_intent: charge ? { id: charge.id, status: charge.status } : null,
+  };
 }
