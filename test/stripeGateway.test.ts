@@ -210,23 +210,46 @@ describe('classification of what the SDK raises', () => {
     const nowhere = new StripeGateway({ secretKey: 'sk_test_x', apiBase: 'http://127.0.0.1:1', timeoutMs: 500 });
     expect(await nowhere.retrieveCharge('pi_1').catch((x) => x)).toBeInstanceOf(NotExecuted);
   });
-  it('a connection refused on the SDK\'s resend after a reset → AmbiguousOutcome (the first send may have executed)', async () => {
-    // Takes the request, resets the connection, and stops listening: the SDK resends once after a
-    // reset, and that resend is refused.
-    const server = createServer((socket) => {
-      socket.once('data', () => {
-        server.close();
-        socket.resetAndDestroy();
+  describe('a create the SDK resent after a reset is never "not executed" (the first send may have executed)', () => {
+    /** Resets the first request's connection (after reading it, as if Stripe had acted), then answers
+     * the SDK's automatic resend with `second`. */
+    async function resetThen(second: 'refuse' | 429 | 401) {
+      const server = createServer((socket) => {
+        socket.once('data', () => {
+          if (second === 'refuse') server.close();
+          socket.resetAndDestroy();
+          if (second === 'refuse') return;
+          server.removeAllListeners('connection');
+          server.on('connection', (s) =>
+            s.once('data', () => {
+              const body = JSON.stringify({ error: { type: second === 429 ? 'rate_limit_error' : 'invalid_request_error', message: 'no' } });
+              s.end(`HTTP/1.1 ${second} X\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`);
+            }),
+          );
+        });
       });
+      await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+      const port = (server.address() as { port: number }).port;
+      const flaky = new StripeGateway({ secretKey: 'sk_test_x', apiBase: `http://127.0.0.1:${port}`, timeoutMs: 1_000 });
+      try {
+        return await flaky
+          .createCharge({ operationId: 'op', amount: 100, currency: 'eur', customer: 'c', paymentMethod: 'pm_card_visa', idempotencyKey: 'payment-op:op' })
+          .catch((x) => x);
+      } finally {
+        server.close();
+      }
+    }
+    it('reset, then the resend refused → AmbiguousOutcome', async () => {
+      expect(await resetThen('refuse')).toBeInstanceOf(AmbiguousOutcome);
     });
-    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-    const port = (server.address() as { port: number }).port;
-    const flaky = new StripeGateway({ secretKey: 'sk_test_x', apiBase: `http://127.0.0.1:${port}`, timeoutMs: 1_000 });
-    const err = await flaky
-      .createCharge({ operationId: 'op', amount: 100, currency: 'eur', customer: 'c', paymentMethod: 'pm_card_visa', idempotencyKey: 'payment-op:op' })
-      .catch((x) => x);
-    expect(err).toBeInstanceOf(AmbiguousOutcome);
-    expect(String(err.message)).toMatch(/retried 1 times/);
+    it('reset, then the resend answered 429 → AmbiguousOutcome', async () => {
+      const err = await resetThen(429);
+      expect(err).toBeInstanceOf(AmbiguousOutcome);
+      expect(err.message).toMatch(/sent 2 times/);
+    });
+    it('reset, then the resend answered 401 → AmbiguousOutcome', async () => {
+      expect(await resetThen(401)).toBeInstanceOf(AmbiguousOutcome);
+    });
   });
   it('findCharges follows next_page across more than 100 results', async () => {
     const op = await confirm(t);

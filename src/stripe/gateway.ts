@@ -45,12 +45,22 @@ const SEARCH_PAGE = 100;
 
 export class StripeGateway implements PaymentGateway {
   private readonly stripe: Stripe;
+  /** Sends of each create in flight, by idempotency key (the SDK emits 'request' for every send). */
+  private readonly sends = new Map<string, number>();
 
   constructor(opts: StripeGatewayOptions) {
     this.stripe = stripeClient(opts);
+    this.stripe.on('request', (event: { idempotency_key?: string }) => {
+      const key = event.idempotency_key;
+      if (key !== undefined && this.sends.has(key)) this.sends.set(key, this.sends.get(key)! + 1);
+    });
   }
 
   async createCharge(req: ChargeRequest): Promise<Charge> {
+    // The SDK resends once after a reset even with retries off, and that earlier send may have executed:
+    // an answer that proves nothing ran (a 429, a 401/403, a refused connection) proves it only for a
+    // request that was sent once.
+    this.sends.set(req.idempotencyKey, 0);
     try {
       const pi = await this.stripe.paymentIntents.create(
         {
@@ -66,7 +76,14 @@ export class StripeGateway implements PaymentGateway {
       );
       return toCharge(pi);
     } catch (err) {
-      throw classify(err);
+      const classified = classify(err);
+      const sends = this.sends.get(req.idempotencyKey) ?? 0;
+      if ((classified instanceof RetryLater || classified instanceof NotExecuted) && sends !== 1) {
+        throw new AmbiguousOutcome(`sent ${sends} times; an earlier send may have executed: ${classified.message}`, classified.httpStatus, undefined, { cause: err });
+      }
+      throw classified;
+    } finally {
+      this.sends.delete(req.idempotencyKey);
     }
   }
 
@@ -121,8 +138,7 @@ function classify(err: unknown): GatewayError {
   const message = err.message;
   const opts = { cause: err };
   // No status: connection error, timeout, a body cut off after the headers, unreadable JSON. Only a
-  // connection that never opened, on the SDK's one and only attempt, proves that nothing was sent: the
-  // SDK resends once after a reset, and that earlier attempt may have executed.
+  // connection that never opened proves that this send reached nothing.
   if (status === undefined) {
     if (neverSent(err)) return new NotExecuted(`${err.type}: ${message}`, undefined, undefined, opts);
     return new AmbiguousOutcome(`${err.type}: ${message}`, undefined, pi, opts);
@@ -139,10 +155,10 @@ function classify(err: unknown): GatewayError {
 /** Errors of a connection that was never established: the request cannot have reached Stripe. */
 const NEVER_CONNECTED = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN']);
 
-/** A StripeConnectionError for a connection that never opened, on the first attempt: the SDK says
- * "Request was retried N times" when it resent, and keeps the socket error as `detail`. */
+/** A StripeConnectionError for a connection that never opened (the SDK keeps the socket error as
+ * `detail`). Whether an earlier send of the same request may have executed is the caller's to judge. */
 function neverSent(err: InstanceType<typeof Stripe.errors.StripeError>): boolean {
   if (!(err instanceof Stripe.errors.StripeConnectionError)) return false;
   const code = (err.detail as { code?: string } | undefined)?.code;
-  return code !== undefined && NEVER_CONNECTED.has(code) && !/retried/.test(err.message);
+  return code !== undefined && NEVER_CONNECTED.has(code);
 }
