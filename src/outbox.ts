@@ -107,6 +107,6 @@ export async function liveJobFor(
 }
 
 /** Enqueues a job for `operationId` directly (admin re-drive), through `db` so it joins the caller's transaction. */
-export async function enqueueCharge(boss: PgBoss, db: IDatabase, operationId: string): Promise<string | null> {
-  return boss.send(CHARGE_QUEUE, { operationId } satisfies ChargeJob, { db });
+export async function enqueueCharge(boss: PgBoss, db: IDatabase, operationId: string, startAfterSeconds?: number): Promise<string | null> {
+  return boss.send(CHARGE_QUEUE, { operationId } satisfies ChargeJob, { db, ...(startAfterSeconds !== undefined ? { startAfter: startAfterSeconds } : {}) });
 }

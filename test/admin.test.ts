@@ -235,6 +235,23 @@ describe('Stripe webhook inbox', () => {
     expect(await operation(t, op)).toMatchObject({ status: 'unknown', needs_review: true, review_reason: expect.stringMatching(/not the operation's charge/) });
   });
 
+  it('a charge that contradicts a failed operation is counted and logged as a contradiction, never overwriting it', async () => {
+    const op = await confirm(t);
+    await t.pool.query(`update payment_operations set status = 'failed', settled_at = now() where id = $1`, [op]);
+    const pi = await createPi(op);
+    const before = mismatches;
+    const res = await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_contradiction', { id: pi.id })));
+    expect(await res.json()).toEqual({ received: true, result: 'contradiction' });
+    expect(mismatches).toBe(before + 1);
+    expect((await operation(t, op)).status).toBe('failed');
+  });
+
+  it('an event naming a PaymentIntent Stripe does not show (404) is acknowledged, not retried forever', async () => {
+    const res = await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_elsewhere', { id: 'pi_not_ours' })));
+    expect(res.status).toBe(200);
+    expect(await res.json()).toEqual({ received: true, result: 'no_operation' });
+  });
+
   it('stores ids, type, times and the PaymentIntent\'s id and status only; pruned after the retention', async () => {
     const op = await confirm(t);
     const pi = await createPi(op);

@@ -205,13 +205,13 @@ describe('dispatcher (in-process)', () => {
     await relay(t);
     // Exhaust the retries at once instead of waiting hours of backoff.
     await t.pool.query(`update pgboss.job set retry_limit = 0 where name = 'charge' and data->>'operationId' = $1`, [op]);
-    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'rate_limit' } });
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'error_before_commit', status: 503 } });
     const a = await dispatcher('replica-a');
     try {
       await waitUntil(async () => (await operation(t, op)).needs_review, 30_000, 'review flag');
       const flagged = await operation(t, op);
-      expect(flagged.status).toBe('pending');
-      expect(flagged.review_reason).toMatch(/dead-lettered.*429|dead-lettered.*Too many/);
+      expect(flagged.status).toBe('unknown');
+      expect(flagged.review_reason).toMatch(/dead-lettered.*503/);
       expect(flagged.lease_owner).toBeNull();
     } finally {
       await a.stop();
@@ -228,12 +228,32 @@ describe('dispatcher (in-process)', () => {
       await relay(t);
       await waitUntil(async () => (await operation(t, op)).status === 'unknown', 10_000, 'first attempt');
       await t.pool.query(`update payment_operations set amount = amount + 1 where id = $1`, [op]);
-      await waitUntil(async () => (await operation(t, op)).needs_review, 20_000, 'review flag');
-      const flagged = await operation(t, op);
-      expect(flagged.review_reason).toMatch(/idempotency key misuse/);
-      const { rows } = await t.pool.query(`select state, retry_count from pgboss.job where name = 'charge' and data->>'operationId' = $1`, [op]);
-      expect(rows).toEqual([{ state: 'failed', retry_count: 1 }]);
+      const jobs = async () =>
+        (await t.pool.query(`select name, state, retry_count from pgboss.job where name in ('charge', 'charge_dead') and data->>'operationId' = $1 order by name`, [op])).rows;
+      await waitUntil(async () => (await jobs()).some((j) => j.name === 'charge_dead'), 20_000, 'dead-lettered');
+      expect((await jobs())[0]).toEqual({ name: 'charge', state: 'failed', retry_count: 1 });
+      await waitUntil(async () => (await operation(t, op)).needs_review, 10_000, 'review flag');
+      expect((await operation(t, op)).review_reason).toMatch(/idempotency key misuse/);
+      await new Promise((r) => setTimeout(r, 2_500)); // past the first retry's backoff: no retry comes
       expect(createsFor(op).map((r) => r.status)).toEqual([500, 400]);
+    } finally {
+      await a.stop();
+    }
+  });
+
+  it('429s are not attempts: they spend no retries, so an operation that only met 429s is never dead-lettered', async () => {
+    const op = await confirm(t);
+    await relay(t);
+    // No retries left: a 429 that spent one would dead-letter the job.
+    await t.pool.query(`update pgboss.job set retry_limit = 0 where name = 'charge' and data->>'operationId' = $1`, [op]);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'rate_limit' }, count: 2 });
+    const a = await dispatcher('replica-a');
+    try {
+      await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 30_000, 'settled');
+      expect(await operation(t, op)).toMatchObject({ needs_review: false, first_attempted_at: expect.any(Date) });
+      expect(createsFor(op).map((r) => r.status)).toEqual([429, 429, 200]);
+      const { rows } = await t.pool.query(`select count(*)::int as n from pgboss.job where name = 'charge_dead' and data->>'operationId' = $1`, [op]);
+      expect(rows[0].n).toBe(0);
     } finally {
       await a.stop();
     }

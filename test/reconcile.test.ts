@@ -283,15 +283,17 @@ describe('the sweep drives what no job drives (issue 10)', () => {
     expect(e.emulator.requests().filter((r) => r.endpoint === 'retrieve')).toHaveLength(1);
   });
 
-  it('zero matches inside the window keeps it unknown and flagged (never "not charged"), with no create', async () => {
+  it('zero matches inside the window keeps it unsettled and flagged with its reason (never "not charged"), with no create', async () => {
+    // pending, not unknown: a replica killed between recording the attempt and its outcome.
     const op = await confirm(t);
+    const reason = 'idempotency key misuse (a bug): IdempotencyKeyMisuse 400';
     await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
     await t.pool.query(
-      `update payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '1 hour', review_reason = 'retries exhausted' where id = $1`,
-      [op],
+      `update payment_operations set attempts = 1, first_attempted_at = now() - interval '1 hour', review_reason = $2 where id = $1`,
+      [op, reason],
     );
     await sweep();
-    expect(await operation(t, op)).toMatchObject({ status: 'unknown', needs_review: true });
+    expect(await operation(t, op)).toMatchObject({ status: 'pending', review_reason: reason });
     expect(e.emulator.requests().map((r) => r.endpoint)).toEqual(['search']);
   });
 

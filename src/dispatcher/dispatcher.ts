@@ -15,19 +15,21 @@
 import type { Job, JobResult, PgBoss } from 'pg-boss';
 import { bossDb, type Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
+import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, enqueueCharge, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
 import { pruneWebhookEvents } from '../webhooks/inbox.ts';
 import { executeCharge, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import {
   claimOperation,
+  executedNothing,
   flagForReview,
   isSettled,
   peekOperation,
   releaseLease,
   renewLease,
   StaleFenceError,
+  type Outcome,
 } from '../payments/operation.ts';
 import * as sql from '../sql/statements.ts';
 import type { Metrics } from './metrics.ts';
@@ -55,6 +57,12 @@ export interface DispatcherDeps {
 }
 
 type Disposition = Omit<JobResult, 'id'>;
+
+/** When a call that executed nothing is tried again: soon after a 429 (jittered, so replicas do not
+ * return together), later after a refused key or connection (an operator has something to fix). */
+function notAnAttemptDelaySeconds(outcome: Outcome): number {
+  return outcome.kind === 'rate_limited' ? 1 + Math.floor(Math.random() * 5) : 30;
+}
 const completed: Disposition = { status: 'completed' };
 const retryLater = (reason: string): Disposition => ({ status: 'failed', output: { reason } });
 
@@ -192,13 +200,18 @@ export class Dispatcher {
         keyWindowSeconds,
         claimed: lease.operation,
         log: opLog,
-        onRecorded: async (tx, op) => {
-          if (!isSettled(op.status)) return;
+        onRecorded: async (tx, op, outcome) => {
+          const later = executedNothing(outcome) ? notAnAttemptDelaySeconds(outcome) : undefined;
+          if (!isSettled(op.status) && later === undefined) return;
           // Fenced to this attempt by pg-boss; `affected` is returned at runtime though not declared.
           const { affected } = (await boss.complete(CHARGE_QUEUE, { id: job.id, retryCount: job.retryCount }, null, {
             db: bossDb(tx),
           })) as { affected: number };
-          if (affected === 0) opLog.warn('job attempt was no longer ours at completion; the operation settled all the same');
+          if (affected === 0) opLog.warn('job attempt was no longer ours at completion; the operation was recorded all the same');
+          // Nothing executed, so this was no attempt: it must not spend the job's retries (40 of them
+          // would dead-letter an operation that only ever met 429s). A fresh job, in the same
+          // transaction, drives it again later.
+          else if (later !== undefined) await enqueueCharge(boss, bossDb(tx), op.id, later);
         },
       });
       const { operation: op, call, outcome } = run;
@@ -209,6 +222,10 @@ export class Dispatcher {
       if (isSettled(op.status)) {
         metrics.jobs.inc({ result: 'settled' });
         return completed;
+      }
+      if (outcome && executedNothing(outcome)) {
+        metrics.jobs.inc({ result: 'rescheduled' });
+        return completed; // done in the outcome's transaction, with a new job for later
       }
       if (outcome?.kind === 'needs_review' && !outcome.retry) {
         metrics.jobs.inc({ result: 'review' });

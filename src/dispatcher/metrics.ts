@@ -47,7 +47,8 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss }) {
     }),
     webhookMismatches: new Counter({
       name: 'outboxd_webhook_mismatches_total',
-      help: 'Stripe events whose PaymentIntent does not match the operation it names (each flags it for review)',
+      help: 'Stripe events whose PaymentIntent does not match the unsettled operation it names (result=mismatch: flagged for review) or contradicts a settled one (result=contradiction)',
+      labelNames: ['result'],
       registers: r,
     }),
     jobs: new Counter({ name: 'outboxd_jobs_total', help: 'Charge jobs handled, by result', labelNames: ['result'], registers: r }),

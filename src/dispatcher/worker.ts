@@ -59,7 +59,7 @@ export async function runWorker(config: Config, baseLog: Logger): Promise<void> 
       },
     ],
     ...adminRoutes({ pool, boss, gateway: gateway.gateway, log, config, workerId }),
-    ...webhookRoutes({ pool, gateway: gateway.gateway, log, secret: config.webhookSecret, onMismatch: () => metrics.webhookMismatches.inc() }),
+    ...webhookRoutes({ pool, gateway: gateway.gateway, log, secret: config.webhookSecret, onMismatch: (result) => metrics.webhookMismatches.inc({ result }) }),
   ]);
   log.info({ httpPort: http.port, concurrency: config.worker.concurrency, embeddedDatabase: db.embedded }, 'worker ready');
 

@@ -29,7 +29,7 @@ export interface ExecuteOptions {
   /** false: only settle through retrieve or search, never create (the reconcile sweep: read-only). */
   allowCreate?: boolean;
   /** Runs inside the transaction that records the outcome (the dispatcher completes its job there). */
-  onRecorded?: (tx: PoolClient, op: Operation) => Promise<void>;
+  onRecorded?: (tx: PoolClient, op: Operation, outcome: Outcome) => Promise<void>;
 }
 
 export interface Execution {
@@ -77,7 +77,7 @@ export async function executeCharge(
   // 5. Record the outcome, fenced, in one short transaction with whatever the caller commits beside it.
   const operation = await inTransaction(db, async (tx) => {
     const recorded = await recordOutcome(tx, op, fence, outcome, call === 'create' ? attempt : undefined);
-    await opts.onRecorded?.(tx, recorded);
+    await opts.onRecorded?.(tx, recorded, outcome);
     return recorded;
   });
   return { from: op.status, operation, call, outcome };

@@ -151,7 +151,9 @@ export async function recordOutcome(
   const status = nextStatus(op.status, outcome);
   const externalId = 'externalId' in outcome ? outcome.externalId : null;
   const error = 'reason' in outcome ? outcome.reason : null;
-  const review = outcome.kind === 'needs_review' ? outcome.reason : null;
+  // A reason that only says "try again later" (search not caught up) does not replace one a person needs
+  // (a key misuse, a mismatched charge): their runbook actions differ.
+  const review = outcome.kind === 'needs_review' && !(outcome.retry && op.review_reason) ? outcome.reason : null;
   const undo = createAttempt !== undefined && executedNothing(outcome);
   const { rows } = await db.query(
     sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review, undo,

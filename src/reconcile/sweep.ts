@@ -89,7 +89,7 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
  * can start driving it between the check for a live job and the flag. */
 async function flagUndriven(pool: Pool, boss: PgBoss, opts: SweepOptions): Promise<string[]> {
   const idle = opts.undrivenAfterSeconds ?? UNDRIVEN_AFTER_SECONDS;
-  const { rows } = await pool.query(sql.undrivenCandidates(idle, opts.limit ?? 500));
+  const { rows } = await pool.query(sql.undrivenCandidates(idle, opts.limit ?? 500, [CHARGE_QUEUE, CHARGE_DEAD_QUEUE]));
   const flagged: string[] = [];
   for (const { id } of rows as { id: string }[]) {
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, 0);

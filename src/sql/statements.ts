@@ -253,21 +253,25 @@ export const reconcileCandidates = statement<[keyWindowSeconds: number, limit: n
    where ${UNSETTLED}
      and (external_id is not null
           or first_attempted_at < now() - make_interval(secs => $1)
-          or (status = 'unknown' and review_reason is not null and first_attempted_at is not null))
+          or (review_reason is not null and first_attempted_at is not null))
      and (lease_expires_at is null or lease_expires_at < now())
    order by updated_at
    limit $2`,
 );
 
-/** Unsettled, unflagged operations untouched for a while with no lease and nothing in the outbox: the
- * sweep checks each for a live job, and flags one that nothing drives. */
-export const undrivenCandidates = statement<[idleSeconds: number, limit: number]>(
+/** Unsettled, unflagged operations untouched for a while with no lease, nothing in the outbox and no
+ * live job (one anti-join over pg-boss's job table, so a large backlog of queued jobs costs one scan):
+ * the sweep claims each, checks again for a live job, and flags one that nothing drives. */
+export const undrivenCandidates = statement<[idleSeconds: number, limit: number, queues: string[]]>(
   'outboxd_undriven_candidates',
   `select id from payment_operations op
    where ${UNSETTLED} and review_reason is null
      and (lease_expires_at is null or lease_expires_at < now())
      and updated_at < now() - make_interval(secs => $1)
      and not exists (select 1 from charge_outbox o where o.operation_id = op.id)
+     and not exists (
+       select 1 from pgboss.job j
+       where j.name = any($3::text[]) and j.state in ('created', 'retry', 'active') and j.data->>'operationId' = op.id::text)
    order by updated_at
    limit $2`,
 );

@@ -10,18 +10,28 @@
 import type Stripe from 'stripe';
 import { inTransaction, type Pool, type PoolClient } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { FAILED_CHARGE_STATUSES, type Charge, type PaymentGateway } from '../payments/gateway.ts';
-import { flagFromOutside, isOperationId, settleFromOutside, type Operation } from '../payments/operation.ts';
+import { FAILED_CHARGE_STATUSES, Rejected, type Charge, type PaymentGateway } from '../payments/gateway.ts';
+import { flagFromOutside, isOperationId, isSettled, settleFromOutside, type Operation } from '../payments/operation.ts';
 import * as sql from '../sql/statements.ts';
 
-export type InboxResult = 'settled' | 'already_settled' | 'not_final' | 'ignored' | 'no_operation' | 'mismatch' | 'duplicate';
+export type InboxResult =
+  | 'settled'
+  | 'already_settled'
+  | 'not_final'
+  | 'ignored'
+  | 'no_operation'
+  /** The PaymentIntent does not match the unsettled operation it names: flagged for review. */
+  | 'mismatch'
+  /** Stripe contradicts a settled operation (charged although failed, another charge): for a person. */
+  | 'contradiction'
+  | 'duplicate';
 
 export interface InboxDeps {
   pool: Pool;
   gateway: PaymentGateway;
   log: Logger;
-  /** Counts events whose PaymentIntent does not match the operation it names. */
-  onMismatch?: () => void;
+  /** Counts events whose PaymentIntent does not match, or contradicts, the operation it names. */
+  onMismatch?: (result: 'mismatch' | 'contradiction') => void;
 }
 
 class Duplicate extends Error {}
@@ -32,19 +42,23 @@ export async function receiveStripeEvent(deps: InboxDeps, event: Stripe.Event): 
   const piId = typeof hinted === 'string' && /^pi_\w+$/.test(hinted) ? hinted : undefined;
   if ((await pool.query(sql.webhookEventSeen(event.id))).rows[0]) return 'duplicate';
 
-  // The evidence, fetched before any transaction opens (invariant 3). A failure here answers 5xx and
-  // Stripe delivers the event again later.
-  const charge = piId ? await deps.gateway.retrieveCharge(piId) : undefined;
+  // The evidence, fetched before any transaction opens (invariant 3). A PaymentIntent Stripe refuses to
+  // show (another account's, say) is no evidence of anything; any other failure answers 5xx and Stripe
+  // delivers the event again later.
+  const charge = piId ? await deps.gateway.retrieveCharge(piId).catch(unlessRejected) : undefined;
   const opId = charge?.operationId && isOperationId(charge.operationId) ? charge.operationId : null;
   try {
     return await inTransaction(pool, async (tx) => {
-      const result = charge ? await act(tx, charge, opId, event.type) : 'ignored';
+      const result = charge ? await act(tx, charge, opId, event.type) : piId ? 'no_operation' : 'ignored';
       const { rows } = await tx.query(sql.insertWebhookEvent(event.id, event.type, opId, result, JSON.stringify(trimmed(event, charge))));
       if (!rows[0]) throw new Duplicate(); // recorded by a concurrent delivery: undo whatever this one did
       log.info({ eventId: event.id, type: event.type, operationId: opId, paymentIntent: piId, status: charge?.status, result }, 'stripe event received');
-      if (result === 'mismatch') {
-        deps.onMismatch?.();
-        log.error({ eventId: event.id, operationId: opId, paymentIntent: piId }, 'stripe event names a payment intent that does not match its operation: flagged for review');
+      if (result === 'mismatch' || result === 'contradiction') {
+        deps.onMismatch?.(result);
+        log.error({ eventId: event.id, operationId: opId, paymentIntent: piId, status: charge?.status, result },
+          result === 'mismatch'
+            ? 'stripe event names a payment intent that does not match its operation: flagged for review'
+            : 'stripe contradicts a settled operation: see the drift report');
       }
       return result;
     });
@@ -65,6 +79,11 @@ async function act(tx: PoolClient, charge: Charge, opId: string | null, type: st
   const op: Operation | undefined = rows[0];
   if (!op) return 'no_operation';
   const mismatch = mismatchOf(op, charge);
+  if (isSettled(op.status)) {
+    // Never overwritten; but a charge the operation does not account for must reach a person.
+    const contradicts = mismatch !== null || (op.status === 'failed' && charge.status === 'succeeded');
+    return contradicts ? 'contradiction' : 'already_settled';
+  }
   if (mismatch) {
     await flagFromOutside(tx, op.id, `webhook ${type}: ${mismatch}`);
     return 'mismatch';
@@ -82,6 +101,11 @@ function mismatchOf(op: Operation, charge: Charge): string | null {
   }
   if (op.external_id && op.external_id !== charge.id) return `${charge.id} is not the operation's charge ${op.external_id}`;
   return null;
+}
+
+function unlessRejected(err: unknown): undefined {
+  if (err instanceof Rejected) return undefined;
+  throw err;
 }
 
 /** What is kept of an event: ids, type, times, and the PaymentIntent's id and retrieved status. */
