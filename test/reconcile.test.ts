@@ -293,7 +293,7 @@ describe('the sweep drives what no job drives (issue 10)', () => {
       [op, reason],
     );
     await sweep();
-    expect(await operation(t, op)).toMatchObject({ status: 'pending', review_reason: reason });
+    expect(await operation(t, op)).toMatchObject({ status: 'unknown', review_reason: reason });
     expect(e.emulator.requests().map((r) => r.endpoint)).toEqual(['search']);
   });
 
