@@ -5,6 +5,9 @@ import { z } from 'zod';
 const optionalString = z.string().trim().min(1).optional().catch(undefined);
 const intInRange = (min: number, max: number, fallback: number) =>
   z.coerce.number().int().min(min).max(max).default(fallback);
+const port = z.coerce.number().int().min(0).max(65_535);
+/** A bind address: an IP (0.0.0.0 and :: mean every interface) or a host name. */
+const bindAddress = z.union([z.ipv4(), z.ipv6(), z.hostname()], { error: 'an IP address or a host name' });
 
 export const envSchema = z.object({
   DATABASE_URL: optionalString,
@@ -19,6 +22,11 @@ export const envSchema = z.object({
   LEASE_TTL_MS: intInRange(1_000, 600_000, 30_000),
   SHUTDOWN_GRACE_MS: intInRange(0, 600_000, 25_000),
   HTTP_PORT: intInRange(0, 65_535, 8080),
+  HTTP_HOST: bindAddress.default('0.0.0.0'),
+  /** Set: the admin API gets a listener of its own, and the main listener serves no admin route. */
+  ADMIN_HTTP_PORT: port.optional(),
+  /** The admin listener's address: loopback unless told, as it is meant for operators, not the world. */
+  ADMIN_HTTP_HOST: bindAddress.optional(),
   /** cron of the reconcile sweep every worker schedules (pg-boss runs one at a time). */
   RECONCILE_CRON: z.string().min(9).default('*/5 * * * *'),
   /** Admin HTTP API bearer token; unset: the admin routes are off. */
@@ -41,8 +49,9 @@ export interface Config {
   databaseUrl: string | undefined;
   dataDir: string;
   stripe: { secretKey: string | undefined; apiBase: string | undefined; timeoutMs: number };
-  worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number; reconcileCron: string };
-  admin: { token: string | undefined; tokenName: string };
+  worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number; httpHost: string; reconcileCron: string };
+  /** httpPort unset: the admin routes are served on the main listener (worker.httpPort). */
+  admin: { token: string | undefined; tokenName: string; httpPort: number | undefined; httpHost: string };
   webhookSecret: string | undefined;
   webhookRetentionDays: number;
   searchFreshnessSeconds: number;
@@ -54,7 +63,8 @@ export class ConfigError extends Error {
 }
 
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
-  const parsed = envSchema.safeParse(env);
+  // An empty value means unset, as env files write it (`ADMIN_TOKEN=` in deploy/.env.example).
+  const parsed = envSchema.safeParse(Object.fromEntries(Object.entries(env).filter(([, v]) => v?.trim())));
   if (!parsed.success) {
     const problems = parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
     throw new ConfigError(`invalid environment: ${problems}`);
@@ -66,6 +76,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
         'a lease that ends before the call it covers lets a second replica call Stripe concurrently',
     );
   }
+  if (e.ADMIN_HTTP_PORT === undefined && e.ADMIN_HTTP_HOST !== undefined) {
+    throw new ConfigError('ADMIN_HTTP_HOST is set but ADMIN_HTTP_PORT is not: the admin API has no listener of its own to bind');
+  }
+  if (e.ADMIN_HTTP_PORT !== undefined && e.ADMIN_HTTP_PORT !== 0 && e.ADMIN_HTTP_PORT === e.HTTP_PORT) {
+    throw new ConfigError(`ADMIN_HTTP_PORT and HTTP_PORT are both ${e.HTTP_PORT}: the admin listener needs a port of its own`);
+  }
   return {
     databaseUrl: e.DATABASE_URL,
     dataDir: e.OUTBOXD_DATA_DIR,
@@ -75,9 +91,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       leaseTtlMs: e.LEASE_TTL_MS,
       shutdownGraceMs: e.SHUTDOWN_GRACE_MS,
       httpPort: e.HTTP_PORT,
+      httpHost: e.HTTP_HOST,
       reconcileCron: e.RECONCILE_CRON,
     },
-    admin: { token: e.ADMIN_TOKEN, tokenName: e.ADMIN_TOKEN_NAME },
+    admin: { token: e.ADMIN_TOKEN, tokenName: e.ADMIN_TOKEN_NAME, httpPort: e.ADMIN_HTTP_PORT, httpHost: e.ADMIN_HTTP_HOST ?? '127.0.0.1' },
     webhookSecret: e.STRIPE_WEBHOOK_SECRET,
     webhookRetentionDays: e.WEBHOOK_RETENTION_DAYS,
     searchFreshnessSeconds: e.SEARCH_FRESHNESS_SECONDS,

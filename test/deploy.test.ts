@@ -3,15 +3,19 @@
 // serves and reads.
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
+import { parseEnv } from 'node:util';
 import { Namespace, ConfigMap, Service } from 'kubernetes-models/v1';
 import { Deployment } from 'kubernetes-models/apps/v1';
 import { Job } from 'kubernetes-models/batch/v1';
 import { PodDisruptionBudget } from 'kubernetes-models/policy/v1';
 import { HorizontalPodAutoscaler } from 'kubernetes-models/autoscaling/v2';
+import { Ingress } from 'kubernetes-models/networking.k8s.io/v1';
 import { parseAllDocuments } from 'yaml';
 import { describe, expect, it } from 'vitest';
 import { envSchema, loadConfig } from '../src/config.ts';
 import { PROBES } from '../src/dispatcher/worker.ts';
+import { webhookRoutes } from '../src/http/webhooks.ts';
+import { createLogger } from '../src/log.ts';
 import { DEPLOYED_NODE_OPTIONS } from '../scripts/lib/world.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
@@ -66,7 +70,10 @@ describe('deploy manifests', () => {
   it('probes, port and metrics annotations are the ones the worker serves', () => {
     const configMap = byKind('ConfigMap')[0]!.data;
     const port = Number(configMap.HTTP_PORT ?? DEFAULT_PORT);
-    expect(worker.ports).toEqual([{ name: 'http', containerPort: port }]);
+    expect(worker.ports).toEqual([
+      { name: 'http', containerPort: port },
+      { name: 'admin', containerPort: Number(configMap.ADMIN_HTTP_PORT) },
+    ]);
     expect(worker.readinessProbe.httpGet.path).toBe(PROBES.readiness);
     expect(worker.livenessProbe.httpGet.path).toBe(PROBES.liveness);
     const annotations = deployment.spec.template.metadata.annotations;
@@ -74,6 +81,40 @@ describe('deploy manifests', () => {
     expect(Number(annotations['prometheus.io/port'])).toBe(port);
     expect(read('deploy/Dockerfile')).toContain(PROBES.liveness);
     expect(byKind('Service')[0]!.spec.type).toBe('ClusterIP');
+  });
+
+  it('the admin API listens apart, and the ingress routes only POST /webhooks/stripe to the worker port', () => {
+    const config = loadConfig({ ...byKind('ConfigMap')[0]!.data, ADMIN_TOKEN: 'x'.repeat(32) });
+    const ports = Object.fromEntries(worker.ports.map((p: { name: string; containerPort: number }) => [p.name, p.containerPort]));
+    expect(ports).toEqual({ http: config.worker.httpPort, admin: config.admin.httpPort });
+    // Bound on every interface, or the outboxd-admin Service could not reach it.
+    expect(config.admin.httpHost).toBe('0.0.0.0');
+    const service = (name: string) => byKind('Service').find((d) => d.metadata.name === name)!.spec;
+    expect(service('outboxd-worker').ports.map((p: { targetPort: string }) => p.targetPort)).toEqual(['http']);
+    expect(service('outboxd-admin').ports.map((p: { targetPort: string }) => p.targetPort)).toEqual(['admin']);
+    expect(service('outboxd-admin').type).toBe('ClusterIP');
+
+    const overlay = docs('deploy/k8s/overlays/example/kustomization.yaml')[0]!;
+    expect(overlay.resources).toContain('ingress.yaml');
+    const ingress = docs('deploy/k8s/overlays/example/ingress.yaml')[0]!;
+    expect(() => new Ingress(ingress as never).validate()).not.toThrow();
+    const routes = webhookRoutes({ pool: undefined as never, gateway: undefined as never, log: createLogger('silent'), secret: 'whsec_x' });
+    expect(routes.map(([method, p]) => `${method} ${p}`)).toEqual(['POST /webhooks/stripe']);
+    const webhookPath = routes[0]![1];
+    const paths = ingress.spec.rules.flatMap((r: Doc) => r.http.paths);
+    expect(paths).toEqual([{ path: webhookPath, pathType: 'Exact', backend: { service: { name: 'outboxd-worker', port: { name: 'http' } } } }]);
+  });
+
+  it('deploy/.env.example loads as copied: an empty value is unset', () => {
+    const example = parseEnv(read('deploy/.env.example'));
+    expect(Object.values(example)).toContain('');
+    const config = loadConfig(example);
+    expect(config.stripe).toMatchObject({ secretKey: undefined, apiBase: undefined });
+    expect(config.admin.token).toBeUndefined();
+    expect(config.webhookSecret).toBeUndefined();
+    expect(config.worker.httpHost).toBe('0.0.0.0');
+    // compose's worker exposes the two ports the example configures.
+    expect(compose.services.worker.expose).toEqual([String(config.worker.httpPort), String(config.admin.httpPort)]);
   });
 
   it('gives a drain more time than SHUTDOWN_GRACE_MS, and runs non-root on a read-only root', () => {

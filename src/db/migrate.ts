@@ -8,7 +8,7 @@ const MIGRATIONS = fileURLToPath(new URL('../../drizzle', import.meta.url));
 const MIGRATION_LOCK = 7_411_001;
 
 /** Whether drizzle's journal lists migrations this database has not applied yet. */
-async function drizzlePending(client: PoolClient): Promise<boolean> {
+export async function drizzlePending(client: Pick<PoolClient, 'query'>): Promise<boolean> {
   const journal = JSON.parse(await readFile(`${MIGRATIONS}/meta/_journal.json`, 'utf8')) as { entries: unknown[] };
   // Two statements: PostgreSQL resolves a table name when it parses, even in a branch never taken.
   const { rows: exists } = await client.query(`select to_regclass('drizzle.__drizzle_migrations') is not null as ok`);

@@ -167,7 +167,7 @@ export class Dispatcher {
   private async handle(job: Job<ChargeJob>): Promise<Disposition> {
     const { pool, gateway, boss, metrics } = this.deps;
     const operationId = job.data?.operationId;
-    const log = this.log.child({ jobId: job.id, operationId, attempt: job.retryCount });
+    const log = this.log.child({ jobId: job.id, operationId, jobRetry: job.retryCount });
     if (typeof operationId !== 'string') {
       log.error({ data: job.data }, 'malformed charge job');
       return { status: 'deadletter', output: { reason: 'malformed job' } };

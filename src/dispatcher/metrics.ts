@@ -10,7 +10,7 @@ export type Metrics = ReturnType<typeof createMetrics>;
 
 export function createMetrics(source: { db: Queryable; boss: PgBoss }) {
   const registry = new Registry();
-  collectDefaultMetrics({ register: registry, prefix: 'outboxd_process_' });
+  collectDefaultMetrics({ register: registry, prefix: 'outboxd_' });
   const r = [registry];
   let health: Promise<{ needs_review: number; unsettled: number; oldest_unsettled_seconds: number }> | undefined;
   // One query per scrape feeds the three gauges that come from it.

@@ -2,8 +2,9 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { Config } from '../config.ts';
+import { checkDatabase } from '../db/check.ts';
 import { adminRoutes } from '../http/admin.ts';
-import { sendJson, startHttpServer } from '../http/server.ts';
+import { sendJson, startHttpServer, type HttpServer, type Route } from '../http/server.ts';
 import { webhookRoutes } from '../http/webhooks.ts';
 import type { Logger } from '../log.ts';
 import { createBoss } from '../outbox.ts';
@@ -17,51 +18,11 @@ export const PROBES = { liveness: '/healthz', readiness: '/readyz', metrics: '/m
 export async function runWorker(config: Config, baseLog: Logger): Promise<void> {
   const workerId = `${hostname()}:${process.pid}:${randomBytes(2).toString('hex')}`;
   const log = baseLog.child({ workerId });
-  const db = await openDatabase(config, log);
-  const gateway = await openGateway(config, log);
-  // Calls hold no connection, so the pool only needs room for the short statements around them.
-  const pool = openPool(db, 'outboxd-worker', Math.min(config.worker.concurrency, 16) + 2);
-  // Every loop fetches and completes its jobs through pg-boss's own pool (plus heartbeats, supervision).
-  const boss = createBoss(db.url, 'worker', config.worker.concurrency + 3);
-  boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
-  await boss.start();
-  const metrics = createMetrics({ db: pool, boss });
-  const dispatcher = new Dispatcher(
-    { boss, pool, gateway: gateway.gateway, log, metrics },
-    {
-      workerId,
-      concurrency: config.worker.concurrency,
-      leaseTtlMs: config.worker.leaseTtlMs,
-      reconcileCron: config.worker.reconcileCron,
-      webhookRetentionDays: config.webhookRetentionDays,
-    },
+  const { db, gateway, pool, boss, dispatcher, http, adminHttp } = await openReplica(config, log, workerId);
+  log.info(
+    { httpPort: http.port, adminHttpPort: adminHttp?.port, concurrency: config.worker.concurrency, embeddedDatabase: db.embedded },
+    'worker ready',
   );
-  await dispatcher.start();
-
-  const http = await startHttpServer(config.worker.httpPort, [
-    ['GET', PROBES.liveness, ({ res }) => sendJson(res, 200, { status: 'ok', workerId })],
-    [
-      'GET',
-      PROBES.readiness,
-      async ({ res }) => {
-        const dbOk = await pool.query('select 1').then(() => true, () => false);
-        const ready = dbOk && !dispatcher.isDraining;
-        sendJson(res, ready ? 200 : 503, { ready, database: dbOk, draining: dispatcher.isDraining });
-      },
-    ],
-    [
-      'GET',
-      PROBES.metrics,
-      async ({ res }) => {
-        const text = await metrics.registry.metrics();
-        res.writeHead(200, { 'Content-Type': metrics.registry.contentType });
-        res.end(text);
-      },
-    ],
-    ...adminRoutes({ pool, boss, gateway: gateway.gateway, log, config, workerId }),
-    ...webhookRoutes({ pool, gateway: gateway.gateway, log, secret: config.webhookSecret, onMismatch: (result) => metrics.webhookMismatches.inc({ result }) }),
-  ]);
-  log.info({ httpPort: http.port, concurrency: config.worker.concurrency, embeddedDatabase: db.embedded }, 'worker ready');
 
   const signal = await new Promise<NodeJS.Signals>((resolve) => {
     process.once('SIGTERM', () => resolve('SIGTERM'));
@@ -73,8 +34,105 @@ export async function runWorker(config: Config, baseLog: Logger): Promise<void> 
   const { finished } = await dispatcher.drain(config.worker.shutdownGraceMs);
   await boss.stop({ graceful: true, timeout: 2_000 });
   await http.close();
+  await adminHttp?.close();
   await pool.end();
   await gateway.close();
   await db.close();
   log.info({ finished }, 'worker stopped');
+}
+
+/**
+ * Everything a replica needs, in an order that fails early: the database answers and is migrated, the
+ * listeners are bound, and only then does the dispatcher claim jobs (a replica without probes must not
+ * dispatch). A failure closes what was opened, so the process exits at once, and says in one sentence
+ * what is wrong.
+ */
+async function openReplica(config: Config, log: Logger, workerId: string) {
+  const opened: (() => Promise<unknown>)[] = [];
+  try {
+    const db = await openDatabase(config, log);
+    opened.push(() => db.close());
+    await checkDatabase(db.url);
+    const gateway = await openGateway(config, log);
+    opened.push(() => gateway.close());
+    // Calls hold no connection, so the pool only needs room for the short statements around them.
+    const pool = openPool(db, 'outboxd-worker', Math.min(config.worker.concurrency, 16) + 2);
+    opened.push(() => pool.end());
+    // Every loop fetches and completes its jobs through pg-boss's own pool (plus heartbeats, supervision).
+    const boss = createBoss(db.url, 'worker', config.worker.concurrency + 3);
+    boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
+    const metrics = createMetrics({ db: pool, boss });
+    const dispatcher = new Dispatcher(
+      { boss, pool, gateway: gateway.gateway, log, metrics },
+      {
+        workerId,
+        concurrency: config.worker.concurrency,
+        leaseTtlMs: config.worker.leaseTtlMs,
+        reconcileCron: config.worker.reconcileCron,
+        webhookRetentionDays: config.webhookRetentionDays,
+      },
+    );
+    let dispatching = false;
+
+    const admin = adminRoutes({ pool, boss, gateway: gateway.gateway, log, config, workerId });
+    // ADMIN_HTTP_PORT moves the admin API off the listener that Stripe (and so anyone) can reach.
+    const ownAdminListener = config.admin.httpPort !== undefined;
+    const http = await listen('HTTP', config.worker.httpPort, config.worker.httpHost, log, [
+      ['GET', PROBES.liveness, ({ res }) => sendJson(res, 200, { status: 'ok', workerId })],
+      [
+        'GET',
+        PROBES.readiness,
+        async ({ res }) => {
+          const dbOk = await pool.query('select 1').then(() => true, () => false);
+          const ready = dispatching && dbOk && !dispatcher.isDraining;
+          sendJson(res, ready ? 200 : 503, { ready, database: dbOk, dispatching, draining: dispatcher.isDraining });
+        },
+      ],
+      [
+        'GET',
+        PROBES.metrics,
+        async ({ res }) => {
+          const text = await metrics.registry.metrics();
+          res.writeHead(200, { 'Content-Type': metrics.registry.contentType });
+          res.end(text);
+        },
+      ],
+      ...(ownAdminListener ? [] : admin),
+      ...webhookRoutes({ pool, gateway: gateway.gateway, log, secret: config.webhookSecret, onMismatch: (result) => metrics.webhookMismatches.inc({ result }) }),
+    ]);
+    opened.push(() => http.close());
+    const adminHttp =
+      ownAdminListener && admin.length > 0
+        ? await listen('ADMIN_HTTP', config.admin.httpPort!, config.admin.httpHost, log, admin)
+        : undefined;
+    if (adminHttp) opened.push(() => adminHttp.close());
+
+    // Registered first: a start that fails halfway leaves pg-boss timers that only stop() clears.
+    opened.push(() => boss.stop({ graceful: false }));
+    await boss.start();
+    await dispatcher.start();
+    dispatching = true;
+    return { db, gateway, pool, boss, dispatcher, http, adminHttp };
+  } catch (err) {
+    for (const close of opened.reverse()) await close().catch(() => {});
+    throw err;
+  }
+}
+
+const LISTEN_FAILURES: Record<string, string> = {
+  EADDRINUSE: 'the port is in use by another process',
+  EACCES: 'permission denied (a port below 1024 needs privileges)',
+  EADDRNOTAVAIL: 'the address is not one of this machine',
+  ENOTFOUND: 'the host name does not resolve',
+};
+
+/** Binds one listener; a failure names the two variables that chose where. */
+async function listen(name: 'HTTP' | 'ADMIN_HTTP', port: number, host: string, log: Logger, routes: Route[]): Promise<HttpServer> {
+  try {
+    return await startHttpServer(port, routes, host, log);
+  } catch (err) {
+    const e = err as NodeJS.ErrnoException;
+    const why = LISTEN_FAILURES[e.code ?? ''] ?? e.message;
+    throw new Error(`cannot listen on ${host}:${port} (${name}_HOST, ${name}_PORT): ${why}`, { cause: err });
+  }
 }

@@ -84,6 +84,8 @@ export function adminRoutes(deps: AdminDeps): Route[] {
         if (err instanceof ValidationError) throw new HttpError(422, 'invalid_input', err.message);
         if (err instanceof OperationNotFoundError) throw new HttpError(404, 'not_found', err.message);
         if (err instanceof ResolutionRefused) throw new HttpError(422, 'refused', err.message);
+        // Behind the token, an operator is shown what failed (elsewhere a 500 says nothing of its cause).
+        if (!(err instanceof HttpError)) throw new HttpError(500, 'internal', (err as Error).message, { cause: err });
         throw err;
       }
     };

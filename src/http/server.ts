@@ -1,5 +1,9 @@
 // One HTTP listener per replica: probes, metrics, the admin API and the Stripe webhook inbox.
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+// The webhook path faces the internet, so no request, however malformed, may stop the process: every
+// failure ends as a 4xx/5xx answer or a closed socket, never as an exception outside a handler.
+import { createServer, STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
+import type { Logger } from '../log.ts';
 
 export interface Request {
   req: IncomingMessage;
@@ -21,8 +25,8 @@ export interface HttpServer {
 export class HttpError extends Error {
   readonly status: number;
   readonly code: string;
-  constructor(status: number, code: string, message: string) {
-    super(message);
+  constructor(status: number, code: string, message: string, options?: ErrorOptions) {
+    super(message, options);
     this.status = status;
     this.code = code;
   }
@@ -35,45 +39,122 @@ export function sendJson(res: ServerResponse, status: number, body: unknown): vo
 }
 
 export async function readBody(req: IncomingMessage, limitBytes = 1 << 20): Promise<Buffer> {
+  const tooLarge = () => new HttpError(413, 'too_large', `body over ${limitBytes} bytes`);
+  // Refused before a byte is read when the client announces it; counted as it arrives otherwise (chunked).
+  if (Number(req.headers['content-length']) > limitBytes) throw tooLarge();
   const chunks: Buffer[] = [];
   let size = 0;
-  for await (const chunk of req) {
+  // Leaving the loop early must not destroy the request, or its socket goes before the 413 is sent.
+  for await (const chunk of req.iterator({ destroyOnReturn: false })) {
     size += (chunk as Buffer).length;
-    if (size > limitBytes) throw new HttpError(413, 'too_large', `body over ${limitBytes} bytes`);
+    if (size > limitBytes) throw tooLarge();
     chunks.push(chunk as Buffer);
   }
   return Buffer.concat(chunks);
 }
 
-function match(routes: Route[], method: string, path: string): { handler: Handler; params: string[] } | undefined {
+/**
+ * The request target as a URL on a fixed origin. Only origin-form (`/path?query`) is served; anything
+ * else (`*`, absolute-form, garbage) is refused. Prefixing the fixed origin keeps a target like `//x`
+ * a path instead of a host, where `new URL(target, base)` would throw.
+ */
+function targetUrl(target: string | undefined): URL {
+  const url = target?.startsWith('/') ? URL.parse(`http://outboxd${target}`) : null;
+  if (!url) throw new HttpError(400, 'bad_request', 'the request target must be a path');
+  return url;
+}
+
+function decodeParam(s: string | undefined): string {
+  try {
+    return decodeURIComponent(s ?? '');
+  } catch {
+    throw new HttpError(400, 'bad_request', 'malformed percent-escape in the path');
+  }
+}
+
+function match(routes: Route[], method: string, path: string): { handler: Handler; params: string[] } {
   for (const [m, p, handler] of routes) {
     if (m !== method) continue;
     if (typeof p === 'string' && p === path) return { handler, params: [] };
     if (p instanceof RegExp) {
       const found = p.exec(path);
-      if (found) return { handler, params: found.slice(1).map((s) => decodeURIComponent(s ?? '')) };
+      if (found) return { handler, params: found.slice(1).map(decodeParam) };
     }
   }
-  return undefined;
+  throw new HttpError(404, 'not_found', `no route ${method} ${path}`);
 }
 
-export async function startHttpServer(port: number, routes: Route[], host = '0.0.0.0'): Promise<HttpServer> {
-  const server: Server = createServer(async (req, res) => {
-    const url = new URL(req.url ?? '/', 'http://outboxd');
-    const found = match(routes, req.method ?? 'GET', url.pathname);
+/**
+ * Answers a failed request. A 5xx is logged and says nothing of its cause: the error's text may name
+ * tables, hosts or Stripe objects (a route that wants its text shown throws an HttpError carrying it).
+ */
+function answerError(req: IncomingMessage, res: ServerResponse, err: unknown, log: Logger | undefined): void {
+  // The client went away (mid-body, say): nobody to answer, and nothing went wrong here.
+  if (req.socket?.destroyed !== false) {
+    log?.debug({ err, method: req.method }, 'HTTP client went away');
+    res.destroy();
+    return;
+  }
+  const status = err instanceof HttpError ? err.status : 500;
+  if (status >= 500) log?.error({ err, method: req.method, path: req.url }, 'HTTP handler failed');
+  // An answer already under way is cut off, so the client sees a broken response, not one that never ends.
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  // The rest of an oversized body is not worth reading: close rather than keep the connection.
+  if (status === 413) res.setHeader('Connection', 'close');
+  if (err instanceof HttpError) return sendJson(res, status, { error: err.code, message: err.message });
+  sendJson(res, 500, { error: 'internal', message: 'internal error' });
+}
+
+/** What Node answers itself to a request it cannot parse, by its parser's error code. */
+const CLIENT_ERROR_STATUS: Record<string, number> = {
+  HPE_HEADER_OVERFLOW: 431,
+  HPE_CHUNK_EXTENSIONS_OVERFLOW: 413,
+  ERR_HTTP_REQUEST_TIMEOUT: 408,
+};
+
+export async function startHttpServer(port: number, routes: Route[], host = '0.0.0.0', log?: Logger): Promise<HttpServer> {
+  const serve = async (req: IncomingMessage, res: ServerResponse) => {
     try {
-      if (!found) return sendJson(res, 404, { error: 'not_found', message: `no route ${req.method} ${url.pathname}` });
+      const url = targetUrl(req.url);
+      const found = match(routes, req.method ?? '', url.pathname);
       await found.handler({ req, res, url, params: found.params });
     } catch (err) {
-      if (res.headersSent) return;
-      if (err instanceof HttpError) return sendJson(res, err.status, { error: err.code, message: err.message });
-      sendJson(res, 500, { error: 'internal', message: (err as Error).message });
+      answerError(req, res, err, log);
     }
+  };
+  const server: Server = createServer((req, res) => {
+    // Writing to a response whose socket is gone emits 'error' on it; unheard, that would end the process.
+    res.on('error', (err) => log?.debug({ err }, 'HTTP response not delivered'));
+    // Last resort: a rejection here would be unhandled, and an unhandled rejection ends the process.
+    serve(req, res).catch((err) => {
+      log?.error({ err }, 'HTTP request failed while answering');
+      res.destroy();
+    });
+  });
+  // Bad request lines, unknown methods, oversized headers, a client resetting: answered as Node's default
+  // handler would (400, 431, …, then close), logged, and never written onto a socket that already carried
+  // a response (where it would corrupt what the client reads).
+  server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
+    log?.debug({ code: err.code, reason: err.message }, 'unparseable HTTP request refused');
+    if (socket.writable && socket.bytesWritten === 0) {
+      const status = CLIENT_ERROR_STATUS[err.code ?? ''] ?? 400;
+      socket.write(`HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`);
+    }
+    socket.destroy();
   });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
-    server.listen(port, host, resolve);
+    server.listen(port, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
   });
+  // After listening, an accept failure (EMFILE under a connection flood) is an 'error' event: unheard it
+  // would end the process; heard, the server keeps accepting once descriptors are free again.
+  server.on('error', (err) => log?.error({ err }, 'HTTP listener error'));
   return {
     port: (server.address() as { port: number }).port,
     close: () =>

@@ -1,0 +1,34 @@
+// The environment as operators write it: env files leave optional values empty, and listeners are
+// placed by port and address.
+import { describe, expect, it } from 'vitest';
+import { ConfigError, envSchema, loadConfig } from '../src/config.ts';
+
+describe('loadConfig', () => {
+  it('an empty or blank value of any variable means unset', () => {
+    const defaults = loadConfig({});
+    for (const key of Object.keys(envSchema.shape)) {
+      expect(loadConfig({ [key]: '' }), key).toEqual(defaults);
+      expect(loadConfig({ [key]: '  ' }), key).toEqual(defaults);
+    }
+  });
+
+  it('places the admin API on its own listener only when ADMIN_HTTP_PORT is set', () => {
+    expect(loadConfig({}).admin).toMatchObject({ httpPort: undefined });
+    expect(loadConfig({}).worker.httpHost).toBe('0.0.0.0');
+    expect(loadConfig({ ADMIN_HTTP_PORT: '8081' }).admin).toMatchObject({ httpPort: 8081, httpHost: '127.0.0.1' });
+    expect(loadConfig({ ADMIN_HTTP_PORT: '8081', ADMIN_HTTP_HOST: '0.0.0.0', HTTP_HOST: '::' })).toMatchObject({
+      admin: { httpPort: 8081, httpHost: '0.0.0.0' },
+      worker: { httpHost: '::' },
+    });
+  });
+
+  it('refuses listener settings that cannot be meant, naming the variable', () => {
+    expect(() => loadConfig({ ADMIN_HTTP_HOST: '0.0.0.0' })).toThrow(/ADMIN_HTTP_HOST is set but ADMIN_HTTP_PORT is not/);
+    expect(() => loadConfig({ ADMIN_HTTP_PORT: '8080' })).toThrow(/ADMIN_HTTP_PORT and HTTP_PORT are both 8080/);
+    expect(() => loadConfig({ ADMIN_HTTP_PORT: '70000' })).toThrow(/ADMIN_HTTP_PORT/);
+    expect(() => loadConfig({ HTTP_HOST: 'not an address' })).toThrow(ConfigError);
+    expect(() => loadConfig({ HTTP_HOST: 'not an address' })).toThrow(/HTTP_HOST/);
+    // Two listeners on "any free port" (tests) do not collide.
+    expect(loadConfig({ HTTP_PORT: '0', ADMIN_HTTP_PORT: '0' }).admin.httpPort).toBe(0);
+  });
+});
