@@ -18,3 +18,14 @@ export function printOperations(rows: Operation[], json: boolean): void {
   console.log(line(Object.fromEntries(cols.map((c) => [c, c]))));
   for (const r of table) console.log(line(r));
 }
+
+/** Sorted line numbers, runs folded: [1, 2, 3, 7, 9, 10] → "1-3, 7, 9-10". */
+export function ranges(numbers: number[]): string {
+  const parts: string[] = [];
+  for (let i = 0; i < numbers.length; i++) {
+    const start = numbers[i]!;
+    while (numbers[i + 1] === numbers[i]! + 1) i++;
+    parts.push(start === numbers[i] ? String(start) : `${start}-${numbers[i]}`);
+  }
+  return parts.join(', ');
+}
