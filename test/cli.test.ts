@@ -1,13 +1,14 @@
 // The CLI as an operator runs it: a real process, stdout for results, stderr for errors, exit codes.
 import { spawn } from 'node:child_process';
-import { mkdtemp, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../scripts/lib/replica.ts';
+import { recordAudit } from '../src/admin/audit.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
-import { counts } from './support/fixtures.ts';
+import { confirm, counts } from './support/fixtures.ts';
 
 const BIN = fileURLToPath(new URL('../bin/outboxd.js', import.meta.url));
 let t: TestDb;
@@ -137,6 +138,12 @@ describe('usage errors: said on stderr, exit 2, in flags', () => {
     const pm = await outboxd('order', 'confirm', '--order-id', 'u-2', '--amount', '5', '--currency', 'eur', '--customer', 'c', '--payment-method', 'x'.repeat(300));
     expect(pm.stderr).toMatch(/^outboxd: --payment-method: payment method must be at most 255 characters/);
   });
+
+  it('--version prints the package version', async () => {
+    const pkg = JSON.parse(await readFile(new URL('../package.json', import.meta.url), 'utf8'));
+    const res = await outboxd('--version');
+    expect(res).toEqual({ code: 0, stdout: `${pkg.version}\n`, stderr: '' });
+  });
 });
 
 describe('order confirm --from-file while the database fails', () => {
@@ -207,5 +214,66 @@ describe('order confirm --from-file while the database fails', () => {
     expect(summary.unconfirmed.map((u: { line: number }) => u.line)).toEqual(Array.from({ length: 16 }, (_, i) => i + 1));
     expect(res.stderr).toMatch(/stopped on a database error \(.*\): lines 1-16 not confirmed, nor lines 17 and after \(not read\)/);
     expect(await counts(t)).toEqual(before);
+  });
+});
+
+describe('ops show short ids, ops list, audit', () => {
+  const A = 'abcdef01-1111-4000-8000-000000000001';
+  const B = 'abcdef01-2222-4000-8000-000000000002';
+  beforeAll(async () => {
+    for (const [id, orderId] of [[A, 'short-a'], [B, 'short-b']] as const) {
+      await t.pool.query(`insert into orders (id, amount, currency, customer_id, payment_method) values ($1, 100, 'eur', 'cus', 'pm_card_visa')`, [orderId]);
+      await t.pool.query(
+        `insert into payment_operations (id, order_id, amount, currency, customer_id, payment_method) values ($1, $2, 100, 'eur', 'cus', 'pm_card_visa')`,
+        [id, orderId],
+      );
+    }
+  });
+
+  it('ops show takes a unique prefix of 8+ hex digits; ambiguous: exit 2 listing both; none: exit 4', async () => {
+    for (const short of ['abcdef011111', 'ABCDEF01-1111', A]) {
+      const res = await outboxd('ops', 'show', short);
+      expect(res.code).toBe(0);
+      expect(JSON.parse(res.stdout)).toMatchObject({ id: A, order_id: 'short-a' });
+    }
+    const ambiguous = await outboxd('ops', 'show', 'abcdef01');
+    expect(ambiguous.code).toBe(2);
+    expect(ambiguous.stderr).toBe(`outboxd: OP_ID: abcdef01 is ambiguous, it begins ${A}, ${B}\n`);
+    const none = await outboxd('ops', 'show', '01234567');
+    expect(none.code).toBe(4);
+    expect(none.stderr).toMatch(/no payment operation 01234567/);
+    const tooShort = await outboxd('ops', 'show', 'abcdef0');
+    expect(tooShort.code).toBe(2);
+    expect(tooShort.stderr).toMatch(/^outboxd: OP_ID: not an operation id/);
+  });
+
+  it('ops list shows a review reason only for operations in review', async () => {
+    await t.pool.query(`update payment_operations set last_error = 'timeout talking to stripe' where id = $1`, [A]);
+    await t.pool.query(`update payment_operations set review_reason = 'key window passed, no charge found' where id = $1`, [B]);
+    const res = await outboxd('ops', 'list');
+    expect(res.code).toBe(0);
+    const lines = res.stdout.split('\n');
+    expect(lines[0]).toMatch(/^id +order +status +amount +attempts +external +review$/);
+    expect(lines.find((l) => l.startsWith(A))).toMatch(/pending +100 eur +0 +- +$/);
+    expect(lines.find((l) => l.startsWith(B))).toMatch(/ - +key window passed, no charge found$/);
+  });
+
+  it('audit lists the trail, newest last, of one operation (short id) or of all (--limit)', async () => {
+    const op = await confirm(t);
+    await recordAudit(t.pool, { actor: 'alice', action: 'requeue', operationId: op, details: { jobId: 'j1' } });
+    await recordAudit(t.pool, { actor: 'bob', action: 'resolve', operationId: A, details: { outcome: 'failed' } });
+    await recordAudit(t.pool, { actor: 'carol', action: 'reconcile', operationId: op, details: { settled: 1 } });
+    const one = await outboxd('audit', op.slice(0, 8), '--json');
+    expect(one.code).toBe(0);
+    expect(JSON.parse(one.stdout)).toMatchObject([
+      { actor: 'alice', action: 'requeue', operation_id: op, details: { jobId: 'j1' } },
+      { actor: 'carol', action: 'reconcile', operation_id: op, details: { settled: 1 } },
+    ]);
+    const newest = await outboxd('audit', '--limit', '2', '--json');
+    expect(JSON.parse(newest.stdout).map((e: { actor: string }) => e.actor)).toEqual(['bob', 'carol']);
+    const text = await outboxd('audit', A);
+    expect(text.stdout).toMatch(new RegExp(`^at +actor +action +operation +details\n\\S+Z +bob +resolve +${A} +\\{"outcome":"failed"\\}\n$`));
+    expect((await outboxd('audit', '01234567')).code).toBe(4);
+    expect((await outboxd('audit', '3f2504e0-4f89-41d3-9a0c-0305e82c3301')).code).toBe(4);
   });
 });

@@ -1,5 +1,6 @@
 // `outboxd`: a thin command line over the capabilities. Config is parsed once here; every command
 // prints its result on stdout (JSON with --json) and its errors on stderr with a non-zero exit.
+import { readFileSync } from 'node:fs';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import { loadConfig, type Config } from '../config.ts';
 import { migrate } from '../db/migrate.ts';
@@ -9,7 +10,8 @@ import { confirmOrder } from '../orders/confirm.ts';
 import { parseOrderInput } from '../orders/validate.ts';
 import { createBoss } from '../outbox.ts';
 import { openDatabase, openGateway, openPool } from '../runtime.ts';
-import { listOperations, showOperation } from '../admin/operations.ts';
+import { findOperation, listOperations, showOperation } from '../admin/operations.ts';
+import { listAudit } from '../admin/audit.ts';
 import { StripeEmulator } from '../stripe/emulator/emulator.ts';
 import { runWorker } from '../dispatcher/worker.ts';
 import { userInfo } from 'node:os';
@@ -20,13 +22,16 @@ import { reconcileNow } from '../admin/reconcile.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import { parseDuration } from './duration.ts';
 import { errorMessage, EXIT, exitCodeOf, flagOf } from './exit.ts';
-import { printOperations, ranges } from './print.ts';
+import { printAudit, printOperations, ranges } from './print.ts';
+
+const { version } = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8'));
 
 // Commander prints its own parse errors; an error it did not print (one thrown by an action) is
 // printed at the end instead, so that no usage error exits silently.
 let commanderPrinted = false;
 const program = new Command('outboxd')
   .description('Effectively-once payment side effects from a PostgreSQL outbox')
+  .version(version)
   .configureOutput({
     outputError: (text, write) => {
       commanderPrinted = true;
@@ -135,11 +140,11 @@ ops
 ops
   .command('show')
   .description('one operation, as JSON')
-  .argument('<op-id>')
+  .argument('<op-id>', 'its id, or a unique prefix of at least 8 hex digits')
   .option('--json', 'machine-readable output (the default for show)')
   .action(async (id: string) => {
     await withDatabase(async ({ pool }) => {
-      console.log(JSON.stringify(await showOperation(pool, id), null, 2));
+      console.log(JSON.stringify(await findOperation(pool, id), null, 2));
     });
   });
 
@@ -239,6 +244,19 @@ program
         console.log(o.json ? JSON.stringify(report) : `${report.examined} examined: ${report.settled} settled, ${report.needsReview} need review, ${report.skipped} skipped`);
       }),
     );
+  });
+
+program
+  .command('audit')
+  .description('the audit trail of admin actions (resolve, requeue, reconcile), newest last')
+  .argument('[op-id]', "only this operation's (its id, or a unique prefix of at least 8 hex digits)")
+  .addOption(new Option('--limit <n>', 'the newest n entries').argParser(positiveInt).default(100))
+  .option('--json', 'machine-readable output')
+  .action(async (id: string | undefined, o) => {
+    await withDatabase(async ({ pool }) => {
+      const operationId = id === undefined ? undefined : (await findOperation(pool, id)).id;
+      printAudit(await listAudit(pool, { operationId, limit: o.limit }), o.json);
+    });
   });
 
 function defaultActor(): string {
