@@ -12,3 +12,18 @@ export interface AuditEntry {
 export async function recordAudit(db: Queryable, entry: AuditEntry): Promise<void> {
   await db.query(sql.insertAudit(entry.actor, entry.action, entry.operationId, JSON.stringify(entry.details)));
 }
+
+export interface AuditRow {
+  id: number;
+  at: Date;
+  actor: string;
+  action: string;
+  operation_id: string | null;
+  details: Record<string, unknown>;
+}
+
+/** The newest `limit` entries, of one operation or of all, oldest first. */
+export async function listAudit(db: Queryable, filter: { operationId?: string; limit: number }): Promise<AuditRow[]> {
+  const { rows } = await db.query(sql.listAudit(filter.operationId ?? null, filter.limit));
+  return rows;
+}

@@ -22,3 +22,26 @@ export async function showOperation(db: Queryable, id: string): Promise<Operatio
   if (!rows[0]) throw new OperationNotFoundError(id);
   return rows[0];
 }
+
+/** Candidates named when a short id is ambiguous. */
+const AMBIGUOUS_SHOWN = 10;
+
+/**
+ * The operation an operator means: by its full UUID, or by a unique prefix of at least 8 hex digits (the
+ * short ids the demo prints; dashes optional). An ambiguous prefix is refused, listing the candidates.
+ */
+export async function findOperation(db: Queryable, text: string): Promise<Operation> {
+  const typed = text.trim().toLowerCase();
+  if (isOperationId(typed)) return showOperation(db, typed);
+  const hex = typed.replaceAll('-', '');
+  if (!/^[0-9a-f]{8,32}$/.test(hex)) {
+    throw new ValidationError('operationId', `not an operation id (a UUID, or its first 8 or more hex digits): ${JSON.stringify(text)}`);
+  }
+  const { rows } = await db.query(sql.operationsByIdPrefix(hex, AMBIGUOUS_SHOWN + 1));
+  if (rows.length === 0) throw new OperationNotFoundError(text);
+  if (rows.length > 1) {
+    const ids = rows.slice(0, AMBIGUOUS_SHOWN).map((r: Operation) => r.id);
+    throw new ValidationError('operationId', `${text} is ambiguous, it begins ${ids.join(', ')}${rows.length > AMBIGUOUS_SHOWN ? ', …' : ''}`);
+  }
+  return rows[0];
+}

@@ -15,3 +15,22 @@ export function exitCodeOf(err: unknown): number {
   if (err instanceof OperationNotFoundError) return EXIT.notFound;
   return EXIT.failure;
 }
+
+/** Commander's exits that are not errors, or whose output (the help) has been written already. */
+const SHOWN = new Set(['commander.help', 'commander.helpDisplayed', 'commander.version']);
+
+/**
+ * What to print on stderr for an error that ended a command: input errors name the flag an operator
+ * typed (`--order-id`), not the field behind it (`orderId`). Undefined for help and version output.
+ */
+export function errorMessage(err: unknown): string | undefined {
+  if (err instanceof CommanderError && SHOWN.has(err.code)) return undefined;
+  if (err instanceof ValidationError) return `${flagOf(err.field)}: ${err.detail}`;
+  return err instanceof Error ? err.message : String(err);
+}
+
+/** The command line's name for an input field: orderId → --order-id; an operation id is the OP_ID argument. */
+export function flagOf(field: string): string {
+  if (field === 'operationId') return 'OP_ID';
+  return `--${field.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
+}

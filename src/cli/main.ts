@@ -1,15 +1,18 @@
 // `outboxd`: a thin command line over the capabilities. Config is parsed once here; every command
 // prints its result on stdout (JSON with --json) and its errors on stderr with a non-zero exit.
+import { readFileSync } from 'node:fs';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import { loadConfig, type Config } from '../config.ts';
 import { migrate } from '../db/migrate.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { BULK_CONCURRENCY, confirmFromFile, type BulkSummary } from '../orders/bulk.ts';
 import { confirmOrder } from '../orders/confirm.ts';
+import { parseOrderInput } from '../orders/validate.ts';
 import { createBoss } from '../outbox.ts';
 import type { PgBoss } from 'pg-boss';
 import { openDatabase, openGateway, openPool } from '../runtime.ts';
-import { listOperations, showOperation } from '../admin/operations.ts';
+import { findOperation, listOperations, showOperation } from '../admin/operations.ts';
+import { listAudit } from '../admin/audit.ts';
 import { StripeEmulator } from '../stripe/emulator/emulator.ts';
 import { runWorker } from '../dispatcher/worker.ts';
 import { userInfo } from 'node:os';
@@ -19,11 +22,23 @@ import { driftReport } from '../reconcile/drift.ts';
 import { reconcileNow } from '../admin/reconcile.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import { parseDuration } from './duration.ts';
-import { EXIT, exitCodeOf } from './exit.ts';
-import { printOperations } from './print.ts';
+import { errorMessage, EXIT, exitCodeOf, flagOf } from './exit.ts';
+import { printAudit, printOperations, ranges } from './print.ts';
 
+const { version } = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8'));
+
+// Commander prints its own parse errors; an error it did not print (one thrown by an action) is
+// printed at the end instead, so that no usage error exits silently.
+let commanderPrinted = false;
 const program = new Command('outboxd')
   .description('Effectively-once payment side effects from a PostgreSQL outbox')
+  .version(version)
+  .configureOutput({
+    outputError: (text, write) => {
+      commanderPrinted = true;
+      write(text);
+    },
+  })
   .showHelpAfterError()
   .exitOverride();
 
@@ -91,6 +106,7 @@ program
   });
 
 const order = program.command('order').description('orders');
+const ORDER_FIELDS = ['orderId', 'amount', 'currency', 'customer', 'paymentMethod'];
 order
   .command('confirm')
   .description('confirm an order: order, charge operation and outbox row in one transaction')
@@ -99,26 +115,24 @@ order
   .option('--currency <code>', 'ISO 4217 currency, e.g. eur')
   .option('--customer <cus>')
   .option('--payment-method <pm>')
-  .option('--from-file <orders.jsonl>', 'one order a line: {"orderId","amount","currency","customer","paymentMethod"}')
+  .addOption(
+    new Option('--from-file <orders.jsonl>', 'one order a line: {"orderId","amount","currency","customer","paymentMethod"}')
+      .conflicts(ORDER_FIELDS),
+  )
   .option('--json', 'machine-readable output')
   .action(async (o) => {
+    if (o.fromFile) return withDatabase(({ pool }) => confirmBulk(pool, o.fromFile, !!o.json));
+    const missing = ORDER_FIELDS.filter((f) => o[f] === undefined);
+    if (missing.length > 0) throw new InvalidArgumentError(`missing ${missing.map(flagOf).join(', ')} (or --from-file)`);
+    // Refused before the database is opened; the fields come back named as their flags.
+    const input = parseOrderInput(Object.fromEntries(ORDER_FIELDS.map((f) => [f, o[f]])));
     await withDatabase(async ({ pool }) => {
-      if (o.fromFile) {
-        const summary = await confirmFromFile(pool, o.fromFile, { onProgress: progressPrinter() });
-        if (process.stderr.isTTY) process.stderr.write('\n');
-        printBulk(summary, o.json);
-        if (summary.failed > 0) process.exitCode = EXIT.partial;
-        return;
-      }
-      const input = {
-        orderId: o.orderId,
-        amount: o.amount,
-        currency: o.currency,
-        customer: o.customer,
-        paymentMethod: o.paymentMethod,
-      };
       const { operationId, created } = await confirmOrder(pool, input);
       console.log(o.json ? JSON.stringify({ operationId, created }) : operationId);
+      if (!created && !o.json) {
+        const op = await showOperation(pool, operationId);
+        console.error(`order ${input.orderId} was already confirmed: operation ${operationId} (status ${op.status})`);
+      }
     });
   });
 
@@ -139,11 +153,11 @@ ops
 ops
   .command('show')
   .description('one operation, as JSON')
-  .argument('<op-id>')
+  .argument('<op-id>', 'its id, or a unique prefix of at least 8 hex digits')
   .option('--json', 'machine-readable output (the default for show)')
   .action(async (id: string) => {
     await withDatabase(async ({ pool }) => {
-      console.log(JSON.stringify(await showOperation(pool, id), null, 2));
+      console.log(JSON.stringify(await findOperation(pool, id), null, 2));
     });
   });
 
@@ -171,16 +185,16 @@ ops
   .description('settle an operation held for review, after checking Stripe (verified again, audited)')
   .argument('<op-id>')
   .option('--succeeded', 'the charge happened: name it with --external-id')
-  .option('--external-id <pi>', 'the PaymentIntent that settles it')
+  .addOption(new Option('--external-id <pi>', 'the PaymentIntent that settles it').conflicts('failed'))
   .option('--failed', 'no charge happened: say why with --reason')
-  .option('--reason <text>')
+  .addOption(new Option('--reason <text>').conflicts('succeeded'))
   .option('--actor <name>', 'who resolves (audit trail)', defaultActor())
   .option('--json', 'machine-readable output')
   .action(async (id: string, o) => {
     if (!!o.succeeded === !!o.failed) throw new InvalidArgumentError('give exactly one of --succeeded or --failed');
     const resolution: Resolution = o.succeeded
-      ? { outcome: 'succeeded', externalId: required(o.externalId, '--external-id') }
-      : { outcome: 'failed', reason: required(o.reason, '--reason') };
+      ? { outcome: 'succeeded', externalId: required(o.externalId, '--succeeded needs --external-id pi_…') }
+      : { outcome: 'failed', reason: required(o.reason, '--failed needs --reason "…"') };
     await withDatabase(({ url, pool }) =>
       withGateway(async (gateway) => {
         const opts = { leaseTtlMs: config.worker.leaseTtlMs, searchFreshnessSeconds: config.searchFreshnessSeconds };
@@ -200,7 +214,9 @@ program
   .option('--actor <name>', 'who requeues (audit trail)', defaultActor())
   .option('--json', 'machine-readable output')
   .action(async (id: string | undefined, o) => {
-    if (!!id === !!o.stuck) throw new InvalidArgumentError('give an operation id or --stuck');
+    if (!!id === !!o.stuck) {
+      throw new InvalidArgumentError(id ? 'give an operation id or --stuck, not both' : 'give an operation id, or --stuck for every stuck one');
+    }
     await withDatabase(({ url, pool }) =>
       withBoss(url, async (boss) => {
         const opts = { actor: o.actor, dryRun: !!o.dryRun };
@@ -240,12 +256,25 @@ program
     );
   });
 
+program
+  .command('audit')
+  .description('the audit trail of admin actions (resolve, requeue, reconcile), newest last')
+  .argument('[op-id]', "only this operation's (its id, or a unique prefix of at least 8 hex digits)")
+  .addOption(new Option('--limit <n>', 'the newest n entries').argParser(positiveInt).default(100))
+  .option('--json', 'machine-readable output')
+  .action(async (id: string | undefined, o) => {
+    await withDatabase(async ({ pool }) => {
+      const operationId = id === undefined ? undefined : (await findOperation(pool, id)).id;
+      printAudit(await listAudit(pool, { operationId, limit: o.limit }), o.json);
+    });
+  });
+
 function defaultActor(): string {
   return `cli:${process.env.USER ?? userInfo().username}`;
 }
 
-function required(value: string | undefined, flag: string): string {
-  if (!value) throw new InvalidArgumentError(`${flag} is required here`);
+function required(value: string | undefined, message: string): string {
+  if (!value) throw new InvalidArgumentError(message);
   return value;
 }
 
@@ -259,18 +288,30 @@ function progressPrinter(): ((s: BulkSummary) => void) | undefined {
   };
 }
 
-function printBulk(s: BulkSummary, json: boolean): void {
-  if (json) return console.log(JSON.stringify(s));
-  console.log(`${s.lines} lines: ${s.confirmed} confirmed, ${s.alreadyConfirmed} already confirmed, ${s.failed} refused`);
-  for (const f of s.failures) console.log(`  line ${f.line}: ${f.error}`);
+async function confirmBulk(pool: ReturnType<typeof openPool>, file: string, json: boolean): Promise<void> {
+  const s = await confirmFromFile(pool, file, { onProgress: progressPrinter() });
+  if (process.stderr.isTTY) process.stderr.write('\n');
+  if (json) console.log(JSON.stringify(s));
+  else {
+    console.log(`${s.lines} lines: ${s.confirmed} confirmed, ${s.alreadyConfirmed} already confirmed, ${s.failed} refused`);
+    for (const f of s.failures) console.error(`line ${f.line}: ${f.error}`);
+  }
+  if (s.unconfirmed.length > 0) {
+    const unread = s.unreadFromLine ? `, nor lines ${s.unreadFromLine} and after (not read)` : '';
+    console.error(
+      `outboxd: stopped on a database error (${s.unconfirmed[0]!.error}): lines ${ranges(s.unconfirmed.map((u) => u.line))} not confirmed${unread}; ` +
+        'run the same file again (confirmed orders keep their operation)',
+    );
+    process.exitCode = EXIT.failure;
+  } else if (s.failed > 0) process.exitCode = EXIT.partial;
 }
 
 try {
   await program.parseAsync();
 } catch (err) {
-  if (!(err instanceof CommanderError)) {
-    const e = err as Error;
-    process.stderr.write(`outboxd: ${e.message}\n`);
+  const message = err instanceof CommanderError && commanderPrinted ? undefined : errorMessage(err);
+  if (message !== undefined) {
+    process.stderr.write(`outboxd: ${message}\n`);
     log?.debug({ err }, "command failed");
   }
   process.exitCode = exitCodeOf(err);

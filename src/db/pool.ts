@@ -20,6 +20,11 @@ export function createPool(connectionString: string, opts: { max?: number; appli
   // An idle client losing its server (restart, pg_terminate_backend) emits 'error' on the pool; without
   // a listener that would crash the process. The next checkout gets a fresh connection.
   pool.on('error', () => {});
+  // A new client's connection can die in the same network read that completes its connect, after
+  // pg-pool stopped listening and before the caller starts (pg_terminate_backend at that instant):
+  // an 'error' nobody hears would crash the process. This listener lives as long as the client; the
+  // client is then not queryable, its next statement fails and the pool drops it.
+  pool.on('connect', (client) => client.on('error', () => {}));
   return pool;
 }
 

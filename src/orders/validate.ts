@@ -10,9 +10,12 @@ export const MAX_ID_LENGTH = 255;
 export class ValidationError extends Error {
   override name = 'ValidationError';
   readonly field: string;
+  /** The message without the field's name, for callers that name the field their own way (the CLI's flags). */
+  readonly detail: string;
   constructor(field: string, message: string) {
     super(`${field}: ${message}`);
     this.field = field;
+    this.detail = message;
   }
 }
 

@@ -321,3 +321,21 @@ export const showOperation = statement<[id: string]>(
   'outboxd_show_operation',
   `select * from payment_operations where id = $1`,
 );
+
+/** Operations whose id begins with a prefix (hex digits, dashes ignored): the short ids people copy. */
+export const operationsByIdPrefix = statement<[hexPrefix: string, limit: number]>(
+  'outboxd_operations_by_id_prefix',
+  `select * from payment_operations where replace(id::text, '-', '') like $1 || '%' order by id limit $2`,
+);
+
+/** The newest audit entries, of one operation or of all, returned oldest first. */
+export const listAudit = statement<[operationId: string | null, limit: number]>(
+  'outboxd_list_audit',
+  `select * from (
+     select id, at, actor, action, operation_id, details from admin_audit
+     where $1::uuid is null or operation_id = $1
+     order by at desc, id desc
+     limit $2
+   ) newest
+   order by at, id`,
+);
