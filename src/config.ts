@@ -1,6 +1,7 @@
 // Configuration is read from the environment once, at the edge, and validated here. Everything below
 // receives a typed Config; nothing else reads process.env.
 import { z } from 'zod';
+import { DEFAULT_SCHEMA, SCHEMA_NAME } from './sql/statements.ts';
 
 const optionalString = z.string().trim().min(1).optional().catch(undefined);
 const intInRange = (min: number, max: number, fallback: number) =>
@@ -8,6 +9,11 @@ const intInRange = (min: number, max: number, fallback: number) =>
 
 export const envSchema = z.object({
   DATABASE_URL: optionalString,
+  /** PostgreSQL schema of outboxd's tables (the application's own tables stay wherever it keeps them). */
+  OUTBOXD_SCHEMA: z
+    .string()
+    .regex(SCHEMA_NAME, 'OUTBOXD_SCHEMA must be a lower-case identifier (a-z, 0-9, _) of at most 40 characters')
+    .default(DEFAULT_SCHEMA),
   /** Where the embedded PostgreSQL keeps its cluster when DATABASE_URL is unset. */
   OUTBOXD_DATA_DIR: z.string().min(1).default('./.data'),
   STRIPE_SECRET_KEY: optionalString,
@@ -34,6 +40,7 @@ export type Env = z.infer<typeof envSchema>;
 
 export interface Config {
   databaseUrl: string | undefined;
+  schema: string;
   dataDir: string;
   stripe: { secretKey: string | undefined; apiBase: string | undefined; timeoutMs: number };
   worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number; reconcileCron: string };
@@ -61,6 +68,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   }
   return {
     databaseUrl: e.DATABASE_URL,
+    schema: e.OUTBOXD_SCHEMA,
     dataDir: e.OUTBOXD_DATA_DIR,
     stripe: { secretKey: e.STRIPE_SECRET_KEY, apiBase: e.STRIPE_API_BASE, timeoutMs: e.STRIPE_TIMEOUT_MS },
     worker: {

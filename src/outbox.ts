@@ -8,7 +8,7 @@
 // plain row keeps it near the raw insert rate, and one insert() of a batch costs little per job.
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
 import { bossDb, inTransaction, type Pool, type Queryable } from './db/pool.ts';
-import * as sql from './sql/statements.ts';
+import { DEFAULT_SCHEMA } from './sql/statements.ts';
 
 export const CHARGE_QUEUE = 'charge';
 /** Where pg-boss moves a charge job whose retries ran out; its worker flags the operation for review. */
@@ -37,14 +37,21 @@ export const chargeQueueOptions: Omit<Queue, 'name'> = {
 };
 
 /**
+ * pg-boss's schema for an outboxd schema: `pgboss` for the default one, its own for any other, so two
+ * outboxd installations sharing a database never take each other's jobs (queue names are fixed).
+ */
+export const bossSchemaFor = (schema: string): string => (schema === DEFAULT_SCHEMA ? 'pgboss' : `pgboss_${schema}`);
+
+/**
  * `migrator` installs or upgrades pg-boss's schema; `worker` also supervises (heartbeat and expiry
  * checks every few seconds, so a lost job comes back fast) and listens for NOTIFY; `client` only sends.
  */
-export function createBoss(connectionString: string, role: 'migrator' | 'worker' | 'client', max = 4): PgBoss {
+export function createBoss(connectionString: string, role: 'migrator' | 'worker' | 'client', max: number, schema: string): PgBoss {
   const worker = role === 'worker';
   return new PgBoss({
     connectionString,
     max,
+    schema: bossSchemaFor(schema),
     application_name: `outboxd-boss-${role}`,
     migrate: role === 'migrator',
     createSchema: role === 'migrator',
@@ -69,7 +76,7 @@ export async function createQueues(boss: PgBoss): Promise<void> {
 
 /** The confirming transaction's part: one outbox row, committed or rolled back with the order. */
 export async function recordOutboxRow(tx: Queryable, operationId: string): Promise<void> {
-  await tx.query(sql.insertOutboxRow(operationId));
+  await tx.query(tx.sql.insertOutboxRow(operationId));
 }
 
 export const RELAY_BATCH = 500;
@@ -80,10 +87,10 @@ export const RELAY_BATCH = 500;
  * disjoint batches (SKIP LOCKED). Returns how many were relayed.
  */
 export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): Promise<number> {
-  const { rows: any } = await db.query(sql.outboxHasRows());
+  const { rows: any } = await db.query(db.sql.outboxHasRows());
   if (!any[0].any) return 0;
   return inTransaction(db, async (tx) => {
-    const { rows } = await tx.query(sql.takeOutboxBatch(limit));
+    const { rows } = await tx.query(tx.sql.takeOutboxBatch(limit));
     if (rows.length === 0) return 0;
     const jobs = rows.map((r: { operation_id: string }) => ({ data: { operationId: r.operation_id } satisfies ChargeJob }));
     await boss.insert(CHARGE_QUEUE, jobs, { db: bossDb(tx) });

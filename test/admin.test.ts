@@ -50,7 +50,7 @@ describe('requeue (invariant 10)', () => {
     const op = await confirm(t);
     await relay(t);
     await t.pool.query(`update pgboss.job set state = 'failed', completed_on = now() where name = 'charge' and data->>'operationId' = $1`, [op]);
-    await t.pool.query(`update payment_operations set review_reason = 'retries exhausted' where id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'retries exhausted' where id = $1`, [op]);
     const result = await requeueOperation(t.pool, t.boss, op, { actor: 'alice' });
     expect(result.result).toBe('requeued');
     expect(await chargeJobs(t, op)).toBe(2);
@@ -61,7 +61,7 @@ describe('requeue (invariant 10)', () => {
       await replica.stop();
     }
     expect(charges(op)).toHaveLength(1);
-    const { rows } = await t.pool.query(`select actor, action from admin_audit where operation_id = $1`, [op]);
+    const { rows } = await t.pool.query(`select actor, action from outboxd.admin_audit where operation_id = $1`, [op]);
     expect(rows).toEqual([{ actor: 'alice', action: 'requeue' }]);
   });
 
@@ -82,7 +82,7 @@ describe('requeue (invariant 10)', () => {
     e.emulator.addFault({ fault: { kind: 'latency', ms: 30 }, count: Infinity });
     const ops = await Promise.all(Array.from({ length: 40 }, () => confirm(t)));
     // The jobs are lost: every operation needs a requeue, and the requeues race each other.
-    await t.pool.query(`delete from charge_outbox where operation_id = any($1)`, [ops]);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = any($1)`, [ops]);
     const replicas = await Promise.all([startDispatcher(t, e.gateway(), 'r1'), startDispatcher(t, e.gateway(), 'r2')]);
     try {
       for (let round = 0; round < 5; round++) {
@@ -93,7 +93,7 @@ describe('requeue (invariant 10)', () => {
         ]);
       }
       await waitUntil(async () => {
-        const { rows } = await t.pool.query(`select count(*)::int as n from payment_operations where id = any($1) and status = 'succeeded'`, [ops]);
+        const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where id = any($1) and status = 'succeeded'`, [ops]);
         return rows[0].n === ops.length;
       }, 40_000, 'all settled');
     } finally {
@@ -137,12 +137,12 @@ describe('admin HTTP API', () => {
 
   it('resolves with evidence, audited under the token’s name; requeues and reconciles', async () => {
     const op = await confirm(t);
-    await t.pool.query(`update payment_operations set status = 'unknown', review_reason = 'checked by hand' where id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set status = 'unknown', review_reason = 'checked by hand' where id = $1`, [op]);
     const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
     const res = await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: pi.id }) });
     expect(res.status).toBe(200);
     expect(await res.json()).toMatchObject({ status: 'succeeded', external_id: pi.id });
-    const { rows } = await t.pool.query(`select actor from admin_audit where operation_id = $1`, [op]);
+    const { rows } = await t.pool.query(`select actor from outboxd.admin_audit where operation_id = $1`, [op]);
     expect(rows).toEqual([{ actor: 'token:ops-team' }]);
     expect((await api(`/admin/operations/${op}/requeue`, { method: 'POST', body: '{}' })).status).toBe(409);
     const sweep = await api('/admin/reconcile', { method: 'POST' });
@@ -181,7 +181,7 @@ describe('Stripe webhook inbox', () => {
     await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 5_000, 'webhook settles');
     const event = e.emulator.emittedEvents().find((ev) => ev.type === 'payment_intent.succeeded')!;
     expect(await e.emulator.redeliver(event.id)).toBe(200);
-    const { rows } = await t.pool.query(`select result from webhook_events where id = $1`, [event.id]);
+    const { rows } = await t.pool.query(`select result from outboxd.webhook_events where id = $1`, [event.id]);
     expect(rows).toEqual([{ result: 'settled' }]);
     const replay = await fetch(`${base}/webhooks/stripe`, signed(JSON.stringify(event)));
     expect(await replay.json()).toEqual({ received: true, result: 'duplicate' });
@@ -192,7 +192,7 @@ describe('Stripe webhook inbox', () => {
     const forged = JSON.stringify({ id: 'evt_forged', object: 'event', type: 'payment_intent.succeeded', data: { object: { id: 'pi_x', amount: 2599, currency: 'eur', metadata: { operation_id: op } } } });
     const res = await fetch(`${base}/webhooks/stripe`, signed(forged, 'whsec_someone_else'));
     expect(res.status).toBe(400);
-    expect((await t.pool.query(`select 1 from webhook_events where id = 'evt_forged'`)).rows).toHaveLength(0);
+    expect((await t.pool.query(`select 1 from outboxd.webhook_events where id = 'evt_forged'`)).rows).toHaveLength(0);
     expect((await operation(t, op)).status).toBe('pending');
   });
 

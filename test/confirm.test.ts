@@ -3,7 +3,6 @@ import { inTransaction } from '../src/db/pool.ts';
 import { confirmOrder, OrderConflictError } from '../src/orders/confirm.ts';
 import { ValidationError } from '../src/orders/validate.ts';
 import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, recordOutboxRow, relayOutbox } from '../src/outbox.ts';
-import * as sql from '../src/sql/statements.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { chargeJobs, counts, operation, orderInput, outboxRows, relay } from './support/fixtures.ts';
 
@@ -63,8 +62,8 @@ describe('confirmOrder (invariant 1)', () => {
     await expect(
       inTransaction(t.pool, async (tx) => {
         const v = [input.orderId, input.amount, input.currency, input.customer, input.paymentMethod] as const;
-        await tx.query(sql.insertOrder(...v));
-        const { rows } = await tx.query(sql.insertChargeOperation(...v));
+        await tx.query(tx.sql.insertOrder(...v));
+        const { rows } = await tx.query(tx.sql.insertChargeOperation(...v));
         await recordOutboxRow(tx, rows[0].id);
         throw new Error('the application fails after writing the outbox row');
       }),

@@ -24,7 +24,7 @@ afterAll(async () => {
 beforeEach(async () => {
   e.emulator.reset();
   // Each test looks at its own operations only: settle everything earlier tests left unsettled.
-  await t.pool.query(`update payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
+  await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
 });
 
 const sweep = () => reconcileSweep(t.pool, e.gateway(), { owner: 'sweeper', leaseTtlMs: 10_000, log });
@@ -33,7 +33,7 @@ const stripe = () => e.client();
 async function lostPastWindow(overrides: Parameters<typeof confirm>[1] = {}): Promise<string> {
   const op = await confirm(t, overrides);
   await t.pool.query(
-    `update payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '25 hours' where id = $1`,
+    `update outboxd.payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '25 hours' where id = $1`,
     [op],
   );
   return op;
@@ -93,7 +93,7 @@ describe('reconcile sweep (past the key window)', () => {
 
   it('leaves operations inside the window to the dispatcher, and retrieves known charges', async () => {
     const inside = await confirm(t);
-    await t.pool.query(`update payment_operations set status = 'unknown', first_attempted_at = now() where id = $1`, [inside]);
+    await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() where id = $1`, [inside]);
     const known = await confirm(t, { paymentMethod: 'pm_card_processing' });
     const fence = await claim(t, known);
     await executeCharge(t.pool, e.gateway(), known, fence);
@@ -118,7 +118,7 @@ describe('drift report', () => {
     await executeCharge(t.pool, e.gateway(), op, fence);
     const orphan = await chargeFor('00000000-0000-4000-8000-000000000000');
     const missing = await confirm(t);
-    await t.pool.query(`update payment_operations set status = 'succeeded', settled_at = now(), external_id = 'pi_doesnotexist' where id = $1`, [missing]);
+    await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now(), external_id = 'pi_doesnotexist' where id = $1`, [missing]);
 
     const report = await driftReport(t.pool, e.gateway(), since);
     const kinds = report.drift.map((d) => [d.kind, d.operationId]);
@@ -130,7 +130,7 @@ describe('drift report', () => {
 
   it('no drift for a clean run', async () => {
     const since = new Date(Date.now() - 1000);
-    await t.pool.query(`update payment_operations set settled_at = now() - interval '1 day' where settled_at >= $1`, [since]);
+    await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '1 day' where settled_at >= $1`, [since]);
     const op = await confirm(t);
     await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
     expect((await driftReport(t.pool, e.gateway(), since)).drift).toEqual([]);
@@ -165,7 +165,7 @@ describe('review resolution', () => {
 
     const resolved = await resolveOperation(t.pool, gw, op, { outcome: 'succeeded', externalId: right!.id }, 'alice');
     expect(resolved).toMatchObject({ status: 'succeeded', external_id: right!.id, needs_review: false });
-    const { rows } = await t.pool.query(`select actor, action, details from admin_audit where operation_id = $1`, [op]);
+    const { rows } = await t.pool.query(`select actor, action, details from outboxd.admin_audit where operation_id = $1`, [op]);
     expect(rows).toEqual([{ actor: 'alice', action: 'resolve', details: expect.objectContaining({ outcome: 'succeeded', previousStatus: 'unknown' }) }]);
     await expect(resolveOperation(t.pool, gw, op, { outcome: 'succeeded', externalId: right!.id }, 'alice')).rejects.toThrow(/never overwritten/);
   });

@@ -23,7 +23,7 @@ beforeEach(() => e.emulator.reset());
 const charges = (op: string) => e.emulator.ledger().filter((l) => l.paymentIntent.metadata.operation_id === op);
 const creates = (op: string) => e.emulator.requests().filter((r) => r.endpoint === 'create' && r.operationId === op);
 const passKeyWindow = (op: string) =>
-  t.pool.query(`update payment_operations set first_attempted_at = now() - interval '23 hours 1 minute' where id = $1`, [op]);
+  t.pool.query(`update outboxd.payment_operations set first_attempted_at = now() - interval '23 hours 1 minute' where id = $1`, [op]);
 
 describe('executeCharge over HTTP with the real SDK', () => {
   it('charges once; every create for the operation carries payment-op:<id> and nothing else', async () => {
@@ -75,7 +75,7 @@ describe('executeCharge over HTTP with the real SDK', () => {
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 400 } });
     const slow = executeCharge(t.pool, gateway, op, staleFence);
     await new Promise((r) => setTimeout(r, 100));
-    await t.pool.query(`update payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
     const fence = await claim(t, op, 'replica-b');
     const during = await executeCharge(t.pool, gateway, op, fence);
     expect(during.operation).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous' });

@@ -1,5 +1,4 @@
 import type { Queryable } from '../db/pool.ts';
-import * as sql from '../sql/statements.ts';
 
 export interface AuditEntry {
   actor: string;
@@ -10,5 +9,5 @@ export interface AuditEntry {
 
 /** Written in the same transaction as the action it records. */
 export async function recordAudit(db: Queryable, entry: AuditEntry): Promise<void> {
-  await db.query(sql.insertAudit(entry.actor, entry.action, entry.operationId, JSON.stringify(entry.details)));
+  await db.query(db.sql.insertAudit(entry.actor, entry.action, entry.operationId, JSON.stringify(entry.details)));
 }

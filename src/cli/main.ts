@@ -65,7 +65,7 @@ program
   .command('migrate')
   .description('apply the drizzle/ migrations and the pg-boss schema (idempotent)')
   .action(async () => {
-    if (config.databaseUrl) await migrate(config.databaseUrl);
+    if (config.databaseUrl) await migrate(config.databaseUrl, config.schema);
     else await withDatabase(async () => {}); // opening the embedded database migrates it
     log!.info('migrations applied');
   });
@@ -188,7 +188,7 @@ program
   .action(async (id: string | undefined, o) => {
     if (!!id === !!o.stuck) throw new InvalidArgumentError('give an operation id or --stuck');
     await withDatabase(async ({ url, pool }) => {
-      const boss = createBoss(url, 'client', 2);
+      const boss = createBoss(url, 'client', 2, config.schema);
       await boss.start();
       try {
         const opts = { actor: o.actor, dryRun: !!o.dryRun };

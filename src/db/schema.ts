@@ -1,14 +1,18 @@
 // The tables outboxd owns. drizzle-kit generates the SQL migrations in drizzle/ from this file;
 // the statements the worker runs live in src/sql/ (named, prepared), not in query builders.
+// They live in their own schema, written here as "outboxd": src/db/migrate.ts applies the migrations
+// to whichever schema OUTBOXD_SCHEMA names.
 import { sql } from 'drizzle-orm';
-import { bigint, boolean, check, index, integer, jsonb, pgTable, text, timestamp, unique, uuid } from 'drizzle-orm/pg-core';
+import { bigint, boolean, check, index, integer, jsonb, pgSchema, text, timestamp, unique, uuid } from 'drizzle-orm/pg-core';
+
+const outboxd = pgSchema('outboxd');
 
 const timestamps = {
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
   updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
 };
 
-export const orders = pgTable(
+export const orders = outboxd.table(
   'orders',
   {
     id: text('id').primaryKey(),
@@ -25,7 +29,7 @@ export const orders = pgTable(
 
 export const OPERATION_STATUSES = ['pending', 'unknown', 'succeeded', 'failed'] as const;
 
-export const paymentOperations = pgTable(
+export const paymentOperations = outboxd.table(
   'payment_operations',
   {
     id: uuid('id').primaryKey().defaultRandom(),
@@ -76,7 +80,7 @@ export const paymentOperations = pgTable(
 );
 
 /** Every admin action (resolve, requeue, reconcile run), with who, when, what and the evidence. */
-export const adminAudit = pgTable(
+export const adminAudit = outboxd.table(
   'admin_audit',
   {
     id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
@@ -90,7 +94,7 @@ export const adminAudit = pgTable(
 );
 
 /** Stripe webhook inbox: one row per event id, so a redelivered event is acknowledged, not reprocessed. */
-export const webhookEvents = pgTable('webhook_events', {
+export const webhookEvents = outboxd.table('webhook_events', {
   id: text('id').primaryKey(),
   type: text('type').notNull(),
   operationId: uuid('operation_id'),
@@ -105,7 +109,7 @@ export const webhookEvents = pgTable('webhook_events', {
  * insert, far cheaper there than a pg-boss job) and relayed to pg-boss in batches by the workers,
  * deleted in the transaction that creates its job.
  */
-export const chargeOutbox = pgTable('charge_outbox', {
+export const chargeOutbox = outboxd.table('charge_outbox', {
   id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
   operationId: uuid('operation_id')
     .notNull()

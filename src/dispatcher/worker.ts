@@ -22,7 +22,7 @@ export async function runWorker(config: Config, baseLog: Logger): Promise<void> 
   // Calls hold no connection, so the pool only needs room for the short statements around them.
   const pool = openPool(db, 'outboxd-worker', Math.min(config.worker.concurrency, 16) + 2);
   // Every loop fetches and completes its jobs through pg-boss's own pool (plus heartbeats, supervision).
-  const boss = createBoss(db.url, 'worker', config.worker.concurrency + 3);
+  const boss = createBoss(db.url, 'worker', config.worker.concurrency + 3, db.schema);
   boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
   await boss.start();
   const metrics = createMetrics({ db: pool, boss });

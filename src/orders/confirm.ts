@@ -3,7 +3,6 @@
 import { inTransaction, type Pool } from '../db/pool.ts';
 import { recordOutboxRow } from '../outbox.ts';
 import type { Operation } from '../payments/operation.ts';
-import * as sql from '../sql/statements.ts';
 import { parseOrderInput, type OrderInput } from './validate.ts';
 
 export class OrderConflictError extends Error {
@@ -29,15 +28,15 @@ export async function confirmOrder(db: Pool, input: unknown): Promise<Confirmati
   const order = parseOrderInput(input);
   return inTransaction(db, async (tx) => {
     const values = [order.orderId, order.amount, order.currency, order.customer, order.paymentMethod] as const;
-    await tx.query(sql.insertOrder(...values));
-    const inserted = await tx.query(sql.insertChargeOperation(...values));
+    await tx.query(tx.sql.insertOrder(...values));
+    const inserted = await tx.query(tx.sql.insertChargeOperation(...values));
     if (inserted.rows[0]) {
       const operationId: string = inserted.rows[0].id;
       await recordOutboxRow(tx, operationId);
       return { operationId, created: true };
     }
     // Confirmed before: the same operation id, and nothing enqueued, provided it is the same order.
-    const { rows } = await tx.query(sql.findChargeOperationByOrder(order.orderId));
+    const { rows } = await tx.query(tx.sql.findChargeOperationByOrder(order.orderId));
     const existing: Operation = rows[0];
     const differs = differingField(existing, order);
     if (differs) throw new OrderConflictError(order.orderId, existing.id, differs);

@@ -14,7 +14,6 @@
 // succeeded and failed are terminal: no write touches them again and they cause no external call
 // (invariant 5). "Needs review" is not a status: it is a reason recorded on an unsettled operation.
 import type { Queryable } from '../db/pool.ts';
-import * as sql from '../sql/statements.ts';
 
 export type OperationStatus = 'pending' | 'unknown' | 'succeeded' | 'failed';
 
@@ -104,7 +103,7 @@ async function staleFence(db: Queryable, id: string, fence: number): Promise<Sta
 }
 
 export async function loadOperation(db: Queryable, id: string, keyWindowSeconds: number): Promise<LoadedOperation> {
-  const { rows } = await db.query(sql.loadOperation(id, keyWindowSeconds));
+  const { rows } = await db.query(db.sql.loadOperation(id, keyWindowSeconds));
   if (!rows[0]) throw new OperationNotFoundError(id);
   return rows[0];
 }
@@ -116,7 +115,7 @@ export async function recordAttempt(
   fence: number,
   call: 'create' | 'retrieve' | 'search',
 ): Promise<{ attempts: number; first_attempted_at: Date | null }> {
-  const { rows } = await db.query(sql.recordAttempt(id, fence, call === 'create'));
+  const { rows } = await db.query(db.sql.recordAttempt(id, fence, call === 'create'));
   if (!rows[0]) throw await staleFence(db, id, fence);
   return rows[0];
 }
@@ -128,7 +127,7 @@ export async function recordOutcome(db: Queryable, op: Operation, fence: number,
   const externalId = 'externalId' in outcome ? outcome.externalId : null;
   const error = 'reason' in outcome ? outcome.reason : null;
   const review = outcome.kind === 'needs_review' ? outcome.reason : null;
-  const { rows } = await db.query(sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review));
+  const { rows } = await db.query(db.sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review));
   if (!rows[0]) throw await staleFence(db, op.id, fence);
   return rows[0];
 }
@@ -151,7 +150,7 @@ export async function claimOperation(
   ttlMs: number,
   keyWindowSeconds: number,
 ): Promise<Lease | undefined> {
-  const { rows } = await db.query(sql.acquireLease(id, owner, ttlMs, keyWindowSeconds));
+  const { rows } = await db.query(db.sql.acquireLease(id, owner, ttlMs, keyWindowSeconds));
   if (!rows[0]) return undefined;
   const { previous_owner, ...operation } = rows[0];
   return { fence: operation.fence, previousOwner: previous_owner, operation };
@@ -164,7 +163,7 @@ export async function acquireLease(db: Queryable, id: string, owner: string, ttl
 
 /** Fenced: holds an unsettled operation for a person (its status does not change) and ends the claim. */
 export async function flagForReview(db: Queryable, id: string, fence: number, reason: string): Promise<Operation> {
-  const { rows } = await db.query(sql.flagForReview(id, fence, reason));
+  const { rows } = await db.query(db.sql.flagForReview(id, fence, reason));
   if (!rows[0]) throw await staleFence(db, id, fence);
   return rows[0];
 }
@@ -174,18 +173,18 @@ export async function peekOperation(
   db: Queryable,
   id: string,
 ): Promise<{ fence: number; status: OperationStatus; lease_owner: string | null } | undefined> {
-  const { rows } = await db.query(sql.fenceOf(id));
+  const { rows } = await db.query(db.sql.fenceOf(id));
   return rows[0];
 }
 
 /** Extends the lease while a call is in flight; false when the fence moved (the lease was taken over). */
 export async function renewLease(db: Queryable, id: string, fence: number, ttlMs: number): Promise<boolean> {
-  const { rowCount } = await db.query(sql.renewLease(id, fence, ttlMs));
+  const { rowCount } = await db.query(db.sql.renewLease(id, fence, ttlMs));
   return rowCount === 1;
 }
 
 export async function releaseLease(db: Queryable, id: string, fence: number): Promise<void> {
-  await db.query(sql.releaseLease(id, fence));
+  await db.query(db.sql.releaseLease(id, fence));
 }
 
 /**
@@ -201,7 +200,7 @@ export async function settleFromOutside(
   source: string,
   reason: string | null,
 ): Promise<Operation | undefined> {
-  const { rows } = await db.query(sql.settleFromOutside(id, status, externalId, source, reason));
+  const { rows } = await db.query(db.sql.settleFromOutside(id, status, externalId, source, reason));
   return rows[0];
 }
 

@@ -7,7 +7,6 @@ import type { Logger } from '../log.ts';
 import { executeCharge, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import { claimOperation, releaseLease, StaleFenceError, type Operation } from '../payments/operation.ts';
-import * as sql from '../sql/statements.ts';
 
 export interface SweepDecision {
   operationId: string;
@@ -33,7 +32,7 @@ export async function reconcileSweep(
   opts: { owner: string; leaseTtlMs: number; log: Logger; limit?: number; keyWindowSeconds?: number },
 ): Promise<SweepReport> {
   const keyWindowSeconds = opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
-  const { rows } = await pool.query(sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500));
+  const { rows } = await pool.query(pool.sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500));
   const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, decisions: [] };
   for (const { id } of rows as { id: string }[]) {
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, keyWindowSeconds);

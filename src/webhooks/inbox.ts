@@ -7,7 +7,6 @@ import type Stripe from 'stripe';
 import { inTransaction, type Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
 import { isOperationId, settleFromOutside, type Operation } from '../payments/operation.ts';
-import * as sql from '../sql/statements.ts';
 
 export type InboxResult = 'settled' | 'already_settled' | 'ignored' | 'no_operation' | 'mismatch' | 'duplicate';
 
@@ -26,7 +25,7 @@ export async function receiveStripeEvent(pool: Pool, event: Stripe.Event, log: L
   try {
     return await inTransaction(pool, async (tx) => {
       const result = await act(tx, event, pi, opId);
-      const { rows } = await tx.query(sql.insertWebhookEvent(event.id, event.type, opId, result, JSON.stringify(event)));
+      const { rows } = await tx.query(tx.sql.insertWebhookEvent(event.id, event.type, opId, result, JSON.stringify(event)));
       if (!rows[0]) throw new Duplicate(); // recorded by an earlier delivery: undo whatever this one did
       log.info({ eventId: event.id, type: event.type, operationId: opId, result }, 'stripe event received');
       return result;
@@ -46,7 +45,7 @@ async function act(
   const status = SETTLING[event.type];
   if (!status) return 'ignored';
   if (!opId) return 'no_operation';
-  const { rows } = await tx.query(sql.showOperation(opId));
+  const { rows } = await tx.query(tx.sql.showOperation(opId));
   const op: Operation | undefined = rows[0];
   if (!op) return 'no_operation';
   if (pi.amount !== op.amount || pi.currency !== op.currency) return 'mismatch';
