@@ -83,3 +83,13 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     logLevel: e.LOG_LEVEL,
   };
 }
+
+/**
+ * OUTBOXD_SCHEMA alone, for the library: an application embedding outboxd and `outboxd worker` beside
+ * it agree on the schema through the same variable, without the library judging the worker's settings.
+ */
+export function schemaFromEnv(env: NodeJS.ProcessEnv = process.env): string {
+  const parsed = envSchema.shape.OUTBOXD_SCHEMA.safeParse(env.OUTBOXD_SCHEMA);
+  if (!parsed.success) throw new ConfigError(`invalid environment: OUTBOXD_SCHEMA: ${parsed.error.issues[0]!.message}`);
+  return parsed.data;
+}

@@ -45,7 +45,7 @@ describe('executeCharge', () => {
 
   it('negative control: a new key per retry after a lost response charges twice', async () => {
     const stripe = new FakeStripe();
-    const req = { operationId: 'op', amount: 100, currency: 'eur', customer: 'c', paymentMethod: 'pm_card_visa' };
+    const req = { operationId: 'op', amount: 100, currency: 'eur', customer: 'c', paymentMethod: 'pm_card_visa', metadata: {} };
     stripe.loseResponseOnce = true;
     await expect(stripe.createCharge({ ...req, idempotencyKey: 'random-1' })).rejects.toBeInstanceOf(AmbiguousOutcome);
     await stripe.createCharge({ ...req, idempotencyKey: 'random-2' });

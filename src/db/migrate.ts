@@ -1,5 +1,6 @@
 import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
+import type pg from 'pg';
 import { createBoss, createQueues } from '../outbox.ts';
 import { createPool, withClient, type PoolClient } from './pool.ts';
 
@@ -52,24 +53,28 @@ async function drizzlePending(client: PoolClient, schema: string, journal: Journ
   return rows[0].applied < journal.entries.length;
 }
 
-/** Applies drizzle/ migrations to `schema`, installs or upgrades the pg-boss schema and creates the queues. Idempotent. */
-export async function migrate(connectionString: string, schema: string): Promise<void> {
-  const pool = createPool(connectionString, { schema, max: 1, applicationName: 'outboxd-migrate' });
+/**
+ * Applies drizzle/ migrations to `schema`, installs or upgrades the pg-boss schema and creates the
+ * queues. Idempotent. `connection`: a connection string, or an application's pool.
+ */
+export async function migrate(connection: string | pg.Pool, schema: string): Promise<void> {
+  if (typeof connection !== 'string') return withClient(connection, (client) => migrateWith(client, connection, schema));
+  const pool = createPool(connection, { schema, max: 1, applicationName: 'outboxd-migrate' });
   try {
-    await withClient(pool, (client) => migrateWith(client, connectionString, schema));
+    await withClient(pool, (client) => migrateWith(client, connection, schema));
   } finally {
     await pool.end();
   }
 }
 
-async function migrateWith(client: PoolClient, connectionString: string, schema: string): Promise<void> {
+async function migrateWith(client: PoolClient, connection: string | pg.Pool, schema: string): Promise<void> {
   try {
     await client.query('select pg_advisory_lock($1)', [MIGRATION_LOCK]);
     await client.query(`create schema if not exists "${schema}"`);
     const journal = await readJournal();
     await adoptLegacyMigrations(client, schema, journal);
     if (await drizzlePending(client, schema, journal)) await applyMigrations(client, schema);
-    const boss = createBoss(connectionString, 'migrator', 2, schema);
+    const boss = createBoss(connection, 'migrator', 2, schema);
     await boss.start();
     try {
       await createQueues(boss);

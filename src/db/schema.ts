@@ -3,7 +3,7 @@
 // They live in their own schema, written here as "outboxd": src/db/migrate.ts applies the migrations
 // to whichever schema OUTBOXD_SCHEMA names.
 import { sql } from 'drizzle-orm';
-import { bigint, boolean, check, index, integer, jsonb, pgSchema, text, timestamp, unique, uuid } from 'drizzle-orm/pg-core';
+import { bigint, boolean, check, index, integer, jsonb, pgSchema, text, timestamp, uniqueIndex, uuid } from 'drizzle-orm/pg-core';
 
 const outboxd = pgSchema('outboxd');
 
@@ -33,14 +33,15 @@ export const paymentOperations = outboxd.table(
   'payment_operations',
   {
     id: uuid('id').primaryKey().defaultRandom(),
-    orderId: text('order_id')
-      .notNull()
-      .references(() => orders.id),
+    /** The application's order (any table of its own, or the example orders below): not a foreign key. */
+    orderId: text('order_id').notNull(),
     kind: text('kind').notNull().default('charge'),
     amount: bigint('amount', { mode: 'number' }).notNull(),
     currency: text('currency').notNull(),
     customerId: text('customer_id').notNull(),
     paymentMethod: text('payment_method').notNull(),
+    /** The application's metadata, sent to Stripe beside operation_id (Stripe's limits, checked on input). */
+    metadata: jsonb('metadata').$type<Record<string, string>>().notNull().default({}),
     status: text('status', { enum: OPERATION_STATUSES }).notNull().default('pending'),
     externalId: text('external_id'),
     /** Calls made to the gateway for this operation (create, retrieve or search). */
@@ -62,7 +63,12 @@ export const paymentOperations = outboxd.table(
     ...timestamps,
   },
   (t) => [
-    unique('payment_operations_order_id_kind_key').on(t.orderId, t.kind),
+    index('payment_operations_order_idx').on(t.orderId, t.kind),
+    // At most one live charge per order, so at most one can succeed; a new one (a new key) only once
+    // every earlier one failed: the customer pays with another card.
+    uniqueIndex('payment_operations_live_charge_idx')
+      .on(t.orderId)
+      .where(sql`${t.kind} = 'charge' and ${t.status} <> 'failed'`),
     check('payment_operations_kind_check', sql`${t.kind} in ('charge')`),
     check('payment_operations_status_check', sql`${t.status} in ('pending', 'unknown', 'succeeded', 'failed')`),
     check('payment_operations_amount_check', sql`${t.amount} > 0`),

@@ -92,6 +92,7 @@ async function callGateway(gateway: PaymentGateway, op: Operation, call: Gateway
             currency: op.currency,
             customer: op.customer_id,
             paymentMethod: op.payment_method,
+            metadata: op.metadata,
             idempotencyKey: idempotencyKeyFor(op.id),
           }),
         );

@@ -25,6 +25,8 @@ export interface Operation {
   currency: string;
   customer_id: string;
   payment_method: string;
+  /** The application's metadata, sent to Stripe beside operation_id. */
+  metadata: Record<string, string>;
   status: OperationStatus;
   external_id: string | null;
   attempts: number;

@@ -53,12 +53,7 @@ function build(schema: string) {
        on conflict (id) do nothing`,
     ),
 
-    // ─── the outbox: written with the order, relayed to pg-boss in batches ─────────────────────────────
-
-    insertOutboxRow: statement<[operationId: string]>(
-      'outboxd_insert_outbox_row',
-      `insert into ${s}.charge_outbox (operation_id) values ($1)`,
-    ),
+    // ─── the outbox: written with the operation, relayed to pg-boss in batches ─────────────────────────
 
     outboxHasRows: statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from ${s}.charge_outbox) as any`),
 
@@ -79,19 +74,32 @@ function build(schema: string) {
 
     // ─── payment operations: creation and reads ────────────────────────────────────────────────────────
 
+    /**
+     * A charge operation and its outbox row, in ONE statement: both are written or neither, on whatever
+     * connection runs it (the caller's, inside its transaction). A first request ($7 false) creates only
+     * when the order has no charge operation at all; a new attempt ($7 true) only while none is live,
+     * which the partial unique index enforces against concurrent requests too. No row: nothing created.
+     */
     insertChargeOperation: statement<
-      [orderId: string, amount: number, currency: string, customer: string, pm: string]
+      [orderId: string, amount: number, currency: string, customer: string, pm: string, metadata: string, newAttempt: boolean]
     >(
       'outboxd_insert_charge_operation',
-      `insert into ${s}.payment_operations (order_id, kind, amount, currency, customer_id, payment_method)
-       values ($1, 'charge', $2, $3, $4, $5)
-       on conflict (order_id, kind) do nothing
-       returning id`,
+      `with op as (
+         insert into ${s}.payment_operations (order_id, kind, amount, currency, customer_id, payment_method, metadata)
+         select $1::text, 'charge', $2::bigint, $3::text, $4::text, $5::text, $6::jsonb
+         where $7::boolean or not exists (select 1 from ${s}.payment_operations where order_id = $1::text and kind = 'charge')
+         on conflict (order_id) where kind = 'charge' and status <> 'failed' do nothing
+         returning id
+       ), outbox as (
+         insert into ${s}.charge_outbox (operation_id) select id from op
+       )
+       select id from op`,
     ),
 
-    findChargeOperationByOrder: statement<[orderId: string]>(
-      'outboxd_find_charge_operation_by_order',
-      `select * from ${s}.payment_operations where order_id = $1 and kind = 'charge'`,
+    /** Every charge operation of an order, newest first. */
+    chargeOperationsOfOrder: statement<[orderId: string]>(
+      'outboxd_charge_operations_of_order',
+      `select * from ${s}.payment_operations where order_id = $1 and kind = 'charge' order by created_at desc, id`,
     ),
 
     /** The operation, with whether its idempotency key window (seconds from first_attempted_at) has passed,
