@@ -39,16 +39,16 @@ async function rate(clients: number, seconds: number, fn: (i: number) => Promise
 }
 
 const order = (n: number) => ({ orderId: `bench-${randomUUID()}-${n}`, amount: 1000, currency: 'eur', customer: 'cus_bench', paymentMethod: 'pm_card_visa' });
-const settledCount = async (w: World) => (await w.pool.query(`select count(*)::int as n from payment_operations where settled_at is not null`)).rows[0].n as number;
+const settledCount = async (w: World) => (await w.pool.query(`select count(*)::int as n from outboxd.payment_operations where settled_at is not null`)).rows[0].n as number;
 
 async function confirmSection(w: World) {
   await w.pool.query(`create table bench_outbox (id bigserial primary key, operation_id uuid not null, created_at timestamptz not null default now())`);
   const raw = (n: number) =>
     inTransaction(w.pool, async (tx) => {
       const o = order(n);
-      await tx.query(`insert into orders (id, amount, currency, customer_id, payment_method) values ($1, $2, $3, $4, $5)`, [o.orderId, o.amount, o.currency, o.customer, o.paymentMethod]);
+      await tx.query(`insert into outboxd.orders (id, amount, currency, customer_id, payment_method) values ($1, $2, $3, $4, $5)`, [o.orderId, o.amount, o.currency, o.customer, o.paymentMethod]);
       const { rows: op } = await tx.query(
-        `insert into payment_operations (order_id, amount, currency, customer_id, payment_method) values ($1, $2, $3, $4, $5) returning id`,
+        `insert into outboxd.payment_operations (order_id, amount, currency, customer_id, payment_method) values ($1, $2, $3, $4, $5) returning id`,
         [o.orderId, o.amount, o.currency, o.customer, o.paymentMethod],
       );
       await tx.query(`insert into bench_outbox (operation_id) values ($1)`, [op[0].id]);
@@ -64,7 +64,7 @@ async function confirmSection(w: World) {
   results.confirm = out;
   // These orders were confirmed to be measured, not dispatched: left in the outbox, they would become a
   // backlog that every later section (and the "idle" pickup) quietly works through.
-  await w.pool.query(`truncate bench_outbox, charge_outbox, payment_operations, orders cascade`);
+  await w.pool.query(`truncate bench_outbox, outboxd.charge_outbox, outboxd.payment_operations, outboxd.orders cascade`);
 }
 
 async function backlog(w: World, n: number) {
@@ -170,21 +170,21 @@ async function pickupSection(w: World) {
           sessions: (await w.pool.query(`select application_name, state, wait_event_type, wait_event, left(query, 120) as query, now() - state_change as for
                                          from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()`)).rows,
           waitingLocks: (await w.pool.query(`select locktype, mode, relation::regclass::text as rel, pid from pg_locks where not granted`)).rows,
-          outbox: (await w.pool.query(`select count(*)::int as n from charge_outbox`)).rows[0].n,
+          outbox: (await w.pool.query(`select count(*)::int as n from outboxd.charge_outbox`)).rows[0].n,
         };
       }
-      return (await w.pool.query(`select settled_at from payment_operations where id = $1`, [operationId])).rows[0].settled_at;
+      return (await w.pool.query(`select settled_at from outboxd.payment_operations where id = $1`, [operationId])).rows[0].settled_at;
     }, 60_000, 'settled');
     // The database's own clock, not this loop's 50 ms polling: from the confirming transaction to the
     // transaction that recorded the outcome.
     const { rows: timing } = await w.pool.query(
-      `select (extract(epoch from settled_at - created_at) * 1000)::float8 as ms from payment_operations where id = $1`,
+      `select (extract(epoch from settled_at - created_at) * 1000)::float8 as ms from outboxd.payment_operations where id = $1`,
       [operationId],
     );
     samples.push(Math.round(timing[0].ms));
     if (Date.now() - t0 > 2_000) {
       // Keep what a slow one looked like: the explanation belongs next to the number.
-      const { rows: op } = await w.pool.query(`select status, attempts, fence, last_error, created_at, settled_at, updated_at from payment_operations where id = $1`, [operationId]);
+      const { rows: op } = await w.pool.query(`select status, attempts, fence, last_error, created_at, settled_at, updated_at from outboxd.payment_operations where id = $1`, [operationId]);
       const jobs = await w.boss.findJobs('charge', { data: { operationId } });
       slow.push({ ms: Date.now() - t0, operation: op[0], jobs: jobs.map((j) => ({ state: j.state, retryCount: j.retryCount, createdOn: j.createdOn, startedOn: j.startedOn, output: j.output })), activity });
     }

@@ -194,7 +194,7 @@ try {
   const legitimate = () => new Set(world.emulator.requests().filter((r) => r.replayed && r.status === 500).map((r) => r.operationId));
   const until = Date.now() + SETTLE_TIMEOUT_MS;
   for (;;) {
-    const open = (await world.pool.query(`select id from payment_operations where status in ('pending','unknown')`)).rows.map((r) => r.id as string);
+    const open = (await world.pool.query(`select id from outboxd.payment_operations where status in ('pending','unknown')`)).rows.map((r) => r.id as string);
     const waiting = open.filter((id) => !legitimate().has(id));
     if (waiting.length === 0 || Date.now() > until) break;
     await sleep(1_000);
@@ -208,7 +208,7 @@ try {
     const liveJob = jobs.find((j) => ['created', 'retry', 'active'].includes(j.state));
     const inWindow = op.first_attempted_at && Date.now() - op.first_attempted_at.getTime() < KEY_WINDOW_SECONDS * 1000;
     let why: string;
-    const inOutbox = (await world.pool.query(`select 1 from charge_outbox where operation_id = $1`, [op.id])).rows.length > 0;
+    const inOutbox = (await world.pool.query(`select 1 from outboxd.charge_outbox where operation_id = $1`, [op.id])).rows.length > 0;
     if (legitimate().has(op.id) && inWindow) why = 'inside the key window: Stripe replays the stored 500 for this key (legitimate; reconcile settles it after the window)';
     else if (inOutbox) why = 'waiting in the outbox to be relayed to a job';
     else if (liveJob) why = `still being retried (job ${liveJob.state}, next start ${liveJob.startAfter.toISOString()}): ${op.last_error ?? ''}`;

@@ -53,7 +53,7 @@ try {
 
   const counts = async () =>
     Object.fromEntries(
-      (await world.pool.query(`select status, count(*)::int as n from payment_operations group by status`)).rows.map((r) => [r.status, r.n]),
+      (await world.pool.query(`select status, count(*)::int as n from outboxd.payment_operations group by status`)).rows.map((r) => [r.status, r.n]),
     ) as Record<string, number>;
   const replayed500 = () => emulator.requests().filter((r) => r.replayed && r.status === 500).map((r) => r.operationId);
   const started = Date.now();
@@ -73,13 +73,13 @@ try {
   }, 120_000, 'the operations to settle');
   say(process.stdout.isTTY ? '\n' : '');
 
-  const open = (await world.pool.query(`select id from payment_operations where status in ('pending','unknown')`)).rows.map((r) => r.id as string);
+  const open = (await world.pool.query(`select id from outboxd.payment_operations where status in ('pending','unknown')`)).rows.map((r) => r.id as string);
   if (open.length > 0) {
     say(`${open.length} operation(s) stay unknown: Stripe replays the stored 500 for their key, as it must, for 24 h.`);
     say('Fast-forward past the key window (emulator clock +24 h, keys expired, first_attempted_at moved back) and run a reconcile sweep:');
     emulator.advanceClock(24 * 3600_000);
     emulator.pruneKeys();
-    await world.pool.query(`update payment_operations set first_attempted_at = first_attempted_at - interval '24 hours' where id = any($1)`, [open]);
+    await world.pool.query(`update outboxd.payment_operations set first_attempted_at = first_attempted_at - interval '24 hours' where id = any($1)`, [open]);
     const report = await reconcileNow(world.pool, world.gateway, world.boss, { actor: 'demo', owner: 'demo', leaseTtlMs: 10_000, log: createLogger('silent') });
     for (const d of report.decisions) say(`  ${d.operationId.slice(0, 8)} ${d.call} → ${d.to} (${d.evidence ?? d.outcome})`);
     say('');

@@ -1,6 +1,7 @@
 // Configuration is read from the environment once, at the edge, and validated here. Everything below
 // receives a typed Config; nothing else reads process.env.
 import { z } from 'zod';
+import { DEFAULT_SCHEMA, SCHEMA_NAME } from './sql/statements.ts';
 
 const optionalString = z.string().trim().min(1).optional().catch(undefined);
 const intInRange = (min: number, max: number, fallback: number) =>
@@ -11,6 +12,11 @@ const bindAddress = z.union([z.ipv4(), z.ipv6(), z.hostname()], { error: 'an IP 
 
 export const envSchema = z.object({
   DATABASE_URL: optionalString,
+  /** PostgreSQL schema of outboxd's tables (the application's own tables stay wherever it keeps them). */
+  OUTBOXD_SCHEMA: z
+    .string()
+    .regex(SCHEMA_NAME, 'OUTBOXD_SCHEMA must be a lower-case identifier (a-z, 0-9, _) of at most 40 characters')
+    .default(DEFAULT_SCHEMA),
   /** Where the embedded PostgreSQL keeps its cluster when DATABASE_URL is unset. */
   OUTBOXD_DATA_DIR: z.string().min(1).default('./.data'),
   STRIPE_SECRET_KEY: optionalString,
@@ -47,6 +53,7 @@ export type Env = z.infer<typeof envSchema>;
 
 export interface Config {
   databaseUrl: string | undefined;
+  schema: string;
   dataDir: string;
   stripe: { secretKey: string | undefined; apiBase: string | undefined; timeoutMs: number };
   worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number; httpHost: string; reconcileCron: string };
@@ -84,6 +91,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   }
   return {
     databaseUrl: e.DATABASE_URL,
+    schema: e.OUTBOXD_SCHEMA,
     dataDir: e.OUTBOXD_DATA_DIR,
     stripe: { secretKey: e.STRIPE_SECRET_KEY, apiBase: e.STRIPE_API_BASE, timeoutMs: e.STRIPE_TIMEOUT_MS },
     worker: {
@@ -100,4 +108,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     searchFreshnessSeconds: e.SEARCH_FRESHNESS_SECONDS,
     logLevel: e.LOG_LEVEL,
   };
+}
+
+/**
+ * OUTBOXD_SCHEMA alone, for the library: an application embedding outboxd and `outboxd worker` beside
+ * it agree on the schema through the same variable, without the library judging the worker's settings.
+ */
+export function schemaFromEnv(env: NodeJS.ProcessEnv = process.env): string {
+  const parsed = envSchema.shape.OUTBOXD_SCHEMA.safeParse(env.OUTBOXD_SCHEMA);
+  if (!parsed.success) throw new ConfigError(`invalid environment: OUTBOXD_SCHEMA: ${parsed.error.issues[0]!.message}`);
+  return parsed.data;
 }

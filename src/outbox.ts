@@ -1,4 +1,4 @@
-// The outbox. Confirmation writes a plain charge_outbox row in its own transaction; workers relay the
+// The outbox. requestCharge writes a plain charge_outbox row in the caller's transaction; workers relay the
 // rows to the pg-boss `charge` queue in batches (insert the jobs and delete the rows in one
 // transaction), and pg-boss then gives claiming, retries with backoff, heartbeats and dead letter.
 // A charge job carries only the operation id: the operation row is the durable truth, the job is the
@@ -6,9 +6,12 @@
 //
 // Measured here (npm run bench): a pg-boss send() inside the business transaction halves its rate; a
 // plain row keeps it near the raw insert rate, and one insert() of a batch costs little per job.
+import type pg from 'pg';
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
-import { bossDb, inTransaction, type Pool, type Queryable } from './db/pool.ts';
-import * as sql from './sql/statements.ts';
+import { bossDb, inTransaction, type Pool } from './db/pool.ts';
+import { bossSchemaFor } from './sql/statements.ts';
+
+export { bossSchemaFor };
 
 export const CHARGE_QUEUE = 'charge';
 /** Where pg-boss moves a charge job whose retries ran out; its worker flags the operation for review. */
@@ -36,21 +39,31 @@ export const chargeQueueOptions: Omit<Queue, 'name'> = {
   notify: true,
 };
 
+
 /**
  * `migrator` installs or upgrades pg-boss's schema; `worker` also supervises (heartbeat and expiry
  * checks every few seconds, so a lost job comes back fast) and listens for NOTIFY; `client` only sends.
+ * `connection`: a connection string, or an application's pool (pg-boss then runs on it, and polls).
  */
-export function createBoss(connectionString: string, role: 'migrator' | 'worker' | 'client', max = 4): PgBoss {
+export function createBoss(
+  connection: string | pg.Pool,
+  role: 'migrator' | 'worker' | 'client',
+  max: number,
+  schema: string,
+): PgBoss {
   const worker = role === 'worker';
+  const db = typeof connection === 'string' ? undefined : connection;
   return new PgBoss({
-    connectionString,
-    max,
+    ...(typeof connection === 'string'
+      ? { connectionString: connection, max }
+      : { db: { executeSql: (text: string, values?: unknown[]) => connection.query(text, values) } }),
+    schema: bossSchemaFor(schema),
     application_name: `outboxd-boss-${role}`,
     migrate: role === 'migrator',
     createSchema: role === 'migrator',
     supervise: worker,
     schedule: worker,
-    useListenNotify: worker,
+    useListenNotify: worker && !db,
     superviseIntervalSeconds: 5,
     monitorIntervalSeconds: 5,
     registerInstance: worker,
@@ -67,11 +80,6 @@ export async function createQueues(boss: PgBoss): Promise<void> {
   await boss.createQueue(RECONCILE_QUEUE, { policy: 'singleton', retryLimit: 0, expireInSeconds: 15 * 60 });
 }
 
-/** The confirming transaction's part: one outbox row, committed or rolled back with the order. */
-export async function recordOutboxRow(tx: Queryable, operationId: string): Promise<void> {
-  await tx.query(sql.insertOutboxRow(operationId));
-}
-
 export const RELAY_BATCH = 500;
 
 /**
@@ -80,10 +88,10 @@ export const RELAY_BATCH = 500;
  * disjoint batches (SKIP LOCKED). Returns how many were relayed.
  */
 export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): Promise<number> {
-  const { rows: any } = await db.query(sql.outboxHasRows());
+  const { rows: any } = await db.query(db.sql.outboxHasRows());
   if (!any[0].any) return 0;
   return inTransaction(db, async (tx) => {
-    const { rows } = await tx.query(sql.takeOutboxBatch(limit));
+    const { rows } = await tx.query(tx.sql.takeOutboxBatch(limit));
     if (rows.length === 0) return 0;
     const jobs = rows.map((r: { operation_id: string }) => ({ data: { operationId: r.operation_id } satisfies ChargeJob }));
     await boss.insert(CHARGE_QUEUE, jobs, { db: bossDb(tx) });

@@ -11,20 +11,23 @@ import { StripeGateway } from './stripe/gateway.ts';
 
 export interface Database {
   url: string;
+  /** outboxd's schema in it (OUTBOXD_SCHEMA). */
+  schema: string;
   embedded: boolean;
   /** Stops the embedded cluster if this process started it. */
   close(): Promise<void>;
 }
 
 export async function openDatabase(config: Config, log: Logger): Promise<Database> {
-  if (config.databaseUrl) return { url: config.databaseUrl, embedded: false, close: async () => {} };
+  const { schema } = config;
+  if (config.databaseUrl) return { url: config.databaseUrl, schema, embedded: false, close: async () => {} };
   const cluster = await startEmbeddedPostgres({ dataDir: config.dataDir, log });
-  await migrate(cluster.url);
-  return { url: cluster.url, embedded: true, close: () => cluster.stop() };
+  await migrate(cluster.url, schema);
+  return { url: cluster.url, schema, embedded: true, close: () => cluster.stop() };
 }
 
 export function openPool(db: Database, name: string, max = 10): Pool {
-  return createPool(db.url, { max, applicationName: name });
+  return createPool(db.url, { schema: db.schema, max, applicationName: name });
 }
 
 export const EMULATOR_KEY = 'sk_test_outboxd_emulator';

@@ -52,7 +52,7 @@ describe('requeue (invariant 10)', () => {
     const op = await confirm(t);
     await relay(t);
     await t.pool.query(`update pgboss.job set state = 'failed', completed_on = now() where name = 'charge' and data->>'operationId' = $1`, [op]);
-    await t.pool.query(`update payment_operations set review_reason = 'retries exhausted' where id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'retries exhausted' where id = $1`, [op]);
     const result = await requeueOperation(t.pool, t.boss, op, { actor: 'alice' });
     expect(result.result).toBe('requeued');
     expect(await chargeJobs(t, op)).toBe(2);
@@ -63,7 +63,7 @@ describe('requeue (invariant 10)', () => {
       await replica.stop();
     }
     expect(charges(op)).toHaveLength(1);
-    const { rows } = await t.pool.query(`select actor, action from admin_audit where operation_id = $1`, [op]);
+    const { rows } = await t.pool.query(`select actor, action from outboxd.admin_audit where operation_id = $1`, [op]);
     expect(rows).toEqual([{ actor: 'alice', action: 'requeue' }]);
   });
 
@@ -84,7 +84,7 @@ describe('requeue (invariant 10)', () => {
     e.emulator.addFault({ fault: { kind: 'latency', ms: 30 }, count: Infinity });
     const ops = await Promise.all(Array.from({ length: 40 }, () => confirm(t)));
     // The jobs are lost: every operation needs a requeue, and the requeues race each other.
-    await t.pool.query(`delete from charge_outbox where operation_id = any($1)`, [ops]);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = any($1)`, [ops]);
     const replicas = await Promise.all([startDispatcher(t, e.gateway(), 'r1'), startDispatcher(t, e.gateway(), 'r2')]);
     try {
       for (let round = 0; round < 5; round++) {
@@ -95,7 +95,7 @@ describe('requeue (invariant 10)', () => {
         ]);
       }
       await waitUntil(async () => {
-        const { rows } = await t.pool.query(`select count(*)::int as n from payment_operations where id = any($1) and status = 'succeeded'`, [ops]);
+        const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where id = any($1) and status = 'succeeded'`, [ops]);
         return rows[0].n === ops.length;
       }, 40_000, 'all settled');
     } finally {
@@ -139,13 +139,13 @@ describe('admin HTTP API', () => {
 
   it('resolves with evidence, audited under the token’s name; requeues and reconciles', async () => {
     const op = await confirm(t);
-    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
-    await t.pool.query(`update payment_operations set status = 'unknown', review_reason = 'checked by hand' where id = $1`, [op]);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set status = 'unknown', review_reason = 'checked by hand' where id = $1`, [op]);
     const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
     const res = await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: pi.id }) });
     expect(res.status).toBe(200);
     expect(await res.json()).toMatchObject({ status: 'succeeded', external_id: pi.id });
-    const { rows } = await t.pool.query(`select actor from admin_audit where operation_id = $1`, [op]);
+    const { rows } = await t.pool.query(`select actor from outboxd.admin_audit where operation_id = $1`, [op]);
     expect(rows).toEqual([{ actor: 'token:ops-team' }]);
     expect((await api(`/admin/operations/${op}/requeue`, { method: 'POST', body: '{}' })).status).toBe(409);
     const sweep = await api('/admin/reconcile', { method: 'POST' });
@@ -184,11 +184,11 @@ describe('Stripe webhook inbox', () => {
     await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 5_000, 'webhook settles');
     const event = e.emulator.emittedEvents().find((ev) => ev.type === 'payment_intent.succeeded')!;
     // Whichever event was processed first settled it (each is checked by retrieving the PaymentIntent).
-    await waitUntil(async () => (await t.pool.query(`select 1 from webhook_events where id = $1`, [event.id])).rows.length === 1, 5_000, 'recorded');
-    const before = (await t.pool.query(`select id, result from webhook_events where operation_id = $1 order by id`, [op])).rows;
+    await waitUntil(async () => (await t.pool.query(`select 1 from outboxd.webhook_events where id = $1`, [event.id])).rows.length === 1, 5_000, 'recorded');
+    const before = (await t.pool.query(`select id, result from outboxd.webhook_events where operation_id = $1 order by id`, [op])).rows;
     expect(before.filter((r) => r.result === 'settled').map((r) => r.id)).toHaveLength(1);
     expect(await e.emulator.redeliver(event.id)).toBe(200);
-    expect((await t.pool.query(`select id, result from webhook_events where operation_id = $1 order by id`, [op])).rows).toEqual(before);
+    expect((await t.pool.query(`select id, result from outboxd.webhook_events where operation_id = $1 order by id`, [op])).rows).toEqual(before);
     const replay = await fetch(`${base}/webhooks/stripe`, signed(JSON.stringify(event)));
     expect(await replay.json()).toEqual({ received: true, result: 'duplicate' });
   });
@@ -198,7 +198,7 @@ describe('Stripe webhook inbox', () => {
     const forged = JSON.stringify({ id: 'evt_forged', object: 'event', type: 'payment_intent.succeeded', data: { object: { id: 'pi_x', amount: 2599, currency: 'eur', metadata: { operation_id: op } } } });
     const res = await fetch(`${base}/webhooks/stripe`, signed(forged, 'whsec_someone_else'));
     expect(res.status).toBe(400);
-    expect((await t.pool.query(`select 1 from webhook_events where id = 'evt_forged'`)).rows).toHaveLength(0);
+    expect((await t.pool.query(`select 1 from outboxd.webhook_events where id = 'evt_forged'`)).rows).toHaveLength(0);
     expect((await operation(t, op)).status).toBe('pending');
   });
 
@@ -237,7 +237,7 @@ describe('Stripe webhook inbox', () => {
 
   it('a charge that contradicts a failed operation is counted and logged as a contradiction, never overwriting it', async () => {
     const op = await confirm(t);
-    await t.pool.query(`update payment_operations set status = 'failed', settled_at = now() where id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where id = $1`, [op]);
     const pi = await createPi(op);
     const before = mismatches;
     const res = await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_contradiction', { id: pi.id })));
@@ -257,10 +257,10 @@ describe('Stripe webhook inbox', () => {
     const pi = await createPi(op);
     const event = eventFor('evt_trimmed', { id: pi.id, payment_method: 'pm_card_visa', billing_details: { name: 'A Person' }, metadata: { operation_id: op } });
     expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'settled' });
-    const { rows } = await t.pool.query(`select payload from webhook_events where id = 'evt_trimmed'`);
+    const { rows } = await t.pool.query(`select payload from outboxd.webhook_events where id = 'evt_trimmed'`);
     expect(rows[0].payload).toEqual({ id: 'evt_trimmed', type: 'payment_intent.succeeded', created: 1_700_000_000, livemode: false, payment_intent: { id: pi.id, status: 'succeeded' } });
-    await t.pool.query(`update webhook_events set received_at = now() - interval '31 days' where id = 'evt_trimmed'`);
+    await t.pool.query(`update outboxd.webhook_events set received_at = now() - interval '31 days' where id = 'evt_trimmed'`);
     expect(await pruneWebhookEvents(t.pool, 30)).toBeGreaterThanOrEqual(1);
-    expect((await t.pool.query(`select 1 from webhook_events where id = 'evt_trimmed'`)).rows).toHaveLength(0);
+    expect((await t.pool.query(`select 1 from outboxd.webhook_events where id = 'evt_trimmed'`)).rows).toHaveLength(0);
   });
 });

@@ -75,7 +75,7 @@ describe('outboxd order confirm', () => {
     expect(summary.failures[1]).toMatchObject({ field: 'amount' });
     expect(summary.confirmations).toHaveLength(196);
     expect(summary.confirmations[0]).toEqual({ line: 1, operationId: expect.stringMatching(/^[0-9a-f-]{36}$/), created: true });
-    const { rows } = await t.pool.query(`select id from payment_operations where order_id = 'bulk-199'`);
+    const { rows } = await t.pool.query(`select id from outboxd.payment_operations where order_id = 'bulk-199'`);
     expect(summary.confirmations.at(-1)).toEqual({ line: 200, operationId: rows[0].id, created: true });
     const after = await counts(t);
     expect(after.operations - before.operations).toBe(196);
@@ -164,7 +164,7 @@ describe('order confirm --from-file while the database fails', () => {
   async function lockOrders(): Promise<() => Promise<void>> {
     const client = await t.pool.connect();
     await client.query('begin');
-    await client.query('lock table orders in exclusive mode');
+    await client.query('lock table outboxd.orders in exclusive mode');
     return async () => {
       await client.query('rollback');
       client.release();
@@ -190,7 +190,7 @@ describe('order confirm --from-file while the database fails', () => {
     const summary = JSON.parse(res.stdout);
     expect(summary).toMatchObject({ lines: 20, failed: 0, failures: [], unconfirmed: [] });
     expect(summary.confirmed + summary.alreadyConfirmed).toBe(20);
-    const { rows } = await t.pool.query(`select count(*)::int as n from payment_operations where order_id like 'cut-%'`);
+    const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where order_id like 'cut-%'`);
     expect(rows[0].n).toBe(20);
   });
 
@@ -222,9 +222,9 @@ describe('ops show short ids, ops list, audit', () => {
   const B = 'abcdef01-2222-4000-8000-000000000002';
   beforeAll(async () => {
     for (const [id, orderId] of [[A, 'short-a'], [B, 'short-b']] as const) {
-      await t.pool.query(`insert into orders (id, amount, currency, customer_id, payment_method) values ($1, 100, 'eur', 'cus', 'pm_card_visa')`, [orderId]);
+      await t.pool.query(`insert into outboxd.orders (id, amount, currency, customer_id, payment_method) values ($1, 100, 'eur', 'cus', 'pm_card_visa')`, [orderId]);
       await t.pool.query(
-        `insert into payment_operations (id, order_id, amount, currency, customer_id, payment_method) values ($1, $2, 100, 'eur', 'cus', 'pm_card_visa')`,
+        `insert into outboxd.payment_operations (id, order_id, amount, currency, customer_id, payment_method) values ($1, $2, 100, 'eur', 'cus', 'pm_card_visa')`,
         [id, orderId],
       );
     }
@@ -248,8 +248,8 @@ describe('ops show short ids, ops list, audit', () => {
   });
 
   it('ops list shows a review reason only for operations in review', async () => {
-    await t.pool.query(`update payment_operations set last_error = 'timeout talking to stripe' where id = $1`, [A]);
-    await t.pool.query(`update payment_operations set review_reason = 'key window passed, no charge found' where id = $1`, [B]);
+    await t.pool.query(`update outboxd.payment_operations set last_error = 'timeout talking to stripe' where id = $1`, [A]);
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'key window passed, no charge found' where id = $1`, [B]);
     const res = await outboxd('ops', 'list');
     expect(res.code).toBe(0);
     const lines = res.stdout.split('\n');

@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { inTransaction } from '../src/db/pool.ts';
-import { confirmOrder, OrderConflictError } from '../src/orders/confirm.ts';
+import { confirmOrder } from '../src/orders/confirm.ts';
 import { ValidationError } from '../src/orders/validate.ts';
-import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, recordOutboxRow, relayOutbox } from '../src/outbox.ts';
-import * as sql from '../src/sql/statements.ts';
+import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, relayOutbox } from '../src/outbox.ts';
+import { OrderConflictError, requestCharge } from '../src/payments/request.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { chargeJobs, counts, operation, orderInput, outboxRows, relay } from './support/fixtures.ts';
 
@@ -62,15 +62,24 @@ describe('confirmOrder (invariant 1)', () => {
     const input = orderInput();
     await expect(
       inTransaction(t.pool, async (tx) => {
-        const v = [input.orderId, input.amount, input.currency, input.customer, input.paymentMethod] as const;
-        await tx.query(sql.insertOrder(...v));
-        const { rows } = await tx.query(sql.insertChargeOperation(...v));
-        await recordOutboxRow(tx, rows[0].id);
+        await tx.query(tx.sql.insertOrder(input.orderId, input.amount, input.currency, input.customer, input.paymentMethod));
+        expect((await requestCharge(tx, input)).created).toBe(true);
         throw new Error('the application fails after writing the outbox row');
       }),
     ).rejects.toThrow('the application fails');
     expect(await relay(t)).toBe(0);
     expect(await counts(t)).toEqual(before);
+  });
+
+  it('a declined order is confirmed again with another payment method: a new operation, a new job', async () => {
+    const input = orderInput({ paymentMethod: 'pm_card_chargeDeclined' });
+    const first = await confirmOrder(t.pool, input);
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where id = $1`, [first.operationId]);
+    expect(await confirmOrder(t.pool, input)).toEqual({ operationId: first.operationId, created: false });
+    const second = await confirmOrder(t.pool, { ...input, paymentMethod: 'pm_card_visa' });
+    expect(second.created).toBe(true);
+    expect(second.operationId).not.toBe(first.operationId);
+    expect(await outboxRows(t, second.operationId)).toBe(1);
   });
 });
 

@@ -26,7 +26,7 @@ afterEach(async () => {
     await r.exited;
   }
   await t.pool.query(`delete from pgboss.job where name in ('charge', 'charge_dead')`);
-  await t.pool.query(`delete from charge_outbox`);
+  await t.pool.query(`delete from outboxd.charge_outbox`);
 });
 
 const replica = async (env: Record<string, string> = {}) => {
@@ -56,7 +56,7 @@ describe('dispatcher replicas (OS processes)', () => {
       expect(charges(op)).toHaveLength(1);
       expect(new Set(createsFor(op).map((r) => r.idempotencyKey))).toEqual(new Set([idempotencyKeyFor(op)]));
     }
-    const { rows } = await t.pool.query(`select status, count(*)::int as n from payment_operations where id = any($1) group by status`, [ops]);
+    const { rows } = await t.pool.query(`select status, count(*)::int as n from outboxd.payment_operations where id = any($1) group by status`, [ops]);
     expect(Object.fromEntries(rows.map((r) => [r.status, r.n]))).toEqual({ succeeded: 54, failed: 6 });
     expect((await a.metric('outboxd_jobs_total')) + (await b.metric('outboxd_jobs_total'))).toBe(60);
     const sum = async (name: string) => (await a.metric(name)) + (await b.metric(name));
@@ -227,7 +227,7 @@ describe('dispatcher (in-process)', () => {
     try {
       await relay(t);
       await waitUntil(async () => (await operation(t, op)).status === 'unknown', 10_000, 'first attempt');
-      await t.pool.query(`update payment_operations set amount = amount + 1 where id = $1`, [op]);
+      await t.pool.query(`update outboxd.payment_operations set amount = amount + 1 where id = $1`, [op]);
       const jobs = async () =>
         (await t.pool.query(`select name, state, retry_count from pgboss.job where name in ('charge', 'charge_dead') and data->>'operationId' = $1 order by name`, [op])).rows;
       await waitUntil(async () => (await jobs()).some((j) => j.name === 'charge_dead'), 20_000, 'dead-lettered');

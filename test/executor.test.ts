@@ -17,7 +17,7 @@ afterAll(() => t.close());
 
 const creates = (s: FakeStripe) => s.calls.filter((c) => c.method === 'create');
 const ageFirstAttempt = (id: string, hours: number) =>
-  t.pool.query(`update payment_operations set first_attempted_at = now() - $2 * interval '1 hour' where id = $1`, [id, hours]);
+  t.pool.query(`update outboxd.payment_operations set first_attempted_at = now() - $2 * interval '1 hour' where id = $1`, [id, hours]);
 
 describe('executeCharge', () => {
   it('charges once and settles succeeded, with the key derived from the operation id (invariant 2)', async () => {
@@ -45,7 +45,7 @@ describe('executeCharge', () => {
 
   it('negative control: a new key per retry after a lost response charges twice', async () => {
     const stripe = new FakeStripe();
-    const req = { operationId: 'op', amount: 100, currency: 'eur', customer: 'c', paymentMethod: 'pm_card_visa' };
+    const req = { operationId: 'op', amount: 100, currency: 'eur', customer: 'c', paymentMethod: 'pm_card_visa', metadata: {} };
     stripe.loseResponseOnce = true;
     await expect(stripe.createCharge({ ...req, idempotencyKey: 'random-1' })).rejects.toBeInstanceOf(AmbiguousOutcome);
     await stripe.createCharge({ ...req, idempotencyKey: 'random-2' });
@@ -140,7 +140,7 @@ describe('executeCharge', () => {
       const stripe = new FakeStripe();
       const id = await confirm(t, { paymentMethod: 'pm_card_chargeDeclinedInsufficientFunds' });
       const fence = await claim(t, id);
-      await t.pool.query(`update payment_operations set status = 'unknown', first_attempted_at = now() - interval '2 days' where id = $1`, [id]);
+      await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() - interval '2 days' where id = $1`, [id]);
       stripe.addCharge({ status: 'requires_payment_method', amount: 2599, currency: 'eur', operationId: id });
       const run = await executeCharge(t.pool, stripe, id, fence);
       expect(run.operation.status).toBe('failed');
@@ -170,7 +170,7 @@ describe('executeCharge', () => {
       const stripe = new FakeStripe();
       const id = await confirm(t);
       const fence = await claim(t, id);
-      await t.pool.query(`update payment_operations set status = 'unknown', first_attempted_at = now() - interval '25 hours' where id = $1`, [id]);
+      await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() - interval '25 hours' where id = $1`, [id]);
       stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: id });
       stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: id });
       const run = await executeCharge(t.pool, stripe, id, fence);
@@ -182,7 +182,7 @@ describe('executeCharge', () => {
       const stripe = new FakeStripe();
       const id = await confirm(t);
       const fence = await claim(t, id);
-      await t.pool.query(`update payment_operations set status = 'unknown', first_attempted_at = now() - interval '25 hours' where id = $1`, [id]);
+      await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() - interval '25 hours' where id = $1`, [id]);
       stripe.addCharge({ status: 'succeeded', amount: 1, currency: 'eur', operationId: id });
       const run = await executeCharge(t.pool, stripe, id, fence);
       expect(run.operation).toMatchObject({ status: 'unknown', needs_review: true });
@@ -191,7 +191,7 @@ describe('executeCharge', () => {
     it('created 3 days ago but never sent → sent normally (the window starts at the first send)', async () => {
       const stripe = new FakeStripe();
       const id = await confirm(t);
-      await t.pool.query(`update payment_operations set created_at = now() - interval '3 days' where id = $1`, [id]);
+      await t.pool.query(`update outboxd.payment_operations set created_at = now() - interval '3 days' where id = $1`, [id]);
       const run = await executeCharge(t.pool, stripe, id, await claim(t, id));
       expect(run.call).toBe('create');
       expect(run.operation.status).toBe('succeeded');
@@ -203,7 +203,7 @@ describe('executeCharge', () => {
       const stripe = new FakeStripe();
       const id = await confirm(t);
       const stale = await claim(t, id, 'worker-a');
-      await t.pool.query(`update payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [id]);
+      await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [id]);
       const current = await claim(t, id, 'worker-b');
       expect(current).toBeGreaterThan(stale);
       const before = await operation(t, id);
@@ -220,7 +220,7 @@ describe('executeCharge', () => {
       stripe.hold = new Promise((r) => (release = r));
       const running = executeCharge(t.pool, stripe, id, stale);
       await waitUntil(() => stripe.calls.length === 1, 5_000, 'the gateway call');
-      await t.pool.query(`update payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [id]);
+      await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [id]);
       await claim(t, id, 'worker-b');
       release();
       const err = await running.catch((e: unknown) => e);
@@ -234,7 +234,7 @@ describe('executeCharge', () => {
     const id = await confirm(t);
     let release!: () => void;
     stripe.hold = new Promise((r) => (release = r));
-    const pool = (await import('../src/db/pool.ts')).createPool(t.url, { max: 2, applicationName: 'executor-under-test' });
+    const pool = (await import('../src/db/pool.ts')).createPool(t.url, { schema: t.schema, max: 2, applicationName: 'executor-under-test' });
     try {
       const running = executeCharge(pool, stripe, id, await claim(t, id));
       await waitUntil(() => stripe.calls.length === 1, 5_000, 'the gateway call');

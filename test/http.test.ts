@@ -30,7 +30,7 @@ let unreachable: ReturnType<typeof createPool>;
 
 beforeAll(async () => {
   // A database nobody listens on: every query fails with an error whose text names the host and port.
-  unreachable = createPool(`postgres://outboxd:pw@127.0.0.1:${await freePort()}/outboxd`);
+  unreachable = createPool(`postgres://outboxd:pw@127.0.0.1:${await freePort()}/outboxd`, { schema: 'outboxd' });
   const config = loadConfig({ ADMIN_TOKEN: TOKEN });
   http = await startHttpServer(
     0,

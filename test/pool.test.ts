@@ -8,7 +8,7 @@ let t: TestDb;
 let pool: Pool;
 beforeAll(async () => {
   t = await createTestDatabase();
-  pool = createPool(t.url, { max: 1, applicationName: 'pool-under-test' });
+  pool = createPool(t.url, { schema: t.schema, max: 1, applicationName: 'pool-under-test' });
 });
 afterAll(async () => {
   await pool.end();

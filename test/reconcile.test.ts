@@ -25,7 +25,7 @@ afterAll(async () => {
 beforeEach(async () => {
   e.emulator.reset();
   // Each test looks at its own operations only: settle everything earlier tests left unsettled.
-  await t.pool.query(`update payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
+  await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
 });
 
 const sweep = () => reconcileSweep(t.pool, e.gateway(), t.boss, { owner: 'sweeper', leaseTtlMs: 10_000, log });
@@ -38,9 +38,9 @@ const charges = (op: string) => e.emulator.ledger().filter((l) => l.paymentInten
  * gone (the outbox row relayed, the job dead-lettered). */
 async function lostPastWindow(overrides: Parameters<typeof confirm>[1] = {}): Promise<string> {
   const op = await confirm(t, overrides);
-  await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+  await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
   await t.pool.query(
-    `update payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '25 hours',
+    `update outboxd.payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '25 hours',
        last_attempted_at = now() - interval '25 hours' where id = $1`,
     [op],
   );
@@ -101,7 +101,7 @@ describe('reconcile sweep (past the key window)', () => {
 
   it('leaves operations inside the window to the dispatcher, and retrieves known charges', async () => {
     const inside = await confirm(t);
-    await t.pool.query(`update payment_operations set status = 'unknown', first_attempted_at = now() where id = $1`, [inside]);
+    await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() where id = $1`, [inside]);
     const known = await confirm(t, { paymentMethod: 'pm_card_processing' });
     const fence = await claim(t, known);
     await executeCharge(t.pool, e.gateway(), known, fence);
@@ -126,7 +126,7 @@ describe('drift report', () => {
     await executeCharge(t.pool, e.gateway(), op, fence);
     const orphan = await chargeFor('00000000-0000-4000-8000-000000000000');
     const missing = await confirm(t);
-    await t.pool.query(`update payment_operations set status = 'succeeded', settled_at = now(), external_id = 'pi_doesnotexist' where id = $1`, [missing]);
+    await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now(), external_id = 'pi_doesnotexist' where id = $1`, [missing]);
 
     const report = await driftReport(t.pool, e.gateway(), since);
     const kinds = report.drift.map((d) => [d.kind, d.operationId]);
@@ -138,7 +138,7 @@ describe('drift report', () => {
 
   it('no drift for a clean run', async () => {
     const since = new Date(Date.now() - 1000);
-    await t.pool.query(`update payment_operations set settled_at = now() - interval '1 day' where settled_at >= $1`, [since]);
+    await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '1 day' where settled_at >= $1`, [since]);
     const op = await confirm(t);
     await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
     expect((await driftReport(t.pool, e.gateway(), since)).drift).toEqual([]);
@@ -173,7 +173,7 @@ describe('review resolution', () => {
 
     const resolved = await resolve(op, { outcome: 'succeeded', externalId: right!.id }, 'alice', gw);
     expect(resolved).toMatchObject({ status: 'succeeded', external_id: right!.id, needs_review: false });
-    const { rows } = await t.pool.query(`select actor, action, details from admin_audit where operation_id = $1`, [op]);
+    const { rows } = await t.pool.query(`select actor, action, details from outboxd.admin_audit where operation_id = $1`, [op]);
     expect(rows).toEqual([{ actor: 'alice', action: 'resolve', details: expect.objectContaining({ outcome: 'succeeded', previousStatus: 'unknown' }) }]);
     await expect(resolve(op, { outcome: 'succeeded', externalId: right!.id }, 'alice', gw)).rejects.toThrow(/never overwritten/);
   });
@@ -190,9 +190,9 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
   /** An unsettled operation whose job is gone and whose last create went out `ago` (SQL interval). */
   async function heldForReview(ago: string, overrides: Parameters<typeof confirm>[1] = {}): Promise<string> {
     const op = await confirm(t, overrides);
-    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
     await t.pool.query(
-      `update payment_operations set status = 'unknown', attempts = 1, review_reason = 'retries exhausted',
+      `update outboxd.payment_operations set status = 'unknown', attempts = 1, review_reason = 'retries exhausted',
          first_attempted_at = now() - $2::interval, last_attempted_at = now() - $2::interval where id = $1`,
       [op, ago],
     );
@@ -201,7 +201,7 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
 
   it('refused while a worker\'s create is in flight; the charge then settles succeeded, never failed', async () => {
     const op = await confirm(t);
-    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 1_500 } });
     const fence = await claim(t, op, 'worker-w');
     const inFlight = executeCharge(t.pool, e.gateway({ timeoutMs: 5_000 }), op, fence);
@@ -211,7 +211,7 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
     const run = await inFlight;
     expect(run.operation.status).toBe('succeeded');
     expect(charges(op)).toHaveLength(1);
-    const { rows } = await t.pool.query(`select count(*)::int as n from admin_audit where operation_id = $1`, [op]);
+    const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.admin_audit where operation_id = $1`, [op]);
     expect(rows[0].n).toBe(0);
   });
 
@@ -234,10 +234,10 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
 
   it('--failed is refused while the known charge is processing', async () => {
     const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
-    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
     const run = await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
     expect(run.operation).toMatchObject({ status: 'unknown', external_id: expect.stringMatching(/^pi_/) });
-    await t.pool.query(`update payment_operations set last_attempted_at = now() - interval '2 hours' where id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set last_attempted_at = now() - interval '2 hours' where id = $1`, [op]);
     await expect(resolve(op, { outcome: 'failed', reason: 'x' })).rejects.toThrow(/is processing, not failed/);
     expect((await operation(t, op)).status).toBe('unknown');
   });
@@ -255,13 +255,13 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
     const op = await heldForReview('10 minutes');
     await expect(resolve(op, { outcome: 'failed', reason: 'x' })).rejects.toThrow(/600 s ago.*try again in 3\d\d\d s/);
     expect(await operation(t, op)).toMatchObject({ status: 'unknown', lease_owner: null });
-    await t.pool.query(`update payment_operations set last_attempted_at = now() - interval '61 minutes' where id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set last_attempted_at = now() - interval '61 minutes' where id = $1`, [op]);
     expect(await resolve(op, { outcome: 'failed', reason: 'nothing in Stripe after an hour' })).toMatchObject({ status: 'failed' });
   });
 
   it('--succeeded must name the operation\'s known charge when it has one', async () => {
     const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
-    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
     await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
     const other = await chargeFor(op);
     await expect(resolve(op, { outcome: 'succeeded', externalId: other!.id })).rejects.toThrow(/is known to Stripe as pi_/);
@@ -271,11 +271,11 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
 describe('the sweep drives what no job drives (issue 10)', () => {
   it('a dead-lettered unknown operation inside the window is searched, read-only; one match settles through retrieve', async () => {
     const op = await confirm(t);
-    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'hang' } });
     const lost = await executeCharge(t.pool, e.gateway({ timeoutMs: 300 }), op, await claim(t, op));
     expect(lost.operation).toMatchObject({ status: 'unknown', external_id: null });
-    await t.pool.query(`update payment_operations set review_reason = 'retries exhausted' where id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'retries exhausted' where id = $1`, [op]);
     const report = await sweep();
     expect(report.decisions).toContainEqual(expect.objectContaining({ operationId: op, call: 'search', to: 'succeeded' }));
     expect(await operation(t, op)).toMatchObject({ status: 'succeeded', external_id: charges(op)[0]!.paymentIntent.id });
@@ -287,9 +287,9 @@ describe('the sweep drives what no job drives (issue 10)', () => {
     // pending, not unknown: a replica killed between recording the attempt and its outcome.
     const op = await confirm(t);
     const reason = 'idempotency key misuse (a bug): IdempotencyKeyMisuse 400';
-    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [op]);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
     await t.pool.query(
-      `update payment_operations set attempts = 1, first_attempted_at = now() - interval '1 hour', review_reason = $2 where id = $1`,
+      `update outboxd.payment_operations set attempts = 1, first_attempted_at = now() - interval '1 hour', review_reason = $2 where id = $1`,
       [op, reason],
     );
     await sweep();
@@ -300,9 +300,9 @@ describe('the sweep drives what no job drives (issue 10)', () => {
   it('an unsettled operation that no job drives is flagged; one with a live job is not', async () => {
     const orphan = await confirm(t);
     const driven = await confirm(t);
-    await t.pool.query(`delete from charge_outbox where operation_id = $1`, [orphan]);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [orphan]);
     await relay(t); // `driven` gets a job
-    await t.pool.query(`update payment_operations set updated_at = now() - interval '1 hour' where id = any($1)`, [[orphan, driven]]);
+    await t.pool.query(`update outboxd.payment_operations set updated_at = now() - interval '1 hour' where id = any($1)`, [[orphan, driven]]);
     const report = await sweep();
     expect(report.undriven).toEqual([orphan]);
     expect((await operation(t, orphan)).review_reason).toMatch(/no job drives this operation/);

@@ -24,7 +24,7 @@ beforeEach(() => e.emulator.reset());
 const charges = (op: string) => e.emulator.ledger().filter((l) => l.paymentIntent.metadata.operation_id === op);
 const creates = (op: string) => e.emulator.requests().filter((r) => r.endpoint === 'create' && r.operationId === op);
 const passKeyWindow = (op: string) =>
-  t.pool.query(`update payment_operations set first_attempted_at = now() - interval '23 hours 1 minute' where id = $1`, [op]);
+  t.pool.query(`update outboxd.payment_operations set first_attempted_at = now() - interval '23 hours 1 minute' where id = $1`, [op]);
 
 describe('executeCharge over HTTP with the real SDK', () => {
   it('charges once; every create for the operation carries payment-op:<id> and nothing else', async () => {
@@ -76,7 +76,7 @@ describe('executeCharge over HTTP with the real SDK', () => {
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 400 } });
     const slow = executeCharge(t.pool, gateway, op, staleFence);
     await new Promise((r) => setTimeout(r, 100));
-    await t.pool.query(`update payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
     const fence = await claim(t, op, 'replica-b');
     const during = await executeCharge(t.pool, gateway, op, fence);
     expect(during.operation).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous' });
@@ -108,7 +108,7 @@ describe('executeCharge over HTTP with the real SDK', () => {
       expect(run.operation).toMatchObject({ status: 'pending', last_outcome: 'rate_limited', first_attempted_at: null, last_attempted_at: null });
     }
     // A day passes: any window the 429s had opened would now be closed.
-    await t.pool.query(`update payment_operations set first_attempted_at = first_attempted_at - interval '1 day' where id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set first_attempted_at = first_attempted_at - interval '1 day' where id = $1`, [op]);
     const run = await executeCharge(t.pool, gateway, op, fence);
     expect(run).toMatchObject({ call: 'create', operation: { status: 'succeeded' } });
     expect(charges(op)).toHaveLength(1);
@@ -233,7 +233,7 @@ describe('classification of what the SDK raises', () => {
       const flaky = new StripeGateway({ secretKey: 'sk_test_x', apiBase: `http://127.0.0.1:${port}`, timeoutMs: 1_000 });
       try {
         return await flaky
-          .createCharge({ operationId: 'op', amount: 100, currency: 'eur', customer: 'c', paymentMethod: 'pm_card_visa', idempotencyKey: 'payment-op:op' })
+          .createCharge({ operationId: 'op', amount: 100, currency: 'eur', customer: 'c', paymentMethod: 'pm_card_visa', metadata: {}, idempotencyKey: 'payment-op:op' })
           .catch((x) => x);
       } finally {
         server.close();

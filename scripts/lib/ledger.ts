@@ -18,7 +18,7 @@ export interface Agreement {
 }
 
 export async function checkAgainstLedger(pool: Pool, emulator: StripeEmulator): Promise<Agreement> {
-  const operations: Operation[] = (await pool.query(`select * from payment_operations order by created_at, id`)).rows;
+  const operations: Operation[] = (await pool.query(`select * from outboxd.payment_operations order by created_at, id`)).rows;
   const byId = new Map(operations.map((o) => [o.id, o]));
   const violations: Violation[] = [];
   const paid = new Map<string, number>();

@@ -10,6 +10,7 @@ import { createPool, type Pool } from '../../src/db/pool.ts';
 import { createLogger } from '../../src/log.ts';
 import { createBoss } from '../../src/outbox.ts';
 import { EMULATOR_KEY } from '../../src/runtime.ts';
+import { DEFAULT_SCHEMA } from '../../src/sql/statements.ts';
 import { StripeEmulator, type EmulatorOptions } from '../../src/stripe/emulator/emulator.ts';
 import { StripeGateway } from '../../src/stripe/gateway.ts';
 import { createMigratedDatabase } from './database.ts';
@@ -51,8 +52,8 @@ export async function startWorld(opts: { name: string; emulator?: EmulatorOption
   }
   const database = await createMigratedDatabase(admin, `outboxd_${opts.name}`);
   const { url } = database;
-  const pool = createPool(url, { max: 20, applicationName: `outboxd-${opts.name}` });
-  const boss = createBoss(url, 'client', 4);
+  const pool = createPool(url, { schema: DEFAULT_SCHEMA, max: 20, applicationName: `outboxd-${opts.name}` });
+  const boss = createBoss(url, 'client', 4, DEFAULT_SCHEMA);
   boss.on('error', () => {});
   await boss.start();
   const emulator = new StripeEmulator(opts.emulator);

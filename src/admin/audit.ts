@@ -1,5 +1,4 @@
 import type { Queryable } from '../db/pool.ts';
-import * as sql from '../sql/statements.ts';
 
 export interface AuditEntry {
   actor: string;
@@ -10,7 +9,7 @@ export interface AuditEntry {
 
 /** Written in the same transaction as the action it records. */
 export async function recordAudit(db: Queryable, entry: AuditEntry): Promise<void> {
-  await db.query(sql.insertAudit(entry.actor, entry.action, entry.operationId, JSON.stringify(entry.details)));
+  await db.query(db.sql.insertAudit(entry.actor, entry.action, entry.operationId, JSON.stringify(entry.details)));
 }
 
 export interface AuditRow {
@@ -24,6 +23,6 @@ export interface AuditRow {
 
 /** The newest `limit` entries, of one operation or of all, oldest first. */
 export async function listAudit(db: Queryable, filter: { operationId?: string; limit: number }): Promise<AuditRow[]> {
-  const { rows } = await db.query(sql.listAudit(filter.operationId ?? null, filter.limit));
+  const { rows } = await db.query(db.sql.listAudit(filter.operationId ?? null, filter.limit));
   return rows;
 }

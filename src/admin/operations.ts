@@ -2,7 +2,6 @@
 import type { Queryable } from '../db/pool.ts';
 import { ValidationError } from '../orders/validate.ts';
 import { isOperationId, OperationNotFoundError, type Operation } from '../payments/operation.ts';
-import * as sql from '../sql/statements.ts';
 
 function parseOperationId(id: string): string {
   if (!isOperationId(id)) throw new ValidationError('operationId', `not an operation id (a UUID): ${JSON.stringify(id)}`);
@@ -13,12 +12,12 @@ export async function listOperations(
   db: Queryable,
   filter: { status?: string; needsReview?: boolean; limit?: number },
 ): Promise<Operation[]> {
-  const { rows } = await db.query(sql.listOperations(filter.status ?? null, !!filter.needsReview, filter.limit ?? 1000));
+  const { rows } = await db.query(db.sql.listOperations(filter.status ?? null, !!filter.needsReview, filter.limit ?? 1000));
   return rows;
 }
 
 export async function showOperation(db: Queryable, id: string): Promise<Operation> {
-  const { rows } = await db.query(sql.showOperation(parseOperationId(id)));
+  const { rows } = await db.query(db.sql.showOperation(parseOperationId(id)));
   if (!rows[0]) throw new OperationNotFoundError(id);
   return rows[0];
 }
@@ -37,7 +36,7 @@ export async function findOperation(db: Queryable, text: string): Promise<Operat
   if (!/^[0-9a-f]{8,32}$/.test(hex)) {
     throw new ValidationError('operationId', `not an operation id (a UUID, or its first 8 or more hex digits): ${JSON.stringify(text)}`);
   }
-  const { rows } = await db.query(sql.operationsByIdPrefix(hex, AMBIGUOUS_SHOWN + 1));
+  const { rows } = await db.query(db.sql.operationsByIdPrefix(hex, AMBIGUOUS_SHOWN + 1));
   if (rows.length === 0) throw new OperationNotFoundError(text);
   if (rows.length > 1) {
     const ids = rows.slice(0, AMBIGUOUS_SHOWN).map((r: Operation) => r.id);

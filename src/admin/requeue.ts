@@ -4,7 +4,6 @@ import type { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
 import { CHARGE_QUEUE, enqueueCharge, LIVE_JOB_STATES, type ChargeJob } from '../outbox.ts';
 import type { Operation } from '../payments/operation.ts';
-import * as sql from '../sql/statements.ts';
 import { recordAudit } from './audit.ts';
 import { showOperation } from './operations.ts';
 
@@ -23,8 +22,8 @@ export async function requeueOperation(
   const op = await showOperation(pool, id);
   return inTransaction(pool, async (tx) => {
     // One requeue of an operation at a time: the check for a live job and the enqueue are one step.
-    await tx.query(sql.lockOperationForRequeue(op.id));
-    const { rows } = await tx.query(sql.showOperation(op.id));
+    await tx.query(tx.sql.lockOperationForRequeue(op.id));
+    const { rows } = await tx.query(tx.sql.showOperation(op.id));
     const current: Operation = rows[0];
     if (current.status === 'succeeded' || current.status === 'failed') {
       return { operationId: op.id, result: 'refused', reason: `operation is ${current.status}` };
@@ -32,7 +31,7 @@ export async function requeueOperation(
     if (current.lease_expires_at && current.lease_expires_at > new Date()) {
       return { operationId: op.id, result: 'skipped', reason: `leased by ${current.lease_owner} until ${current.lease_expires_at.toISOString()}` };
     }
-    const { rows: waiting } = await tx.query(sql.outboxRowFor(op.id));
+    const { rows: waiting } = await tx.query(tx.sql.outboxRowFor(op.id));
     if (waiting[0]) return { operationId: op.id, result: 'skipped', reason: 'waiting in the outbox to be relayed' };
     const jobs = await boss.findJobs<ChargeJob>(CHARGE_QUEUE, { data: { operationId: op.id }, db: bossDb(tx) });
     const live = jobs.find((j) => LIVE_JOB_STATES.has(j.state));
@@ -55,7 +54,7 @@ export async function requeueStuck(
   boss: PgBoss,
   opts: { actor: string; olderThanSeconds: number; dryRun?: boolean; limit?: number },
 ): Promise<RequeueResult[]> {
-  const { rows } = await pool.query(sql.stuckOperations(opts.olderThanSeconds, opts.limit ?? 1000));
+  const { rows } = await pool.query(pool.sql.stuckOperations(opts.olderThanSeconds, opts.limit ?? 1000));
   const results: RequeueResult[] = [];
   for (const op of rows as Operation[]) results.push(await requeueOperation(pool, boss, op.id, opts));
   return results;

@@ -14,7 +14,6 @@ import { ValidationError } from '../orders/validate.ts';
 import { liveJobFor } from '../outbox.ts';
 import { FAILED_CHARGE_STATUSES, type PaymentGateway } from '../payments/gateway.ts';
 import { claimOperation, isSettled, releaseLease, renewLease, settleUnderLease, type Operation } from '../payments/operation.ts';
-import * as sql from '../sql/statements.ts';
 import { recordAudit } from './audit.ts';
 import { showOperation } from './operations.ts';
 
@@ -92,7 +91,7 @@ async function notClaimable(pool: Pool, id: string): Promise<Error> {
 
 /** A queued or active job (or a row still in the outbox) means the machine is still driving it. */
 async function refuseWhileDriven(pool: Pool, boss: PgBoss, id: string): Promise<void> {
-  const { rows } = await pool.query(sql.outboxRowFor(id));
+  const { rows } = await pool.query(pool.sql.outboxRowFor(id));
   if (rows[0]) throw new ResolutionRefused(`operation ${id} waits in the outbox to be sent; resolve it only once the workers have given up on it`);
   const job = await liveJobFor(boss, bossDb(pool), id);
   if (job) {
@@ -122,7 +121,7 @@ async function evidenceOfFailure(
   reason: string,
   horizonSeconds: number,
 ): Promise<Record<string, unknown>> {
-  const { rows } = await pool.query(sql.lastAttemptAge(op.id));
+  const { rows } = await pool.query(pool.sql.lastAttemptAge(op.id));
   const age: number | null = rows[0]?.age_seconds ?? null;
   if (age !== null && age < horizonSeconds) {
     const wait = Math.ceil(horizonSeconds - age);

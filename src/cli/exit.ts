@@ -1,6 +1,6 @@
 import { CommanderError } from 'commander';
 import { ConfigError } from '../config.ts';
-import { OrderConflictError } from '../orders/confirm.ts';
+import { OrderConflictError } from '../payments/request.ts';
 import { ValidationError } from '../orders/validate.ts';
 import { OperationNotFoundError } from '../payments/operation.ts';
 import { ResolutionRefused } from '../admin/resolve.ts';

@@ -63,7 +63,7 @@ async function withDatabase<T>(fn: (ctx: { url: string; pool: ReturnType<typeof 
 
 /** Runs `fn` with a pg-boss that only sends and reads jobs (no supervision), then stops it. */
 async function withBoss<T>(url: string, fn: (boss: PgBoss) => Promise<T>): Promise<T> {
-  const boss = createBoss(url, 'client', 2);
+  const boss = createBoss(url, 'client', 2, config.schema);
   boss.on('error', (err) => log!.warn({ err }, 'pg-boss error'));
   await boss.start();
   try {
@@ -93,7 +93,7 @@ program
   .command('migrate')
   .description('apply the drizzle/ migrations and the pg-boss schema (idempotent)')
   .action(async () => {
-    if (config.databaseUrl) await migrate(config.databaseUrl);
+    if (config.databaseUrl) await migrate(config.databaseUrl, config.schema);
     else await withDatabase(async () => {}); // opening the embedded database migrates it
     log!.info('migrations applied');
   });

@@ -2,9 +2,9 @@
 // seconds, and `outboxd migrate` has run. Each failure is one sentence naming where and what to do;
 // the database is named by host, port and name only, so no password reaches a log or a terminal.
 import pg from 'pg';
-import { drizzlePending } from './migrate.ts';
+import { drizzlePending, readJournal } from './migrate.ts';
 
-export async function checkDatabase(connectionString: string, opts: { timeoutMs?: number } = {}): Promise<void> {
+export async function checkDatabase(connectionString: string, schema: string, opts: { timeoutMs?: number } = {}): Promise<void> {
   const timeoutMs = opts.timeoutMs ?? 5_000;
   const client = new pg.Client({ connectionString, connectionTimeoutMillis: timeoutMs, query_timeout: timeoutMs, application_name: 'outboxd-check' });
   const where = `${client.host}:${client.port}/${client.database ?? ''}`;
@@ -18,7 +18,7 @@ export async function checkDatabase(connectionString: string, opts: { timeoutMs?
     throw new Error(`cannot reach the database at ${where} (${why}): check DATABASE_URL`, { cause: err });
   }
   try {
-    if (await drizzlePending(client)) throw new Error(`the database at ${where} is not migrated: run \`outboxd migrate\``);
+    if (await drizzlePending(client, schema, await readJournal())) throw new Error(`the database at ${where} is not migrated: run \`outboxd migrate\``);
   } finally {
     await client.end().catch(() => {});
   }

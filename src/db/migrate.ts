@@ -1,44 +1,80 @@
 import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
+import type pg from 'pg';
 import { createBoss, createQueues } from '../outbox.ts';
 import { createPool, withClient, type PoolClient } from './pool.ts';
 
 const MIGRATIONS = fileURLToPath(new URL('../../drizzle', import.meta.url));
+/** drizzle's record of applied migrations, kept in outboxd's own schema (drizzle's default is one
+ * `drizzle` schema for everyone, which an application using drizzle would share with us). */
+const MIGRATIONS_TABLE = '__drizzle_migrations';
+/** Where the release that kept its tables in `public` recorded its migrations: drizzle's default. */
+const LEGACY_MIGRATIONS = 'drizzle.__drizzle_migrations';
 /** Serialises concurrent `outboxd migrate` runs (two deploys at once, tests in parallel). */
 const MIGRATION_LOCK = 7_411_001;
 
+interface Journal {
+  entries: { when: number }[];
+}
+
+export const readJournal = async (): Promise<Journal> => JSON.parse(await readFile(`${MIGRATIONS}/meta/_journal.json`, 'utf8'));
+
+/**
+ * A database created by the release that kept outboxd's tables in `public` recorded their migrations in
+ * drizzle's default table. Those rows (ours by their timestamps; an application's own stay) move to
+ * the schema's table, so drizzle continues from them; the migration that follows moves the tables.
+ */
+async function adoptLegacyMigrations(client: PoolClient, schema: string, journal: Journal): Promise<void> {
+  const { rows } = await client.query(`select to_regclass($1) is not null as ok`, [LEGACY_MIGRATIONS]);
+  if (!rows[0].ok) return;
+  await client.query('begin');
+  try {
+    await client.query(
+      `create table if not exists "${schema}".${MIGRATIONS_TABLE} (id serial primary key, hash text not null, created_at bigint)`,
+    );
+    await client.query(
+      `with moved as (delete from ${LEGACY_MIGRATIONS} where created_at = any($1::bigint[]) returning hash, created_at)
+       insert into "${schema}".${MIGRATIONS_TABLE} (hash, created_at) select hash, created_at from moved order by created_at`,
+      [journal.entries.map((e) => e.when)],
+    );
+    await client.query('commit');
+  } catch (err) {
+    await client.query('rollback');
+    throw err;
+  }
+}
+
 /** Whether drizzle's journal lists migrations this database has not applied yet. */
-export async function drizzlePending(client: Pick<PoolClient, 'query'>): Promise<boolean> {
-  const journal = JSON.parse(await readFile(`${MIGRATIONS}/meta/_journal.json`, 'utf8')) as { entries: unknown[] };
+export async function drizzlePending(client: Pick<PoolClient, 'query'>, schema: string, journal: Journal): Promise<boolean> {
   // Two statements: PostgreSQL resolves a table name when it parses, even in a branch never taken.
-  const { rows: exists } = await client.query(`select to_regclass('drizzle.__drizzle_migrations') is not null as ok`);
+  const { rows: exists } = await client.query(`select to_regclass($1) is not null as ok`, [`"${schema}".${MIGRATIONS_TABLE}`]);
   if (!exists[0].ok) return true;
-  const { rows } = await client.query(`select count(*)::int as applied from drizzle.__drizzle_migrations`);
+  const { rows } = await client.query(`select count(*)::int as applied from "${schema}".${MIGRATIONS_TABLE}`);
   return rows[0].applied < journal.entries.length;
 }
 
-/** Applies drizzle/ migrations, installs or upgrades the pg-boss schema and creates the queues. Idempotent. */
-export async function migrate(connectionString: string): Promise<void> {
-  const pool = createPool(connectionString, { max: 1, applicationName: 'outboxd-migrate' });
+/**
+ * Applies drizzle/ migrations to `schema`, installs or upgrades the pg-boss schema and creates the
+ * queues. Idempotent. `connection`: a connection string, or an application's pool.
+ */
+export async function migrate(connection: string | pg.Pool, schema: string): Promise<void> {
+  if (typeof connection !== 'string') return withClient(connection, (client) => migrateWith(client, connection, schema));
+  const pool = createPool(connection, { schema, max: 1, applicationName: 'outboxd-migrate' });
   try {
-    await withClient(pool, (client) => migrateWith(client, connectionString));
+    await withClient(pool, (client) => migrateWith(client, connection, schema));
   } finally {
     await pool.end();
   }
 }
 
-async function migrateWith(client: PoolClient, connectionString: string): Promise<void> {
+async function migrateWith(client: PoolClient, connection: string | pg.Pool, schema: string): Promise<void> {
   try {
     await client.query('select pg_advisory_lock($1)', [MIGRATION_LOCK]);
-    if (await drizzlePending(client)) {
-      // drizzle-orm takes about a second to load: only when there is something to apply.
-      const [{ drizzle }, { migrate: drizzleMigrate }] = await Promise.all([
-        import('drizzle-orm/node-postgres'),
-        import('drizzle-orm/node-postgres/migrator'),
-      ]);
-      await drizzleMigrate(drizzle({ client }), { migrationsFolder: MIGRATIONS });
-    }
-    const boss = createBoss(connectionString, 'migrator', 2);
+    await client.query(`create schema if not exists "${schema}"`);
+    const journal = await readJournal();
+    await adoptLegacyMigrations(client, schema, journal);
+    if (await drizzlePending(client, schema, journal)) await applyMigrations(client, schema);
+    const boss = createBoss(connection, 'migrator', 2, schema);
     await boss.start();
     try {
       await createQueues(boss);
@@ -47,5 +83,35 @@ async function migrateWith(client: PoolClient, connectionString: string): Promis
     }
   } finally {
     await client.query('select pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch(() => {});
+  }
+}
+
+/**
+ * drizzle's migrator over drizzle/, with two adjustments for the schema. The files name outboxd's
+ * tables as drizzle-kit wrote them: "outboxd"."…" (src/db/schema.ts), or unqualified and "public"."…"
+ * in those of the release that kept them in public. Each statement is applied to `schema` instead
+ * (search_path for the unqualified names, the qualifier rewritten for the others), so a new database
+ * never creates anything in public, where an application's own `orders` may live.
+ */
+async function applyMigrations(client: PoolClient, schema: string): Promise<void> {
+  // drizzle-orm takes about a second to load: only when there is something to apply.
+  const [{ drizzle }, { readMigrationFiles }, { PgDialect }] = await Promise.all([
+    import('drizzle-orm/node-postgres'),
+    import('drizzle-orm/migrator'),
+    import('drizzle-orm/pg-core'),
+  ]);
+  const config = { migrationsFolder: MIGRATIONS, migrationsSchema: schema, migrationsTable: MIGRATIONS_TABLE };
+  const target = `"${schema}".`;
+  const migrations = readMigrationFiles(config).map((m) => ({
+    ...m,
+    sql: m.sql.map((statement) => statement.replaceAll('"public".', target).replaceAll('"outboxd".', target)),
+  }));
+  await client.query(`set search_path to "${schema}"`);
+  try {
+    const dialect = new PgDialect();
+    // The node-postgres session is the PgSession the dialect wants; drizzle's generics do not say so.
+    await dialect.migrate(migrations, drizzle({ client })._.session as unknown as Parameters<typeof dialect.migrate>[1], config);
+  } finally {
+    await client.query('reset search_path');
   }
 }

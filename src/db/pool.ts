@@ -1,21 +1,30 @@
 import pg from 'pg';
 import type { Db as IDatabase } from 'pg-boss';
+import { resultTypes, statementsFor, type Statements } from '../sql/statements.ts';
 
-export type Pool = pg.Pool;
 export type PoolClient = pg.PoolClient;
-/** Anything that runs a query: the pool for single statements, a checked-out client inside a transaction. */
-export type Queryable = Pick<pg.Pool, 'query'> | pg.PoolClient;
+/** outboxd's own pool, bound to one schema: `pool.sql` are the statements for it. */
+export type Pool = pg.Pool & { readonly sql: Statements };
+/** A transaction's client as `inTransaction` hands it out, with the same statements. */
+export interface Tx {
+  query: pg.PoolClient['query'];
+  readonly sql: Statements;
+}
+/** Anything that runs outboxd's statements: the pool for single statements, a transaction's client. */
+export type Queryable = (Pick<pg.Pool, 'query'> | Tx) & { readonly sql: Statements };
 
-// bigint columns (amount, fence) hold values far below 2^53: read them as numbers.
-pg.types.setTypeParser(pg.types.builtins.INT8, (v) => Number(v));
-
-export function createPool(connectionString: string, opts: { max?: number; applicationName?: string } = {}): pg.Pool {
+export function createPool(
+  connectionString: string,
+  opts: { schema: string; max?: number; applicationName?: string },
+): Pool {
   const pool = new pg.Pool({
     connectionString,
     max: opts.max ?? 10,
     application_name: opts.applicationName ?? 'outboxd',
     // A dead server must surface as an error, not as a request that waits forever for a connection.
     connectionTimeoutMillis: 10_000,
+    // Raw queries on our own connections read bigints as numbers too; pg's global parsers stay untouched.
+    types: resultTypes,
   });
   // An idle client losing its server (restart, pg_terminate_backend) emits 'error' on the pool; without
   // a listener that would crash the process. The next checkout gets a fresh connection.
@@ -25,18 +34,18 @@ export function createPool(connectionString: string, opts: { max?: number; appli
   // an 'error' nobody hears would crash the process. This listener lives as long as the client; the
   // client is then not queryable, its next statement fails and the pool drops it.
   pool.on('connect', (client) => client.on('error', () => {}));
-  return pool;
+  return Object.assign(pool, { sql: statementsFor(opts.schema) });
 }
 
 /**
  * Runs `fn` in one short transaction on a checked-out client, committing on return and rolling back
  * on throw. Nothing slow belongs inside: above all no external call (invariant 3).
  */
-export async function inTransaction<T>(pool: pg.Pool, fn: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
+export async function inTransaction<T>(pool: Pool, fn: (tx: Tx) => Promise<T>): Promise<T> {
   return withClient(pool, async (client, markBroken) => {
     try {
       await client.query('begin');
-      const result = await fn(client);
+      const result = await fn({ query: client.query.bind(client) as pg.PoolClient['query'], sql: pool.sql });
       await client.query('commit');
       return result;
     } catch (err) {
@@ -72,6 +81,6 @@ export async function withClient<T>(
 }
 
 /** pg-boss's database interface over a transaction's client, so its statements join that transaction. */
-export function bossDb(client: Queryable): IDatabase {
+export function bossDb(client: Pick<Queryable, 'query'>): IDatabase {
   return { executeSql: (text, values) => client.query(text, values as unknown[]) };
 }

@@ -1,14 +1,18 @@
 // The tables outboxd owns. drizzle-kit generates the SQL migrations in drizzle/ from this file;
 // the statements the worker runs live in src/sql/ (named, prepared), not in query builders.
+// They live in their own schema, written here as "outboxd": src/db/migrate.ts applies the migrations
+// to whichever schema OUTBOXD_SCHEMA names.
 import { sql } from 'drizzle-orm';
-import { bigint, boolean, check, index, integer, jsonb, pgTable, text, timestamp, unique, uuid } from 'drizzle-orm/pg-core';
+import { bigint, boolean, check, index, integer, jsonb, pgSchema, text, timestamp, uniqueIndex, uuid } from 'drizzle-orm/pg-core';
+
+const outboxd = pgSchema('outboxd');
 
 const timestamps = {
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
   updatedAt: timestamp('updated_at', { withTimezone: true }).notNull().defaultNow(),
 };
 
-export const orders = pgTable(
+export const orders = outboxd.table(
   'orders',
   {
     id: text('id').primaryKey(),
@@ -25,18 +29,19 @@ export const orders = pgTable(
 
 export const OPERATION_STATUSES = ['pending', 'unknown', 'succeeded', 'failed'] as const;
 
-export const paymentOperations = pgTable(
+export const paymentOperations = outboxd.table(
   'payment_operations',
   {
     id: uuid('id').primaryKey().defaultRandom(),
-    orderId: text('order_id')
-      .notNull()
-      .references(() => orders.id),
+    /** The application's order (any table of its own, or the example orders below): not a foreign key. */
+    orderId: text('order_id').notNull(),
     kind: text('kind').notNull().default('charge'),
     amount: bigint('amount', { mode: 'number' }).notNull(),
     currency: text('currency').notNull(),
     customerId: text('customer_id').notNull(),
     paymentMethod: text('payment_method').notNull(),
+    /** The application's metadata, sent to Stripe beside operation_id (Stripe's limits, checked on input). */
+    metadata: jsonb('metadata').$type<Record<string, string>>().notNull().default({}),
     status: text('status', { enum: OPERATION_STATUSES }).notNull().default('pending'),
     externalId: text('external_id'),
     /** Calls made to the gateway for this operation (create, retrieve or search). */
@@ -61,7 +66,12 @@ export const paymentOperations = pgTable(
     ...timestamps,
   },
   (t) => [
-    unique('payment_operations_order_id_kind_key').on(t.orderId, t.kind),
+    index('payment_operations_order_idx').on(t.orderId, t.kind),
+    // At most one live charge per order, so at most one can succeed; a new one (a new key) only once
+    // every earlier one failed: the customer pays with another card.
+    uniqueIndex('payment_operations_live_charge_idx')
+      .on(t.orderId)
+      .where(sql`${t.kind} = 'charge' and ${t.status} <> 'failed'`),
     check('payment_operations_kind_check', sql`${t.kind} in ('charge')`),
     check('payment_operations_status_check', sql`${t.status} in ('pending', 'unknown', 'succeeded', 'failed')`),
     check('payment_operations_amount_check', sql`${t.amount} > 0`),
@@ -79,7 +89,7 @@ export const paymentOperations = pgTable(
 );
 
 /** Every admin action (resolve, requeue, reconcile run), with who, when, what and the evidence. */
-export const adminAudit = pgTable(
+export const adminAudit = outboxd.table(
   'admin_audit',
   {
     id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
@@ -93,7 +103,7 @@ export const adminAudit = pgTable(
 );
 
 /** Stripe webhook inbox: one row per event id, so a redelivered event is acknowledged, not reprocessed. */
-export const webhookEvents = pgTable('webhook_events', {
+export const webhookEvents = outboxd.table('webhook_events', {
   id: text('id').primaryKey(),
   type: text('type').notNull(),
   operationId: uuid('operation_id'),
@@ -108,7 +118,7 @@ export const webhookEvents = pgTable('webhook_events', {
  * insert, far cheaper there than a pg-boss job) and relayed to pg-boss in batches by the workers,
  * deleted in the transaction that creates its job.
  */
-export const chargeOutbox = pgTable('charge_outbox', {
+export const chargeOutbox = outboxd.table('charge_outbox', {
   id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
   operationId: uuid('operation_id')
     .notNull()

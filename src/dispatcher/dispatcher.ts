@@ -31,7 +31,6 @@ import {
   StaleFenceError,
   type Outcome,
 } from '../payments/operation.ts';
-import * as sql from '../sql/statements.ts';
 import type { Metrics } from './metrics.ts';
 
 export interface DispatcherOptions {
@@ -159,7 +158,7 @@ export class Dispatcher {
       new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), graceMs))),
     ]);
     clearTimeout(timer);
-    const { rows } = await pool.query(sql.releaseLeasesOf(this.opts.workerId));
+    const { rows } = await pool.query(pool.sql.releaseLeasesOf(this.opts.workerId));
     this.log.info({ finished, leasesReleased: rows.length }, 'dispatcher drained');
     return { finished };
   }

@@ -4,7 +4,6 @@ import { Counter, Gauge, Registry, collectDefaultMetrics } from 'prom-client';
 import type { PgBoss } from 'pg-boss';
 import type { Queryable } from '../db/pool.ts';
 import { CHARGE_QUEUE } from '../outbox.ts';
-import * as sql from '../sql/statements.ts';
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
@@ -14,7 +13,7 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss }) {
   const r = [registry];
   let health: Promise<{ needs_review: number; unsettled: number; oldest_unsettled_seconds: number }> | undefined;
   // One query per scrape feeds the three gauges that come from it.
-  const readHealth = () => (health ??= source.db.query(sql.operationHealth()).then((x) => x.rows[0]).finally(() => setTimeout(() => (health = undefined), 500)));
+  const readHealth = () => (health ??= source.db.query(source.db.sql.operationHealth()).then((x) => x.rows[0]).finally(() => setTimeout(() => (health = undefined), 500)));
 
   return {
     registry,
@@ -67,7 +66,7 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss }) {
       help: 'Confirmed orders whose outbox row waits to be relayed to a charge job',
       registers: r,
       async collect() {
-        this.set((await source.db.query(sql.outboxDepth())).rows[0].rows);
+        this.set((await source.db.query(source.db.sql.outboxDepth())).rows[0].rows);
       },
     }),
     oldestUnsettled: new Gauge({

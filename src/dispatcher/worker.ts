@@ -52,14 +52,14 @@ async function openReplica(config: Config, log: Logger, workerId: string) {
   try {
     const db = await openDatabase(config, log);
     opened.push(() => db.close());
-    await checkDatabase(db.url);
+    await checkDatabase(db.url, config.schema);
     const gateway = await openGateway(config, log);
     opened.push(() => gateway.close());
     // Calls hold no connection, so the pool only needs room for the short statements around them.
     const pool = openPool(db, 'outboxd-worker', Math.min(config.worker.concurrency, 16) + 2);
     opened.push(() => pool.end());
     // Every loop fetches and completes its jobs through pg-boss's own pool (plus heartbeats, supervision).
-    const boss = createBoss(db.url, 'worker', config.worker.concurrency + 3);
+    const boss = createBoss(db.url, 'worker', config.worker.concurrency + 3, db.schema);
     boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
     const metrics = createMetrics({ db: pool, boss });
     const dispatcher = new Dispatcher(

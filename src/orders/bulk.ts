@@ -6,7 +6,8 @@ import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Pool } from '../db/pool.ts';
-import { confirmOrder, OrderConflictError } from './confirm.ts';
+import { OrderConflictError } from '../payments/request.ts';
+import { confirmOrder } from './confirm.ts';
 import { ValidationError } from './validate.ts';
 
 /** Confirmations in flight: enough to keep PostgreSQL's commits busy (npm run bench, confirm-order at 16 clients). */

@@ -1,5 +1,5 @@
-// Input validation for order confirmation (invariant 11): everything is checked before anything is
-// written, and a refusal names the field.
+// Input validation for a charge request and the example's order confirmation (invariant 11): everything
+// is checked before anything is written, and a refusal names the field.
 import { z } from 'zod';
 import { STRIPE_CURRENCIES } from './currencies.ts';
 
@@ -28,6 +28,24 @@ const id = (what: string) =>
     // eslint-disable-next-line no-control-regex
     .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), `${what} must not contain control characters`);
 
+/** Stripe's metadata limits; operation_id is outboxd's own key (reconciliation searches by it). */
+export const METADATA_LIMITS = { keys: 50, keyLength: 40, valueLength: 500 } as const;
+
+const metadata = z
+  .record(
+    z
+      .string()
+      .min(1, 'metadata keys must not be empty')
+      .max(METADATA_LIMITS.keyLength, `metadata keys must be at most ${METADATA_LIMITS.keyLength} characters`)
+      .refine((k) => !/[[\]]/.test(k), 'metadata keys must not contain square brackets')
+      .refine((k) => k !== 'operation_id', 'metadata key operation_id is reserved for outboxd'),
+    z
+      .string({ error: 'metadata values must be strings' })
+      .min(1, 'metadata values must not be empty')
+      .max(METADATA_LIMITS.valueLength, `metadata values must be at most ${METADATA_LIMITS.valueLength} characters`),
+  )
+  .refine((m) => Object.keys(m).length <= METADATA_LIMITS.keys, `metadata takes at most ${METADATA_LIMITS.keys} keys`);
+
 export const orderInputSchema = z.strictObject({
   orderId: id('order id'),
   amount: z
@@ -42,6 +60,10 @@ export const orderInputSchema = z.strictObject({
     .refine((c) => STRIPE_CURRENCIES.has(c), 'currency must be an ISO 4217 code Stripe accepts'),
   customer: id('customer'),
   paymentMethod: id('payment method'),
+  /** Sent to Stripe with the charge, beside operation_id. */
+  metadata: metadata.optional(),
+  /** After every earlier charge of the order failed: a new one even with the same payment method. */
+  retry: z.boolean({ error: 'retry must be true or false' }).optional(),
 });
 
 export type OrderInput = z.infer<typeof orderInputSchema>;
@@ -51,6 +73,6 @@ export function parseOrderInput(input: unknown): OrderInput {
   const result = orderInputSchema.safeParse(input);
   if (result.success) return result.data;
   const issue = result.error.issues[0]!;
-  const field = issue.code === 'unrecognized_keys' ? issue.keys.join(', ') : String(issue.path[0] ?? 'input');
+  const field = issue.code === 'unrecognized_keys' ? issue.keys.join(', ') : issue.path.map(String).join('.') || 'input';
   throw new ValidationError(field, issue.code === 'unrecognized_keys' ? 'unknown field' : issue.message);
 }

@@ -1,7 +1,7 @@
 // The idempotent charge executor: DESIGN §2 as code. Each database step is its own short, fenced,
 // committed statement; the external call sits between them with no transaction open (invariant 3),
 // so a crash at any line leaves a recovery point the next claim continues from.
-import { inTransaction, type Pool, type PoolClient } from '../db/pool.ts';
+import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
 import { FAILED_CHARGE_STATUSES, GatewayError, idempotencyKeyFor, type Charge, type PaymentGateway } from './gateway.ts';
 import {
@@ -29,7 +29,7 @@ export interface ExecuteOptions {
   /** false: only settle through retrieve or search, never create (the reconcile sweep: read-only). */
   allowCreate?: boolean;
   /** Runs inside the transaction that records the outcome (the dispatcher completes its job there). */
-  onRecorded?: (tx: PoolClient, op: Operation, outcome: Outcome) => Promise<void>;
+  onRecorded?: (tx: Tx, op: Operation, outcome: Outcome) => Promise<void>;
 }
 
 export interface Execution {
@@ -95,6 +95,7 @@ async function callGateway(gateway: PaymentGateway, op: LoadedOperation, call: G
             currency: op.currency,
             customer: op.customer_id,
             paymentMethod: op.payment_method,
+            metadata: op.metadata,
             idempotencyKey: idempotencyKeyFor(op.id),
           }),
         );

@@ -8,6 +8,8 @@ export interface ChargeRequest {
   currency: string;
   customer: string;
   paymentMethod: string;
+  /** The application's metadata; the gateway adds operation_id. */
+  metadata: Record<string, string>;
   /** Always `payment-op:<operation id>`; never generated per attempt. */
   idempotencyKey: string;
 }

@@ -15,7 +15,6 @@
 // succeeded and failed are terminal: no write touches them again and they cause no external call
 // (invariant 5). "Needs review" is not a status: it is a reason recorded on an unsettled operation.
 import type { Queryable } from '../db/pool.ts';
-import * as sql from '../sql/statements.ts';
 
 export type OperationStatus = 'pending' | 'unknown' | 'succeeded' | 'failed';
 
@@ -27,6 +26,8 @@ export interface Operation {
   currency: string;
   customer_id: string;
   payment_method: string;
+  /** The application's metadata, sent to Stripe beside operation_id. */
+  metadata: Record<string, string>;
   status: OperationStatus;
   external_id: string | null;
   attempts: number;
@@ -112,7 +113,7 @@ async function staleFence(db: Queryable, id: string, fence: number): Promise<Sta
 }
 
 export async function loadOperation(db: Queryable, id: string, keyWindowSeconds: number): Promise<LoadedOperation> {
-  const { rows } = await db.query(sql.loadOperation(id, keyWindowSeconds));
+  const { rows } = await db.query(db.sql.loadOperation(id, keyWindowSeconds));
   if (!rows[0]) throw new OperationNotFoundError(id);
   return rows[0];
 }
@@ -133,7 +134,7 @@ export async function recordAttempt(
   fence: number,
   call: 'create' | 'retrieve' | 'search',
 ): Promise<Attempt> {
-  const { rows } = await db.query(sql.recordAttempt(id, fence, call === 'create'));
+  const { rows } = await db.query(db.sql.recordAttempt(id, fence, call === 'create'));
   if (!rows[0]) throw await staleFence(db, id, fence);
   return rows[0];
 }
@@ -156,7 +157,7 @@ export async function recordOutcome(
   const review = outcome.kind === 'needs_review' && !(outcome.retry && op.review_reason) ? outcome.reason : null;
   const undo = createAttempt !== undefined && executedNothing(outcome);
   const { rows } = await db.query(
-    sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review, undo,
+    db.sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review, undo,
       createAttempt?.prev_first_attempted_at ?? null, createAttempt?.prev_last_attempted_at ?? null),
   );
   if (!rows[0]) throw await staleFence(db, op.id, fence);
@@ -181,7 +182,7 @@ export async function claimOperation(
   ttlMs: number,
   keyWindowSeconds: number,
 ): Promise<Lease | undefined> {
-  const { rows } = await db.query(sql.acquireLease(id, owner, ttlMs, keyWindowSeconds));
+  const { rows } = await db.query(db.sql.acquireLease(id, owner, ttlMs, keyWindowSeconds));
   if (!rows[0]) return undefined;
   const { previous_owner, ...operation } = rows[0];
   return { fence: operation.fence, previousOwner: previous_owner, operation };
@@ -194,14 +195,14 @@ export async function acquireLease(db: Queryable, id: string, owner: string, ttl
 
 /** Fenced: holds an unsettled operation for a person (its status does not change) and ends the claim. */
 export async function flagForReview(db: Queryable, id: string, fence: number, reason: string): Promise<Operation> {
-  const { rows } = await db.query(sql.flagForReview(id, fence, reason));
+  const { rows } = await db.query(db.sql.flagForReview(id, fence, reason));
   if (!rows[0]) throw await staleFence(db, id, fence);
   return rows[0];
 }
 
 /** Holds an unsettled operation for a person without a claim (its status is not touched). */
 export async function flagFromOutside(db: Queryable, id: string, reason: string): Promise<void> {
-  await db.query(sql.flagFromOutside(id, reason));
+  await db.query(db.sql.flagFromOutside(id, reason));
 }
 
 /** The operation's current fence and status, without a claim. */
@@ -209,18 +210,18 @@ export async function peekOperation(
   db: Queryable,
   id: string,
 ): Promise<{ fence: number; status: OperationStatus; lease_owner: string | null } | undefined> {
-  const { rows } = await db.query(sql.fenceOf(id));
+  const { rows } = await db.query(db.sql.fenceOf(id));
   return rows[0];
 }
 
 /** Extends the lease while a call is in flight; false when the fence moved (the lease was taken over). */
 export async function renewLease(db: Queryable, id: string, fence: number, ttlMs: number): Promise<boolean> {
-  const { rowCount } = await db.query(sql.renewLease(id, fence, ttlMs));
+  const { rowCount } = await db.query(db.sql.renewLease(id, fence, ttlMs));
   return rowCount === 1;
 }
 
 export async function releaseLease(db: Queryable, id: string, fence: number): Promise<void> {
-  await db.query(sql.releaseLease(id, fence));
+  await db.query(db.sql.releaseLease(id, fence));
 }
 
 /** Fenced: settles an operation under the caller's own claim (a person's resolution). Undefined when
@@ -234,7 +235,7 @@ export async function settleUnderLease(
   source: string,
   reason: string | null,
 ): Promise<Operation | undefined> {
-  const { rows } = await db.query(sql.settleUnderLease(id, fence, status, externalId, source, reason));
+  const { rows } = await db.query(db.sql.settleUnderLease(id, fence, status, externalId, source, reason));
   return rows[0];
 }
 
@@ -251,7 +252,7 @@ export async function settleFromOutside(
   source: string,
   reason: string | null,
 ): Promise<Operation | undefined> {
-  const { rows } = await db.query(sql.settleFromOutside(id, status, externalId, source, reason));
+  const { rows } = await db.query(db.sql.settleFromOutside(id, status, externalId, source, reason));
   return rows[0];
 }
 

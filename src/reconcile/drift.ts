@@ -3,7 +3,6 @@
 import type { Pool } from '../db/pool.ts';
 import type { Charge, PaymentGateway } from '../payments/gateway.ts';
 import { isOperationId, type Operation } from '../payments/operation.ts';
-import * as sql from '../sql/statements.ts';
 
 export type DriftKind =
   /** A charge whose metadata names no operation of ours. */
@@ -34,8 +33,8 @@ export interface DriftReport {
 export async function driftReport(pool: Pool, gateway: PaymentGateway, since: Date): Promise<DriftReport> {
   const charges = (await gateway.listCharges(since)).filter((c) => c.operationId !== undefined);
   const ids = [...new Set(charges.map((c) => c.operationId!))].filter(isOperationId);
-  const referenced: Operation[] = (await pool.query(sql.operationsByIds(ids))).rows;
-  const succeeded: Operation[] = (await pool.query(sql.succeededSince(since))).rows;
+  const referenced: Operation[] = (await pool.query(pool.sql.operationsByIds(ids))).rows;
+  const succeeded: Operation[] = (await pool.query(pool.sql.succeededSince(since))).rows;
   const ops = new Map([...referenced, ...succeeded].map((o) => [o.id, o]));
   const drift: Drift[] = [];
 

@@ -13,7 +13,6 @@ import { bossDb } from '../db/pool.ts';
 import { executeCharge, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import { claimOperation, flagForReview, releaseLease, StaleFenceError, type Operation } from '../payments/operation.ts';
-import * as sql from '../sql/statements.ts';
 
 /** An unsettled operation untouched this long, with no lease, outbox row or live job, is flagged. */
 export const UNDRIVEN_AFTER_SECONDS = 15 * 60;
@@ -49,7 +48,7 @@ export interface SweepOptions {
 
 export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: PgBoss, opts: SweepOptions): Promise<SweepReport> {
   const keyWindowSeconds = opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
-  const { rows } = await pool.query(sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500));
+  const { rows } = await pool.query(pool.sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500));
   const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, undriven: [], decisions: [] };
   for (const { id } of rows as { id: string }[]) {
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, keyWindowSeconds);
@@ -89,7 +88,7 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
  * can start driving it between the check for a live job and the flag. */
 async function flagUndriven(pool: Pool, boss: PgBoss, opts: SweepOptions): Promise<string[]> {
   const idle = opts.undrivenAfterSeconds ?? UNDRIVEN_AFTER_SECONDS;
-  const { rows } = await pool.query(sql.undrivenCandidates(idle, opts.limit ?? 500, [CHARGE_QUEUE, CHARGE_DEAD_QUEUE]));
+  const { rows } = await pool.query(pool.sql.undrivenCandidates(idle, opts.limit ?? 500, [CHARGE_QUEUE, CHARGE_DEAD_QUEUE]));
   const flagged: string[] = [];
   for (const { id } of rows as { id: string }[]) {
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, 0);

@@ -1,341 +1,392 @@
 // Every SQL statement outboxd runs against its own tables, in one place, each a named prepared
 // statement (parsed once per connection). Read top to bottom this is the whole data path.
 // Status writes are only ever issued by src/payments/operation.ts, the operation's state machine.
+//
+// The statements are built for one schema (OUTBOXD_SCHEMA) and name every table with it: some run on
+// the application's own connection, inside its transaction, whose search_path is not ours. Their
+// prepared-statement names carry a tag of the schema, so one connection can serve two schemas.
+import { createHash } from 'node:crypto';
+import pg from 'pg';
 import type { QueryConfig } from 'pg';
 
-const statement =
-  <A extends unknown[]>(name: string, text: string) =>
-  (...values: A): QueryConfig => ({ name, text, values });
+export const DEFAULT_SCHEMA = 'outboxd';
+/** A lower-case identifier (never needs quoting rules of its own), short enough that the pg-boss schema
+ * derived from it (src/outbox.ts) stays within pg-boss's 50 bytes. */
+export const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,39}$/;
 
 const UNSETTLED = `status in ('pending', 'unknown')`;
 
-// ─── orders ────────────────────────────────────────────────────────────────────────────────────────
+const INT8 = 20;
+/** bigint columns (amount, fence) hold values far below 2^53: read as numbers, on any connection (an
+ * application's own pool included) without changing how that connection parses its own columns. */
+export const resultTypes = {
+  getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
+    oid === INT8 ? Number : pg.types.getTypeParser(oid, format)) as typeof pg.types.getTypeParser,
+};
 
-export const insertOrder = statement<[id: string, amount: number, currency: string, customer: string, pm: string]>(
-  'outboxd_insert_order',
-  `insert into orders (id, amount, currency, customer_id, payment_method) values ($1, $2, $3, $4, $5)
-   on conflict (id) do nothing`,
-);
+/** pg-boss's schema for an outboxd schema: `pgboss` for the default one, its own for any other, so two
+ * outboxd schemas in one database never share queues. */
+export const bossSchemaFor = (schema: string): string => (schema === DEFAULT_SCHEMA ? 'pgboss' : `pgboss_${schema}`);
 
-// ─── the outbox: written with the order, relayed to pg-boss in batches ─────────────────────────────
+export type Statements = ReturnType<typeof build>;
 
-export const insertOutboxRow = statement<[operationId: string]>(
-  'outboxd_insert_outbox_row',
-  `insert into charge_outbox (operation_id) values ($1)`,
-);
+const built = new Map<string, Statements>();
 
-export const outboxHasRows = statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from charge_outbox) as any`);
+/** The statements for `schema` (a lower-case identifier, as config.ts validates OUTBOXD_SCHEMA). */
+export function statementsFor(schema: string): Statements {
+  let statements = built.get(schema);
+  if (!statements) built.set(schema, (statements = build(schema)));
+  return statements;
+}
 
-/** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark. */
-export const takeOutboxBatch = statement<[limit: number]>(
-  'outboxd_take_outbox_batch',
-  `delete from charge_outbox
-   where id in (select id from charge_outbox order by id limit $1 for update skip locked)
-   returning operation_id`,
-);
+function build(schema: string) {
+  if (!SCHEMA_NAME.test(schema)) throw new Error(`not a schema name outboxd accepts: ${JSON.stringify(schema)}`);
+  const s = `"${schema}"`;
+  const boss = `"${bossSchemaFor(schema)}"`;
+  // PostgreSQL compares prepared-statement names on their first 63 bytes: a short tag, not the name.
+  const tag = createHash('sha256').update(schema).digest('hex').slice(0, 8);
+  const statement =
+    <A extends unknown[]>(name: string, text: string) =>
+    (...values: A): QueryConfig => ({ name: `${name}_${tag}`, text, values, types: resultTypes });
 
-export const outboxRowFor = statement<[operationId: string]>(
-  'outboxd_outbox_row_for',
-  `select id, created_at from charge_outbox where operation_id = $1 order by id limit 1`,
-);
+  return {
+    // ─── orders ────────────────────────────────────────────────────────────────────────────────────────
 
-export const outboxDepth = statement<[]>('outboxd_outbox_depth', `select count(*)::int as rows from charge_outbox`);
+    insertOrder: statement<[id: string, amount: number, currency: string, customer: string, pm: string]>(
+      'outboxd_insert_order',
+      `insert into ${s}.orders (id, amount, currency, customer_id, payment_method) values ($1, $2, $3, $4, $5)
+       on conflict (id) do nothing`,
+    ),
 
-// ─── payment operations: creation and reads ────────────────────────────────────────────────────────
+    // ─── the outbox: written with the operation, relayed to pg-boss in batches ─────────────────────────
 
-export const insertChargeOperation = statement<
-  [orderId: string, amount: number, currency: string, customer: string, pm: string]
->(
-  'outboxd_insert_charge_operation',
-  `insert into payment_operations (order_id, kind, amount, currency, customer_id, payment_method)
-   values ($1, 'charge', $2, $3, $4, $5)
-   on conflict (order_id, kind) do nothing
-   returning id`,
-);
+    outboxHasRows: statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from ${s}.charge_outbox) as any`),
 
-export const findChargeOperationByOrder = statement<[orderId: string]>(
-  'outboxd_find_charge_operation_by_order',
-  `select * from payment_operations where order_id = $1 and kind = 'charge'`,
-);
+    /** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark. */
+    takeOutboxBatch: statement<[limit: number]>(
+      'outboxd_take_outbox_batch',
+      `delete from ${s}.charge_outbox
+       where id in (select id from ${s}.charge_outbox order by id limit $1 for update skip locked)
+       returning operation_id`,
+    ),
 
-/** The operation, with whether its idempotency key window (seconds from first_attempted_at) has passed,
- * judged by the database clock so that every replica agrees. */
-export const loadOperation = statement<[id: string, keyWindowSeconds: number]>(
-  'outboxd_load_operation',
-  `select *, coalesce(first_attempted_at < now() - make_interval(secs => $2), false) as key_window_passed
-   from payment_operations where id = $1`,
-);
+    outboxRowFor: statement<[operationId: string]>(
+      'outboxd_outbox_row_for',
+      `select id, created_at from ${s}.charge_outbox where operation_id = $1 order by id limit 1`,
+    ),
 
-// ─── lease and fence (DESIGN §3) ───────────────────────────────────────────────────────────────────
+    outboxDepth: statement<[]>('outboxd_outbox_depth', `select count(*)::int as rows from ${s}.charge_outbox`),
 
-/** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token.
- * Returns the claimed operation as loadOperation does (the executor needs no second read), and
- * previous_owner when an expired lease was taken over (its holder died or stalled). */
-export const acquireLease = statement<[id: string, owner: string, ttlMs: number, keyWindowSeconds: number]>(
-  'outboxd_acquire_lease',
-  `with prev as (select id, lease_owner from payment_operations where id = $1 for update)
-   update payment_operations op
-   set fence = op.fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
-       updated_at = now()
-   from prev
-   where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
-   returning op.*, prev.lease_owner as previous_owner,
-     coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as key_window_passed`,
-);
+    // ─── payment operations: creation and reads ────────────────────────────────────────────────────────
 
-export const renewLease = statement<[id: string, fence: number, ttlMs: number]>(
-  'outboxd_renew_lease',
-  `update payment_operations set lease_expires_at = now() + make_interval(secs => $3 / 1000.0)
-   where id = $1 and fence = $2 and lease_owner is not null
-   returning lease_expires_at`,
-);
+    /**
+     * A charge operation and its outbox row, in ONE statement: both are written or neither, on whatever
+     * connection runs it (the caller's, inside its transaction). A first request ($7 false) creates only
+     * when the order has no charge operation at all; a new attempt ($7 true) only while none is live,
+     * which the partial unique index enforces against concurrent requests too. No row: nothing created.
+     */
+    insertChargeOperation: statement<
+      [orderId: string, amount: number, currency: string, customer: string, pm: string, metadata: string, newAttempt: boolean]
+    >(
+      'outboxd_insert_charge_operation',
+      `with op as (
+         insert into ${s}.payment_operations (order_id, kind, amount, currency, customer_id, payment_method, metadata)
+         select $1::text, 'charge', $2::bigint, $3::text, $4::text, $5::text, $6::jsonb
+         where $7::boolean or not exists (select 1 from ${s}.payment_operations where order_id = $1::text and kind = 'charge')
+         on conflict (order_id) where kind = 'charge' and status <> 'failed' do nothing
+         returning id
+       ), outbox as (
+         insert into ${s}.charge_outbox (operation_id) select id from op
+       )
+       select id from op`,
+    ),
 
-export const releaseLease = statement<[id: string, fence: number]>(
-  'outboxd_release_lease',
-  `update payment_operations set lease_owner = null, lease_expires_at = null
-   where id = $1 and fence = $2 and lease_owner is not null`,
-);
+    /** Every charge operation of an order, newest first. */
+    chargeOperationsOfOrder: statement<[orderId: string]>(
+      'outboxd_charge_operations_of_order',
+      `select * from ${s}.payment_operations where order_id = $1 and kind = 'charge' order by created_at desc, id`,
+    ),
 
-/** At shutdown: gives back every lease this replica still holds, so others need not wait for expiry. */
-export const releaseLeasesOf = statement<[owner: string]>(
-  'outboxd_release_leases_of',
-  `update payment_operations set lease_owner = null, lease_expires_at = null
-   where lease_owner = $1
-   returning id`,
-);
+    /** The operation, with whether its idempotency key window (seconds from first_attempted_at) has passed,
+     * judged by the database clock so that every replica agrees. */
+    loadOperation: statement<[id: string, keyWindowSeconds: number]>(
+      'outboxd_load_operation',
+      `select *, coalesce(first_attempted_at < now() - make_interval(secs => $2), false) as key_window_passed
+       from ${s}.payment_operations where id = $1`,
+    ),
 
-// ─── the executor's fenced writes ──────────────────────────────────────────────────────────────────
+    // ─── lease and fence (DESIGN §3) ───────────────────────────────────────────────────────────────────
 
-/** Counts a gateway call before it is made; for a create, records first_attempted_at (the first send,
- * invariant 7) and last_attempted_at before the send, returning what they were, so that an outcome that
- * proves nothing executed can put them back. Zero rows: the fence moved or the operation settled, and
- * the call must not be made. */
-export const recordAttempt = statement<[id: string, fence: number, isCreate: boolean]>(
-  'outboxd_record_attempt',
-  `with prev as (select first_attempted_at, last_attempted_at from payment_operations where id = $1)
-   update payment_operations
-   set attempts = attempts + 1, updated_at = now(),
-       first_attempted_at = case when $3 then coalesce(first_attempted_at, now()) else first_attempted_at end,
-       last_attempted_at = case when $3 then now() else last_attempted_at end
-   where id = $1 and fence = $2 and ${UNSETTLED}
-   returning attempts, first_attempted_at,
-     (select first_attempted_at from prev) as prev_first_attempted_at,
-     (select last_attempted_at from prev) as prev_last_attempted_at`,
-);
+    /** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token.
+     * Returns the claimed operation as loadOperation does (the executor needs no second read), and
+     * previous_owner when an expired lease was taken over (its holder died or stalled). */
+    acquireLease: statement<[id: string, owner: string, ttlMs: number, keyWindowSeconds: number]>(
+      'outboxd_acquire_lease',
+      `with prev as (select id, lease_owner from ${s}.payment_operations where id = $1 for update)
+       update ${s}.payment_operations op
+       set fence = op.fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
+           updated_at = now()
+       from prev
+       where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
+       returning op.*, prev.lease_owner as previous_owner,
+         coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as key_window_passed`,
+    ),
 
-/** Writes an outcome and ends the claim's lease. Never touches a settled operation (invariant 5) and
- * only with the current fence (invariant 8). settled_at is set exactly when the new status is settled.
- * $8: the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt
- * stamps go back to $9/$10: a window that only such calls opened is not open. */
-export const recordOutcome = statement<
-  [
-    id: string,
-    fence: number,
-    status: string,
-    externalId: string | null,
-    lastOutcome: string,
-    lastError: string | null,
-    reviewReason: string | null,
-    undoAttempt: boolean,
-    firstAttemptedAt: Date | null,
-    lastAttemptedAt: Date | null,
-  ]
->(
-  'outboxd_record_outcome',
-  `update payment_operations
-   set status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
-       -- a review reason stays until the operation settles (a later ambiguous retry does not clear it)
-       review_reason = case when $3 in ('succeeded', 'failed') then null else coalesce($7, review_reason) end,
-       first_attempted_at = case when $8 then $9::timestamptz else first_attempted_at end,
-       last_attempted_at = case when $8 then $10::timestamptz else last_attempted_at end,
-       updated_at = now(), lease_owner = null, lease_expires_at = null,
-       settled_at = case when $3 in ('succeeded', 'failed') then now() end
-   where id = $1 and fence = $2 and ${UNSETTLED}
-   returning *`,
-);
+    renewLease: statement<[id: string, fence: number, ttlMs: number]>(
+      'outboxd_renew_lease',
+      `update ${s}.payment_operations set lease_expires_at = now() + make_interval(secs => $3 / 1000.0)
+       where id = $1 and fence = $2 and lease_owner is not null
+       returning lease_expires_at`,
+    ),
 
-/** Fenced: holds an unsettled operation for a person without changing its status; ends the claim. */
-export const flagForReview = statement<[id: string, fence: number, reason: string]>(
-  'outboxd_flag_for_review',
-  `update payment_operations set review_reason = $3, updated_at = now(), lease_owner = null, lease_expires_at = null
-   where id = $1 and fence = $2 and ${UNSETTLED}
-   returning *`,
-);
+    releaseLease: statement<[id: string, fence: number]>(
+      'outboxd_release_lease',
+      `update ${s}.payment_operations set lease_owner = null, lease_expires_at = null
+       where id = $1 and fence = $2 and lease_owner is not null`,
+    ),
 
-export const fenceOf = statement<[id: string]>(
-  'outboxd_fence_of',
-  `select fence, status, lease_owner from payment_operations where id = $1`,
-);
+    /** At shutdown: gives back every lease this replica still holds, so others need not wait for expiry. */
+    releaseLeasesOf: statement<[owner: string]>(
+      'outboxd_release_leases_of',
+      `update ${s}.payment_operations set lease_owner = null, lease_expires_at = null
+       where lease_owner = $1
+       returning id`,
+    ),
 
-// ─── settlement from outside the executor: a person (admin resolve) or a Stripe webhook ───────────
+    // ─── the executor's fenced writes ──────────────────────────────────────────────────────────────────
 
-/** Settles an unsettled operation and bumps the fence, so a worker still holding a claim is fenced out. */
-export const settleFromOutside = statement<
-  [id: string, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null]
->(
-  'outboxd_settle_from_outside',
-  `update payment_operations
-   set fence = fence + 1, lease_owner = null, lease_expires_at = null,
-       status = $2, external_id = coalesce($3, external_id), last_outcome = $4, last_error = $5,
-       review_reason = null, settled_at = now(), updated_at = now()
-   where id = $1 and ${UNSETTLED}
-   returning *`,
-);
+    /** Counts a gateway call before it is made; for a create, records first_attempted_at (the first send,
+     * invariant 7) and last_attempted_at before the send, returning what they were, so that an outcome that
+     * proves nothing executed can put them back. Zero rows: the fence moved or the operation settled, and
+     * the call must not be made. */
+    recordAttempt: statement<[id: string, fence: number, isCreate: boolean]>(
+      'outboxd_record_attempt',
+      `with prev as (select first_attempted_at, last_attempted_at from ${s}.payment_operations where id = $1)
+       update ${s}.payment_operations
+       set attempts = attempts + 1, updated_at = now(),
+           first_attempted_at = case when $3 then coalesce(first_attempted_at, now()) else first_attempted_at end,
+           last_attempted_at = case when $3 then now() else last_attempted_at end
+       where id = $1 and fence = $2 and ${UNSETTLED}
+       returning attempts, first_attempted_at,
+         (select first_attempted_at from prev) as prev_first_attempted_at,
+         (select last_attempted_at from prev) as prev_last_attempted_at`,
+    ),
 
-/** A person's resolution, written under the lease the resolution holds: fenced like any claim, so it
- * cannot land after another claim took the operation over. */
-export const settleUnderLease = statement<
-  [id: string, fence: number, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null]
->(
-  'outboxd_settle_under_lease',
-  `update payment_operations
-   set lease_owner = null, lease_expires_at = null,
-       status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
-       review_reason = null, settled_at = now(), updated_at = now()
-   where id = $1 and fence = $2 and ${UNSETTLED}
-   returning *`,
-);
+    /** Writes an outcome and ends the claim's lease. Never touches a settled operation (invariant 5) and
+     * only with the current fence (invariant 8). settled_at is set exactly when the new status is settled.
+     * $8: the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt
+     * stamps go back to $9/$10: a window that only such calls opened is not open. */
+    recordOutcome: statement<
+      [
+        id: string,
+        fence: number,
+        status: string,
+        externalId: string | null,
+        lastOutcome: string,
+        lastError: string | null,
+        reviewReason: string | null,
+        undoAttempt: boolean,
+        firstAttemptedAt: Date | null,
+        lastAttemptedAt: Date | null,
+      ]
+    >(
+      'outboxd_record_outcome',
+      `update ${s}.payment_operations
+       set status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
+           -- a review reason stays until the operation settles (a later ambiguous retry does not clear it)
+           review_reason = case when $3 in ('succeeded', 'failed') then null else coalesce($7, review_reason) end,
+           first_attempted_at = case when $8 then $9::timestamptz else first_attempted_at end,
+           last_attempted_at = case when $8 then $10::timestamptz else last_attempted_at end,
+           updated_at = now(), lease_owner = null, lease_expires_at = null,
+           settled_at = case when $3 in ('succeeded', 'failed') then now() end
+       where id = $1 and fence = $2 and ${UNSETTLED}
+       returning *`,
+    ),
 
-/** How long ago the last create that may have executed was sent, by the database clock (null: never). */
-export const lastAttemptAge = statement<[id: string]>(
-  'outboxd_last_attempt_age',
-  `select extract(epoch from now() - coalesce(last_attempted_at, first_attempted_at))::float8 as age_seconds
-   from payment_operations where id = $1`,
-);
+    /** Fenced: holds an unsettled operation for a person without changing its status; ends the claim. */
+    flagForReview: statement<[id: string, fence: number, reason: string]>(
+      'outboxd_flag_for_review',
+      `update ${s}.payment_operations set review_reason = $3, updated_at = now(), lease_owner = null, lease_expires_at = null
+       where id = $1 and fence = $2 and ${UNSETTLED}
+       returning *`,
+    ),
 
-export const insertAudit = statement<[actor: string, action: string, operationId: string | null, details: string]>(
-  'outboxd_insert_audit',
-  `insert into admin_audit (actor, action, operation_id, details) values ($1, $2, $3, $4::jsonb) returning *`,
-);
+    fenceOf: statement<[id: string]>(
+      'outboxd_fence_of',
+      `select fence, status, lease_owner from ${s}.payment_operations where id = $1`,
+    ),
 
-export const insertWebhookEvent = statement<[id: string, type: string, operationId: string | null, result: string, payload: string]>(
-  'outboxd_insert_webhook_event',
-  `insert into webhook_events (id, type, operation_id, result, payload) values ($1, $2, $3, $4, $5::jsonb)
-   on conflict (id) do nothing
-   returning id`,
-);
+    // ─── settlement from outside the executor: a person (admin resolve) or a Stripe webhook ───────────
 
-export const webhookEventSeen = statement<[id: string]>(
-  'outboxd_webhook_event_seen',
-  `select 1 as seen from webhook_events where id = $1`,
-);
+    /** Settles an unsettled operation and bumps the fence, so a worker still holding a claim is fenced out. */
+    settleFromOutside: statement<
+      [id: string, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null]
+    >(
+      'outboxd_settle_from_outside',
+      `update ${s}.payment_operations
+       set fence = fence + 1, lease_owner = null, lease_expires_at = null,
+           status = $2, external_id = coalesce($3, external_id), last_outcome = $4, last_error = $5,
+           review_reason = null, settled_at = now(), updated_at = now()
+       where id = $1 and ${UNSETTLED}
+       returning *`,
+    ),
 
-/** Stored events are kept for deduplication and evidence, not forever. */
-export const pruneWebhookEvents = statement<[retentionDays: number]>(
-  'outboxd_prune_webhook_events',
-  `delete from webhook_events where received_at < now() - make_interval(days => $1)`,
-);
+    /** A person's resolution, written under the lease the resolution holds: fenced like any claim, so it
+     * cannot land after another claim took the operation over. */
+    settleUnderLease: statement<
+      [id: string, fence: number, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null]
+    >(
+      'outboxd_settle_under_lease',
+      `update ${s}.payment_operations
+       set lease_owner = null, lease_expires_at = null,
+           status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
+           review_reason = null, settled_at = now(), updated_at = now()
+       where id = $1 and fence = $2 and ${UNSETTLED}
+       returning *`,
+    ),
 
-/** Holds an unsettled operation for a person from outside any claim (a webhook that contradicts it).
- * The status is not touched, so no fence is needed; a later outcome keeps the reason unless it settles. */
-export const flagFromOutside = statement<[id: string, reason: string]>(
-  'outboxd_flag_from_outside',
-  `update payment_operations set review_reason = $2, updated_at = now()
-   where id = $1 and ${UNSETTLED}
-   returning id`,
-);
+    /** How long ago the last create that may have executed was sent, by the database clock (null: never). */
+    lastAttemptAge: statement<[id: string]>(
+      'outboxd_last_attempt_age',
+      `select extract(epoch from now() - coalesce(last_attempted_at, first_attempted_at))::float8 as age_seconds
+       from ${s}.payment_operations where id = $1`,
+    ),
 
-/** Serialises admin re-drives of one operation (check for a live job, then enqueue). */
-export const lockOperationForRequeue = statement<[id: string]>(
-  'outboxd_lock_operation_for_requeue',
-  `select pg_advisory_xact_lock(hashtextextended('outboxd-requeue:' || $1, 0))`,
-);
+    insertAudit: statement<[actor: string, action: string, operationId: string | null, details: string]>(
+      'outboxd_insert_audit',
+      `insert into ${s}.admin_audit (actor, action, operation_id, details) values ($1, $2, $3, $4::jsonb) returning *`,
+    ),
 
-// ─── reconciliation ────────────────────────────────────────────────────────────────────────────────
+    insertWebhookEvent: statement<[id: string, type: string, operationId: string | null, result: string, payload: string]>(
+      'outboxd_insert_webhook_event',
+      `insert into ${s}.webhook_events (id, type, operation_id, result, payload) values ($1, $2, $3, $4, $5::jsonb)
+       on conflict (id) do nothing
+       returning id`,
+    ),
 
-/** What the reconcile sweep may decide: a known charge to retrieve, a key window that has passed, or an
- * operation held for review after an attempt that may have charged (searched read-only inside the
- * window too: a dead-lettered job drives it no more). Other operations inside the window without a
- * charge id are the dispatcher's, and leased ones are busy. */
-export const reconcileCandidates = statement<[keyWindowSeconds: number, limit: number]>(
-  'outboxd_reconcile_candidates',
-  `select id from payment_operations
-   where ${UNSETTLED}
-     and (external_id is not null
-          or first_attempted_at < now() - make_interval(secs => $1)
-          or (review_reason is not null and first_attempted_at is not null))
-     and (lease_expires_at is null or lease_expires_at < now())
-   order by updated_at
-   limit $2`,
-);
+    webhookEventSeen: statement<[id: string]>(
+      'outboxd_webhook_event_seen',
+      `select 1 as seen from ${s}.webhook_events where id = $1`,
+    ),
 
-/** Unsettled, unflagged operations untouched for a while with no lease, nothing in the outbox and no
- * live job (one anti-join over pg-boss's job table, so a large backlog of queued jobs costs one scan):
- * the sweep claims each, checks again for a live job, and flags one that nothing drives. */
-export const undrivenCandidates = statement<[idleSeconds: number, limit: number, queues: string[]]>(
-  'outboxd_undriven_candidates',
-  `select id from payment_operations op
-   where ${UNSETTLED} and review_reason is null
-     and (lease_expires_at is null or lease_expires_at < now())
-     and updated_at < now() - make_interval(secs => $1)
-     and not exists (select 1 from charge_outbox o where o.operation_id = op.id)
-     and not exists (
-       select 1 from pgboss.job j
-       where j.name = any($3::text[]) and j.state in ('created', 'retry', 'active') and j.data->>'operationId' = op.id::text)
-   order by updated_at
-   limit $2`,
-);
+    /** Stored events are kept for deduplication and evidence, not forever. */
+    pruneWebhookEvents: statement<[retentionDays: number]>(
+      'outboxd_prune_webhook_events',
+      `delete from ${s}.webhook_events where received_at < now() - make_interval(days => $1)`,
+    ),
 
-/** Unsettled operations untouched for a while: candidates for `requeue --stuck`. */
-export const stuckOperations = statement<[olderThanSeconds: number, limit: number]>(
-  'outboxd_stuck_operations',
-  `select * from payment_operations
-   where ${UNSETTLED} and updated_at < now() - make_interval(secs => $1)
-   order by updated_at
-   limit $2`,
-);
+    /** Holds an unsettled operation for a person from outside any claim (a webhook that contradicts it).
+     * The status is not touched, so no fence is needed; a later outcome keeps the reason unless it settles. */
+    flagFromOutside: statement<[id: string, reason: string]>(
+      'outboxd_flag_from_outside',
+      `update ${s}.payment_operations set review_reason = $2, updated_at = now()
+       where id = $1 and ${UNSETTLED}
+       returning id`,
+    ),
 
-export const operationsByIds = statement<[ids: string[]]>(
-  'outboxd_operations_by_ids',
-  `select * from payment_operations where id = any($1::uuid[])`,
-);
+    /** Serialises admin re-drives of one operation (check for a live job, then enqueue). */
+    lockOperationForRequeue: statement<[id: string]>(
+      'outboxd_lock_operation_for_requeue',
+      `select pg_advisory_xact_lock(hashtextextended('outboxd-requeue:' || $1, 0))`,
+    ),
 
-/** Succeeded operations settled since a time: each must have its charge in Stripe. */
-export const succeededSince = statement<[since: Date]>(
-  'outboxd_succeeded_since',
-  `select * from payment_operations where status = 'succeeded' and settled_at >= $1`,
-);
+    // ─── reconciliation ────────────────────────────────────────────────────────────────────────────────
 
-// ─── health (metrics) ─────────────────────────────────────────────────────────────────────────────
+    /** What the reconcile sweep may decide: a known charge to retrieve, a key window that has passed, or an
+     * operation held for review after an attempt that may have charged (searched read-only inside the
+     * window too: a dead-lettered job drives it no more). Other operations inside the window without a
+     * charge id are the dispatcher's, and leased ones are busy. */
+    reconcileCandidates: statement<[keyWindowSeconds: number, limit: number]>(
+      'outboxd_reconcile_candidates',
+      `select id from ${s}.payment_operations
+       where ${UNSETTLED}
+         and (external_id is not null
+              or first_attempted_at < now() - make_interval(secs => $1)
+              or (review_reason is not null and first_attempted_at is not null))
+         and (lease_expires_at is null or lease_expires_at < now())
+       order by updated_at
+       limit $2`,
+    ),
 
-export const operationHealth = statement<[]>(
-  'outboxd_operation_health',
-  `select
-     count(*) filter (where needs_review)::int as needs_review,
-     count(*) filter (where ${UNSETTLED})::int as unsettled,
-     coalesce(extract(epoch from now() - min(created_at) filter (where ${UNSETTLED})), 0)::float8 as oldest_unsettled_seconds
-   from payment_operations`,
-);
+    /** Unsettled, unflagged operations untouched for a while with no lease, nothing in the outbox and no
+     * live job (one anti-join over pg-boss's job table, so a large backlog of queued jobs costs one scan):
+     * the sweep claims each, checks again for a live job, and flags one that nothing drives. */
+    undrivenCandidates: statement<[idleSeconds: number, limit: number, queues: string[]]>(
+      'outboxd_undriven_candidates',
+      `select id from ${s}.payment_operations op
+       where ${UNSETTLED} and review_reason is null
+         and (lease_expires_at is null or lease_expires_at < now())
+         and updated_at < now() - make_interval(secs => $1)
+         and not exists (select 1 from ${s}.charge_outbox o where o.operation_id = op.id)
+         and not exists (
+           select 1 from ${boss}.job j
+           where j.name = any($3::text[]) and j.state in ('created', 'retry', 'active') and j.data->>'operationId' = op.id::text)
+       order by updated_at
+       limit $2`,
+    ),
 
-// ─── listings (admin and CLI) ──────────────────────────────────────────────────────────────────────
+    /** Unsettled operations untouched for a while: candidates for `requeue --stuck`. */
+    stuckOperations: statement<[olderThanSeconds: number, limit: number]>(
+      'outboxd_stuck_operations',
+      `select * from ${s}.payment_operations
+       where ${UNSETTLED} and updated_at < now() - make_interval(secs => $1)
+       order by updated_at
+       limit $2`,
+    ),
 
-export const listOperations = statement<[status: string | null, needsReview: boolean, limit: number]>(
-  'outboxd_list_operations',
-  `select * from payment_operations
-   where ($1::text is null or status = $1) and (not $2 or needs_review)
-   order by created_at, id
-   limit $3`,
-);
+    operationsByIds: statement<[ids: string[]]>(
+      'outboxd_operations_by_ids',
+      `select * from ${s}.payment_operations where id = any($1::uuid[])`,
+    ),
 
-export const showOperation = statement<[id: string]>(
-  'outboxd_show_operation',
-  `select * from payment_operations where id = $1`,
-);
+    /** Succeeded operations settled since a time: each must have its charge in Stripe. */
+    succeededSince: statement<[since: Date]>(
+      'outboxd_succeeded_since',
+      `select * from ${s}.payment_operations where status = 'succeeded' and settled_at >= $1`,
+    ),
 
-/** Operations whose id begins with a prefix (hex digits, dashes ignored): the short ids people copy. */
-export const operationsByIdPrefix = statement<[hexPrefix: string, limit: number]>(
-  'outboxd_operations_by_id_prefix',
-  `select * from payment_operations where replace(id::text, '-', '') like $1 || '%' order by id limit $2`,
-);
+    // ─── health (metrics) ─────────────────────────────────────────────────────────────────────────────
 
-/** The newest audit entries, of one operation or of all, returned oldest first. */
-export const listAudit = statement<[operationId: string | null, limit: number]>(
-  'outboxd_list_audit',
-  `select * from (
-     select id, at, actor, action, operation_id, details from admin_audit
-     where $1::uuid is null or operation_id = $1
-     order by at desc, id desc
-     limit $2
-   ) newest
-   order by at, id`,
-);
+    operationHealth: statement<[]>(
+      'outboxd_operation_health',
+      `select
+         count(*) filter (where needs_review)::int as needs_review,
+         count(*) filter (where ${UNSETTLED})::int as unsettled,
+         coalesce(extract(epoch from now() - min(created_at) filter (where ${UNSETTLED})), 0)::float8 as oldest_unsettled_seconds
+       from ${s}.payment_operations`,
+    ),
+
+    // ─── listings (admin and CLI) ──────────────────────────────────────────────────────────────────────
+
+    listOperations: statement<[status: string | null, needsReview: boolean, limit: number]>(
+      'outboxd_list_operations',
+      `select * from ${s}.payment_operations
+       where ($1::text is null or status = $1) and (not $2 or needs_review)
+       order by created_at, id
+       limit $3`,
+    ),
+
+    showOperation: statement<[id: string]>(
+      'outboxd_show_operation',
+      `select * from ${s}.payment_operations where id = $1`,
+    ),
+
+    /** Operations whose id begins with a prefix (hex digits, dashes ignored): the short ids people copy. */
+    operationsByIdPrefix: statement<[hexPrefix: string, limit: number]>(
+      'outboxd_operations_by_id_prefix',
+      `select * from ${s}.payment_operations where replace(id::text, '-', '') like $1 || '%' order by id limit $2`,
+    ),
+
+    /** The newest audit entries, of one operation or of all, returned oldest first. */
+    listAudit: statement<[operationId: string | null, limit: number]>(
+      'outboxd_list_audit',
+      `select * from (
+         select id, at, actor, action, operation_id, details from ${s}.admin_audit
+         where $1::uuid is null or operation_id = $1
+         order by at desc, id desc
+         limit $2
+       ) newest
+       order by at, id`,
+    ),
+  };
+}

@@ -70,7 +70,8 @@ export class StripeGateway implements PaymentGateway {
           payment_method: req.paymentMethod,
           confirm: true,
           off_session: true,
-          metadata: { operation_id: req.operationId },
+          // operation_id last: reconciliation finds the charge by it, whatever the application sent.
+          metadata: { ...req.metadata, operation_id: req.operationId },
         },
         { idempotencyKey: req.idempotencyKey },
       );

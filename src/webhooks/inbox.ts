@@ -8,11 +8,10 @@
 // PaymentIntent's id and status are stored (no payment-method or billing details), and only for the
 // retention period.
 import type Stripe from 'stripe';
-import { inTransaction, type Pool, type PoolClient } from '../db/pool.ts';
+import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
 import { FAILED_CHARGE_STATUSES, Rejected, type Charge, type PaymentGateway } from '../payments/gateway.ts';
 import { flagFromOutside, isOperationId, isSettled, settleFromOutside, type Operation } from '../payments/operation.ts';
-import * as sql from '../sql/statements.ts';
 
 export type InboxResult =
   | 'settled'
@@ -40,7 +39,7 @@ export async function receiveStripeEvent(deps: InboxDeps, event: Stripe.Event): 
   const { pool, log } = deps;
   const hinted = event.type.startsWith('payment_intent.') ? (event.data.object as { id?: unknown }).id : undefined;
   const piId = typeof hinted === 'string' && /^pi_\w+$/.test(hinted) ? hinted : undefined;
-  if ((await pool.query(sql.webhookEventSeen(event.id))).rows[0]) return 'duplicate';
+  if ((await pool.query(pool.sql.webhookEventSeen(event.id))).rows[0]) return 'duplicate';
 
   // The evidence, fetched before any transaction opens (invariant 3). A PaymentIntent Stripe refuses to
   // show (another account's, say) is no evidence of anything; any other failure answers 5xx and Stripe
@@ -50,7 +49,7 @@ export async function receiveStripeEvent(deps: InboxDeps, event: Stripe.Event): 
   try {
     return await inTransaction(pool, async (tx) => {
       const result = charge ? await act(tx, charge, opId, event.type) : piId ? 'no_operation' : 'ignored';
-      const { rows } = await tx.query(sql.insertWebhookEvent(event.id, event.type, opId, result, JSON.stringify(trimmed(event, charge))));
+      const { rows } = await tx.query(tx.sql.insertWebhookEvent(event.id, event.type, opId, result, JSON.stringify(trimmed(event, charge))));
       if (!rows[0]) throw new Duplicate(); // recorded by a concurrent delivery: undo whatever this one did
       log.info({ eventId: event.id, type: event.type, operationId: opId, paymentIntent: piId, status: charge?.status, result }, 'stripe event received');
       if (result === 'mismatch' || result === 'contradiction') {
@@ -70,12 +69,12 @@ export async function receiveStripeEvent(deps: InboxDeps, event: Stripe.Event): 
 
 /** Deletes stored events older than the retention; returns how many. */
 export async function pruneWebhookEvents(pool: Pool, retentionDays: number): Promise<number> {
-  return (await pool.query(sql.pruneWebhookEvents(retentionDays))).rowCount ?? 0;
+  return (await pool.query(pool.sql.pruneWebhookEvents(retentionDays))).rowCount ?? 0;
 }
 
-async function act(tx: PoolClient, charge: Charge, opId: string | null, type: string): Promise<InboxResult> {
+async function act(tx: Tx, charge: Charge, opId: string | null, type: string): Promise<InboxResult> {
   if (!opId) return 'no_operation';
-  const { rows } = await tx.query(sql.showOperation(opId));
+  const { rows } = await tx.query(tx.sql.showOperation(opId));
   const op: Operation | undefined = rows[0];
   if (!op) return 'no_operation';
   const mismatch = mismatchOf(op, charge);

@@ -20,7 +20,7 @@ export async function startDispatcher(
   workerId: string,
   opts: { leaseTtlMs?: number; concurrency?: number } = {},
 ): Promise<InProcessReplica> {
-  const boss = createBoss(t.url, 'worker', 3);
+  const boss = createBoss(t.url, 'worker', 3, t.schema);
   boss.on('error', () => {});
   await boss.start();
   const metrics = createMetrics({ db: t.pool, boss });

@@ -28,7 +28,7 @@ export async function claim(t: TestDb, operationId: string, owner = 'test-worker
 }
 
 export async function operation(t: TestDb, id: string): Promise<Operation> {
-  const { rows } = await t.pool.query('select * from payment_operations where id = $1', [id]);
+  const { rows } = await t.pool.query('select * from outboxd.payment_operations where id = $1', [id]);
   return rows[0];
 }
 
@@ -42,7 +42,7 @@ export async function chargeJobs(t: TestDb, operationId?: string): Promise<numbe
 
 export async function outboxRows(t: TestDb, operationId?: string): Promise<number> {
   const { rows } = await t.pool.query(
-    `select count(*)::int as n from charge_outbox where ($1::uuid is null or operation_id = $1)`,
+    `select count(*)::int as n from outboxd.charge_outbox where ($1::uuid is null or operation_id = $1)`,
     [operationId ?? null],
   );
   return rows[0].n;
@@ -57,9 +57,9 @@ export async function relay(t: TestDb): Promise<number> {
 
 export async function counts(t: TestDb): Promise<{ orders: number; operations: number; outbox: number; jobs: number }> {
   const { rows } = await t.pool.query(`select
-      (select count(*)::int from orders) as orders,
-      (select count(*)::int from payment_operations) as operations,
-      (select count(*)::int from charge_outbox) as outbox,
+      (select count(*)::int from outboxd.orders) as orders,
+      (select count(*)::int from outboxd.payment_operations) as operations,
+      (select count(*)::int from outboxd.charge_outbox) as outbox,
       (select count(*)::int from pgboss.job where name = 'charge') as jobs`);
   return rows[0];
 }

@@ -1,0 +1,48 @@
+// The caller's transaction, whatever it is: a drizzle node-postgres transaction, a pg PoolClient or
+// Client inside BEGIN, or any object with query(text, values). outboxd's statements run on it as they
+// are (schema-qualified, so its search_path does not matter); nothing here begins, commits or rolls back.
+import type { QueryConfig } from 'pg';
+import type { Statements } from '../sql/statements.ts';
+import type { Queryable } from './pool.ts';
+
+/** drizzle marks its classes with this (a registered symbol, the same in every copy of drizzle-orm). */
+const DRIZZLE_KIND = Symbol.for('drizzle:entityKind');
+
+type QueryFn = (text: string, values?: unknown[]) => Promise<{ rows: unknown[] }>;
+type ConfigQueryFn = (config: QueryConfig) => Promise<{ rows: unknown[] }>;
+
+export class TransactionTypeError extends TypeError {
+  override name = 'TransactionTypeError';
+}
+
+/** `tx` as a Queryable running `sql`, or a TransactionTypeError saying what to pass instead. */
+export function callerTransaction(tx: unknown, sql: Statements): Queryable {
+  if (tx === null || typeof tx !== 'object') throw new TransactionTypeError(`expected the caller's transaction, got ${tx === null ? 'null' : typeof tx}`);
+  const t = tx as Record<string, unknown> & { session?: { client?: unknown } };
+  const kind = (t.constructor as unknown as Record<symbol, unknown> | undefined)?.[DRIZZLE_KIND];
+  if (typeof kind === 'string') {
+    if (!kind.endsWith('Transaction')) {
+      throw new TransactionTypeError(`a drizzle ${kind} is not a transaction: pass the tx of db.transaction(async (tx) => …)`);
+    }
+    const client = t.session?.client;
+    if (!isPgClient(client)) throw new TransactionTypeError(`a drizzle ${kind} without a node-postgres client: outboxd joins node-postgres transactions`);
+    return fromPgClient(client, sql);
+  }
+  if (typeof t.query !== 'function') throw new TransactionTypeError(`expected the caller's transaction (an object with query(text, values))`);
+  if (typeof t.connect === 'function' && 'idleCount' in t) {
+    throw new TransactionTypeError('a pool runs each statement in a transaction of its own: pass a client inside BEGIN (await pool.connect(), then BEGIN)');
+  }
+  if (isPgClient(t)) return fromPgClient(t, sql);
+  const query = (t.query as QueryFn).bind(t);
+  return { sql, query: ((config: QueryConfig) => query(config.text, config.values)) as unknown as Queryable['query'] };
+}
+
+/** node-postgres' Client or PoolClient, from whichever copy of pg the application uses. */
+function isPgClient(c: unknown): c is { query: ConfigQueryFn } {
+  return typeof c === 'object' && c !== null && typeof (c as { query?: unknown }).query === 'function' && 'connectionParameters' in c;
+}
+
+/** A pg client takes the whole statement: its name (prepared once per connection) and its type parsers. */
+function fromPgClient(client: { query: ConfigQueryFn }, sql: Statements): Queryable {
+  return { sql, query: ((config: QueryConfig) => client.query(config)) as unknown as Queryable['query'] };
+}

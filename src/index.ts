@@ -1,0 +1,9 @@
+// The package `outboxd`: the library an application embeds. `outboxd worker` and the rest of the CLI
+// come with it (package.json bin).
+export { Outboxd, type ChargeRequest, type OutboxdOptions, type PaymentOperation } from './outboxd.ts';
+export type { ChargeRequested } from './payments/request.ts';
+export type { OperationStatus } from './payments/operation.ts';
+export { OrderConflictError } from './payments/request.ts';
+export { ValidationError } from './orders/validate.ts';
+export { TransactionTypeError } from './db/caller.ts';
+export { ConfigError } from './config.ts';

@@ -1,0 +1,136 @@
+// The library: what an application embedding outboxd calls. Its charge requests join the
+// application's own transaction; `outboxd worker` replicas (or the CLI) do the rest.
+import type pg from 'pg';
+import { schemaFromEnv } from './config.ts';
+import { callerTransaction } from './db/caller.ts';
+import { migrate } from './db/migrate.ts';
+import { createPool, type Pool, type Queryable } from './db/pool.ts';
+import { isOperationId, type Operation, type OperationStatus } from './payments/operation.ts';
+import { requestCharge, type ChargeRequested } from './payments/request.ts';
+import { SCHEMA_NAME, statementsFor } from './sql/statements.ts';
+
+export type OutboxdOptions = (
+  | { connectionString: string; pool?: undefined }
+  /** The application's own pg Pool: outboxd runs its reads, migrations and subscriptions on it. */
+  | { pool: pg.Pool; connectionString?: undefined }
+) & {
+  /** PostgreSQL schema of outboxd's tables; default OUTBOXD_SCHEMA, else `outboxd`. */
+  schema?: string;
+};
+
+/** What requestCharge takes. */
+export interface ChargeRequest {
+  /** The application's order: one live charge per order. */
+  orderId: string;
+  /** In minor units (cents): a positive integer. */
+  amount: number;
+  /** ISO 4217, as Stripe accepts it (any case). */
+  currency: string;
+  /** Stripe customer (cus_…). */
+  customer: string;
+  /** Stripe payment method (pm_…). */
+  paymentMethod: string;
+  /** Sent to Stripe with the charge, beside operation_id: at most 50 keys, keys ≤ 40 and values ≤ 500 characters. */
+  metadata?: Record<string, string>;
+  /** After every earlier charge of the order failed: charge again even with the same payment method. */
+  retry?: boolean;
+}
+
+/** A payment operation as getOperation returns it. */
+export interface PaymentOperation {
+  id: string;
+  orderId: string;
+  kind: 'charge';
+  amount: number;
+  currency: string;
+  customer: string;
+  paymentMethod: string;
+  metadata: Record<string, string>;
+  status: OperationStatus;
+  /** The PaymentIntent (pi_…), once known. */
+  externalId: string | null;
+  /** Calls made to Stripe for it. */
+  attempts: number;
+  firstAttemptedAt: Date | null;
+  lastError: string | null;
+  /** Held for a person (see reviewReason); its status is still pending or unknown. */
+  needsReview: boolean;
+  reviewReason: string | null;
+  settledAt: Date | null;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+export class Outboxd {
+  readonly schema: string;
+  readonly #connection: string | pg.Pool;
+  readonly #db: Queryable;
+  readonly #ownPool: Pool | undefined;
+
+  constructor(options: OutboxdOptions) {
+    const { connectionString, pool } = options ?? {};
+    if ((connectionString === undefined) === (pool === undefined)) {
+      throw new TypeError('new Outboxd({ connectionString }) or new Outboxd({ pool }): give exactly one');
+    }
+    this.schema = options.schema ?? schemaFromEnv();
+    if (!SCHEMA_NAME.test(this.schema)) throw new TypeError(`schema must be a lower-case identifier of at most 40 characters: ${JSON.stringify(this.schema)}`);
+    if (pool) {
+      this.#connection = pool;
+      this.#db = { sql: statementsFor(this.schema), query: pool.query.bind(pool) as pg.Pool['query'] };
+    } else {
+      this.#ownPool = createPool(connectionString!, { schema: this.schema, max: 4, applicationName: 'outboxd-library' });
+      this.#connection = connectionString!;
+      this.#db = this.#ownPool;
+    }
+  }
+
+  /** Creates or upgrades outboxd's tables in its schema and pg-boss's queues. Idempotent; safe beside other migrations. */
+  migrate(): Promise<void> {
+    return migrate(this.#connection, this.schema);
+  }
+
+  /**
+   * Requests a charge inside the caller's transaction `tx` (a drizzle node-postgres transaction, a pg
+   * client inside BEGIN, or anything with query(text, values)): the operation and its outbox row commit
+   * or roll back with it. The same orderId again returns the same operation (created: false).
+   * Throws ValidationError (bad input, naming the field) or OrderConflictError before writing anything.
+   */
+  async requestCharge(tx: object, request: ChargeRequest): Promise<ChargeRequested> {
+    return requestCharge(callerTransaction(tx, this.#db.sql), request);
+  }
+
+  /** The operation, or undefined when there is none with this id. */
+  async getOperation(id: string): Promise<PaymentOperation | undefined> {
+    if (typeof id !== 'string' || !isOperationId(id)) return undefined;
+    const { rows } = await this.#db.query(this.#db.sql.showOperation(id.toLowerCase()));
+    return rows[0] ? toPaymentOperation(rows[0]) : undefined;
+  }
+
+  /** Releases what this instance holds (its own pool; never an application's). */
+  async stop(): Promise<void> {
+    await this.#ownPool?.end();
+  }
+}
+
+function toPaymentOperation(op: Operation): PaymentOperation {
+  return {
+    id: op.id,
+    orderId: op.order_id,
+    kind: op.kind,
+    amount: op.amount,
+    currency: op.currency,
+    customer: op.customer_id,
+    paymentMethod: op.payment_method,
+    metadata: op.metadata,
+    status: op.status,
+    externalId: op.external_id,
+    attempts: op.attempts,
+    firstAttemptedAt: op.first_attempted_at,
+    lastError: op.last_error,
+    needsReview: op.needs_review,
+    reviewReason: op.review_reason,
+    settledAt: op.settled_at,
+    createdAt: op.created_at,
+    updatedAt: op.updated_at,
+  };
+}

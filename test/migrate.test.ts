@@ -1,0 +1,167 @@
+// outboxd's tables live in their own schema. A database the release created (tables in public, drizzle's
+// default migrations table) is upgraded in place without losing a row; a new database never touches an
+// application's public tables; another OUTBOXD_SCHEMA is a second, independent installation.
+import { cp, mkdtemp, readFile, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { drizzle } from 'drizzle-orm/node-postgres';
+import { migrate as drizzleMigrate } from 'drizzle-orm/node-postgres/migrator';
+import pg from 'pg';
+import { afterAll, describe, expect, inject, it } from 'vitest';
+import { migrate } from '../src/db/migrate.ts';
+import { createPool, type Pool } from '../src/db/pool.ts';
+import { confirmOrder } from '../src/orders/confirm.ts';
+import { createBoss, relayOutbox } from '../src/outbox.ts';
+import { acquireLease } from '../src/payments/operation.ts';
+import { createEmptyDatabase } from '../scripts/lib/database.ts';
+import { orderInput } from './support/fixtures.ts';
+
+const ROOT = path.resolve(import.meta.dirname, '..');
+const TABLES = ['orders', 'payment_operations', 'admin_audit', 'webhook_events', 'charge_outbox'];
+/** The migrations of the release that kept outboxd's tables in public, as committed. */
+const RELEASE_MIGRATIONS = ['0000_init', '0001_admin_audit_and_webhook_inbox', '0002_charge_outbox'];
+
+const cleanups: (() => Promise<void>)[] = [];
+afterAll(async () => {
+  for (const c of cleanups.reverse()) await c();
+});
+
+async function database(prefix: string): Promise<{ url: string; client: pg.Client }> {
+  const db = await createEmptyDatabase(inject('adminUrl'), prefix);
+  const client = new pg.Client({ connectionString: db.url });
+  await client.connect();
+  cleanups.push(async () => {
+    await client.end();
+    await db.drop();
+  });
+  return { url: db.url, client };
+}
+
+function pool(url: string, schema = 'outboxd'): Pool {
+  const p = createPool(url, { schema, max: 4, applicationName: 'migrate-test' });
+  cleanups.push(() => p.end());
+  return p;
+}
+
+/** Applies the release's migrations the way it did: drizzle's defaults, search_path public. */
+async function createReleaseDatabase(client: pg.Client): Promise<void> {
+  const folder = await mkdtemp(path.join(tmpdir(), 'outboxd-release-'));
+  await cp(path.join(ROOT, 'drizzle'), folder, { recursive: true });
+  const journal = JSON.parse(await readFile(path.join(folder, 'meta/_journal.json'), 'utf8'));
+  journal.entries = journal.entries.filter((e: { tag: string }) => RELEASE_MIGRATIONS.includes(e.tag));
+  expect(journal.entries).toHaveLength(RELEASE_MIGRATIONS.length);
+  await writeFile(path.join(folder, 'meta/_journal.json'), JSON.stringify(journal));
+  await drizzleMigrate(drizzle({ client }), { migrationsFolder: folder });
+}
+
+const schemaOf = async (client: pg.Client, table: string): Promise<string[]> =>
+  (await client.query(`select table_schema from information_schema.tables where table_name = $1 order by 1`, [table])).rows.map(
+    (r) => r.table_schema,
+  );
+
+async function dump(client: pg.Client, schema: string): Promise<Record<string, Record<string, unknown>[]>> {
+  const tables: Record<string, Record<string, unknown>[]> = {};
+  for (const t of TABLES) tables[t] = (await client.query(`select * from "${schema}".${t} order by 1`)).rows;
+  return tables;
+}
+
+describe('upgrading a database the release created (tables in public)', () => {
+  it('moves every table to the schema with every row, and continues from it', async () => {
+    const { url, client } = await database('upgrade');
+    await createReleaseDatabase(client);
+    // An application using drizzle too: its own record in drizzle's default migrations table.
+    await client.query(`insert into drizzle.__drizzle_migrations (hash, created_at) values ('the-app', 1700000000000)`);
+    await client.query(`
+      insert into orders (id, amount, currency, customer_id, payment_method) values
+        ('o-paid', 1000, 'eur', 'cus_1', 'pm_card_visa'), ('o-open', 2000, 'usd', 'cus_2', 'pm_card_visa');
+      insert into payment_operations (id, order_id, amount, currency, customer_id, payment_method, status, external_id, attempts, first_attempted_at, settled_at, fence)
+        values ('00000000-0000-4000-8000-000000000001', 'o-paid', 1000, 'eur', 'cus_1', 'pm_card_visa', 'succeeded', 'pi_1', 1, now(), now(), 3);
+      insert into payment_operations (id, order_id, amount, currency, customer_id, payment_method, review_reason)
+        values ('00000000-0000-4000-8000-000000000002', 'o-open', 2000, 'usd', 'cus_2', 'pm_card_visa', 'checked by hand');
+      insert into charge_outbox (operation_id) values ('00000000-0000-4000-8000-000000000002');
+      insert into admin_audit (actor, action, operation_id, details) values ('cli:ops', 'resolve', '00000000-0000-4000-8000-000000000001', '{"outcome":"succeeded"}');
+      insert into webhook_events (id, type, operation_id, result, payload) values ('evt_1', 'payment_intent.succeeded', '00000000-0000-4000-8000-000000000001', 'settled', '{}');
+    `);
+    const before = await dump(client, 'public');
+
+    await migrate(url, 'outboxd');
+
+    for (const t of TABLES) expect(await schemaOf(client, t), t).toEqual(['outboxd']);
+    // Every row, every value (later migrations only add columns, with their defaults).
+    const after = await dump(client, 'outboxd');
+    expect(after).toMatchObject(before);
+    expect(after.payment_operations!.map((op) => op.metadata)).toEqual([{}, {}]);
+    // The identity sequences moved with their tables: numbering continues.
+    const { rows: audit } = await client.query(`insert into outboxd.admin_audit (actor, action) values ('x', 'requeue') returning id`);
+    expect(audit[0].id).toBe(String(Number(before.admin_audit![0]!.id) + 1));
+    // drizzle's record: ours moved to the schema, the application's stayed where it was.
+    expect((await client.query(`select hash from drizzle.__drizzle_migrations`)).rows).toEqual([{ hash: 'the-app' }]);
+    const journal = JSON.parse(await readFile(path.join(ROOT, 'drizzle/meta/_journal.json'), 'utf8'));
+    const recorded = async () => (await client.query(`select count(*)::int as n from outboxd.__drizzle_migrations`)).rows[0].n;
+    expect(await recorded()).toBe(journal.entries.length);
+
+    await migrate(url, 'outboxd'); // idempotent
+    expect(await recorded()).toBe(journal.entries.length);
+    expect(await dump(client, 'outboxd')).toMatchObject({ orders: before.orders, payment_operations: before.payment_operations });
+
+    // The moved operations are driven as before, and the application may now have its own orders.
+    const p = pool(url);
+    expect(await acquireLease(p, '00000000-0000-4000-8000-000000000002', 'w', 10_000)).toBe(1);
+    await client.query(`create table public.orders (id uuid primary key, total numeric not null)`);
+    expect((await confirmOrder(p, orderInput())).created).toBe(true);
+  });
+});
+
+describe('a new database', () => {
+  it('creates nothing in public and leaves an application’s own orders and payment_operations alone', async () => {
+    const { url, client } = await database('fresh');
+    await client.query(`
+      create table public.orders (id uuid primary key default gen_random_uuid(), total numeric not null, note text);
+      create table public.payment_operations (id serial primary key, provider text not null);
+      insert into public.orders (total, note) values (12.5, 'the app''s own order');
+      insert into public.payment_operations (provider) values ('paypal');
+    `);
+    await migrate(url, 'outboxd');
+    for (const t of TABLES) expect((await schemaOf(client, t)).filter((s) => s !== 'public'), t).toEqual(['outboxd']);
+    const p = pool(url);
+    const input = orderInput();
+    const { operationId } = await confirmOrder(p, input);
+    expect((await client.query(`select order_id from outboxd.payment_operations where id = $1`, [operationId])).rows).toEqual([
+      { order_id: input.orderId },
+    ]);
+    expect((await client.query(`select total, note from public.orders`)).rows).toEqual([{ total: '12.5', note: "the app's own order" }]);
+    expect((await client.query(`select provider from public.payment_operations`)).rows).toEqual([{ provider: 'paypal' }]);
+    expect((await client.query(`select to_regclass('drizzle.__drizzle_migrations') as t`)).rows[0].t).toBeNull();
+  });
+});
+
+describe('OUTBOXD_SCHEMA', () => {
+  it('another schema is an installation of its own: tables, migrations record and pg-boss schema', async () => {
+    const { url, client } = await database('schemas');
+    await migrate(url, 'outboxd');
+    await migrate(url, 'payments');
+    for (const t of TABLES) expect(await schemaOf(client, t), t).toEqual(['outboxd', 'payments']);
+    expect((await client.query(`select count(*)::int as n from payments.__drizzle_migrations`)).rows[0].n).toBeGreaterThan(0);
+
+    const pools = { outboxd: pool(url, 'outboxd'), payments: pool(url, 'payments') };
+    const ids = {
+      outboxd: (await confirmOrder(pools.outboxd, orderInput({ orderId: 'same-order' }))).operationId,
+      payments: (await confirmOrder(pools.payments, orderInput({ orderId: 'same-order' }))).operationId,
+    };
+    expect(ids.outboxd).not.toBe(ids.payments);
+    // Each installation's jobs go to its own pg-boss schema: neither worker can take the other's.
+    for (const schema of ['outboxd', 'payments'] as const) {
+      const boss = createBoss(url, 'client', 2, schema);
+      await boss.start();
+      try {
+        expect(await relayOutbox(pools[schema], boss)).toBe(1);
+      } finally {
+        await boss.stop({ graceful: false });
+      }
+    }
+    const jobs = async (bossSchema: string) =>
+      (await client.query(`select data->>'operationId' as op from ${bossSchema}.job where name = 'charge'`)).rows.map((r) => r.op);
+    expect(await jobs('pgboss')).toEqual([ids.outboxd]);
+    expect(await jobs('pgboss_payments')).toEqual([ids.payments]);
+  });
+});
