@@ -8,6 +8,7 @@ import { confirmOrder } from '../src/orders/confirm.ts';
 import { KEY_WINDOW_SECONDS } from '../src/payments/executor.ts';
 import type { Fault } from '../src/stripe/emulator/emulator.ts';
 import { checkAgainstLedger, type Violation } from './lib/ledger.ts';
+import { seededRandom } from './lib/random.ts';
 import type { Replica } from './lib/replica.ts';
 import { startWorld } from './lib/world.ts';
 
@@ -31,18 +32,7 @@ const SETTLE_TIMEOUT_MS = 150_000;
 /** Long enough for the job heartbeat to lapse (10 s), a supervisor pass (5 s), a retry and a takeover. */
 const PAUSE_MS = 25_000;
 
-/** mulberry32: a small seeded PRNG, so that a seed replays the same plan. */
-function rng(seed: number) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-const random = rng(SEED);
+const random = seededRandom(SEED);
 const pick = <T>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
 const log = (msg: string) => process.stderr.write(`[chaos ${((Date.now() - t0) / 1000).toFixed(1).padStart(5)}s] ${msg}\n`);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

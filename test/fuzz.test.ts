@@ -8,7 +8,8 @@ import { startReplica, type Replica } from '../scripts/lib/replica.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
 import { confirm } from './support/fixtures.ts';
-import { rawRequest, seededRandom, type RawAnswer } from './support/rawHttp.ts';
+import { seededRandom } from '../scripts/lib/random.ts';
+import { rawRequest, type RawAnswer } from './support/rawHttp.ts';
 
 const SEED = Number(process.env.FUZZ_SEED ?? 20_261_202);
 const REQUESTS = 3_000;

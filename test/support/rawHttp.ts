@@ -44,15 +44,3 @@ export function rawRequest(port: number, payload: string | Buffer, opts: { halfC
     socket.on('close', () => finish(true));
   });
 }
-
-/** mulberry32: a tiny seeded PRNG, so that a failing fuzz run is replayed by its seed. */
-export function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
