@@ -16,6 +16,7 @@ import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
 import { resolveOperation, type Resolution } from '../admin/resolve.ts';
 import { driftReport } from '../reconcile/drift.ts';
 import { reconcileNow } from '../admin/reconcile.ts';
+import { redriveSettlements } from '../settlements.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import { parseDuration } from './duration.ts';
 import { EXIT, exitCodeOf } from './exit.ts';
@@ -228,6 +229,25 @@ program
         console.log(o.json ? JSON.stringify(report) : `${report.examined} examined: ${report.settled} settled, ${report.needsReview} need review, ${report.skipped} skipped`);
       }),
     );
+  });
+
+program
+  .command('settlements')
+  .description('settlement events for the application (onSettled)')
+  .command('redrive')
+  .description('send dead-lettered settlement events to onSettled again, once the failing handler is fixed')
+  .option('--json', 'machine-readable output')
+  .action(async (o) => {
+    await withDatabase(async ({ url }) => {
+      const boss = createBoss(url, 'client', 2, config.schema);
+      await boss.start();
+      try {
+        const redriven = await redriveSettlements(boss);
+        console.log(o.json ? JSON.stringify({ redriven }) : `${redriven} settlement events sent again`);
+      } finally {
+        await boss.stop({ graceful: false });
+      }
+    });
   });
 
 function defaultActor(): string {

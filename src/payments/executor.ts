@@ -28,6 +28,8 @@ export interface ExecuteOptions {
   claimed?: LoadedOperation;
   /** false: only settle through retrieve or search, never create (the reconcile sweep). */
   allowCreate?: boolean;
+  /** Who runs it, for the settlement event: the dispatcher (the default) or the reconcile sweep. */
+  source?: 'dispatcher' | 'reconcile';
   /** Runs inside the transaction that records the outcome (the dispatcher completes its job there). */
   onRecorded?: (tx: Tx, op: Operation) => Promise<void>;
 }
@@ -73,7 +75,7 @@ export async function executeCharge(
 
   // 5. Record the outcome, fenced, in one short transaction with whatever the caller commits beside it.
   const operation = await inTransaction(db, async (tx) => {
-    const recorded = await recordOutcome(tx, op, fence, outcome);
+    const recorded = await recordOutcome(tx, op, fence, outcome, opts.source ?? 'dispatcher');
     await opts.onRecorded?.(tx, recorded);
     return recorded;
   });

@@ -122,14 +122,24 @@ export async function recordAttempt(
   return rows[0];
 }
 
+/** What settled an operation, as its settlement event says: the dispatcher's or the reconcile sweep's
+ * executor, a Stripe webhook, or a person's resolution. */
+export type SettlementSource = 'dispatcher' | 'reconcile' | 'webhook' | 'admin';
+
 /** Fenced: applies an outcome through the transition table, ends the claim's lease, and returns the
- * updated operation. */
-export async function recordOutcome(db: Queryable, op: Operation, fence: number, outcome: Outcome): Promise<Operation> {
+ * updated operation. A settling outcome writes the settlement event in the same statement. */
+export async function recordOutcome(
+  db: Queryable,
+  op: Operation,
+  fence: number,
+  outcome: Outcome,
+  source: 'dispatcher' | 'reconcile',
+): Promise<Operation> {
   const status = nextStatus(op.status, outcome);
   const externalId = 'externalId' in outcome ? outcome.externalId : null;
   const error = 'reason' in outcome ? outcome.reason : null;
   const review = outcome.kind === 'needs_review' ? outcome.reason : null;
-  const { rows } = await db.query(db.sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review));
+  const { rows } = await db.query(db.sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review, source));
   if (!rows[0]) throw await staleFence(db, op.id, fence);
   return rows[0];
 }
@@ -191,18 +201,20 @@ export async function releaseLease(db: Queryable, id: string, fence: number): Pr
 
 /**
  * Settles from outside the executor (a person's resolution, a Stripe webhook): only an unsettled
- * operation, and with a fence bump so a worker still holding a claim writes nothing after it.
- * Undefined when the operation was already settled (a settled operation is never overwritten).
+ * operation, and with a fence bump so a worker still holding a claim writes nothing after it; its
+ * settlement event in the same statement. Undefined when the operation was already settled (a
+ * settled operation is never overwritten).
  */
 export async function settleFromOutside(
   db: Queryable,
   id: string,
   status: 'succeeded' | 'failed',
   externalId: string | null,
-  source: string,
+  source: 'resolved_by_admin' | `webhook:${string}`,
   reason: string | null,
 ): Promise<Operation | undefined> {
-  const { rows } = await db.query(db.sql.settleFromOutside(id, status, externalId, source, reason));
+  const event: SettlementSource = source === 'resolved_by_admin' ? 'admin' : 'webhook';
+  const { rows } = await db.query(db.sql.settleFromOutside(id, status, externalId, source, reason, event));
   return rows[0];
 }
 

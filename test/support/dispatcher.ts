@@ -29,5 +29,10 @@ export async function startDispatcher(
     { workerId, concurrency: opts.concurrency ?? 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000 },
   );
   await dispatcher.start();
-  return { dispatcher, boss, metrics, stop: () => boss.stop({ graceful: false }) };
+  // Draining ends the relay loop too: left running, it would keep taking later tests' outbox rows.
+  const stop = async () => {
+    await dispatcher.drain(0);
+    await boss.stop({ graceful: false });
+  };
+  return { dispatcher, boss, metrics, stop };
 }
