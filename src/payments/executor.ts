@@ -1,4 +1,4 @@
-// The idempotent charge executor: DESIGN §2 as code. Each database step is its own short, fenced,
+// The idempotent charge executor: docs/architecture.md §2 as code. Each database step is its own short, fenced,
 // committed statement; the external call sits between them with no transaction open (invariant 3),
 // so a crash at any line leaves a recovery point the next claim continues from.
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
@@ -108,7 +108,7 @@ async function callGateway(gateway: PaymentGateway, op: Operation, call: Gateway
   }
 }
 
-/** DESIGN §2.4: a 2xx is not success by itself; the PaymentIntent's status decides. */
+/** docs/architecture.md §2.4: a 2xx is not success by itself; the PaymentIntent's status decides. */
 function fromCharge(op: Operation, charge: Charge): Outcome {
   const mismatch = mismatchOf(op, charge);
   if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch };

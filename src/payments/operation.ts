@@ -1,5 +1,5 @@
 // The payment operation's state machine. This module is the only one that changes an operation's
-// status, and every write it makes is conditioned on the caller's fencing token (DESIGN §3).
+// status, and every write it makes is conditioned on the caller's fencing token (docs/architecture.md §3).
 //
 //            create/retrieve/search outcome
 //   pending ───────────────────────────────▶ succeeded   (2xx with status succeeded)

@@ -141,7 +141,7 @@ function build(schema: string) {
        from ${s}.payment_operations where id = $1`,
     ),
 
-    // ─── lease and fence (DESIGN §3) ───────────────────────────────────────────────────────────────────
+    // ─── lease and fence (docs/architecture.md §3) ─────────────────────────────────────────────────────
 
     /** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token.
      * Returns the claimed operation as loadOperation does (the executor needs no second read), and
