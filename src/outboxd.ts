@@ -37,7 +37,7 @@ export interface ChargeRequest {
   customer: string;
   /** Stripe payment method (pm_…). */
   paymentMethod: string;
-  /** Sent to Stripe with the charge, beside operation_id: at most 50 keys, keys ≤ 40 and values ≤ 500 characters. */
+  /** Sent to Stripe with the charge, beside operation_id: at most 49 keys (Stripe's 50 with operation_id), keys ≤ 40 and values ≤ 500 characters. */
   metadata?: Record<string, string>;
   /** After every earlier charge of the order failed: charge again even with the same payment method. */
   retry?: boolean;
@@ -123,7 +123,8 @@ export class Outboxd {
    * process settled it, AT LEAST ONCE: make it idempotent (the operationId identifies the settlement).
    * A handler that throws gets the event again later, with backoff; after hours of failures the event
    * is dead-lettered (see the runbook). All handlers of this instance see each event, one after the
-   * other; the instances of several processes share the events between them. Resolves once subscribed.
+   * other; up to 10 events (of different operations) are handled at once; the instances of several
+   * processes share the events between them. Resolves once subscribed.
    */
   async onSettled(handler: SettlementHandler): Promise<void> {
     if (this.#stopped) throw new Error('this Outboxd is stopped');
@@ -146,6 +147,7 @@ export class Outboxd {
   /** Stops the subscription (a handler running finishes first) and releases what this instance holds
    * (its own pool; never an application's). */
   async stop(): Promise<void> {
+    if (this.#stopped) return;
     this.#stopped = true;
     const boss = await this.#subscription?.catch(() => undefined);
     await boss?.offWork(SETTLED_QUEUE, { wait: true });
