@@ -3,7 +3,7 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     globalSetup: ['./test/support/globalSetup.ts'],
-    include: ['test/**/*.test.ts'],
+    include: ['test/**/*.test.ts', 'examples/**/*.test.ts'],
     // Each file has its own database; files run in parallel on the two cores, tests in a file in order.
     fileParallelism: true,
     maxWorkers: 3,

@@ -1,6 +1,8 @@
 // The package `outboxd`: the library an application embeds. `outboxd worker` and the rest of the CLI
 // come with it (package.json bin).
-export { Outboxd, type ChargeRequest, type OutboxdOptions, type PaymentOperation } from './outboxd.ts';
+export { Outboxd, type ChargeRequest, type OutboxdOptions, type PaymentOperation, type SettlementHandler } from './outboxd.ts';
+export type { SettlementEvent } from './settlements.ts';
+export type { SettlementSource } from './payments/operation.ts';
 export type { ChargeRequested } from './payments/request.ts';
 export type { OperationStatus } from './payments/operation.ts';
 export { OrderConflictError } from './payments/request.ts';

@@ -9,6 +9,7 @@
 import type pg from 'pg';
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from './db/pool.ts';
+import { createSettlementQueues, relaySettlements } from './settlements.ts';
 import { bossSchemaFor } from './sql/statements.ts';
 
 export { bossSchemaFor };
@@ -42,12 +43,13 @@ export const chargeQueueOptions: Omit<Queue, 'name'> = {
 
 /**
  * `migrator` installs or upgrades pg-boss's schema; `worker` also supervises (heartbeat and expiry
- * checks every few seconds, so a lost job comes back fast) and listens for NOTIFY; `client` only sends.
+ * checks every few seconds, so a lost job comes back fast) and listens for NOTIFY; `subscriber` (an
+ * application's onSettled) listens too; `client` only sends.
  * `connection`: a connection string, or an application's pool (pg-boss then runs on it, and polls).
  */
 export function createBoss(
   connection: string | pg.Pool,
-  role: 'migrator' | 'worker' | 'client',
+  role: 'migrator' | 'worker' | 'subscriber' | 'client',
   max: number,
   schema: string,
 ): PgBoss {
@@ -63,7 +65,7 @@ export function createBoss(
     createSchema: role === 'migrator',
     supervise: worker,
     schedule: worker,
-    useListenNotify: worker && !db,
+    useListenNotify: (worker || role === 'subscriber') && !db,
     superviseIntervalSeconds: 5,
     monitorIntervalSeconds: 5,
     registerInstance: worker,
@@ -78,16 +80,25 @@ export async function createQueues(boss: PgBoss): Promise<void> {
   await boss.createQueue(CHARGE_DEAD_QUEUE, { retryLimit: 5, retryBackoff: true, notify: true });
   await boss.createQueue(CHARGE_QUEUE, chargeQueueOptions);
   await boss.createQueue(RECONCILE_QUEUE, { policy: 'singleton', retryLimit: 0, expireInSeconds: 15 * 60 });
+  await createSettlementQueues(boss);
 }
 
 export const RELAY_BATCH = 500;
+
+/**
+ * Relays both outboxes: charges to `charge` jobs, settlement events to `settled` jobs (src/settlements.ts).
+ * Returns the larger batch: `limit` means more may be waiting.
+ */
+export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): Promise<number> {
+  return Math.max(await relayCharges(db, boss, limit), await relaySettlements(db, boss, limit));
+}
 
 /**
  * Moves up to `limit` outbox rows to pg-boss jobs in one transaction: the rows are deleted as their
  * jobs are inserted, so each row becomes exactly one job, and relays on several replicas take
  * disjoint batches (SKIP LOCKED). Returns how many were relayed.
  */
-export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): Promise<number> {
+async function relayCharges(db: Pool, boss: PgBoss, limit: number): Promise<number> {
   const { rows: any } = await db.query(db.sql.outboxHasRows());
   if (!any[0].any) return 0;
   return inTransaction(db, async (tx) => {

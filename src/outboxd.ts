@@ -1,13 +1,18 @@
 // The library: what an application embedding outboxd calls. Its charge requests join the
 // application's own transaction; `outboxd worker` replicas (or the CLI) do the rest.
 import type pg from 'pg';
+import type { PgBoss } from 'pg-boss';
 import { schemaFromEnv } from './config.ts';
 import { callerTransaction } from './db/caller.ts';
 import { migrate } from './db/migrate.ts';
 import { createPool, type Pool, type Queryable } from './db/pool.ts';
 import { isOperationId, type Operation, type OperationStatus } from './payments/operation.ts';
 import { requestCharge, type ChargeRequested } from './payments/request.ts';
+import { createBoss } from './outbox.ts';
+import { SETTLED_QUEUE, workSettlements, type SettlementEvent } from './settlements.ts';
 import { SCHEMA_NAME, statementsFor } from './sql/statements.ts';
+
+export type SettlementHandler = (event: SettlementEvent) => Promise<void> | void;
 
 export type OutboxdOptions = (
   | { connectionString: string; pool?: undefined }
@@ -16,6 +21,8 @@ export type OutboxdOptions = (
 ) & {
   /** PostgreSQL schema of outboxd's tables; default OUTBOXD_SCHEMA, else `outboxd`. */
   schema?: string;
+  /** Errors of the onSettled subscription's connection (it reconnects by itself); default: console.error. */
+  onError?: (err: Error) => void;
 };
 
 /** What requestCharge takes. */
@@ -30,7 +37,7 @@ export interface ChargeRequest {
   customer: string;
   /** Stripe payment method (pm_…). */
   paymentMethod: string;
-  /** Sent to Stripe with the charge, beside operation_id: at most 50 keys, keys ≤ 40 and values ≤ 500 characters. */
+  /** Sent to Stripe with the charge, beside operation_id: at most 49 keys (Stripe's 50 with operation_id), keys ≤ 40 and values ≤ 500 characters. */
   metadata?: Record<string, string>;
   /** After every earlier charge of the order failed: charge again even with the same payment method. */
   retry?: boolean;
@@ -66,6 +73,10 @@ export class Outboxd {
   readonly #connection: string | pg.Pool;
   readonly #db: Queryable;
   readonly #ownPool: Pool | undefined;
+  readonly #onError: (err: Error) => void;
+  readonly #handlers: SettlementHandler[] = [];
+  #subscription: Promise<PgBoss> | undefined;
+  #stopped = false;
 
   constructor(options: OutboxdOptions) {
     const { connectionString, pool } = options ?? {};
@@ -73,6 +84,7 @@ export class Outboxd {
       throw new TypeError('new Outboxd({ connectionString }) or new Outboxd({ pool }): give exactly one');
     }
     this.schema = options.schema ?? schemaFromEnv();
+    this.#onError = options.onError ?? ((err) => console.error('outboxd: settlement subscription error:', err));
     if (!SCHEMA_NAME.test(this.schema)) throw new TypeError(`schema must be a lower-case identifier of at most 40 characters: ${JSON.stringify(this.schema)}`);
     if (pool) {
       this.#connection = pool;
@@ -106,8 +118,40 @@ export class Outboxd {
     return rows[0] ? toPaymentOperation(rows[0]) : undefined;
   }
 
-  /** Releases what this instance holds (its own pool; never an application's). */
+  /**
+   * Calls `handler` with every settlement of an operation (succeeded or failed), from whichever
+   * process settled it, AT LEAST ONCE: make it idempotent (the operationId identifies the settlement).
+   * A handler that throws gets the event again later, with backoff; after hours of failures the event
+   * is dead-lettered (see the runbook). All handlers of this instance see each event, one after the
+   * other; up to 10 events (of different operations) are handled at once; the instances of several
+   * processes share the events between them. Resolves once subscribed.
+   */
+  async onSettled(handler: SettlementHandler): Promise<void> {
+    if (this.#stopped) throw new Error('this Outboxd is stopped');
+    if (typeof handler !== 'function') throw new TypeError('onSettled takes a function');
+    this.#handlers.push(handler);
+    this.#subscription ??= this.#subscribe();
+    await this.#subscription;
+  }
+
+  async #subscribe(): Promise<PgBoss> {
+    const boss = createBoss(this.#connection, 'subscriber', 3, this.schema);
+    boss.on('error', this.#onError);
+    await boss.start();
+    await workSettlements(boss, async (event) => {
+      for (const handler of this.#handlers) await handler(event);
+    });
+    return boss;
+  }
+
+  /** Stops the subscription (a handler running finishes first) and releases what this instance holds
+   * (its own pool; never an application's). */
   async stop(): Promise<void> {
+    if (this.#stopped) return;
+    this.#stopped = true;
+    const boss = await this.#subscription?.catch(() => undefined);
+    await boss?.offWork(SETTLED_QUEUE, { wait: true });
+    await boss?.stop({ graceful: true, timeout: 10_000 });
     await this.#ownPool?.end();
   }
 }

@@ -146,6 +146,9 @@ describe('deploy manifests', () => {
     const readme = read('README.md');
     expect(dockerfile).toMatch(/^FROM node:24-slim/m);
     expect(dockerfile).toMatch(/npm ci --omit=dev/);
+    // The image runs the compiled package, as an application that installs it does.
+    expect(dockerfile).toMatch(/^RUN npm run build$/m);
+    expect(dockerfile).toMatch(/^COPY --from=build \/app\/dist \.\/dist$/m);
     expect(dockerfile).toMatch(/^USER node$/m);
     expect(dockerfile).toMatch(/^ENTRYPOINT \["\/usr\/bin\/tini", "--", "node", "bin\/outboxd.js"\]$/m);
     expect(dockerfile).toMatch(/^CMD \["worker"\]$/m);

@@ -1,11 +1,8 @@
 // outboxd's tables live in their own schema. A database the release created (tables in public, drizzle's
 // default migrations table) is upgraded in place without losing a row; a new database never touches an
 // application's public tables; another OUTBOXD_SCHEMA is a second, independent installation.
-import { cp, mkdtemp, readFile, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readFile } from 'node:fs/promises';
 import path from 'node:path';
-import { drizzle } from 'drizzle-orm/node-postgres';
-import { migrate as drizzleMigrate } from 'drizzle-orm/node-postgres/migrator';
 import pg from 'pg';
 import { afterAll, describe, expect, inject, it } from 'vitest';
 import { migrate } from '../src/db/migrate.ts';
@@ -15,11 +12,7 @@ import { createBoss, relayOutbox } from '../src/outbox.ts';
 import { acquireLease } from '../src/payments/operation.ts';
 import { createEmptyDatabase } from '../scripts/lib/database.ts';
 import { orderInput } from './support/fixtures.ts';
-
-const ROOT = path.resolve(import.meta.dirname, '..');
-const TABLES = ['orders', 'payment_operations', 'admin_audit', 'webhook_events', 'charge_outbox'];
-/** The migrations of the release that kept outboxd's tables in public, as committed. */
-const RELEASE_MIGRATIONS = ['0000_init', '0001_admin_audit_and_webhook_inbox', '0002_charge_outbox'];
+import { createReleaseDatabase, dumpTables as dump, insertReleaseRows, RELEASE_TABLES as TABLES, ROOT } from './support/release.ts';
 
 const cleanups: (() => Promise<void>)[] = [];
 afterAll(async () => {
@@ -43,27 +36,10 @@ function pool(url: string, schema = 'outboxd'): Pool {
   return p;
 }
 
-/** Applies the release's migrations the way it did: drizzle's defaults, search_path public. */
-async function createReleaseDatabase(client: pg.Client): Promise<void> {
-  const folder = await mkdtemp(path.join(tmpdir(), 'outboxd-release-'));
-  await cp(path.join(ROOT, 'drizzle'), folder, { recursive: true });
-  const journal = JSON.parse(await readFile(path.join(folder, 'meta/_journal.json'), 'utf8'));
-  journal.entries = journal.entries.filter((e: { tag: string }) => RELEASE_MIGRATIONS.includes(e.tag));
-  expect(journal.entries).toHaveLength(RELEASE_MIGRATIONS.length);
-  await writeFile(path.join(folder, 'meta/_journal.json'), JSON.stringify(journal));
-  await drizzleMigrate(drizzle({ client }), { migrationsFolder: folder });
-}
-
 const schemaOf = async (client: pg.Client, table: string): Promise<string[]> =>
   (await client.query(`select table_schema from information_schema.tables where table_name = $1 order by 1`, [table])).rows.map(
     (r) => r.table_schema,
   );
-
-async function dump(client: pg.Client, schema: string): Promise<Record<string, Record<string, unknown>[]>> {
-  const tables: Record<string, Record<string, unknown>[]> = {};
-  for (const t of TABLES) tables[t] = (await client.query(`select * from "${schema}".${t} order by 1`)).rows;
-  return tables;
-}
 
 describe('upgrading a database the release created (tables in public)', () => {
   it('moves every table to the schema with every row, and continues from it', async () => {
@@ -71,17 +47,7 @@ describe('upgrading a database the release created (tables in public)', () => {
     await createReleaseDatabase(client);
     // An application using drizzle too: its own record in drizzle's default migrations table.
     await client.query(`insert into drizzle.__drizzle_migrations (hash, created_at) values ('the-app', 1700000000000)`);
-    await client.query(`
-      insert into orders (id, amount, currency, customer_id, payment_method) values
-        ('o-paid', 1000, 'eur', 'cus_1', 'pm_card_visa'), ('o-open', 2000, 'usd', 'cus_2', 'pm_card_visa');
-      insert into payment_operations (id, order_id, amount, currency, customer_id, payment_method, status, external_id, attempts, first_attempted_at, settled_at, fence)
-        values ('00000000-0000-4000-8000-000000000001', 'o-paid', 1000, 'eur', 'cus_1', 'pm_card_visa', 'succeeded', 'pi_1', 1, now(), now(), 3);
-      insert into payment_operations (id, order_id, amount, currency, customer_id, payment_method, review_reason)
-        values ('00000000-0000-4000-8000-000000000002', 'o-open', 2000, 'usd', 'cus_2', 'pm_card_visa', 'checked by hand');
-      insert into charge_outbox (operation_id) values ('00000000-0000-4000-8000-000000000002');
-      insert into admin_audit (actor, action, operation_id, details) values ('cli:ops', 'resolve', '00000000-0000-4000-8000-000000000001', '{"outcome":"succeeded"}');
-      insert into webhook_events (id, type, operation_id, result, payload) values ('evt_1', 'payment_intent.succeeded', '00000000-0000-4000-8000-000000000001', 'settled', '{}');
-    `);
+    await insertReleaseRows(client);
     const before = await dump(client, 'public');
 
     await migrate(url, 'outboxd');

@@ -20,6 +20,7 @@ import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
 import { resolveOperation, type Resolution } from '../admin/resolve.ts';
 import { driftReport } from '../reconcile/drift.ts';
 import { reconcileNow } from '../admin/reconcile.ts';
+import { redriveSettlements } from '../settlements.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import { parseDuration } from './duration.ts';
 import { errorMessage, EXIT, exitCodeOf, flagOf } from './exit.ts';
@@ -267,6 +268,21 @@ program
       const operationId = id === undefined ? undefined : (await findOperation(pool, id)).id;
       printAudit(await listAudit(pool, { operationId, limit: o.limit }), o.json);
     });
+  });
+
+program
+  .command('settlements')
+  .description('settlement events for the application (onSettled)')
+  .command('redrive')
+  .description('send dead-lettered settlement events to onSettled again, once the failing handler is fixed')
+  .option('--json', 'machine-readable output')
+  .action(async (o) => {
+    await withDatabase(({ url }) =>
+      withBoss(url, async (boss) => {
+        const redriven = await redriveSettlements(boss);
+        console.log(o.json ? JSON.stringify({ redriven }) : `${redriven} settlement events sent again`);
+      }),
+    );
   });
 
 function defaultActor(): string {

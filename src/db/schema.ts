@@ -125,3 +125,19 @@ export const chargeOutbox = outboxd.table('charge_outbox', {
     .references(() => paymentOperations.id),
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
 });
+
+/**
+ * Settlement events on their way to the application's onSettled: one row per settled operation,
+ * inserted by the very statement that settles it (so in its transaction), relayed to the pg-boss
+ * `settled` queue in batches and deleted in the transaction that creates its job. The event's other
+ * fields are the operation's, which nothing changes once it is settled.
+ */
+export const settlementOutbox = outboxd.table('settlement_outbox', {
+  id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
+  operationId: uuid('operation_id')
+    .notNull()
+    .references(() => paymentOperations.id),
+  /** What settled it: dispatcher, reconcile, webhook or admin. */
+  source: text('source').notNull(),
+  createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+});

@@ -1,6 +1,6 @@
 // The dispatcher: turns charge jobs into settled operations. pg-boss claims the job (SKIP LOCKED,
 // retries with backoff, heartbeats, dead letter); the operation's lease and fencing token make sure
-// that at most one claim writes, whatever pg-boss redelivers (DESIGN §3).
+// that at most one claim writes, whatever pg-boss redelivers (docs/architecture.md §3).
 //
 // Every replica also relays the outbox: confirmed orders' rows become charge jobs in batches.
 //

@@ -4,6 +4,7 @@ import { Counter, Gauge, Registry, collectDefaultMetrics } from 'prom-client';
 import type { PgBoss } from 'pg-boss';
 import type { Queryable } from '../db/pool.ts';
 import { CHARGE_QUEUE } from '../outbox.ts';
+import { SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../settlements.ts';
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
@@ -67,6 +68,27 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss }) {
       registers: r,
       async collect() {
         this.set((await source.db.query(source.db.sql.outboxDepth())).rows[0].rows);
+      },
+    }),
+    settlementOutboxRows: new Gauge({
+      name: 'outboxd_settlement_outbox_rows',
+      help: 'Settlement events written with their settlement, waiting to be relayed to the settled queue',
+      registers: r,
+      async collect() {
+        this.set((await source.db.query(source.db.sql.settlementOutboxDepth())).rows[0].rows);
+      },
+    }),
+    settlementEvents: new Gauge({
+      name: 'outboxd_settlement_events',
+      help: 'Settlement events queued for the application (waiting: no onSettled handler has taken them yet; dead: their handler kept failing)',
+      labelNames: ['state'],
+      registers: r,
+      async collect() {
+        const [waiting, dead] = await Promise.all(
+          [SETTLED_QUEUE, SETTLED_DEAD_QUEUE].map((q) => source.boss.getQueue(q).catch(() => null)),
+        );
+        if (waiting) this.set({ state: 'waiting' }, waiting.queuedCount);
+        if (dead) this.set({ state: 'dead' }, dead.queuedCount);
       },
     }),
     oldestUnsettled: new Gauge({

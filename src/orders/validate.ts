@@ -28,8 +28,8 @@ const id = (what: string) =>
     // eslint-disable-next-line no-control-regex
     .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), `${what} must not contain control characters`);
 
-/** Stripe's metadata limits; operation_id is outboxd's own key (reconciliation searches by it). */
-export const METADATA_LIMITS = { keys: 50, keyLength: 40, valueLength: 500 } as const;
+/** Stripe's metadata limits: 50 keys, one of them operation_id, outboxd's own (reconciliation searches by it). */
+export const METADATA_LIMITS = { keys: 49, keyLength: 40, valueLength: 500 } as const;
 
 const metadata = z
   .record(
@@ -44,7 +44,10 @@ const metadata = z
       .min(1, 'metadata values must not be empty')
       .max(METADATA_LIMITS.valueLength, `metadata values must be at most ${METADATA_LIMITS.valueLength} characters`),
   )
-  .refine((m) => Object.keys(m).length <= METADATA_LIMITS.keys, `metadata takes at most ${METADATA_LIMITS.keys} keys`);
+  .refine(
+    (m) => Object.keys(m).length <= METADATA_LIMITS.keys,
+    `metadata takes at most ${METADATA_LIMITS.keys} keys (Stripe's 50, less outboxd's operation_id)`,
+  );
 
 export const orderInputSchema = z.strictObject({
   orderId: id('order id'),

@@ -1,4 +1,4 @@
-// The idempotent charge executor: DESIGN §2 as code. Each database step is its own short, fenced,
+// The idempotent charge executor: docs/architecture.md §2 as code. Each database step is its own short, fenced,
 // committed statement; the external call sits between them with no transaction open (invariant 3),
 // so a crash at any line leaves a recovery point the next claim continues from.
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
@@ -28,6 +28,8 @@ export interface ExecuteOptions {
   claimed?: LoadedOperation;
   /** false: only settle through retrieve or search, never create (the reconcile sweep: read-only). */
   allowCreate?: boolean;
+  /** Who runs it, for the settlement event: the dispatcher (the default) or the reconcile sweep. */
+  source?: 'dispatcher' | 'reconcile';
   /** Runs inside the transaction that records the outcome (the dispatcher completes its job there). */
   onRecorded?: (tx: Tx, op: Operation, outcome: Outcome) => Promise<void>;
 }
@@ -76,7 +78,7 @@ export async function executeCharge(
 
   // 5. Record the outcome, fenced, in one short transaction with whatever the caller commits beside it.
   const operation = await inTransaction(db, async (tx) => {
-    const recorded = await recordOutcome(tx, op, fence, outcome, call === 'create' ? attempt : undefined);
+    const recorded = await recordOutcome(tx, op, fence, outcome, opts.source ?? 'dispatcher', call === 'create' ? attempt : undefined);
     await opts.onRecorded?.(tx, recorded, outcome);
     return recorded;
   });
@@ -113,7 +115,7 @@ async function callGateway(gateway: PaymentGateway, op: LoadedOperation, call: G
   }
 }
 
-/** DESIGN §2.4: a 2xx is not success by itself; the PaymentIntent's status decides. */
+/** docs/architecture.md §2.4: a 2xx is not success by itself; the PaymentIntent's status decides. */
 function fromCharge(op: Operation, charge: Charge): Outcome {
   const mismatch = mismatchOf(op, charge);
   if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch, retry: false };

@@ -1,5 +1,5 @@
 // The payment operation's state machine. This module is the only one that changes an operation's
-// status, and every write it makes is conditioned on the caller's fencing token (DESIGN §3).
+// status, and every write it makes is conditioned on the caller's fencing token (docs/architecture.md §3).
 //
 //            create/retrieve/search outcome
 //   pending ───────────────────────────────▶ succeeded   (2xx with status succeeded)
@@ -139,14 +139,20 @@ export async function recordAttempt(
   return rows[0];
 }
 
+/** What settled an operation, as its settlement event says: the dispatcher's or the reconcile sweep's
+ * executor, a Stripe webhook, or a person's resolution. */
+export type SettlementSource = 'dispatcher' | 'reconcile' | 'webhook' | 'admin';
+
 /** Fenced: applies an outcome through the transition table, ends the claim's lease, and returns the
- * updated operation. With the create `attempt` whose outcome proves nothing executed, its stamps are
- * undone: a 429 (or 401/403, or a connection never opened) does not start the key window. */
+ * updated operation. A settling outcome writes the settlement event in the same statement. With the
+ * create `attempt` whose outcome proves nothing executed, its stamps are undone: a 429 (or 401/403, or a
+ * connection never opened) does not start the key window. */
 export async function recordOutcome(
   db: Queryable,
   op: Operation,
   fence: number,
   outcome: Outcome,
+  source: 'dispatcher' | 'reconcile',
   createAttempt?: Attempt,
 ): Promise<Operation> {
   const status = nextStatus(op.status, outcome);
@@ -158,7 +164,7 @@ export async function recordOutcome(
   const undo = createAttempt !== undefined && executedNothing(outcome);
   const { rows } = await db.query(
     db.sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review, undo,
-      createAttempt?.prev_first_attempted_at ?? null, createAttempt?.prev_last_attempted_at ?? null),
+      createAttempt?.prev_first_attempted_at ?? null, createAttempt?.prev_last_attempted_at ?? null, source),
   );
   if (!rows[0]) throw await staleFence(db, op.id, fence);
   return rows[0];
@@ -241,18 +247,20 @@ export async function settleUnderLease(
 
 /**
  * Settles from outside the executor (a person's resolution, a Stripe webhook): only an unsettled
- * operation, and with a fence bump so a worker still holding a claim writes nothing after it.
- * Undefined when the operation was already settled (a settled operation is never overwritten).
+ * operation, and with a fence bump so a worker still holding a claim writes nothing after it; its
+ * settlement event in the same statement. Undefined when the operation was already settled (a
+ * settled operation is never overwritten).
  */
 export async function settleFromOutside(
   db: Queryable,
   id: string,
   status: 'succeeded' | 'failed',
   externalId: string | null,
-  source: string,
+  source: 'resolved_by_admin' | `webhook:${string}`,
   reason: string | null,
 ): Promise<Operation | undefined> {
-  const { rows } = await db.query(db.sql.settleFromOutside(id, status, externalId, source, reason));
+  const event: SettlementSource = source === 'resolved_by_admin' ? 'admin' : 'webhook';
+  const { rows } = await db.query(db.sql.settleFromOutside(id, status, externalId, source, reason, event));
   return rows[0];
 }
 

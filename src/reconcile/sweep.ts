@@ -58,7 +58,7 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
     }
     const log = opts.log.child({ operationId: id, fence: lease.fence });
     try {
-      const run = await executeCharge(pool, gateway, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, log });
+      const run = await executeCharge(pool, gateway, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log });
       const op: Operation = run.operation;
       const decision: SweepDecision = {
         operationId: id,

@@ -45,6 +45,11 @@ function build(schema: string) {
   const boss = `"${bossSchemaFor(schema)}"`;
   // PostgreSQL compares prepared-statement names on their first 63 bytes: a short tag, not the name.
   const tag = createHash('sha256').update(schema).digest('hex').slice(0, 8);
+  /** The CTE that records a settlement's event beside the update `op` that settled it; `source` is its parameter. */
+  const settlementEvent = (source: string) => `event as (
+         insert into ${s}.settlement_outbox (operation_id, source)
+         select id, ${source}::text from op where status in ('succeeded', 'failed')
+       )`;
   const statement =
     <A extends unknown[]>(name: string, text: string) =>
     (...values: A): QueryConfig => ({ name: `${name}_${tag}`, text, values, types: resultTypes });
@@ -76,6 +81,32 @@ function build(schema: string) {
     ),
 
     outboxDepth: statement<[]>('outboxd_outbox_depth', `select count(*)::int as rows from ${s}.charge_outbox`),
+
+    // ─── settlement events: written by the statement that settles, relayed like the charge outbox ─────
+
+    settlementOutboxHasRows: statement<[]>(
+      'outboxd_settlement_outbox_has_rows',
+      `select exists (select 1 from ${s}.settlement_outbox) as any`,
+    ),
+
+    /** Takes the oldest events no other relay holds, with what they say (the settled operation's fields). */
+    takeSettlementBatch: statement<[limit: number]>(
+      'outboxd_take_settlement_batch',
+      `with taken as (
+         delete from ${s}.settlement_outbox
+         where id in (select id from ${s}.settlement_outbox order by id limit $1 for update skip locked)
+         returning id, operation_id, source
+       )
+       select op.id as operation_id, op.order_id, op.kind, op.status, op.external_id, op.amount, op.currency,
+              op.settled_at, taken.source
+       from taken join ${s}.payment_operations op on op.id = taken.operation_id
+       order by taken.id`,
+    ),
+
+    settlementOutboxDepth: statement<[]>(
+      'outboxd_settlement_outbox_depth',
+      `select count(*)::int as rows from ${s}.settlement_outbox`,
+    ),
 
     // ─── payment operations: creation and reads ────────────────────────────────────────────────────────
 
@@ -115,7 +146,7 @@ function build(schema: string) {
        from ${s}.payment_operations where id = $1`,
     ),
 
-    // ─── lease and fence (DESIGN §3) ───────────────────────────────────────────────────────────────────
+    // ─── lease and fence (docs/architecture.md §3) ─────────────────────────────────────────────────────
 
     /** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token.
      * Returns the claimed operation as loadOperation does (the executor needs no second read), and
@@ -173,7 +204,8 @@ function build(schema: string) {
     ),
 
     /** Writes an outcome and ends the claim's lease. Never touches a settled operation (invariant 5) and
-     * only with the current fence (invariant 8). settled_at is set exactly when the new status is settled.
+     * only with the current fence (invariant 8). settled_at is set exactly when the new status is settled,
+     * and then, in the same statement, its settlement event ($11: what settled it).
      * $8: the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt
      * stamps go back to $9/$10: a window that only such calls opened is not open. */
     recordOutcome: statement<
@@ -188,10 +220,12 @@ function build(schema: string) {
         undoAttempt: boolean,
         firstAttemptedAt: Date | null,
         lastAttemptedAt: Date | null,
+        source: string,
       ]
     >(
       'outboxd_record_outcome',
-      `update ${s}.payment_operations
+      `with op as (
+       update ${s}.payment_operations
        set status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
            -- a review reason stays until the operation settles (a later ambiguous retry does not clear it)
            review_reason = case when $3 in ('succeeded', 'failed') then null else coalesce($7, review_reason) end,
@@ -200,7 +234,9 @@ function build(schema: string) {
            updated_at = now(), lease_owner = null, lease_expires_at = null,
            settled_at = case when $3 in ('succeeded', 'failed') then now() end
        where id = $1 and fence = $2 and ${UNSETTLED}
-       returning *`,
+       returning *
+       ), ${settlementEvent('$11')}
+       select * from op`,
     ),
 
     /** Fenced: holds an unsettled operation for a person without changing its status; ends the claim. */
@@ -218,31 +254,38 @@ function build(schema: string) {
 
     // ─── settlement from outside the executor: a person (admin resolve) or a Stripe webhook ───────────
 
-    /** Settles an unsettled operation and bumps the fence, so a worker still holding a claim is fenced out. */
+    /** Settles an unsettled operation and bumps the fence, so a worker still holding a claim is fenced out;
+     * its settlement event ($6: what settled it) in the same statement. */
     settleFromOutside: statement<
-      [id: string, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null]
+      [id: string, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null, source: string]
     >(
       'outboxd_settle_from_outside',
-      `update ${s}.payment_operations
+      `with op as (
+       update ${s}.payment_operations
        set fence = fence + 1, lease_owner = null, lease_expires_at = null,
            status = $2, external_id = coalesce($3, external_id), last_outcome = $4, last_error = $5,
            review_reason = null, settled_at = now(), updated_at = now()
        where id = $1 and ${UNSETTLED}
-       returning *`,
+       returning *
+       ), ${settlementEvent('$6')}
+       select * from op`,
     ),
 
     /** A person's resolution, written under the lease the resolution holds: fenced like any claim, so it
-     * cannot land after another claim took the operation over. */
+     * cannot land after another claim took the operation over; its settlement event in the same statement. */
     settleUnderLease: statement<
       [id: string, fence: number, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null]
     >(
       'outboxd_settle_under_lease',
-      `update ${s}.payment_operations
+      `with op as (
+       update ${s}.payment_operations
        set lease_owner = null, lease_expires_at = null,
            status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
            review_reason = null, settled_at = now(), updated_at = now()
        where id = $1 and fence = $2 and ${UNSETTLED}
-       returning *`,
+       returning *
+       ), ${settlementEvent("'admin'")}
+       select * from op`,
     ),
 
     /** How long ago the last create that may have executed was sent, by the database clock (null: never). */

@@ -1,5 +1,5 @@
 // PaymentGateway over the real Stripe SDK. It reports what Stripe said, classified by HTTP status and
-// raw error type (DESIGN §2.4 and §5), never by error class alone: a 409 is a StripeAPIError but
+// raw error type (docs/architecture.md §2.4 and §5), never by error class alone: a 409 is a StripeAPIError but
 // means "the same key is still executing"; a cut-off body is a StripeConnectionError.
 import Stripe from 'stripe';
 import {
@@ -131,7 +131,7 @@ function toCharge(pi: Stripe.PaymentIntent): Charge {
   return { id: pi.id, status: pi.status, amount: pi.amount, currency: pi.currency, operationId: pi.metadata?.operation_id };
 }
 
-/** DESIGN §2.4, by HTTP status (what stripe@23 itself decides the class by) and raw type. */
+/** docs/architecture.md §2.4, by HTTP status (what stripe@23 itself decides the class by) and raw type. */
 function classify(err: unknown): GatewayError {
   if (!(err instanceof Stripe.errors.StripeError)) return new AmbiguousOutcome(String(err), undefined, undefined, { cause: err });
   const status = err.statusCode;

@@ -29,7 +29,7 @@ export async function startDispatcher(
     { workerId, concurrency: opts.concurrency ?? 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000 },
   );
   await dispatcher.start();
-  // Drained first: a relay loop left running on a stopped pg-boss would hold outbox rows locked.
+  // Draining ends the relay loop too: left running, it would keep taking later tests' outbox rows.
   const stop = async () => {
     await dispatcher.drain(0);
     await boss.stop({ graceful: false });

@@ -1,0 +1,127 @@
+// A small checkout service built on outboxd, as an application would write it:
+//   POST /orders               { email, totalCents, currency, customer, paymentMethod } → 201 { orderId, operationId }
+//   POST /orders/:id/payment   { paymentMethod } → 202 { operationId }   (another card after a decline)
+//   GET  /orders/:id           → the order, with its payment operation
+// The order and its charge request commit in ONE transaction of the checkout's own; the order becomes
+// paid (or payment_failed) when outboxd reports the settlement through onSettled, at least once, so
+// the handler's updates are conditional and idempotent.
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { and, eq } from 'drizzle-orm';
+import { drizzle } from 'drizzle-orm/node-postgres';
+import pg from 'pg';
+// In your application: import { Outboxd, … } from 'outboxd';
+import { OrderConflictError, Outboxd, ValidationError, type SettlementEvent } from '../../src/index.ts';
+import { CREATE_ORDERS, orders } from './schema.ts';
+
+export interface Checkout {
+  server: Server;
+  /** Listens on `port` (0: any free one) once outboxd's migrations, the orders table and the subscription are in place. */
+  start(port: number): Promise<number>;
+  stop(): Promise<void>;
+}
+
+export function createCheckout(databaseUrl: string): Checkout {
+  const pool = new pg.Pool({ connectionString: databaseUrl });
+  const db = drizzle({ client: pool });
+  const outboxd = new Outboxd({ pool });
+
+  /** At least once: the `status = 'awaiting_payment'` condition makes a repeated event change nothing,
+   * and an event of an operation the order no longer waits for (a superseded card) is ignored. */
+  async function onSettled(event: SettlementEvent): Promise<void> {
+    await db
+      .update(orders)
+      .set({ status: event.status === 'succeeded' ? 'paid' : 'payment_failed' })
+      .where(and(eq(orders.id, event.orderId), eq(orders.paymentOperationId, event.operationId), eq(orders.status, 'awaiting_payment')));
+  }
+
+  async function placeOrder(body: Record<string, unknown>) {
+    const { email, totalCents, currency, customer, paymentMethod } = body as {
+      email: string;
+      totalCents: number;
+      currency: string;
+      customer: string;
+      paymentMethod: string;
+    };
+    return db.transaction(async (tx) => {
+      const [order] = await tx.insert(orders).values({ email, totalCents, currency, customer }).returning({ id: orders.id });
+      const { operationId } = await outboxd.requestCharge(tx, { orderId: order!.id, amount: totalCents, currency, customer, paymentMethod });
+      await tx.update(orders).set({ paymentOperationId: operationId }).where(eq(orders.id, order!.id));
+      return { orderId: order!.id, operationId };
+    });
+  }
+
+  /** Another card for an order whose payment failed: outboxd makes a new operation (a new key). */
+  async function payAgain(orderId: string, paymentMethod: string) {
+    return db.transaction(async (tx) => {
+      const [order] = await tx.select().from(orders).where(eq(orders.id, orderId)).for('update');
+      if (!order) return undefined;
+      const { operationId } = await outboxd.requestCharge(tx, {
+        orderId,
+        amount: order.totalCents,
+        currency: order.currency,
+        customer: order.customer,
+        paymentMethod,
+      });
+      await tx.update(orders).set({ paymentOperationId: operationId, status: 'awaiting_payment' }).where(and(eq(orders.id, orderId), eq(orders.status, 'payment_failed')));
+      return { operationId };
+    });
+  }
+
+  async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const url = new URL(req.url ?? '/', 'http://checkout');
+    const [, resource, id, sub] = url.pathname.split('/');
+    if (resource !== 'orders') return send(res, 404, { error: 'not_found' });
+    if (req.method === 'POST' && !id) return send(res, 201, await placeOrder(await json(req)));
+    if (req.method === 'POST' && id && sub === 'payment') {
+      const paid = await payAgain(id, String((await json(req)).paymentMethod ?? ''));
+      return paid ? send(res, 202, paid) : send(res, 404, { error: 'not_found' });
+    }
+    if (req.method === 'GET' && id && !sub) {
+      const [order] = await db.select().from(orders).where(eq(orders.id, id));
+      if (!order) return send(res, 404, { error: 'not_found' });
+      const payment = order.paymentOperationId ? await outboxd.getOperation(order.paymentOperationId) : undefined;
+      return send(res, 200, { ...order, payment });
+    }
+    send(res, 405, { error: 'method_not_allowed' });
+  }
+
+  const server = createServer((req, res) => {
+    route(req, res).catch((err: unknown) => {
+      // outboxd refuses bad input and conflicting requests with typed errors, before writing anything.
+      if (err instanceof ValidationError) return send(res, 422, { error: 'invalid', field: err.field, message: err.message });
+      if (err instanceof OrderConflictError) return send(res, 409, { error: 'conflict', field: err.field, message: err.message });
+      send(res, 500, { error: 'internal', message: String(err) });
+    });
+  });
+
+  return {
+    server,
+    async start(port) {
+      await outboxd.migrate();
+      await db.execute(CREATE_ORDERS);
+      await outboxd.onSettled(onSettled);
+      await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
+      return (server.address() as { port: number }).port;
+    },
+    async stop() {
+      await new Promise((resolve) => server.close(resolve));
+      await outboxd.stop();
+      await pool.end();
+    },
+  };
+}
+
+async function json(req: IncomingMessage): Promise<Record<string, unknown>> {
+  let body = '';
+  for await (const chunk of req) body += chunk;
+  try {
+    return body ? JSON.parse(body) : {};
+  } catch {
+    return {};
+  }
+}
+
+function send(res: ServerResponse, status: number, body: unknown): void {
+  res.writeHead(status, { 'Content-Type': 'application/json' });
+  res.end(JSON.stringify(body));
+}
