@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Thin launcher: the CLI is TypeScript run by Node's own type stripping (on by default from Node 23.6
-// and 22.18). On Node 22.12–22.17 it is behind a flag, so re-run this process once with it.
+// and 22.18). On Node 22.15–22.17 it is behind a flag, so re-run this process once with it.
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 
