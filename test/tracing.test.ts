@@ -33,6 +33,9 @@ beforeAll(async () => {
 afterEach(async () => {
   await replica?.stop();
   replica = undefined;
+  // What a failed test left to drive must not be driven in the next one.
+  await t.pool.query(`delete from pgboss.job where name in ('charge', 'charge_dead')`);
+  await t.pool.query('delete from outboxd.charge_outbox');
   everySpan.push(...exporter.getFinishedSpans());
   exporter.reset();
 });
@@ -140,14 +143,30 @@ describe('with an SDK registered', () => {
     const retry = exporter.getFinishedSpans().filter((s) => s.spanContext().traceId === second!.spanContext().traceId);
     expect(second!.spanContext().traceId).not.toBe(traceId);
     expect(second!.links.map((l) => [l.context.traceId, l.attributes?.['outboxd.link']])).toContainEqual([traceId, 'confirmation']);
-    // It stays in the trace pg-boss delivered it in.
-    expect(parentOf(second!)).toBe(one(retry, 'process charge').spanContext().spanId);
+    // It stays in the trace pg-boss delivered it in, which begins there: the relay stored no context of
+    // its own on the job (one for a whole batch of payments would join them all in one trace).
+    const process = one(retry, 'process charge');
+    expect(parentOf(second!)).toBe(process.spanContext().spanId);
+    expect(parentOf(process)).toBeUndefined();
     expect(one(retry, 'outboxd.gateway').attributes).toMatchObject({ 'outboxd.attempt': 2, 'outboxd.outcome': 'succeeded' });
 
     const failed = one(exporter.getFinishedSpans().filter((s) => s.spanContext().traceId === traceId), 'POST /v1/payment_intents');
     expect(failed.attributes).toMatchObject({ 'http.response.status_code': 500, 'error.type': '500' });
     expect(failed.status.code).toBe(2); // ERROR
     expect(one(exporter.getFinishedSpans().filter((s) => s.spanContext().traceId === traceId), 'outboxd.gateway').attributes['outboxd.outcome']).toBe('ambiguous');
+  });
+
+  it('a 429 reschedules a fresh job whose attempt links to the payment rather than nesting in it', async () => {
+    const { operationId } = await confirmOrder(t.pool, orderInput());
+    const { traceId } = one(exporter.getFinishedSpans(), 'outboxd.confirm').spanContext();
+    e.emulator.addFault({ match: { operationId }, fault: { kind: 'rate_limit' } });
+    replica = await startDispatcher(t, e.gateway(), 'rate-limited', { log });
+    await settled(operationId);
+    await waitUntil(() => named(ofOperation(operationId), 'outboxd.dispatch').length === 2, 5_000, 'both dispatch spans to end');
+    const outcomes = named(ofOperation(operationId), 'outboxd.gateway').map((s) => [s.spanContext().traceId === traceId, s.attributes['outboxd.outcome']]);
+    expect(outcomes.sort()).toEqual([[false, 'succeeded'], [true, 'rate_limited']]);
+    const later = named(ofOperation(operationId), 'outboxd.dispatch').find((s) => s.spanContext().traceId !== traceId)!;
+    expect(later.links.map((l) => l.context.traceId)).toContain(traceId);
   });
 
   it("a requeued job is driven in the requeue's trace (pg-boss propagates it), linked to the payment's", async () => {
