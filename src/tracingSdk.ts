@@ -25,8 +25,9 @@ import type { TracingConfig } from './config.ts';
 import type { Logger } from './log.ts';
 
 export interface Tracing {
-  /** Exports what is still buffered and stops; bounded, so an unreachable collector cannot hold an exit. */
-  shutdown(): Promise<void>;
+  /** Exports what is still buffered and stops, within a few seconds: false when the collector did not
+   * answer in time (its request may then hold the process until the exporter's own timeout). */
+  shutdown(): Promise<boolean>;
 }
 
 const SHUTDOWN_TIMEOUT_MS = 5_000;
@@ -48,9 +49,18 @@ export function startTracing(config: TracingConfig, opts: { serviceVersion: stri
   return {
     shutdown: async () => {
       let timer: NodeJS.Timeout | undefined;
-      const late = new Promise<void>((resolve) => (timer = setTimeout(resolve, SHUTDOWN_TIMEOUT_MS)));
-      await Promise.race([provider.shutdown().catch((err: Error) => opts.log.warn({ err }, 'tracing shutdown failed')), late]);
+      const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), SHUTDOWN_TIMEOUT_MS)));
+      const answered = provider.shutdown().then(
+        () => true,
+        (err: Error) => {
+          opts.log.warn({ err }, 'tracing shutdown failed');
+          return true;
+        },
+      );
+      const inTime = await Promise.race([answered, late]);
       clearTimeout(timer);
+      if (!inTime) opts.log.warn({ url: config.url }, `spans not exported within ${SHUTDOWN_TIMEOUT_MS} ms: exiting without them`);
+      return inTime;
     },
   };
 }

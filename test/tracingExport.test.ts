@@ -172,4 +172,34 @@ describe('export to a real OTLP/HTTP receiver', () => {
     expect(body.includes(Buffer.from(spanId!, 'hex'))).toBe(true);
     expect(body.includes(Buffer.from('outboxd.confirm'))).toBe(true);
   });
+
+  it('a collector that never answers does not hold the CLI: it exits without the spans', async () => {
+    const silent = createServer(() => {}); // accepts, reads, never answers
+    silent.listen(0, '127.0.0.1');
+    await once(silent, 'listening');
+    try {
+      const order = orderInput();
+      // The exporter would wait a minute for the answer (its own OTEL_EXPORTER_OTLP_TIMEOUT); the CLI
+      // must be gone long before the 30 s this test gives it.
+      const { stdout, stderr } = await promisify(execFile)(
+        process.execPath,
+        [BIN, 'order', 'confirm', '--order-id', order.orderId, '--amount', '1200', '--currency', 'eur', '--customer', 'cus_cli', '--payment-method', 'pm_card_visa', '--json'],
+        {
+          env: {
+            ...process.env,
+            DATABASE_URL: t.url,
+            LOG_LEVEL: 'warn',
+            OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${(silent.address() as AddressInfo).port}`,
+            OTEL_EXPORTER_OTLP_TIMEOUT: '60000',
+          },
+          timeout: 30_000,
+        },
+      );
+      expect(JSON.parse(stdout)).toMatchObject({ created: true });
+      expect(stderr).toContain('spans not exported within');
+    } finally {
+      silent.closeAllConnections();
+      silent.close();
+    }
+  });
 });

@@ -320,5 +320,6 @@ try {
   }
   process.exitCode = exitCodeOf(err);
 } finally {
-  await tracing?.shutdown();
+  // A collector that does not answer must not hold the exit (its request would, until it times out).
+  if (tracing && !(await tracing.shutdown())) process.exit();
 }
