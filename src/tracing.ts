@@ -1,7 +1,8 @@
-// Traces, through the OpenTelemetry API only. The spans go to whatever SDK the process registered: the
-// application's own (the library starts none), or the one `outboxd` starts when OTEL_EXPORTER_OTLP_ENDPOINT
-// is set (src/tracingSdk.ts). With none registered the API is a no-op: no context is kept, every span is
-// a shared non-recording one, and nothing is stored on the rows.
+// Traces, through the OpenTelemetry API (and core's W3C propagator, which registers and starts nothing).
+// The spans go to whatever SDK the process registered: the application's own (the library starts none),
+// or the one `outboxd` starts when OTEL_EXPORTER_OTLP_ENDPOINT is set (src/tracingSdk.ts). With none
+// registered the API is a no-op: no context is kept, every span is a non-recording one, and nothing is
+// stored on the rows.
 //
 // One payment's story: the confirming transaction stores its trace context (W3C traceparent) on the
 // operation and its outbox row; the relay and the first dispatch continue that trace, so it joins the
