@@ -2,11 +2,15 @@
 // process of its own): the confirming transaction, the relay, the dispatch, the claim, the Stripe call
 // (the real SDK over HTTP to the emulator) and the outcome in one trace; later attempts in traces of
 // their own that link to it; nothing secret in any of them; log lines that name their span.
+import { execFile } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { promisify } from 'node:util';
 import { context, propagation, trace, type Attributes } from '@opentelemetry/api';
 import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
 import { InMemorySpanExporter, SimpleSpanProcessor, TracerProvider, type ReadableSpan } from '@opentelemetry/sdk-trace';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { requeueOperation } from '../src/admin/requeue.ts';
+import { Outboxd } from '../src/index.ts';
 import { createLogger } from '../src/log.ts';
 import { confirmOrder } from '../src/orders/confirm.ts';
 import { traceContextPropagator } from '../src/tracing.ts';
@@ -54,6 +58,20 @@ const parentOf = (span: ReadableSpan) => span.parentSpanContext?.spanId;
 const ofOperation = (id: string) => exporter.getFinishedSpans().filter((s) => s.attributes['outboxd.operation_id'] === id);
 
 describe('with no SDK registered (tracing off)', () => {
+  it('the library (src/index.ts) loads no SDK: only the API, so an application\'s own SDK gets its spans', async () => {
+    // Every module the library's entry point resolves, recorded by a resolve hook in a fresh process.
+    const script = `
+      import { registerHooks } from 'node:module';
+      const seen = [];
+      registerHooks({ resolve: (specifier, context, next) => (seen.push(specifier), next(specifier, context)) });
+      await import(${JSON.stringify(new URL('../src/index.ts', import.meta.url).href)});
+      console.log(JSON.stringify(seen));`;
+    const { stdout } = await promisify(execFile)(process.execPath, ['--input-type=module', '-e', script], { timeout: 30_000 });
+    const seen: string[] = JSON.parse(stdout);
+    expect(seen).toContain('@opentelemetry/api');
+    expect(seen.filter((s) => /tracingSdk|@opentelemetry\/(sdk-|exporter-|context-|resources)/.test(s))).toEqual([]);
+  });
+
   it('stores no trace context and logs no trace ids', async () => {
     const order = orderInput();
     const { operationId } = await confirmOrder(t.pool, order);
@@ -74,6 +92,28 @@ describe('with an SDK registered', () => {
     context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
     propagation.setGlobalPropagator(traceContextPropagator);
     trace.setGlobalTracerProvider(provider);
+  });
+
+  it("the library's requestCharge is a span of the application's active trace, whose context the operation keeps", async () => {
+    const outboxd = new Outboxd({ pool: t.pool, schema: t.schema });
+    const client = await t.pool.connect();
+    try {
+      const app = trace.getTracer('the-application');
+      const { operationId } = await app.startActiveSpan('POST /checkout', async (checkout) => {
+        await client.query('begin');
+        const requested = await outboxd.requestCharge(client, { orderId: `app-${randomUUID()}`, amount: 990, currency: 'eur', customer: 'cus_app', paymentMethod: 'pm_card_visa' });
+        await client.query('commit');
+        checkout.end();
+        return requested;
+      });
+      const checkout = one(exporter.getFinishedSpans(), 'POST /checkout');
+      const request = one(exporter.getFinishedSpans(), 'outboxd.request_charge');
+      expect(request.spanContext().traceId).toBe(checkout.spanContext().traceId);
+      expect(parentOf(request)).toBe(checkout.spanContext().spanId);
+      expect((await operation(t, operationId)).traceparent).toBe(`00-${request.spanContext().traceId}-${request.spanContext().spanId}-01`);
+    } finally {
+      client.release();
+    }
   });
 
   it('one trace joins the confirming transaction to the Stripe call and its outcome', async () => {
