@@ -9,11 +9,14 @@ import { context, propagation, trace, type Attributes } from '@opentelemetry/api
 import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
 import { InMemorySpanExporter, SimpleSpanProcessor, TracerProvider, type ReadableSpan } from '@opentelemetry/sdk-trace';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import type Stripe from 'stripe';
 import { requeueOperation } from '../src/admin/requeue.ts';
+import { resolveOperation } from '../src/admin/resolve.ts';
 import { Outboxd } from '../src/index.ts';
 import { createLogger } from '../src/log.ts';
 import { confirmOrder } from '../src/orders/confirm.ts';
 import { traceContextPropagator } from '../src/tracing.ts';
+import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startDispatcher, type InProcessReplica } from './support/dispatcher.ts';
@@ -227,6 +230,29 @@ describe('with an SDK registered', () => {
     const send = one(inRequeue, 'send charge');
     expect(parentOf(send)).toBe(requeue.spanContext().spanId);
     expect(parentOf(one(inRequeue, 'process charge'))).toBe(send.spanContext().spanId);
+  });
+
+  it("a person's resolution and a Stripe webhook are traces of their own, linked to the payment's", async () => {
+    const order = orderInput();
+    const { operationId } = await confirmOrder(t.pool, order);
+    const { traceId } = one(exporter.getFinishedSpans(), 'outboxd.confirm').spanContext();
+    await t.pool.query('delete from outboxd.charge_outbox where operation_id = $1', [operationId]); // no worker drives it
+    const pi = await e.client().paymentIntents.create({ amount: order.amount, currency: order.currency, payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: operationId } });
+    const opts = { leaseTtlMs: 10_000, searchFreshnessSeconds: 0 };
+    await resolveOperation(t.pool, e.gateway(), t.boss, operationId, { outcome: 'succeeded', externalId: pi.id }, 'tester', opts);
+    const resolve = one(exporter.getFinishedSpans(), 'outboxd.resolve');
+    expect(resolve.spanContext().traceId).not.toBe(traceId);
+    expect(resolve.links.map((l) => l.context.traceId)).toEqual([traceId]);
+    expect(resolve.attributes).toMatchObject({ 'outboxd.operation_id': operationId, 'outboxd.order_id': order.orderId, 'outboxd.resolution': 'succeeded', 'outboxd.actor': 'tester' });
+    const inResolve = exporter.getFinishedSpans().filter((s) => s.spanContext().traceId === resolve.spanContext().traceId);
+    expect(parentOf(one(inResolve, 'outboxd.claim'))).toBe(resolve.spanContext().spanId);
+    expect(one(inResolve, 'GET /v1/payment_intents/{id}').attributes['stripe.request_id']).toMatch(/^req_/);
+
+    const event = { id: `evt_${randomUUID().replaceAll('-', '')}`, type: 'payment_intent.succeeded', data: { object: { id: pi.id } } } as unknown as Stripe.Event;
+    expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log }, event)).toBe('already_settled');
+    const webhook = one(exporter.getFinishedSpans(), 'outboxd.webhook');
+    expect(webhook.links.map((l) => l.context.traceId)).toEqual([traceId]);
+    expect(webhook.attributes).toMatchObject({ 'stripe.event.id': event.id, 'stripe.event.type': event.type, 'outboxd.webhook.result': 'already_settled', 'outboxd.operation_id': operationId });
   });
 
   it('a declined card: its 402 and the failed outcome, recorded without the card', async () => {
