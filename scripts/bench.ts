@@ -2,19 +2,23 @@
 // measured side by side in one run (these machines are shared and noisy: ratios, not absolutes).
 // Prints a markdown table and writes bench/results/<time>.json and bench/results/latest.md.
 import { randomUUID } from 'node:crypto';
+import { once } from 'node:events';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction } from '../src/db/pool.ts';
 import { confirmOrder } from '../src/orders/confirm.ts';
+import { withSpan } from '../src/tracing.ts';
 import { waitUntil, type Replica } from './lib/replica.ts';
 import { DEPLOYED_NODE_OPTIONS, startWorld, type World } from './lib/world.ts';
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
 const BACKLOG = Number(process.env.BENCH_BACKLOG ?? 1500);
 const CONCURRENCY = 8;
-/** BENCH_ONLY=confirm,dispatch,noop,latency,pickup runs a subset (while tuning one figure). */
-const ONLY = new Set((process.env.BENCH_ONLY ?? 'confirm,dispatch,noop,latency,pickup').split(','));
+/** BENCH_ONLY=confirm,dispatch,noop,latency,pickup,tracing runs a subset (while tuning one figure). */
+const ONLY = new Set((process.env.BENCH_ONLY ?? 'confirm,dispatch,noop,latency,pickup,tracing').split(','));
 const rows: { section: string; measure: string; value: string; reference: string; ratio: string }[] = [];
 const results: Record<string, unknown> = {};
 const say = (s: string) => process.stderr.write(`${s}\n`);
@@ -141,6 +145,45 @@ async function noopWorker(w: World, best: boolean, n: number) {
   return r;
 }
 
+/**
+ * What tracing costs: the same drain with tracing off (no endpoint, so no SDK) and on (every span
+ * exported over OTLP/HTTP protobuf to a receiver here that discards it), alternated twice; and the
+ * price of one span where no SDK is registered (the API's no-op), against the time a payment takes.
+ */
+async function tracingSection(w: World) {
+  let exported = 0;
+  const sink = createServer((req, res) => {
+    req.on('data', (d: Buffer) => (exported += d.length));
+    req.on('end', () => res.writeHead(200, { 'Content-Type': 'application/x-protobuf' }).end());
+  });
+  sink.listen(0, '127.0.0.1');
+  await once(sink, 'listening');
+  const endpoint = `http://127.0.0.1:${(sink.address() as AddressInfo).port}`;
+  const off: number[] = [];
+  const on: number[] = [];
+  for (let round = 0; round < 2; round++) {
+    off.push((await drain(w, 1, BACKLOG, {})).rate);
+    on.push((await drain(w, 1, BACKLOG, { OTEL_EXPORTER_OTLP_ENDPOINT: endpoint })).rate);
+  }
+  sink.close();
+  const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+  rows.push({ section: '6. tracing', measure: `settled/s, 1 replica × ${CONCURRENCY}, tracing on (OTLP http/protobuf to a local sink)`, value: fmt(mean(on)), reference: `${fmt(mean(off))} (tracing off)`, ratio: pct(mean(on), mean(off)) });
+
+  const calls = 200_000;
+  const noop = async () => {};
+  let t0 = performance.now();
+  for (let i = 0; i < calls; i++) await noop();
+  const bare = performance.now() - t0;
+  t0 = performance.now();
+  for (let i = 0; i < calls; i++) await withSpan('bench', { 'outboxd.operation_id': 'x' }, noop);
+  const perSpanNs = ((performance.now() - t0 - bare) / calls) * 1e6;
+  // A payment makes about ten spans (dispatch, claim, gateway, HTTP, outcome, pg-boss's own).
+  const perPaymentUs = 1e6 / mean(off);
+  rows.push({ section: '6. tracing', measure: "tracing off: 10 no-op spans (no SDK registered) per payment, µs, against the replica's time per payment (1 s / settled/s)", value: ((10 * perSpanNs) / 1000).toFixed(2), reference: `${fmt(perPaymentUs)} µs`, ratio: `${((100 * 10 * perSpanNs) / 1000 / perPaymentUs).toFixed(3)} %` });
+  results.tracing = { off, on, exportedBytes: exported, noopSpanNs: perSpanNs };
+  say(`tracing: off ${off.map(fmt).join(', ')} /s, on ${on.map(fmt).join(', ')} /s; a no-op span ${perSpanNs.toFixed(0)} ns`);
+}
+
 async function latencySection(w: World) {
   await sleep(500);
   w.emulator.clearFaults();
@@ -226,6 +269,7 @@ try {
     rows.push({ section: '2. dispatch', measure: 'context: pg-boss no-op worker, default work() options (jobs/s)', value: fmt(noopDefault), reference: '', ratio: '' });
     rows.push({ section: '2. dispatch', measure: `context: pg-boss no-op worker, ${CONCURRENCY} self-waking loops + NOTIFY (jobs/s)`, value: fmt(noopBest), reference: '', ratio: '' });
   }
+  if (ONLY.has('tracing')) await tracingSection(world);
   if (ONLY.has('latency')) await latencySection(world);
   if (ONLY.has('pickup')) await pickupSection(world);
   if (rss.length) rows.push({ section: '5. resources', measure: `peak RSS per replica (MB), NODE_OPTIONS=${DEPLOYED_NODE_OPTIONS}`, value: fmt(Math.max(...rss)), reference: '150 (target)', ratio: '' });

@@ -9,6 +9,9 @@ const intInRange = (min: number, max: number, fallback: number) =>
 const port = z.coerce.number().int().min(0).max(65_535);
 /** A bind address: an IP (0.0.0.0 and :: mean every interface) or a host name. */
 const bindAddress = z.union([z.ipv4(), z.ipv6(), z.hostname()], { error: 'an IP address or a host name' });
+const httpUrl = z.url({ protocol: /^https?$/, error: 'an http(s) URL' });
+/** The OTLP/HTTP encodings the worker ships exporters for (gRPC would need another exporter). */
+const otlpProtocol = z.enum(['http/protobuf', 'http/json'], { error: 'only http/protobuf and http/json are supported' });
 
 export const envSchema = z.object({
   DATABASE_URL: optionalString,
@@ -47,6 +50,22 @@ export const envSchema = z.object({
    * normally lags under a minute, longer during incidents. */
   SEARCH_FRESHNESS_SECONDS: intInRange(0, 7 * 86_400, 3_600),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  // OpenTelemetry's standard variables (traces only). No endpoint: tracing is off and no SDK is started.
+  OTEL_SDK_DISABLED: z.stringbool().default(false),
+  /** Base URL of an OTLP/HTTP receiver; traces go to <it>/v1/traces. */
+  OTEL_EXPORTER_OTLP_ENDPOINT: httpUrl.optional(),
+  /** The traces URL as it is (takes precedence over OTEL_EXPORTER_OTLP_ENDPOINT). */
+  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: httpUrl.optional(),
+  OTEL_EXPORTER_OTLP_PROTOCOL: otlpProtocol.default('http/protobuf'),
+  OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: otlpProtocol.optional(),
+  OTEL_SERVICE_NAME: z.string().min(1).default('outboxd'),
+  OTEL_TRACES_SAMPLER: z
+    .enum(['always_on', 'always_off', 'traceidratio', 'parentbased_always_on', 'parentbased_always_off', 'parentbased_traceidratio'], {
+      error: 'OTEL_TRACES_SAMPLER must be always_on, always_off, traceidratio or parentbased_{always_on,always_off,traceidratio}',
+    })
+    .default('parentbased_always_on'),
+  /** The ratio of a *traceidratio sampler. */
+  OTEL_TRACES_SAMPLER_ARG: z.coerce.number().min(0).max(1).default(1),
 });
 
 export type Env = z.infer<typeof envSchema>;
@@ -63,6 +82,17 @@ export interface Config {
   webhookRetentionDays: number;
   searchFreshnessSeconds: number;
   logLevel: Env['LOG_LEVEL'];
+  /** Undefined: tracing is off (no endpoint, or OTEL_SDK_DISABLED). */
+  tracing: TracingConfig | undefined;
+}
+
+export interface TracingConfig {
+  /** Where spans are POSTed (…/v1/traces). */
+  url: string;
+  protocol: Env['OTEL_EXPORTER_OTLP_PROTOCOL'];
+  serviceName: string;
+  sampler: Env['OTEL_TRACES_SAMPLER'];
+  samplerRatio: number;
 }
 
 export class ConfigError extends Error {
@@ -107,6 +137,19 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     webhookRetentionDays: e.WEBHOOK_RETENTION_DAYS,
     searchFreshnessSeconds: e.SEARCH_FRESHNESS_SECONDS,
     logLevel: e.LOG_LEVEL,
+    tracing: tracingConfig(e),
+  };
+}
+
+function tracingConfig(e: Env): TracingConfig | undefined {
+  const url = e.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT ?? (e.OTEL_EXPORTER_OTLP_ENDPOINT && `${e.OTEL_EXPORTER_OTLP_ENDPOINT.replace(/\/+$/, '')}/v1/traces`);
+  if (!url || e.OTEL_SDK_DISABLED) return undefined;
+  return {
+    url,
+    protocol: e.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL ?? e.OTEL_EXPORTER_OTLP_PROTOCOL,
+    serviceName: e.OTEL_SERVICE_NAME,
+    sampler: e.OTEL_TRACES_SAMPLER,
+    samplerRatio: e.OTEL_TRACES_SAMPLER_ARG,
   };
 }
 

@@ -11,6 +11,7 @@ import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from './db/pool.ts';
 import { createSettlementQueues, relaySettlements } from './settlements.ts';
 import { bossSchemaFor } from './sql/statements.ts';
+import { traceContextPropagator, traceRelay, untraced } from './tracing.ts';
 
 export { bossSchemaFor };
 
@@ -20,6 +21,9 @@ export const CHARGE_DEAD_QUEUE = 'charge_dead';
 
 export interface ChargeJob {
   operationId: string;
+  /** Set by the relay when the operation was traced: its first dispatch continues that trace. pg-boss's
+   * own propagation cannot carry it, as one insert() stores a single context for the whole batch. */
+  traceparent?: string;
 }
 
 /**
@@ -69,6 +73,9 @@ export function createBoss(
     superviseIntervalSeconds: 5,
     monitorIntervalSeconds: 5,
     registerInstance: worker,
+    // A job sent inside a span (a requeue) is processed in that span's trace: pg-boss's own propagation,
+    // trace ids only (no baggage kept in the job table).
+    openTelemetry: { propagateContext: true, propagator: traceContextPropagator },
   });
 }
 
@@ -104,8 +111,10 @@ async function relayCharges(db: Pool, boss: PgBoss, limit: number): Promise<numb
   return inTransaction(db, async (tx) => {
     const { rows } = await tx.query(tx.sql.takeOutboxBatch(limit));
     if (rows.length === 0) return 0;
-    const jobs = rows.map((r: { operation_id: string }) => ({ data: { operationId: r.operation_id } satisfies ChargeJob }));
-    await boss.insert(CHARGE_QUEUE, jobs, { db: bossDb(tx) });
+    await traceRelay(rows, async (traceparents) => {
+      const jobs = rows.map((r: { operation_id: string }, i) => ({ data: { operationId: r.operation_id, traceparent: traceparents[i] } satisfies ChargeJob }));
+      await untraced(() => boss.insert(CHARGE_QUEUE, jobs, { db: bossDb(tx) }));
+    });
     return rows.length;
   });
 }

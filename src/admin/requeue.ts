@@ -4,6 +4,7 @@ import type { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
 import { CHARGE_QUEUE, enqueueCharge, LIVE_JOB_STATES, type ChargeJob } from '../outbox.ts';
 import type { Operation } from '../payments/operation.ts';
+import { traceOperation, withSpan } from '../tracing.ts';
 import { recordAudit } from './audit.ts';
 import { showOperation } from './operations.ts';
 
@@ -13,13 +14,23 @@ export type RequeueResult =
   | { operationId: string; result: 'skipped'; reason: string }
   | { operationId: string; result: 'refused'; reason: string };
 
-export async function requeueOperation(
+/** In a span whose trace the new job is processed in (pg-boss propagates it), linked to the operation's. */
+export function requeueOperation(
   pool: Pool,
   boss: PgBoss,
   id: string,
   opts: { actor: string; dryRun?: boolean },
 ): Promise<RequeueResult> {
+  return withSpan('outboxd.requeue', { 'outboxd.actor': opts.actor }, async (span) => {
+    const result = await requeue(pool, boss, id, opts);
+    span.setAttribute('outboxd.requeue.result', result.result);
+    return result;
+  });
+}
+
+async function requeue(pool: Pool, boss: PgBoss, id: string, opts: { actor: string; dryRun?: boolean }): Promise<RequeueResult> {
   const op = await showOperation(pool, id);
+  traceOperation(op);
   return inTransaction(pool, async (tx) => {
     // One requeue of an operation at a time: the check for a live job and the enqueue are one step.
     await tx.query(tx.sql.lockOperationForRequeue(op.id));

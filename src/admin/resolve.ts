@@ -14,6 +14,7 @@ import { ValidationError } from '../orders/validate.ts';
 import { liveJobFor } from '../outbox.ts';
 import { FAILED_CHARGE_STATUSES, type PaymentGateway } from '../payments/gateway.ts';
 import { claimOperation, isSettled, releaseLease, renewLease, settleUnderLease, type Operation } from '../payments/operation.ts';
+import { traceOperation, withSpan } from '../tracing.ts';
 import { recordAudit } from './audit.ts';
 import { showOperation } from './operations.ts';
 
@@ -30,7 +31,20 @@ export class ResolutionRefused extends Error {
   override name = 'ResolutionRefused';
 }
 
-export async function resolveOperation(
+export function resolveOperation(
+  pool: Pool,
+  gateway: PaymentGateway,
+  boss: PgBoss,
+  id: string,
+  resolution: Resolution,
+  actor: string,
+  opts: ResolveOptions,
+): Promise<Operation> {
+  const attributes = { 'outboxd.resolution': resolution.outcome, 'outboxd.actor': actor };
+  return withSpan('outboxd.resolve', attributes, () => resolve(pool, gateway, boss, id, resolution, actor, opts));
+}
+
+async function resolve(
   pool: Pool,
   gateway: PaymentGateway,
   boss: PgBoss,
@@ -51,6 +65,7 @@ export async function resolveOperation(
   const lease = await claimOperation(pool, found.id, `resolve:${actor}`, opts.leaseTtlMs, 0);
   if (!lease) throw await notClaimable(pool, found.id);
   const { fence, operation: op } = lease;
+  traceOperation(op, fence);
   const renewal = setInterval(() => void renewLease(pool, op.id, fence, opts.leaseTtlMs).catch(() => {}), Math.max(250, Math.floor(opts.leaseTtlMs / 3)));
   try {
     await refuseWhileDriven(pool, boss, op.id);

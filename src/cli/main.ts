@@ -22,6 +22,7 @@ import { driftReport } from '../reconcile/drift.ts';
 import { reconcileNow } from '../admin/reconcile.ts';
 import { redriveSettlements } from '../settlements.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
+import type { Tracing } from '../tracingSdk.ts';
 import { parseDuration } from './duration.ts';
 import { errorMessage, EXIT, exitCodeOf, flagOf } from './exit.ts';
 import { printAudit, printOperations, ranges } from './print.ts';
@@ -45,9 +46,12 @@ const program = new Command('outboxd')
 
 let config: Config;
 let log: Logger | undefined;
-program.hook('preAction', () => {
+let tracing: Tracing | undefined;
+program.hook('preAction', async () => {
   config = loadConfig();
   log = createLogger(config.logLevel, { cmd: 'outboxd' });
+  // Only with an endpoint: otherwise the SDK is not even loaded, and every span is the API's no-op.
+  if (config.tracing) tracing = (await import('../tracingSdk.ts')).startTracing(config.tracing, { serviceVersion: version, log });
 });
 
 /** Runs `fn` with an open database and pool, closing both however it ends. */
@@ -331,4 +335,7 @@ try {
     log?.debug({ err }, "command failed");
   }
   process.exitCode = exitCodeOf(err);
+} finally {
+  // A collector that does not answer must not hold the exit (its request would, until it times out).
+  if (tracing && !(await tracing.shutdown())) process.exit();
 }

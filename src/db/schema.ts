@@ -63,6 +63,8 @@ export const paymentOperations = outboxd.table(
     fence: bigint('fence', { mode: 'number' }).notNull().default(0),
     leaseOwner: text('lease_owner'),
     leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }),
+    /** W3C traceparent of the request that created it (null when it was not traced): later attempts link to it. */
+    traceparent: text('traceparent'),
     ...timestamps,
   },
   (t) => [
@@ -124,6 +126,8 @@ export const chargeOutbox = outboxd.table('charge_outbox', {
     .notNull()
     .references(() => paymentOperations.id),
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+  /** The operation's traceparent: the relay and the first dispatch continue its trace. */
+  traceparent: text('traceparent'),
 });
 
 /**

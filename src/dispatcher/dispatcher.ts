@@ -31,6 +31,7 @@ import {
   StaleFenceError,
   type Outcome,
 } from '../payments/operation.ts';
+import { traceDispatch, traceOperation, untraced } from '../tracing.ts';
 import type { Metrics } from './metrics.ts';
 
 export interface DispatcherOptions {
@@ -101,7 +102,7 @@ export class Dispatcher {
         return results;
       });
     };
-    for (let i = 0; i < this.opts.concurrency; i++) await register(CHARGE_QUEUE, (job) => this.handle(job));
+    for (let i = 0; i < this.opts.concurrency; i++) await register(CHARGE_QUEUE, (job) => traceDispatch(job, () => this.handle(job)));
     await register(CHARGE_DEAD_QUEUE, (job) => this.handleDeadLetter(job));
     if (this.opts.reconcileCron) {
       await boss.schedule(RECONCILE_QUEUE, this.opts.reconcileCron);
@@ -176,6 +177,7 @@ export class Dispatcher {
     const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, keyWindowSeconds);
     if (!lease) return this.notClaimed(operationId, log);
     const { fence } = lease;
+    traceOperation(lease.operation, fence);
     const opLog = log.child({ fence });
     if (lease.previousOwner) {
       metrics.leaseTakeovers.inc();
@@ -210,7 +212,7 @@ export class Dispatcher {
           // Nothing executed, so this was no attempt: it must not spend the job's retries (40 of them
           // would dead-letter an operation that only ever met 429s). A fresh job, in the same
           // transaction, drives it again later.
-          else if (later !== undefined) await enqueueCharge(boss, bossDb(tx), op.id, later);
+          else if (later !== undefined) await untraced(() => enqueueCharge(boss, bossDb(tx), op.id, later));
         },
       });
       const { operation: op, call, outcome } = run;

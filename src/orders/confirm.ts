@@ -3,12 +3,15 @@
 // embedding outboxd does with requestCharge.
 import { inTransaction, type Pool } from '../db/pool.ts';
 import { requestValidCharge, type ChargeRequested } from '../payments/request.ts';
+import { ATTR, withSpan } from '../tracing.ts';
 import { parseOrderInput } from './validate.ts';
 
 export async function confirmOrder(db: Pool, input: unknown): Promise<ChargeRequested> {
   const order = parseOrderInput(input);
-  return inTransaction(db, async (tx) => {
-    await tx.query(tx.sql.insertOrder(order.orderId, order.amount, order.currency, order.customer, order.paymentMethod));
-    return requestValidCharge(tx, order);
-  });
+  return withSpan('outboxd.confirm', { [ATTR.orderId]: order.orderId }, () =>
+    inTransaction(db, async (tx) => {
+      await tx.query(tx.sql.insertOrder(order.orderId, order.amount, order.currency, order.customer, order.paymentMethod));
+      return requestValidCharge(tx, order);
+    }),
+  );
 }

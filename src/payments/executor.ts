@@ -3,6 +3,7 @@
 // so a crash at any line leaves a recovery point the next claim continues from.
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
+import { ATTR, operationAttributes, outcomeOn, withSpan } from '../tracing.ts';
 import { FAILED_CHARGE_STATUSES, GatewayError, idempotencyKeyFor, type Charge, type PaymentGateway } from './gateway.ts';
 import {
   isSettled,
@@ -71,17 +72,19 @@ export async function executeCharge(
 
   // 4. The external call. No transaction is open and no connection is held.
   const started = performance.now();
-  const outcome = await callGateway(gateway, op, call);
+  const traced = { ...operationAttributes(op, fence), [ATTR.call]: call, [ATTR.attempt]: attempts };
+  const outcome = await withSpan('outboxd.gateway', traced, (span) => callGateway(gateway, op, call).then(outcomeOn(span)));
   const durationMs = Math.round(performance.now() - started);
   log?.info({ orderId: op.order_id, call, attempt: attempts, outcome: outcome.kind, durationMs }, 'gateway call finished');
   if (outcome.kind === 'needs_review') log?.error({ reason: outcome.reason }, 'operation needs review');
 
   // 5. Record the outcome, fenced, in one short transaction with whatever the caller commits beside it.
-  const operation = await inTransaction(db, async (tx) => {
+  const operation = await withSpan('outboxd.record_outcome', { ...traced, [ATTR.outcome]: outcome.kind }, (span) => inTransaction(db, async (tx) => {
     const recorded = await recordOutcome(tx, op, fence, outcome, opts.source ?? 'dispatcher', call === 'create' ? attempt : undefined);
     await opts.onRecorded?.(tx, recorded, outcome);
+    span.setAttribute(ATTR.status, recorded.status);
     return recorded;
-  });
+  }));
   return { from: op.status, operation, call, outcome };
 }
 

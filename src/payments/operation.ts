@@ -15,6 +15,7 @@
 // succeeded and failed are terminal: no write touches them again and they cause no external call
 // (invariant 5). "Needs review" is not a status: it is a reason recorded on an unsettled operation.
 import type { Queryable } from '../db/pool.ts';
+import { ATTR, withSpan } from '../tracing.ts';
 
 export type OperationStatus = 'pending' | 'unknown' | 'succeeded' | 'failed';
 
@@ -41,6 +42,8 @@ export interface Operation {
   fence: number;
   lease_owner: string | null;
   lease_expires_at: Date | null;
+  /** W3C traceparent of the request that created it (src/tracing.ts); null when it was not traced. */
+  traceparent: string | null;
   created_at: Date;
   updated_at: Date;
 }
@@ -188,10 +191,14 @@ export async function claimOperation(
   ttlMs: number,
   keyWindowSeconds: number,
 ): Promise<Lease | undefined> {
-  const { rows } = await db.query(db.sql.acquireLease(id, owner, ttlMs, keyWindowSeconds));
-  if (!rows[0]) return undefined;
-  const { previous_owner, ...operation } = rows[0];
-  return { fence: operation.fence, previousOwner: previous_owner, operation };
+  return withSpan('outboxd.claim', { [ATTR.operationId]: id, 'outboxd.lease.owner': owner }, async (span) => {
+    const { rows } = await db.query(db.sql.acquireLease(id, owner, ttlMs, keyWindowSeconds));
+    span.setAttribute('outboxd.claimed', rows.length > 0);
+    if (!rows[0]) return undefined;
+    const { previous_owner, ...operation } = rows[0];
+    span.setAttributes({ [ATTR.fence]: operation.fence, 'outboxd.lease.taken_over': previous_owner !== null });
+    return { fence: operation.fence, previousOwner: previous_owner, operation };
+  });
 }
 
 /** The fencing token of a new claim, or undefined when the operation is settled or leased by someone live. */

@@ -9,6 +9,7 @@
 // return that failed operation, so re-running an import charges nobody anew.
 import type { Queryable } from '../db/pool.ts';
 import { parseOrderInput, type OrderInput } from '../orders/validate.ts';
+import { activeTraceparent, ATTR, withSpan } from '../tracing.ts';
 import type { Operation } from './operation.ts';
 
 export class OrderConflictError extends Error {
@@ -67,10 +68,20 @@ export async function requestCharge(db: Queryable, input: unknown): Promise<Char
   return requestValidCharge(db, parseOrderInput(input));
 }
 
-export async function requestValidCharge(db: Queryable, req: OrderInput): Promise<ChargeRequested> {
+/** In a span of the caller's active trace, whose context the operation keeps (src/tracing.ts). */
+export function requestValidCharge(db: Queryable, req: OrderInput): Promise<ChargeRequested> {
+  return withSpan('outboxd.request_charge', { [ATTR.orderId]: req.orderId, [ATTR.kind]: 'charge' }, async (span) => {
+    const requested = await requestInTransaction(db, req);
+    span.setAttributes({ [ATTR.operationId]: requested.operationId, 'outboxd.created': requested.created });
+    return requested;
+  });
+}
+
+async function requestInTransaction(db: Queryable, req: OrderInput): Promise<ChargeRequested> {
+  const traceparent = activeTraceparent();
   const insert = async (newAttempt: boolean): Promise<string | undefined> => {
     const values = [req.orderId, req.amount, req.currency, req.customer, req.paymentMethod] as const;
-    const { rows } = await db.query(db.sql.insertChargeOperation(...values, JSON.stringify(req.metadata ?? {}), newAttempt));
+    const { rows } = await db.query(db.sql.insertChargeOperation(...values, JSON.stringify(req.metadata ?? {}), newAttempt, traceparent));
     return rows[0]?.id;
   };
   let created = await insert(false);

@@ -13,6 +13,7 @@ import { bossDb } from '../db/pool.ts';
 import { executeCharge, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import { claimOperation, flagForReview, releaseLease, StaleFenceError, type Operation } from '../payments/operation.ts';
+import { ATTR, traceOperation, withSpan } from '../tracing.ts';
 
 /** An unsettled operation untouched this long, with no lease, outbox row or live job, is flagged. */
 export const UNDRIVEN_AFTER_SECONDS = 15 * 60;
@@ -50,12 +51,13 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
   const keyWindowSeconds = opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
   const { rows } = await pool.query(pool.sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500));
   const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, undriven: [], decisions: [] };
-  for (const { id } of rows as { id: string }[]) {
+  for (const { id } of rows as { id: string }[]) await withSpan('outboxd.reconcile', { [ATTR.operationId]: id }, async () => {
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, keyWindowSeconds);
     if (!lease) {
       report.skipped++; // settled or claimed since the candidates were read
-      continue;
+      return;
     }
+    traceOperation(lease.operation, lease.fence);
     const log = opts.log.child({ operationId: id, fence: lease.fence });
     try {
       const run = await executeCharge(pool, gateway, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log });
@@ -79,7 +81,7 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
     } finally {
       await releaseLease(pool, id, lease.fence).catch(() => {});
     }
-  }
+  });
   report.undriven = await flagUndriven(pool, boss, opts);
   return report;
 }

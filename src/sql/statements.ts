@@ -72,7 +72,7 @@ function build(schema: string) {
       'outboxd_take_outbox_batch',
       `delete from ${s}.charge_outbox
        where id in (select id from ${s}.charge_outbox order by id limit $1 for update skip locked)
-       returning operation_id`,
+       returning operation_id, traceparent`,
     ),
 
     outboxRowFor: statement<[operationId: string]>(
@@ -115,19 +115,20 @@ function build(schema: string) {
      * connection runs it (the caller's, inside its transaction). A first request ($7 false) creates only
      * when the order has no charge operation at all; a new attempt ($7 true) only while none is live,
      * which the partial unique index enforces against concurrent requests too. No row: nothing created.
+     * $8: the request's W3C traceparent (null when untraced), kept on both rows.
      */
     insertChargeOperation: statement<
-      [orderId: string, amount: number, currency: string, customer: string, pm: string, metadata: string, newAttempt: boolean]
+      [orderId: string, amount: number, currency: string, customer: string, pm: string, metadata: string, newAttempt: boolean, traceparent: string | null]
     >(
       'outboxd_insert_charge_operation',
       `with op as (
-         insert into ${s}.payment_operations (order_id, kind, amount, currency, customer_id, payment_method, metadata)
-         select $1::text, 'charge', $2::bigint, $3::text, $4::text, $5::text, $6::jsonb
+         insert into ${s}.payment_operations (order_id, kind, amount, currency, customer_id, payment_method, metadata, traceparent)
+         select $1::text, 'charge', $2::bigint, $3::text, $4::text, $5::text, $6::jsonb, $8::text
          where $7::boolean or not exists (select 1 from ${s}.payment_operations where order_id = $1::text and kind = 'charge')
          on conflict (order_id) where kind = 'charge' and status <> 'failed' do nothing
-         returning id
+         returning id, traceparent
        ), outbox as (
-         insert into ${s}.charge_outbox (operation_id) select id from op
+         insert into ${s}.charge_outbox (operation_id, traceparent) select id, traceparent from op
        )
        select id from op`,
     ),

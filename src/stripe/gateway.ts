@@ -14,6 +14,7 @@ import {
   type ChargeRequest,
   type PaymentGateway,
 } from '../payments/gateway.ts';
+import { tracedHttpClient } from './tracedHttpClient.ts';
 
 export interface StripeGatewayOptions {
   secretKey: string;
@@ -31,6 +32,7 @@ export function stripeClient(opts: StripeGatewayOptions): Stripe {
     maxNetworkRetries: opts.maxNetworkRetries ?? 0,
     timeout: opts.timeoutMs,
     telemetry: false,
+    httpClient: tracedHttpClient(),
     ...(base
       ? {
           host: base.hostname,

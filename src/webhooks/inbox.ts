@@ -12,6 +12,7 @@ import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
 import { FAILED_CHARGE_STATUSES, Rejected, type Charge, type PaymentGateway } from '../payments/gateway.ts';
 import { flagFromOutside, isOperationId, isSettled, settleFromOutside, type Operation } from '../payments/operation.ts';
+import { traceOperation, withSpan } from '../tracing.ts';
 
 export type InboxResult =
   | 'settled'
@@ -35,7 +36,17 @@ export interface InboxDeps {
 
 class Duplicate extends Error {}
 
-export async function receiveStripeEvent(deps: InboxDeps, event: Stripe.Event): Promise<InboxResult> {
+/** In a span of its own, linked to the trace of the operation it names. */
+export function receiveStripeEvent(deps: InboxDeps, event: Stripe.Event): Promise<InboxResult> {
+  const attributes = { 'stripe.event.id': event.id, 'stripe.event.type': event.type };
+  return withSpan('outboxd.webhook', attributes, async (span) => {
+    const result = await receive(deps, event);
+    span.setAttribute('outboxd.webhook.result', result);
+    return result;
+  });
+}
+
+async function receive(deps: InboxDeps, event: Stripe.Event): Promise<InboxResult> {
   const { pool, log } = deps;
   const hinted = event.type.startsWith('payment_intent.') ? (event.data.object as { id?: unknown }).id : undefined;
   const piId = typeof hinted === 'string' && /^pi_\w+$/.test(hinted) ? hinted : undefined;
@@ -77,6 +88,7 @@ async function act(tx: Tx, charge: Charge, opId: string | null, type: string): P
   const { rows } = await tx.query(tx.sql.showOperation(opId));
   const op: Operation | undefined = rows[0];
   if (!op) return 'no_operation';
+  traceOperation(op);
   const mismatch = mismatchOf(op, charge);
   if (isSettled(op.status)) {
     // Never overwritten; but a charge the operation does not account for must reach a person.
