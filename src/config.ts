@@ -12,6 +12,10 @@ export const envSchema = z.object({
   OUTBOXD_DATA_DIR: z.string().min(1).default('./.data'),
   STRIPE_SECRET_KEY: optionalString,
   STRIPE_API_BASE: z.url().optional(),
+  /** `production`: DATABASE_URL and STRIPE_SECRET_KEY are required (no embedded defaults). */
+  NODE_ENV: z.string().optional(),
+  /** Explicit opt-in to the Stripe emulator under NODE_ENV=production (a demo); never with a key. */
+  OUTBOXD_STRIPE_EMULATOR: z.stringbool().default(false),
   /** Per-attempt client timeout of a Stripe call (the SDK's `timeout`). */
   STRIPE_TIMEOUT_MS: intInRange(100, 120_000, 20_000),
   WORKER_CONCURRENCY: intInRange(1, 256, 8),
@@ -32,10 +36,14 @@ export const envSchema = z.object({
 
 export type Env = z.infer<typeof envSchema>;
 
+/** Which Stripe the payments go to: the emulator (no key, no money), or the key's mode. */
+export type StripeMode = 'emulator' | 'test' | 'live';
+
 export interface Config {
+  production: boolean;
   databaseUrl: string | undefined;
   dataDir: string;
-  stripe: { secretKey: string | undefined; apiBase: string | undefined; timeoutMs: number };
+  stripe: { secretKey: string | undefined; apiBase: string | undefined; timeoutMs: number; mode: StripeMode; emulatorOptIn: boolean };
   worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number; reconcileCron: string };
   admin: { token: string | undefined; tokenName: string };
   webhookSecret: string | undefined;
@@ -60,9 +68,16 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     );
   }
   return {
+    production: e.NODE_ENV === 'production',
     databaseUrl: e.DATABASE_URL,
     dataDir: e.OUTBOXD_DATA_DIR,
-    stripe: { secretKey: e.STRIPE_SECRET_KEY, apiBase: e.STRIPE_API_BASE, timeoutMs: e.STRIPE_TIMEOUT_MS },
+    stripe: {
+      secretKey: e.STRIPE_SECRET_KEY,
+      apiBase: e.STRIPE_API_BASE,
+      timeoutMs: e.STRIPE_TIMEOUT_MS,
+      mode: stripeMode(e),
+      emulatorOptIn: e.OUTBOXD_STRIPE_EMULATOR,
+    },
     worker: {
       concurrency: e.WORKER_CONCURRENCY,
       leaseTtlMs: e.LEASE_TTL_MS,
@@ -74,4 +89,19 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     webhookSecret: e.STRIPE_WEBHOOK_SECRET,
     logLevel: e.LOG_LEVEL,
   };
+}
+
+/** Fails closed: a key of no known mode, a live key sent anywhere but Stripe, or an emulator opt-in beside a key. */
+function stripeMode(e: Env): StripeMode {
+  const key = e.STRIPE_SECRET_KEY;
+  if (!key) return 'emulator';
+  if (e.OUTBOXD_STRIPE_EMULATOR) {
+    throw new ConfigError('OUTBOXD_STRIPE_EMULATOR and STRIPE_SECRET_KEY are both set: unset one (the emulator opt-in is for demos without a key)');
+  }
+  const mode = /^[sr]k_live_/.test(key) ? 'live' : /^[sr]k_test_/.test(key) ? 'test' : undefined;
+  if (!mode) throw new ConfigError('STRIPE_SECRET_KEY is not a Stripe secret or restricted key (sk_live_…, sk_test_…, rk_live_…, rk_test_…)');
+  if (mode === 'live' && e.STRIPE_API_BASE) {
+    throw new ConfigError(`STRIPE_API_BASE (${e.STRIPE_API_BASE}) is set with a live STRIPE_SECRET_KEY: a live key is only ever sent to Stripe; unset STRIPE_API_BASE, or use a test key`);
+  }
+  return mode;
 }

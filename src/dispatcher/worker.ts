@@ -9,7 +9,7 @@ import type { Logger } from '../log.ts';
 import { createBoss } from '../outbox.ts';
 import { openDatabase, openGateway, openPool } from '../runtime.ts';
 import { Dispatcher } from './dispatcher.ts';
-import { createMetrics } from './metrics.ts';
+import { createMetrics, registerStripeMode } from './metrics.ts';
 
 /** What a replica serves for its platform: deploy/ manifests are checked against these (test/deploy). */
 export const PROBES = { liveness: '/healthz', readiness: '/readyz', metrics: '/metrics' } as const;
@@ -18,7 +18,7 @@ export async function runWorker(config: Config, baseLog: Logger): Promise<void> 
   const workerId = `${hostname()}:${process.pid}:${randomBytes(2).toString('hex')}`;
   const log = baseLog.child({ workerId });
   const db = await openDatabase(config, log);
-  const gateway = await openGateway(config, log);
+  const gateway = await openGateway(config, log, db);
   // Calls hold no connection, so the pool only needs room for the short statements around them.
   const pool = openPool(db, 'outboxd-worker', Math.min(config.worker.concurrency, 16) + 2);
   // Every loop fetches and completes its jobs through pg-boss's own pool (plus heartbeats, supervision).
@@ -26,6 +26,7 @@ export async function runWorker(config: Config, baseLog: Logger): Promise<void> 
   boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
   await boss.start();
   const metrics = createMetrics({ db: pool, boss });
+  registerStripeMode(metrics.registry, gateway.mode);
   const dispatcher = new Dispatcher(
     { boss, pool, gateway: gateway.gateway, log, metrics },
     {
