@@ -12,8 +12,6 @@ export const envSchema = z.object({
   OUTBOXD_DATA_DIR: z.string().min(1).default('./.data'),
   STRIPE_SECRET_KEY: optionalString,
   STRIPE_API_BASE: z.url().optional(),
-  /** `production`: DATABASE_URL and STRIPE_SECRET_KEY are required (no embedded defaults). */
-  NODE_ENV: z.string().optional(),
   /** Explicit opt-in to the Stripe emulator under NODE_ENV=production (a demo); never with a key. */
   OUTBOXD_STRIPE_EMULATOR: z.stringbool().default(false),
   /** Per-attempt client timeout of a Stripe call (the SDK's `timeout`). */
@@ -68,7 +66,8 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     );
   }
   return {
-    production: e.NODE_ENV === 'production',
+    // Node's own variable, not outboxd's: production requires DATABASE_URL and STRIPE_SECRET_KEY.
+    production: env.NODE_ENV === 'production',
     databaseUrl: e.DATABASE_URL,
     dataDir: e.OUTBOXD_DATA_DIR,
     stripe: {
