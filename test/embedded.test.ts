@@ -181,6 +181,28 @@ describe('one environment per data directory', () => {
     }
   }, 120_000);
 
+  it('a process whose sessions PostgreSQL ended still counts as a user: stopping another leaves the cluster up', async () => {
+    const a = start(['worker'], dataEnv());
+    const db = await connect((await a.log('embedded PostgreSQL ready')).url);
+    await a.log('worker ready');
+    const b = start(['worker'], dataEnv());
+    await b.log('worker ready');
+    const users = async () => (await db.query(`select count(*)::int as n from pg_stat_activity where application_name = 'outboxd-embedded-user'`)).rows[0].n;
+    expect(await users()).toBe(2);
+    // What a backend crash does to every session: PostgreSQL ends them; each process must come back.
+    await db.query(`select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'outboxd-embedded-user'`);
+    await waitUntil(async () => (await users()) === 2, 20_000, 'both workers to register again');
+    const pid = postmasterPid(dataDir);
+    a.child.kill('SIGTERM');
+    expect(await exitWithin(a, 30_000)).toEqual({ code: 0, signal: null });
+    expect(alive(pid)).toBe(true);
+    const port = ((await b.log('worker ready')) as { httpPort: number }).httpPort;
+    expect((await fetch(`http://127.0.0.1:${port}/readyz`)).status).toBe(200);
+    await db.end();
+    b.child.kill('SIGTERM');
+    expect(await exitWithin(b, 30_000)).toEqual({ code: 0, signal: null });
+  }, 120_000);
+
   it('the emulator ledger survives a restart of the worker and of its database', async () => {
     const first = start(['worker'], dataEnv());
     const db = await connect((await first.log('embedded PostgreSQL ready')).url);

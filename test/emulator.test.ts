@@ -8,6 +8,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/config.ts';
 import { createLogger } from '../src/log.ts';
 import { openGateway, serveEmulator, type ServedEmulator } from '../src/runtime.ts';
+import { PgState } from '../src/stripe/emulator/pgState.ts';
 import { stripeClient } from '../src/stripe/gateway.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, TEST_KEY, type RunningEmulator } from './support/emulator.ts';
@@ -352,6 +353,18 @@ describe('in PostgreSQL: one emulator for every process on a data directory', ()
     expect((await c.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k3' })).id).toBe(pi.id);
     expect((await control(c.url, `payment_intents/${pi.id}/settle`, { status: 'succeeded' })).body).toMatchObject({ id: pi.id, status: 'succeeded', amount_received: 1000 });
     expect((await c.stripe.paymentIntents.retrieve(pi.id)).status).toBe('succeeded');
+  });
+
+  it('a key whose process died before committing is free again; one still executing is not', async () => {
+    const [dying, other] = await Promise.all([PgState.open(t.url), PgState.open(t.url)]);
+    try {
+      expect(await dying.claimKey('orphan-key', 'h', Date.now(), 86_400_000)).toEqual({ kind: 'claimed' });
+      expect(await other.claimKey('orphan-key', 'h', Date.now(), 86_400_000)).toEqual({ kind: 'executing' });
+      await dying.close(); // its session ends, as when its process is killed
+      expect(await other.claimKey('orphan-key', 'h', Date.now(), 86_400_000)).toEqual({ kind: 'claimed' });
+    } finally {
+      await other.close();
+    }
   });
 
   it("the runtime's emulator leaves pm_card_processing processing until it is settled through the control API", async () => {

@@ -317,8 +317,23 @@ export async function startEmbeddedPostgres(opts: {
   }
 }
 
-function cluster(session: pg.Client, port: number, owned: boolean, databaseDir: string, dataDir: string, opts: { log: Logger; persistent?: boolean }): EmbeddedCluster {
+function cluster(first: pg.Client, port: number, owned: boolean, databaseDir: string, dataDir: string, opts: { log: Logger; persistent?: boolean }): EmbeddedCluster {
+  let session = first;
   let stopping: Promise<void> | undefined;
+  // A session lost while the cluster lives (a backend crash makes PostgreSQL end every session) must be
+  // replaced, or this process would no longer count as a user and another one could stop the cluster.
+  const watch = (s: pg.Client) =>
+    s.once('end', async () => {
+      while (!stopping) {
+        await sleep(1_000);
+        const again = await join(port).catch(() => undefined);
+        if (!again) continue;
+        if (stopping) await again.end().catch(() => {});
+        else watch((session = again));
+        return;
+      }
+    });
+  watch(first);
   return {
     url: urlFor(port),
     owned,

@@ -2,6 +2,7 @@
 // it is Stripe's side, not outboxd's, so it has no drizzle migration). Every process that serves the
 // emulator from the same database sees one ledger, one set of idempotency keys (a key executing in one
 // process is a 409 in another), one clock, one set of faults, and all of it survives restarts.
+import pg from 'pg';
 import { createPool, inTransaction, type Pool } from '../../db/pool.ts';
 import {
   pickFaults,
@@ -43,7 +44,7 @@ create table if not exists stripe_emulator.idempotency_keys (
   state text not null check (state in ('executing', 'done')),
   params_hash text not null,
   created_ms bigint not null,
-  claimed_at timestamptz not null default now(),
+  claimer integer, -- backend pid of the claiming process's session, while executing
   response_status integer,
   response_body text -- the exact bytes, replayed as they were first sent
 );
@@ -60,36 +61,45 @@ create table if not exists stripe_emulator.events (
   body text not null
 );`;
 
-/**
- * A key left `executing` this long was claimed by a process that died before it committed anything
- * (the charge and the key's result commit together), so a new request may run under it.
- */
-const ABANDONED_AFTER = '60 seconds';
-
 export class PgState implements EmulatorState {
   private readonly pool: Pool;
+  /**
+   * A session held for this state's life: a key it claimed stays `executing` while the session lives,
+   * and is free again once its process died before committing (the charge and the key's result commit
+   * together, so nothing was charged under it).
+   */
+  private readonly session: pg.Client;
+  private readonly claimer: number;
 
-  private constructor(pool: Pool) {
+  private constructor(pool: Pool, session: pg.Client, claimer: number) {
     this.pool = pool;
+    this.session = session;
+    this.claimer = claimer;
   }
 
   /** Opens the state on `url`, creating its schema on first use. */
   static async open(url: string): Promise<PgState> {
     const pool = createPool(url, { max: 4, applicationName: 'outboxd-stripe-emulator' });
+    const session = new pg.Client({ connectionString: url, application_name: 'outboxd-stripe-emulator' });
+    session.on('error', () => {}); // a lost session only frees this process's executing keys
     try {
       await inTransaction(pool, async (tx) => {
         await tx.query('select pg_advisory_xact_lock($1)', [SCHEMA_LOCK]);
         await tx.query(DDL);
       });
+      await session.connect();
+      const { rows } = await session.query('select pg_backend_pid() as pid');
+      return new PgState(pool, session, rows[0].pid);
     } catch (err) {
+      await session.end().catch(() => {});
       await pool.end();
       throw err;
     }
-    return new PgState(pool);
   }
 
-  close(): Promise<void> {
-    return this.pool.end();
+  async close(): Promise<void> {
+    await this.session.end().catch(() => {});
+    await this.pool.end();
   }
 
   private async settings() {
@@ -157,13 +167,14 @@ export class PgState implements EmulatorState {
     // and the claim tried again. Three turns cover a race with another process doing the same.
     for (let turn = 0; turn < 3; turn++) {
       const claimed = await this.pool.query(
-        `insert into stripe_emulator.idempotency_keys (store_key, state, params_hash, created_ms) values ($1, 'executing', $2, $3)
+        `insert into stripe_emulator.idempotency_keys (store_key, state, params_hash, created_ms, claimer) values ($1, 'executing', $2, $3, $4)
          on conflict (store_key) do nothing`,
-        [storeKey, paramsHash, nowMs],
+        [storeKey, paramsHash, nowMs, this.claimer],
       );
       if (claimed.rowCount === 1) return { kind: 'claimed' };
       const { rows } = await this.pool.query(
-        `select *, claimed_at < now() - interval '${ABANDONED_AFTER}' as abandoned from stripe_emulator.idempotency_keys where store_key = $1`,
+        `select k.*, not exists (select 1 from pg_stat_activity a where a.pid = k.claimer) as abandoned
+         from stripe_emulator.idempotency_keys k where store_key = $1`,
         [storeKey],
       );
       const k = rows[0];
@@ -173,10 +184,7 @@ export class PgState implements EmulatorState {
         continue;
       }
       if (k.state === 'executing' && k.abandoned) {
-        await this.pool.query(
-          `delete from stripe_emulator.idempotency_keys where store_key = $1 and state = 'executing' and claimed_at < now() - interval '${ABANDONED_AFTER}'`,
-          [storeKey],
-        );
+        await this.pool.query(`delete from stripe_emulator.idempotency_keys where store_key = $1 and state = 'executing' and claimer = $2`, [storeKey, k.claimer]);
         continue;
       }
       if (k.params_hash !== paramsHash) return { kind: 'mismatch' };
@@ -200,7 +208,7 @@ export class PgState implements EmulatorState {
       ]);
       if (key) {
         await tx.query(
-          `update stripe_emulator.idempotency_keys set state = 'done', response_status = $2, response_body = $3 where store_key = $1`,
+          `update stripe_emulator.idempotency_keys set state = 'done', claimer = null, response_status = $2, response_body = $3 where store_key = $1`,
           [key.storeKey, key.response.status, key.response.body],
         );
       }
