@@ -24,8 +24,6 @@ import type { Logger } from '../log.ts';
 
 export interface EmbeddedCluster {
   url: string;
-  /** True when this process started the postmaster. */
-  owned: boolean;
   /** Leaves the cluster; the last process using it stops it. */
   stop(): Promise<void>;
 }
@@ -310,14 +308,14 @@ export async function startEmbeddedPostgres(opts: {
     const session = owned || running ? await join(port!).catch(() => undefined) : undefined;
     if (session) {
       opts.log.info({ url: shownUrl(port!), dataDir, started: owned }, 'embedded PostgreSQL ready');
-      return cluster(session, port!, owned, databaseDir, dataDir, opts);
+      return cluster(session, port!, databaseDir, dataDir, opts);
     }
     if (Date.now() > deadline) throw new Error(`embedded PostgreSQL in ${databaseDir} did not accept this process within ${START_TIMEOUT_MS / 1000} s: ${lastLines(logFile)}`);
     await sleep(200);
   }
 }
 
-function cluster(first: pg.Client, port: number, owned: boolean, databaseDir: string, dataDir: string, opts: { log: Logger; persistent?: boolean }): EmbeddedCluster {
+function cluster(first: pg.Client, port: number, databaseDir: string, dataDir: string, opts: { log: Logger; persistent?: boolean }): EmbeddedCluster {
   let session = first;
   let stopping: Promise<void> | undefined;
   // A session lost while the cluster lives (a backend crash makes PostgreSQL end every session) must be
@@ -336,7 +334,6 @@ function cluster(first: pg.Client, port: number, owned: boolean, databaseDir: st
   watch(first);
   return {
     url: urlFor(port),
-    owned,
     stop: () =>
       (stopping ??= (async () => {
         await session.end().catch(() => {}); // releases this process's shared lock
