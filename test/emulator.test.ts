@@ -407,6 +407,7 @@ describe('outboxd stripe-emulator', () => {
 
   it.each(['abc', '70000', '-1', '1.5', ''])('--port %j is a usage error (exit 2) that says what a port is', async (port) => {
     const res = await emulatorCli('--port', port);
+    res.kill(); // in case it listened anyway
     expect(res.code).toBe(2);
     expect(res.stderr).toMatch(/--port/);
     expect(res.stderr).toMatch(/0 to 65535/);

@@ -323,9 +323,11 @@ function cluster(first: pg.Client, port: number, databaseDir: string, dataDir: s
   const watch = (s: pg.Client) =>
     s.once('end', async () => {
       while (!stopping) {
-        await sleep(1_000);
         const again = await join(port).catch(() => undefined);
-        if (!again) continue;
+        if (!again) {
+          await sleep(250); // recovering after a crash, or gone for good
+          continue;
+        }
         if (stopping) await again.end().catch(() => {});
         else watch((session = again));
         return;
