@@ -24,6 +24,8 @@ export const envSchema = z.object({
   OUTBOXD_DATA_DIR: z.string().min(1).default('./.data'),
   STRIPE_SECRET_KEY: optionalString,
   STRIPE_API_BASE: z.url().optional(),
+  /** Explicit opt-in to the Stripe emulator under NODE_ENV=production (a demo); never with a key. */
+  OUTBOXD_STRIPE_EMULATOR: z.stringbool().default(false),
   /** Per-attempt client timeout of a Stripe call (the SDK's `timeout`). */
   STRIPE_TIMEOUT_MS: intInRange(100, 120_000, 20_000),
   WORKER_CONCURRENCY: intInRange(1, 256, 8),
@@ -70,11 +72,15 @@ export const envSchema = z.object({
 
 export type Env = z.infer<typeof envSchema>;
 
+/** Which Stripe the payments go to: the emulator (no key, no money), or the key's mode. */
+export type StripeMode = 'emulator' | 'test' | 'live';
+
 export interface Config {
+  production: boolean;
   databaseUrl: string | undefined;
   schema: string;
   dataDir: string;
-  stripe: { secretKey: string | undefined; apiBase: string | undefined; timeoutMs: number };
+  stripe: { secretKey: string | undefined; apiBase: string | undefined; timeoutMs: number; mode: StripeMode; emulatorOptIn: boolean };
   worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number; httpHost: string; reconcileCron: string };
   /** httpPort unset: the admin routes are served on the main listener (worker.httpPort). */
   admin: { token: string | undefined; tokenName: string; httpPort: number | undefined; httpHost: string };
@@ -120,10 +126,18 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     throw new ConfigError(`ADMIN_HTTP_PORT and HTTP_PORT are both ${e.HTTP_PORT}: the admin listener needs a port of its own`);
   }
   return {
+    // Node's own variable, not outboxd's: production requires DATABASE_URL and STRIPE_SECRET_KEY.
+    production: env.NODE_ENV === 'production',
     databaseUrl: e.DATABASE_URL,
     schema: e.OUTBOXD_SCHEMA,
     dataDir: e.OUTBOXD_DATA_DIR,
-    stripe: { secretKey: e.STRIPE_SECRET_KEY, apiBase: e.STRIPE_API_BASE, timeoutMs: e.STRIPE_TIMEOUT_MS },
+    stripe: {
+      secretKey: e.STRIPE_SECRET_KEY,
+      apiBase: e.STRIPE_API_BASE,
+      timeoutMs: e.STRIPE_TIMEOUT_MS,
+      mode: stripeMode(e),
+      emulatorOptIn: e.OUTBOXD_STRIPE_EMULATOR,
+    },
     worker: {
       concurrency: e.WORKER_CONCURRENCY,
       leaseTtlMs: e.LEASE_TTL_MS,
@@ -161,4 +175,19 @@ export function schemaFromEnv(env: NodeJS.ProcessEnv = process.env): string {
   const parsed = envSchema.shape.OUTBOXD_SCHEMA.safeParse(env.OUTBOXD_SCHEMA);
   if (!parsed.success) throw new ConfigError(`invalid environment: OUTBOXD_SCHEMA: ${parsed.error.issues[0]!.message}`);
   return parsed.data;
+}
+
+/** Fails closed: a key of no known mode, a live key sent anywhere but Stripe, or an emulator opt-in beside a key. */
+function stripeMode(e: Env): StripeMode {
+  const key = e.STRIPE_SECRET_KEY;
+  if (!key) return 'emulator';
+  if (e.OUTBOXD_STRIPE_EMULATOR) {
+    throw new ConfigError('OUTBOXD_STRIPE_EMULATOR and STRIPE_SECRET_KEY are both set: unset one (the emulator opt-in is for demos without a key)');
+  }
+  const mode = /^[sr]k_live_/.test(key) ? 'live' : /^[sr]k_test_/.test(key) ? 'test' : undefined;
+  if (!mode) throw new ConfigError('STRIPE_SECRET_KEY is not a Stripe secret or restricted key (sk_live_…, sk_test_…, rk_live_…, rk_test_…)');
+  if (mode === 'live' && e.STRIPE_API_BASE) {
+    throw new ConfigError(`STRIPE_API_BASE (${e.STRIPE_API_BASE}) is set with a live STRIPE_SECRET_KEY: a live key is only ever sent to Stripe; unset STRIPE_API_BASE, or use a test key`);
+  }
+  return mode;
 }

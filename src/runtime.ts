@@ -1,12 +1,16 @@
 // Opens what a command needs from the Config: the database (DATABASE_URL or the embedded default,
-// migrated on the fly since a developer's first run has no schema yet) and a pool.
-import type { Config } from './config.ts';
+// migrated on the fly since a developer's first run has no schema yet), a pool, and Stripe: the key's,
+// or an emulator. The embedded defaults are one environment per data directory: one PostgreSQL, and one
+// emulator ledger kept in it, shared by every process on that directory (docs/emulator.md).
+import { ConfigError, type Config, type StripeMode } from './config.ts';
 import { startEmbeddedPostgres } from './db/embedded.ts';
 import { migrate } from './db/migrate.ts';
 import { createPool, type Pool } from './db/pool.ts';
 import type { Logger } from './log.ts';
 import type { PaymentGateway } from './payments/gateway.ts';
-import { StripeEmulator } from './stripe/emulator/emulator.ts';
+import { EmulatorServer } from './stripe/emulator/emulator.ts';
+import { PgState } from './stripe/emulator/pgState.ts';
+import { MemoryState } from './stripe/emulator/state.ts';
 import { StripeGateway } from './stripe/gateway.ts';
 
 export interface Database {
@@ -14,15 +18,23 @@ export interface Database {
   /** outboxd's schema in it (OUTBOXD_SCHEMA). */
   schema: string;
   embedded: boolean;
-  /** Stops the embedded cluster if this process started it. */
+  /** Leaves the embedded cluster (the last process using it stops it). */
   close(): Promise<void>;
 }
 
 export async function openDatabase(config: Config, log: Logger): Promise<Database> {
   const { schema } = config;
   if (config.databaseUrl) return { url: config.databaseUrl, schema, embedded: false, close: async () => {} };
+  if (config.production) {
+    throw new ConfigError('NODE_ENV=production and DATABASE_URL is unset: set DATABASE_URL to your PostgreSQL (the embedded database is for development only)');
+  }
   const cluster = await startEmbeddedPostgres({ dataDir: config.dataDir, log });
-  await migrate(cluster.url, schema);
+  try {
+    await migrate(cluster.url, schema);
+  } catch (err) {
+    await cluster.stop();
+    throw err;
+  }
   return { url: cluster.url, schema, embedded: true, close: () => cluster.stop() };
 }
 
@@ -34,26 +46,78 @@ export const EMULATOR_KEY = 'sk_test_outboxd_emulator';
 
 export interface GatewayHandle {
   gateway: PaymentGateway;
-  /** Stops the built-in emulator if this process started it. */
+  mode: StripeMode;
+  /** The built-in emulator this process serves (its control API is under /_emulator/). */
+  emulatorUrl?: string;
+  /** Stops the emulator this process serves, if any. */
+  close(): Promise<void>;
+}
+
+export interface ServedEmulator {
+  url: string;
   close(): Promise<void>;
 }
 
 /**
- * STRIPE_SECRET_KEY set: real Stripe (or STRIPE_API_BASE). Unset: the built-in emulator, started here
- * unless STRIPE_API_BASE points at a running one (replicas sharing a standalone `outboxd stripe-emulator`).
+ * Serves the built-in emulator from this process. On the embedded default its state lives in that
+ * PostgreSQL (schema stripe_emulator), so every process on the data directory serves the same ledger,
+ * keys, clock and faults, across restarts; otherwise (DATABASE_URL, or no database) it lives in this
+ * process's memory: Stripe's make-believe is never written into a real database.
  */
-export async function openGateway(config: Config, log: Logger): Promise<GatewayHandle> {
-  const { secretKey, apiBase, timeoutMs } = config.stripe;
-  if (secretKey) return { gateway: new StripeGateway({ secretKey, apiBase, timeoutMs }), close: async () => {} };
-  if (apiBase) {
-    log.warn({ apiBase }, 'STRIPE_SECRET_KEY is unset: using the Stripe emulator at STRIPE_API_BASE; no real money moves');
-    return { gateway: new StripeGateway({ secretKey: EMULATOR_KEY, apiBase, timeoutMs }), close: async () => {} };
-  }
-  const emulator = new StripeEmulator({ processingSettleMs: 30_000 });
-  const { url } = await emulator.listen(0);
-  log.warn({ emulator: url }, 'STRIPE_SECRET_KEY is unset: started the built-in Stripe emulator; no real money moves');
-  return {
-    gateway: new StripeGateway({ secretKey: EMULATOR_KEY, apiBase: url, timeoutMs }),
-    close: () => emulator.close(),
+export async function serveEmulator(
+  db: Database | undefined,
+  opts: { port?: number; host?: string; searchLagMs?: number; processingSettleMs?: number } = {},
+): Promise<ServedEmulator> {
+  const state = db?.embedded ? await PgState.open(db.url) : new MemoryState();
+  // A long-running process keeps the newest requests only; the ledger itself is complete.
+  const server = new EmulatorServer(state, { requestLogLimit: 1_000, ...(opts.processingSettleMs !== undefined ? { processingSettleMs: opts.processingSettleMs } : {}) });
+  const release = async () => {
+    if (state instanceof PgState) await state.close();
   };
+  try {
+    if (opts.searchLagMs !== undefined) await state.configureSearch({ lagMs: opts.searchLagMs });
+    const { url } = await server.listen(opts.port ?? 0, opts.host);
+    return { url, close: async () => (await server.close(), await release()) };
+  } catch (err) {
+    await release();
+    throw err;
+  }
+}
+
+/**
+ * STRIPE_SECRET_KEY set: Stripe (STRIPE_API_BASE only with a test key, see config.ts). Unset: an emulator,
+ * never under NODE_ENV=production unless OUTBOXD_STRIPE_EMULATOR=true: the one at STRIPE_API_BASE (replicas
+ * sharing a standalone `outboxd stripe-emulator`), else the built-in one (serveEmulator).
+ * `evidence`: the command treats Stripe's answers as evidence (resolve, reconcile). With DATABASE_URL the
+ * built-in emulator would be an empty one started just now, whose "no such charge" proves nothing: refused.
+ */
+export async function openGateway(config: Config, log: Logger, db: Database, opts: { evidence?: boolean } = {}): Promise<GatewayHandle> {
+  const { secretKey, apiBase, timeoutMs, mode } = config.stripe;
+  if (secretKey) {
+    log.info({ stripeMode: mode, ...(apiBase ? { apiBase } : {}) }, `Stripe in ${mode} mode`);
+    return { gateway: new StripeGateway({ secretKey, apiBase, timeoutMs }), mode, close: async () => {} };
+  }
+  if (config.production && !config.stripe.emulatorOptIn) {
+    throw new ConfigError(
+      'NODE_ENV=production and STRIPE_SECRET_KEY is unset or blank: set STRIPE_SECRET_KEY; ' +
+        'the Stripe emulator (no money moves) runs in production only with OUTBOXD_STRIPE_EMULATOR=true, for a demo',
+    );
+  }
+  const demo = config.production ? ' (NODE_ENV=production, OUTBOXD_STRIPE_EMULATOR=true: a demo)' : '';
+  if (apiBase) {
+    log.warn({ stripeMode: mode, apiBase }, `STRIPE_SECRET_KEY is unset: using the Stripe emulator at STRIPE_API_BASE; no real money moves${demo}`);
+    return { gateway: new StripeGateway({ secretKey: EMULATOR_KEY, apiBase, timeoutMs }), mode, close: async () => {} };
+  }
+  if (opts.evidence && !db.embedded) {
+    throw new ConfigError(
+      'this command checks its evidence against Stripe, but STRIPE_SECRET_KEY is unset while DATABASE_URL is set, and a built-in emulator ' +
+        'started now would know no charge: set STRIPE_SECRET_KEY, or STRIPE_API_BASE to the emulator the workers share',
+    );
+  }
+  const emulator = await serveEmulator(db);
+  log.warn(
+    { stripeMode: mode, emulator: emulator.url, ledger: db.embedded ? `embedded database under ${config.dataDir}` : 'this process only' },
+    `STRIPE_SECRET_KEY is unset: serving the built-in Stripe emulator (control API under /_emulator/); no real money moves${demo}`,
+  );
+  return { gateway: new StripeGateway({ secretKey: EMULATOR_KEY, apiBase: emulator.url, timeoutMs }), mode, emulatorUrl: emulator.url, close: emulator.close };
 }

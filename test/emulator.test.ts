@@ -1,8 +1,17 @@
-// The emulator on its own, through the real stripe SDK over HTTP.
+// The emulator on its own, through the real stripe SDK over HTTP: in memory (the handle tests drive)
+// and in PostgreSQL (the runtime's: one ledger per data directory, shared by every process on it).
+import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
+import { fileURLToPath } from 'node:url';
 import Stripe from 'stripe';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { startEmulator, type RunningEmulator } from './support/emulator.ts';
+import { loadConfig } from '../src/config.ts';
+import { createLogger } from '../src/log.ts';
+import { openGateway, serveEmulator, type ServedEmulator } from '../src/runtime.ts';
+import { PgState } from '../src/stripe/emulator/pgState.ts';
+import { stripeClient } from '../src/stripe/gateway.ts';
+import { createTestDatabase, type TestDb } from './support/db.ts';
+import { startEmulator, TEST_KEY, type RunningEmulator } from './support/emulator.ts';
 
 let e: RunningEmulator;
 let stripe: Stripe;
@@ -57,6 +66,25 @@ describe('PaymentIntents', () => {
     expect(pi.status).toBe('processing');
     e.emulator.settle(pi.id, 'succeeded');
     expect((await stripe.paymentIntents.retrieve(pi.id)).status).toBe('succeeded');
+  });
+
+  it("an unknown payment method is refused as Stripe refuses it (400 resource_missing), and nothing is stored for the key", async () => {
+    const err = (await stripe.paymentIntents.create(params({ payment_method: 'pm_card_typo' }), { idempotencyKey: 'kpm' }).catch((x) => x)) as Stripe.errors.StripeError;
+    expect(err).toBeInstanceOf(Stripe.errors.StripeInvalidRequestError);
+    expect(err).toMatchObject({ statusCode: 400, code: 'resource_missing', param: 'payment_method', message: "No such PaymentMethod: 'pm_card_typo'" });
+    expect(e.emulator.ledger()).toHaveLength(0);
+    const ok = await stripe.paymentIntents.create(params({ payment_method: 'pm_card_mastercard' }), { idempotencyKey: 'kpm' });
+    expect(ok.status).toBe('succeeded');
+  });
+
+  it('takes the key as HTTP Basic auth too, as the real API does (curl -u sk_test_…:)', async () => {
+    const basic = (user: string) => ({ Authorization: `Basic ${Buffer.from(`${user}:`).toString('base64')}` });
+    const pi = await stripe.paymentIntents.create(params());
+    const res = await fetch(`${e.url}/v1/payment_intents/${pi.id}`, { headers: basic(TEST_KEY) });
+    expect(res.status).toBe(200);
+    expect(await res.json()).toMatchObject({ id: pi.id });
+    expect((await fetch(`${e.url}/v1/payment_intents/${pi.id}`, { headers: basic('sk_live_nope') })).status).toBe(401);
+    expect((await fetch(`${e.url}/v1/payment_intents/${pi.id}`)).status).toBe(401);
   });
 
   it('400 with the param named for invalid input, and nothing stored for the key', async () => {
@@ -234,5 +262,162 @@ describe('control API over HTTP', () => {
     expect(ledger).toHaveLength(1);
     await post(`payment_intents/${ledger[0]!.paymentIntent.id}/settle`, { status: 'succeeded' });
     expect((await stripe.paymentIntents.retrieve(ledger[0]!.paymentIntent.id)).status).toBe('succeeded');
+  });
+});
+
+describe('control API input', () => {
+  it('refuses malformed bodies with a 400 that says why, changing nothing', async () => {
+    const post = (path: string, body: string) => fetch(`${e.url}/_emulator/${path}`, { method: 'POST', body });
+    for (const [path, body] of [
+      ['clock/advance', '{"ms":"soon"}'],
+      ['faults', '{"fault":{"kind":"explode"}}'],
+      ['faults', '{"fault":{"kind":"rate_limit"},"count":0}'],
+      ['search', '{"frozen":"yes"}'],
+      ['reset', 'not json'],
+    ]) {
+      const res = await post(path!, body!);
+      expect(res.status, `${path} ${body}`).toBe(400);
+      expect(await res.json()).toHaveProperty('error');
+    }
+    expect(e.emulator.now() - Date.now()).toBeLessThan(1_000);
+    await expect(stripe.paymentIntents.create(params())).resolves.toMatchObject({ status: 'succeeded' });
+    const settle = await post('payment_intents/pi_missing/settle', '{"status":"succeeded"}');
+    expect(settle.status).toBe(400);
+  });
+});
+
+describe('in PostgreSQL: one emulator for every process on a data directory', () => {
+  let t: TestDb;
+  const served: ServedEmulator[] = [];
+  const log = createLogger('silent');
+  /** An emulator served the way each outboxd process on the embedded default serves it. */
+  const serve = async () => {
+    const s = await serveEmulator({ url: t.url, schema: 'outboxd', embedded: true, close: async () => {} });
+    served.push(s);
+    return { url: s.url, stripe: stripeClient({ secretKey: TEST_KEY, apiBase: s.url, timeoutMs: 5_000 }) };
+  };
+  const control = (url: string, path: string, body: unknown = {}) =>
+    fetch(`${url}/_emulator/${path}`, { method: 'POST', body: JSON.stringify(body) }).then(async (r) => ({ status: r.status, body: await r.json() }));
+  const ledger = async (url: string) => (await (await fetch(`${url}/_emulator/ledger`)).json()) as { paymentIntent: Stripe.PaymentIntent }[];
+
+  beforeAll(async () => {
+    t = await createTestDatabase();
+  });
+  afterAll(async () => {
+    for (const s of served.splice(0)) await s.close();
+    await t.close();
+  });
+  beforeEach(async () => {
+    await control((await serve()).url, 'reset');
+  });
+
+  it('a charge made through one process is retrieved, listed and searched through another, and replayed under its key', async () => {
+    const [a, b] = [await serve(), await serve()];
+    const p = params();
+    const pi = await a.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k1' });
+    expect((await b.stripe.paymentIntents.retrieve(pi.id)).metadata).toEqual(p.metadata);
+    expect((await b.stripe.paymentIntents.list({ limit: 10 })).data.map((x) => x.id)).toEqual([pi.id]);
+    expect((await b.stripe.paymentIntents.search({ query: `metadata['operation_id']:'${p.metadata!.operation_id}'` })).data.map((x) => x.id)).toEqual([pi.id]);
+    const replay = await b.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k1' });
+    expect(replay.id).toBe(pi.id);
+    expect(replay.lastResponse.headers['idempotent-replayed']).toBe('true');
+    await expect(b.stripe.paymentIntents.create({ ...p, amount: 5 }, { idempotencyKey: 'pg-k1' })).rejects.toBeInstanceOf(Stripe.errors.StripeIdempotencyError);
+    expect(await ledger(b.url)).toHaveLength(1);
+  });
+
+  it('a key still executing in one process is a 409 in another; faults and the clock are shared', async () => {
+    const [a, b] = [await serve(), await serve()];
+    expect((await control(b.url, 'faults', { fault: { kind: 'latency', ms: 400 } })).status).toBe(200);
+    const p = params();
+    const first = a.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k2' });
+    await new Promise((r) => setTimeout(r, 150));
+    const err = await b.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k2' }).catch((x) => x);
+    expect(err).toMatchObject({ statusCode: 409, code: 'idempotency_key_in_use' });
+    await first;
+    await control(a.url, 'faults', { fault: { kind: 'rate_limit' }, count: 1 });
+    await expect(b.stripe.paymentIntents.create(params())).rejects.toMatchObject({ statusCode: 429 });
+    await expect(a.stripe.paymentIntents.create(params())).resolves.toMatchObject({ status: 'succeeded' }); // used up once
+    // Keys expire on the shared clock: advanced through one process, expired in the other.
+    await control(a.url, 'clock/advance', { ms: 25 * 3600_000 });
+    expect((await b.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k2' })).lastResponse.headers['idempotent-replayed']).toBeUndefined();
+    expect((await ledger(a.url)).filter((l) => l.paymentIntent.metadata.operation_id === p.metadata!.operation_id)).toHaveLength(2);
+  });
+
+  it('survives its processes: a new one serves the same ledger and keys', async () => {
+    const a = await serve();
+    const p = params({ payment_method: 'pm_card_processing' });
+    const pi = await a.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k3' });
+    for (const s of served.splice(0)) await s.close();
+    const c = await serve();
+    expect((await c.stripe.paymentIntents.retrieve(pi.id)).status).toBe('processing');
+    expect((await c.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k3' })).id).toBe(pi.id);
+    expect((await control(c.url, `payment_intents/${pi.id}/settle`, { status: 'succeeded' })).body).toMatchObject({ id: pi.id, status: 'succeeded', amount_received: 1000 });
+    expect((await c.stripe.paymentIntents.retrieve(pi.id)).status).toBe('succeeded');
+  });
+
+  it('a key whose process died before committing is free again; one still executing is not', async () => {
+    const [dying, other] = await Promise.all([PgState.open(t.url), PgState.open(t.url)]);
+    try {
+      expect(await dying.claimKey('orphan-key', 'h', Date.now(), 86_400_000)).toEqual({ kind: 'claimed' });
+      expect(await other.claimKey('orphan-key', 'h', Date.now(), 86_400_000)).toEqual({ kind: 'executing' });
+      await dying.close(); // its session ends, as when its process is killed
+      expect(await other.claimKey('orphan-key', 'h', Date.now(), 86_400_000)).toEqual({ kind: 'claimed' });
+    } finally {
+      await other.close();
+    }
+  });
+
+  it("the runtime's emulator leaves pm_card_processing processing until it is settled through the control API", async () => {
+    const config = loadConfig({ LOG_LEVEL: 'silent' });
+    const handle = await openGateway(config, log, { url: t.url, schema: 'outboxd', embedded: true, close: async () => {} });
+    try {
+      expect(handle.mode).toBe('emulator');
+      const op = randomUUID();
+      const charge = await handle.gateway.createCharge({ operationId: op, idempotencyKey: `payment-op:${op}`, amount: 700, currency: 'eur', customer: 'cus_1', paymentMethod: 'pm_card_processing', metadata: {} });
+      expect(charge.status).toBe('processing');
+      await control(handle.emulatorUrl!, 'clock/advance', { ms: 3600_000 });
+      expect((await handle.gateway.retrieveCharge(charge.id)).status).toBe('processing');
+      await control(handle.emulatorUrl!, `payment_intents/${charge.id}/settle`, { status: 'succeeded' });
+      expect((await handle.gateway.retrieveCharge(charge.id)).status).toBe('succeeded');
+    } finally {
+      await handle.close();
+    }
+  });
+});
+
+describe('outboxd stripe-emulator', () => {
+  const BIN = fileURLToPath(new URL('../bin/outboxd.js', import.meta.url));
+  const emulatorCli = (...args: string[]) =>
+    new Promise<{ code: number | null; stdout: string; stderr: string; kill(): void }>((resolve) => {
+      // DATABASE_URL set: an in-memory emulator, no database needed.
+      const child = spawn(process.execPath, [BIN, 'stripe-emulator', ...args], { env: { ...process.env, DATABASE_URL: 'postgres://unused@127.0.0.1:1/x', LOG_LEVEL: 'warn' } });
+      let stdout = '';
+      let stderr = '';
+      const timer = setTimeout(() => child.kill('SIGKILL'), 20_000);
+      child.stderr.on('data', (d) => (stderr += d));
+      child.stdout.on('data', (d) => {
+        stdout += d;
+        if (stdout.includes('\n')) resolve({ code: null, stdout, stderr, kill: () => child.kill('SIGTERM') });
+      });
+      child.on('exit', (code) => {
+        clearTimeout(timer);
+        resolve({ code, stdout, stderr, kill: () => {} });
+      });
+    });
+
+  it.each(['abc', '70000', '-1', '1.5', ''])('--port %j is a usage error (exit 2) that says what a port is', async (port) => {
+    const res = await emulatorCli('--port', port);
+    res.kill(); // in case it listened anyway
+    expect(res.code).toBe(2);
+    expect(res.stderr).toMatch(/--port/);
+    expect(res.stderr).toMatch(/0 to 65535/);
+  });
+
+  it('--port 0 listens on a free port and prints its URL', async () => {
+    const res = await emulatorCli('--port', '0');
+    const url = res.stdout.trim();
+    expect(url).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/);
+    expect((await fetch(`${url}/_emulator/ledger`)).status).toBe(200);
+    res.kill();
   });
 });

@@ -10,10 +10,9 @@ import { confirmOrder } from '../orders/confirm.ts';
 import { parseOrderInput } from '../orders/validate.ts';
 import { createBoss } from '../outbox.ts';
 import type { PgBoss } from 'pg-boss';
-import { openDatabase, openGateway, openPool } from '../runtime.ts';
+import { openDatabase, openGateway, openPool, serveEmulator, type Database } from '../runtime.ts';
 import { findOperation, listOperations, showOperation } from '../admin/operations.ts';
 import { listAudit } from '../admin/audit.ts';
-import { StripeEmulator } from '../stripe/emulator/emulator.ts';
 import { runWorker } from '../dispatcher/worker.ts';
 import { userInfo } from 'node:os';
 import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
@@ -55,11 +54,11 @@ program.hook('preAction', async () => {
 });
 
 /** Runs `fn` with an open database and pool, closing both however it ends. */
-async function withDatabase<T>(fn: (ctx: { url: string; pool: ReturnType<typeof openPool> }) => Promise<T>): Promise<T> {
+async function withDatabase<T>(fn: (ctx: { url: string; pool: ReturnType<typeof openPool>; db: Database }) => Promise<T>): Promise<T> {
   const db = await openDatabase(config, log!);
   const pool = openPool(db, 'outboxd-cli', BULK_CONCURRENCY);
   try {
-    return await fn({ url: db.url, pool });
+    return await fn({ url: db.url, pool, db });
   } finally {
     await pool.end();
     await db.close();
@@ -78,9 +77,9 @@ async function withBoss<T>(url: string, fn: (boss: PgBoss) => Promise<T>): Promi
   }
 }
 
-/** Runs `fn` with the configured payment gateway (starting the built-in emulator if need be), then closes it. */
-async function withGateway<T>(fn: (gateway: PaymentGateway) => Promise<T>): Promise<T> {
-  const handle = await openGateway(config, log!);
+/** Runs `fn` with Stripe's answers as evidence (never an emulator that knows nothing), then closes the gateway. */
+async function withGateway<T>(db: Database, fn: (gateway: PaymentGateway) => Promise<T>): Promise<T> {
+  const handle = await openGateway(config, log!, db, { evidence: true });
   try {
     return await fn(handle.gateway);
   } finally {
@@ -92,6 +91,14 @@ const positiveInt = (v: string) => {
   const n = Number(v);
   if (!Number.isSafeInteger(n)) throw new InvalidArgumentError('must be an integer');
   return n;
+};
+const nonNegativeInt = (v: string) => {
+  if (!/^\d+$/.test(v) || !Number.isSafeInteger(Number(v))) throw new InvalidArgumentError('must be an integer ≥ 0');
+  return Number(v);
+};
+const port = (v: string) => {
+  if (!/^\d+$/.test(v) || Number(v) > 65_535) throw new InvalidArgumentError('must be a port number from 0 to 65535 (0: any free port)');
+  return Number(v);
 };
 
 program
@@ -168,21 +175,26 @@ ops
 
 program
   .command('stripe-emulator')
-  .description('the built-in Stripe emulator, standalone (control API under /_emulator/)')
-  .addOption(new Option('--port <n>').argParser(positiveInt).default(12111))
+  .description('the built-in Stripe emulator, standalone (control API under /_emulator/, see docs/emulator.md)')
+  .addOption(new Option('--port <n>').argParser(port).default(12111))
   .addOption(new Option('--host <addr>').default('127.0.0.1'))
-  .addOption(new Option('--search-lag-ms <ms>').argParser(positiveInt).default(0))
-  .addOption(new Option('--processing-settle-ms <ms>', 'pm_card_processing succeeds after this').argParser(positiveInt))
+  .addOption(new Option('--search-lag-ms <ms>').argParser(nonNegativeInt))
+  .addOption(new Option('--processing-settle-ms <ms>', 'pm_card_processing succeeds after this').argParser(nonNegativeInt))
   .action(async (o) => {
-    const emulator = new StripeEmulator({ searchLagMs: o.searchLagMs, processingSettleMs: o.processingSettleMs });
-    const { url } = await emulator.listen(o.port, o.host);
-    log!.warn({ url }, 'Stripe emulator listening: test keys only (sk_test_…), no real money moves');
-    console.log(url);
-    await new Promise<void>((resolve) => {
-      process.once('SIGINT', resolve);
-      process.once('SIGTERM', resolve);
-    });
-    await emulator.close();
+    // On the embedded default it serves the data directory's ledger, like every other process there.
+    const db = config.databaseUrl || config.production ? undefined : await openDatabase(config, log!);
+    try {
+      const emulator = await serveEmulator(db, { port: o.port, host: o.host, searchLagMs: o.searchLagMs, processingSettleMs: o.processingSettleMs });
+      log!.warn({ url: emulator.url, ledger: db ? `embedded database under ${config.dataDir}` : 'this process only' }, 'Stripe emulator listening: test keys only (sk_test_…), no real money moves');
+      console.log(emulator.url);
+      await new Promise<void>((resolve) => {
+        process.once('SIGINT', resolve);
+        process.once('SIGTERM', resolve);
+      });
+      await emulator.close();
+    } finally {
+      await db?.close();
+    }
   });
 
 ops
@@ -200,8 +212,8 @@ ops
     const resolution: Resolution = o.succeeded
       ? { outcome: 'succeeded', externalId: required(o.externalId, '--succeeded needs --external-id pi_…') }
       : { outcome: 'failed', reason: required(o.reason, '--failed needs --reason "…"') };
-    await withDatabase(({ url, pool }) =>
-      withGateway(async (gateway) => {
+    await withDatabase(({ url, pool, db }) =>
+      withGateway(db, async (gateway) => {
         const opts = { leaseTtlMs: config.worker.leaseTtlMs, searchFreshnessSeconds: config.searchFreshnessSeconds };
         const op = await withBoss(url, (boss) => resolveOperation(pool, gateway, boss, id, resolution, o.actor, opts));
         console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}`);
@@ -243,8 +255,8 @@ program
   .addOption(new Option('--since <duration>', 'report: charges created since, e.g. 7d').argParser(parseDuration).default(7 * 86400, '7d'))
   .option('--json', 'machine-readable output')
   .action(async (o) => {
-    await withDatabase(({ url, pool }) =>
-      withGateway(async (gateway) => {
+    await withDatabase(({ url, pool, db }) =>
+      withGateway(db, async (gateway) => {
         if (o.report) {
           const report = await driftReport(pool, gateway, new Date(Date.now() - o.since * 1000));
           if (o.json) console.log(JSON.stringify(report));

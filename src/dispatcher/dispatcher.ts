@@ -153,14 +153,20 @@ export class Dispatcher {
     const stopped = Promise.all(
       [CHARGE_QUEUE, CHARGE_DEAD_QUEUE, RECONCILE_QUEUE].map((queue) => boss.offWork(queue, { wait: true })),
     );
+    // With the database gone no call in flight can record its outcome: waiting would only delay the
+    // exit. Its leases expire and another replica resends with the same key, as after kill -9.
+    const reachable = await pool.query('select 1').then(() => true, () => false);
     let timer: NodeJS.Timeout | undefined;
     const finished = await Promise.race([
       stopped.then(() => true),
-      new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), graceMs))),
+      new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), reachable ? graceMs : 0))),
     ]);
     clearTimeout(timer);
-    const { rows } = await pool.query(pool.sql.releaseLeasesOf(this.opts.workerId));
-    this.log.info({ finished, leasesReleased: rows.length }, 'dispatcher drained');
+    const released = await pool.query(pool.sql.releaseLeasesOf(this.opts.workerId)).then(
+      ({ rows }) => rows.length,
+      (err: Error) => this.log.warn({ err }, 'could not release leases: they expire by themselves'),
+    );
+    this.log.info({ finished, databaseReachable: reachable, leasesReleased: released ?? 0 }, 'dispatcher drained');
     return { finished };
   }
 

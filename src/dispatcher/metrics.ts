@@ -2,6 +2,7 @@
 // system (queue depth, oldest unsettled, review count) are read from PostgreSQL when scraped.
 import { Counter, Gauge, Registry, collectDefaultMetrics } from 'prom-client';
 import type { PgBoss } from 'pg-boss';
+import type { StripeMode } from '../config.ts';
 import type { Queryable } from '../db/pool.ts';
 import { CHARGE_QUEUE } from '../outbox.ts';
 import { SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../settlements.ts';
@@ -108,4 +109,15 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss }) {
       },
     }),
   };
+}
+
+/** Which Stripe this replica pays through, one series per mode, the current one 1: alert on emulator/test in production. */
+export function registerStripeMode(registry: Registry, mode: StripeMode): void {
+  const gauge = new Gauge({
+    name: 'outboxd_stripe_mode',
+    help: 'Stripe mode of this replica: emulator (no money moves), test or live',
+    labelNames: ['mode'],
+    registers: [registry],
+  });
+  for (const m of ['emulator', 'test', 'live'] as const) gauge.set({ mode: m }, m === mode ? 1 : 0);
 }

@@ -10,7 +10,7 @@ import type { Logger } from '../log.ts';
 import { createBoss } from '../outbox.ts';
 import { openDatabase, openGateway, openPool } from '../runtime.ts';
 import { Dispatcher } from './dispatcher.ts';
-import { createMetrics } from './metrics.ts';
+import { createMetrics, registerStripeMode } from './metrics.ts';
 
 /** What a replica serves for its platform: deploy/ manifests are checked against these (test/deploy). */
 export const PROBES = { liveness: '/healthz', readiness: '/readyz', metrics: '/metrics' } as const;
@@ -53,7 +53,7 @@ async function openReplica(config: Config, log: Logger, workerId: string) {
     const db = await openDatabase(config, log);
     opened.push(() => db.close());
     await checkDatabase(db.url, config.schema);
-    const gateway = await openGateway(config, log);
+    const gateway = await openGateway(config, log, db);
     opened.push(() => gateway.close());
     // Calls hold no connection, so the pool only needs room for the short statements around them.
     const pool = openPool(db, 'outboxd-worker', Math.min(config.worker.concurrency, 16) + 2);
@@ -62,6 +62,7 @@ async function openReplica(config: Config, log: Logger, workerId: string) {
     const boss = createBoss(db.url, 'worker', config.worker.concurrency + 3, db.schema);
     boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
     const metrics = createMetrics({ db: pool, boss });
+    registerStripeMode(metrics.registry, gateway.mode);
     const dispatcher = new Dispatcher(
       { boss, pool, gateway: gateway.gateway, log, metrics },
       {

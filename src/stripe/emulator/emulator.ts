@@ -2,61 +2,45 @@
 // what makes payments hard to get right: an idempotency layer that stores the first result of a key
 // (500s included) and replays it byte for byte, 409 while a key executes, key expiry on a controllable
 // clock, a search index that lags, and faults injected before or after the charge commits.
+//
+// EmulatorServer speaks HTTP over an EmulatorState (state.ts): StripeEmulator keeps it in memory and is
+// the synchronous handle tests, chaos and the demo drive; the runtime serves a PgState, one ledger per
+// data directory shared by every outboxd process on it (docs/emulator.md).
 import { createHash, randomBytes } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import Stripe from 'stripe';
 import { parseForm, type FormValue } from './form.ts';
 import { matches, parseSearchQuery } from './search.ts';
+import {
+  MemoryState,
+  type EmulatedEvent,
+  type EmulatorState,
+  type Endpoint,
+  type Fault,
+  type FaultRule,
+  type LedgerEntry,
+  type PaymentIntent,
+  type StoredResponse,
+  type WebhookTarget,
+} from './state.ts';
 
-export type Fault =
-  /** Refused before anything executes: no charge, nothing stored for the key. */
-  | { kind: 'error_before_commit'; status: number }
-  /** The charge is made, but the key stores (and replays) this error. */
-  | { kind: 'error_after_commit'; status: number }
-  /** The charge is made and stored; this response never arrives whole. */
-  | { kind: 'lose_response_after_commit'; mode: 'reset' | 'truncate' | 'hang' }
-  | { kind: 'rate_limit' }
-  | { kind: 'latency'; ms: number };
+export type { EmulatedEvent, Endpoint, Fault, FaultRule, LedgerEntry, PaymentIntent, WebhookTarget } from './state.ts';
 
-export type Endpoint = 'create' | 'retrieve' | 'search';
-
-export interface FaultRule {
-  /** Which requests it hits; empty matches any. operationId is metadata[operation_id]. */
-  match?: { operationId?: string; customer?: string };
-  fault: Fault;
-  /** How many requests it hits; default 1, Infinity for every one. */
-  count?: number;
-  /** Default: create. */
-  endpoint?: Endpoint | 'any';
-}
-
-export interface EmulatorOptions {
+export interface ServerOptions {
   /** How long a key's first result is kept (Stripe: at least 24 h). */
   idempotencyRetentionMs?: number;
+  /** pm_card_processing PaymentIntents succeed this long after creation; unset: only when settled. */
+  processingSettleMs?: number;
+  /** How many request log entries are kept (the oldest go first); unset: all. */
+  requestLogLimit?: number;
+}
+
+export interface EmulatorOptions extends Omit<ServerOptions, 'requestLogLimit'> {
   /** How long after a write it becomes searchable. */
   searchLagMs?: number;
-  /** pm_card_processing PaymentIntents succeed this long after creation; unset: only by settle(). */
-  processingSettleMs?: number;
   /** Where to POST signed payment_intent.* events (at least once: retried on failure). */
   webhooks?: WebhookTarget;
-}
-
-export interface WebhookTarget {
-  url: string;
-  secret: string;
-  /** Delay before each event is sent (a real endpoint hears of a charge after its API response). */
-  delayMs?: number;
-}
-
-export interface EmulatedEvent {
-  id: string;
-  object: 'event';
-  type: string;
-  created: number;
-  livemode: false;
-  api_version: string;
-  data: { object: PaymentIntent };
 }
 
 export interface WebhookDelivery {
@@ -64,29 +48,6 @@ export interface WebhookDelivery {
   type: string;
   attempt: number;
   status: number | 'error';
-}
-
-export interface PaymentIntent {
-  id: string;
-  object: 'payment_intent';
-  amount: number;
-  amount_received: number;
-  currency: string;
-  customer: string | null;
-  payment_method: string | null;
-  status: string;
-  confirmation_method: 'automatic';
-  capture_method: 'automatic';
-  created: number;
-  livemode: false;
-  metadata: Record<string, string>;
-  last_payment_error: { code: string; decline_code?: string; message: string; type: string } | null;
-}
-
-export interface LedgerEntry {
-  paymentIntent: PaymentIntent;
-  idempotencyKey: string | null;
-  createdAtMs: number;
 }
 
 export interface RequestLogEntry {
@@ -99,18 +60,6 @@ export interface RequestLogEntry {
   status: number | 'reset' | 'truncated' | 'hung';
   replayed: boolean;
   at: number;
-}
-
-interface StoredResult {
-  state: 'executing' | 'done';
-  paramsHash: string;
-  createdAtMs: number;
-  response?: { status: number; body: string };
-}
-
-interface ActiveRule extends Required<Omit<FaultRule, 'match'>> {
-  id: string;
-  match: { operationId?: string; customer?: string };
 }
 
 /** Stripe's test payment methods, and what a confirmed off-session charge with each does. */
@@ -126,6 +75,13 @@ const DECLINES: Record<string, { code: string; decline_code?: string; message: s
     message: 'Your card was declined. This transaction requires authentication.',
   },
 };
+const PROCESSING = 'pm_card_processing';
+/** Stripe's test cards that succeed; any other payment method is unknown, as at Stripe. */
+const SUCCEEDING = [
+  'pm_card_visa', 'pm_card_visa_debit', 'pm_card_mastercard', 'pm_card_mastercard_debit', 'pm_card_mastercard_prepaid',
+  'pm_card_amex', 'pm_card_discover', 'pm_card_diners', 'pm_card_jcb', 'pm_card_unionpay',
+];
+const PAYMENT_METHODS = new Set([...SUCCEEDING, ...Object.keys(DECLINES), PROCESSING]);
 
 const EVENT_FOR_STATUS: Record<string, string> = {
   succeeded: 'payment_intent.succeeded',
@@ -133,141 +89,33 @@ const EVENT_FOR_STATUS: Record<string, string> = {
   canceled: 'payment_intent.canceled',
   processing: 'payment_intent.processing',
 };
+export const SETTLE_STATUSES = ['succeeded', 'canceled', 'requires_payment_method'] as const;
+export type SettleStatus = (typeof SETTLE_STATUSES)[number];
+const FAULT_KINDS = new Set<Fault['kind']>(['error_before_commit', 'error_after_commit', 'lose_response_after_commit', 'rate_limit', 'latency']);
 
 const DAY_MS = 24 * 60 * 60 * 1000;
 const id = (prefix: string) => `${prefix}_${randomBytes(12).toString('hex')}`;
 
-export class StripeEmulator {
-  private readonly initial: EmulatorOptions;
-  private opts!: Required<Omit<EmulatorOptions, 'processingSettleMs' | 'webhooks'>> & Omit<EmulatorOptions, 'idempotencyRetentionMs' | 'searchLagMs'>;
-  private readonly events: EmulatedEvent[] = [];
-  private readonly deliveries: WebhookDelivery[] = [];
-  private clockOffsetMs = 0;
-  private searchFrozen = false;
-  private readonly intents = new Map<string, LedgerEntry>();
-  private readonly indexed = new Set<string>();
-  private readonly keys = new Map<string, StoredResult>();
-  private readonly rules: ActiveRule[] = [];
-  private readonly log: RequestLogEntry[] = [];
+/** The HTTP side: Stripe's API under /v1 and the control API under /_emulator, over any state. */
+export class EmulatorServer<S extends EmulatorState = EmulatorState> {
+  protected readonly log: RequestLogEntry[] = [];
+  protected readonly deliveries: WebhookDelivery[] = [];
+  protected readonly state: S;
+  private readonly opts: ServerOptions;
+  private readonly retentionMs: number;
   private readonly sockets = new Set<Socket>();
   private server: Server | undefined;
-  private nextRule = 1;
 
-  constructor(opts: EmulatorOptions = {}) {
-    this.initial = opts;
-    this.reset();
-  }
-
-  // ─── the handle tests and the control API use ────────────────────────────────────────────────────
-
-  now(): number {
-    return Date.now() + this.clockOffsetMs;
-  }
-
-  /** Moves the emulator's clock (key expiry, search lag, processing delay) forward. */
-  advanceClock(ms: number): void {
-    this.clockOffsetMs += ms;
-  }
-
-  addFault(rule: FaultRule): string {
-    const active: ActiveRule = {
-      id: `rule_${this.nextRule++}`,
-      match: rule.match ?? {},
-      fault: rule.fault,
-      count: rule.count ?? 1,
-      endpoint: rule.endpoint ?? 'create',
-    };
-    this.rules.push(active);
-    return active.id;
-  }
-
-  clearFaults(): void {
-    this.rules.length = 0;
-  }
-
-  /** Forgets stored idempotency results at least `olderThanMs` old (all of them by default). */
-  pruneKeys(olderThanMs = 0): number {
-    let pruned = 0;
-    for (const [k, v] of this.keys) {
-      if (v.state === 'done' && this.now() - v.createdAtMs >= olderThanMs) {
-        this.keys.delete(k);
-        pruned++;
-      }
-    }
-    return pruned;
-  }
-
-  settle(paymentIntentId: string, status: 'succeeded' | 'canceled' | 'requires_payment_method'): PaymentIntent {
-    const entry = this.intents.get(paymentIntentId);
-    if (!entry) throw new Error(`no payment intent ${paymentIntentId}`);
-    entry.paymentIntent.status = status;
-    entry.paymentIntent.amount_received = status === 'succeeded' ? entry.paymentIntent.amount : 0;
-    this.emit(entry.paymentIntent);
-    return entry.paymentIntent;
-  }
-
-  configureWebhooks(target: WebhookTarget | undefined): void {
-    if (target) this.opts.webhooks = target;
-    else delete this.opts.webhooks;
-  }
-
-  /** Every event emitted, oldest first. */
-  emittedEvents(): EmulatedEvent[] {
-    return [...this.events];
-  }
-
-  webhookDeliveries(): WebhookDelivery[] {
-    return [...this.deliveries];
-  }
-
-  /** Sends an event again, as Stripe may: the receiver must acknowledge it without acting twice. */
-  async redeliver(eventId: string): Promise<number | 'error'> {
-    const event = this.events.find((e) => e.id === eventId);
-    if (!event) throw new Error(`no event ${eventId}`);
-    return this.deliverEvent(event, 1, false);
-  }
-
-  configureSearch(opts: { lagMs?: number; frozen?: boolean }): void {
-    if (opts.lagMs !== undefined) this.opts.searchLagMs = opts.lagMs;
-    if (opts.frozen !== undefined) {
-      if (opts.frozen) this.refreshIndex(); // what was searchable stays searchable
-      this.searchFrozen = opts.frozen;
-    }
-  }
-
-  /** Back to a new emulator's state and options (the listener stays). */
-  reset(): void {
-    const opts = this.initial;
-    this.opts = {
-      idempotencyRetentionMs: opts.idempotencyRetentionMs ?? DAY_MS,
-      searchLagMs: opts.searchLagMs ?? 0,
-      ...(opts.processingSettleMs !== undefined ? { processingSettleMs: opts.processingSettleMs } : {}),
-      ...(opts.webhooks ? { webhooks: opts.webhooks } : {}),
-    };
-    this.events.length = 0;
-    this.deliveries.length = 0;
-    this.intents.clear();
-    this.indexed.clear();
-    this.keys.clear();
-    this.rules.length = 0;
-    this.log.length = 0;
-    this.clockOffsetMs = 0;
-    this.searchFrozen = false;
-  }
-
-  /** Every PaymentIntent ever created, oldest first, with the key it was created under. */
-  ledger(): LedgerEntry[] {
-    return [...this.intents.values()].map((e) => ({ ...e, paymentIntent: this.current(e) }));
-  }
-
-  requests(): RequestLogEntry[] {
-    return [...this.log];
+  constructor(state: S, opts: ServerOptions = {}) {
+    this.state = state;
+    this.opts = opts;
+    this.retentionMs = opts.idempotencyRetentionMs ?? DAY_MS;
   }
 
   async listen(port = 0, host = '127.0.0.1'): Promise<{ url: string; port: number }> {
     const server = createServer((req, res) => {
       this.route(req, res).catch((err: Error) => {
-        if (!res.headersSent) this.sendRaw(res, 500, { error: { type: "api_error", message: err.message } });
+        if (!res.headersSent) this.sendRaw(res, 500, { error: { type: 'api_error', message: err.message } });
       });
     });
     server.on('connection', (s) => {
@@ -307,11 +155,12 @@ export class StripeEmulator {
       operationId: null,
       status: 0,
       replayed: false,
-      at: this.now(),
+      at: await this.clock(),
     };
     this.log.push(entry);
+    if (this.opts.requestLogLimit !== undefined && this.log.length > this.opts.requestLogLimit) this.log.shift();
 
-    const apiKey = /^Bearer (sk_test_\S+)$/.exec(header(req, 'authorization') ?? '')?.[1];
+    const apiKey = apiKeyOf(header(req, 'authorization'));
     if (!apiKey) {
       return this.respond(res, entry, 401, error('invalid_request_error', 'Invalid API Key provided.'));
     }
@@ -342,60 +191,64 @@ export class StripeEmulator {
     if (key !== null && key.length > 255) {
       return this.respond(res, entry, 400, error('invalid_request_error', 'Idempotency-Key must be at most 255 characters.'));
     }
-    const faults = this.takeFaults('create', entry.operationId, str(params.customer));
+    const faults = await this.state.takeFaults('create', entry.operationId, str(params.customer));
     if (await this.preflight(faults, res, entry)) return;
+    // A request that fails validation executes nothing and stores nothing under its key.
     const invalid = validateCreate(params);
-    if (invalid) return this.respond(res, entry, 400, error('invalid_request_error', invalid.message, { param: invalid.param }));
+    if (invalid) return this.respond(res, entry, 400, error('invalid_request_error', invalid.message, { param: invalid.param, ...(invalid.code ? { code: invalid.code } : {}) }));
 
-    const storeKey = key === null ? null : `${apiKey}\u0000${key}`;
-    const paramsHash = createHash('sha256').update(JSON.stringify(params)).digest('hex');
+    const storeKey = key === null ? null : JSON.stringify([apiKey, key]);
     if (storeKey !== null) {
-      const stored = this.keys.get(storeKey);
-      if (stored && stored.state === 'done' && this.now() - stored.createdAtMs >= this.opts.idempotencyRetentionMs) {
-        this.keys.delete(storeKey); // expired: the key runs a new request
-      } else if (stored) {
-        if (stored.paramsHash !== paramsHash) {
-          return this.respond(res, entry, 400, error('idempotency_error',
-            `Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '${key}' if you meant to execute a different request.`));
-        }
-        if (stored.state === 'executing') {
-          return this.respond(res, entry, 409, error('invalid_request_error',
-            'There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): ' + key + '. Please try again later.',
-            { code: 'idempotency_key_in_use' }));
-        }
+      const paramsHash = createHash('sha256').update(JSON.stringify(params)).digest('hex');
+      const claim = await this.state.claimKey(storeKey, paramsHash, await this.clock(), this.retentionMs);
+      if (claim.kind === 'mismatch') {
+        return this.respond(res, entry, 400, error('idempotency_error',
+          `Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '${key}' if you meant to execute a different request.`));
+      }
+      if (claim.kind === 'executing') {
+        return this.respond(res, entry, 409, error('invalid_request_error',
+          'There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): ' + key + '. Please try again later.',
+          { code: 'idempotency_key_in_use' }));
+      }
+      if (claim.kind === 'done') {
         entry.replayed = true;
         res.setHeader('Idempotent-Replayed', 'true');
-        return this.deliver(res, entry, stored.response!, faults);
+        return this.deliver(res, entry, claim.response, faults);
       }
-      this.keys.set(storeKey, { state: 'executing', paramsHash, createdAtMs: this.now() });
     }
 
-    const latency = faults.find((f) => f.kind === 'latency');
-    if (latency) await sleep(latency.ms);
-
-    // Commit: the charge exists from here on, whatever happens to the response.
-    const pi = this.commitPaymentIntent(params, metadata, key);
-    const afterCommit = faults.find((f) => f.kind === 'error_after_commit');
-    const decline = DECLINES[pi.payment_method ?? ''];
-    const response = afterCommit
-      ? { status: afterCommit.status, body: json(error('api_error', 'An unknown error occurred on our side.')) }
-      : decline
-        ? { status: 402, body: json(error('card_error', decline.message, { code: decline.code, ...(decline.decline_code ? { decline_code: decline.decline_code } : {}), payment_intent: pi })) }
-        : { status: 200, body: json(pi) };
-    if (storeKey !== null) this.keys.set(storeKey, { state: 'done', paramsHash, createdAtMs: this.keys.get(storeKey)!.createdAtMs, response });
-    return this.deliver(res, entry, response, faults);
+    let committed = false;
+    try {
+      await this.latency(faults);
+      // Commit: the charge exists from here on, whatever happens to the response.
+      const now = await this.clock();
+      const pi = newPaymentIntent(params, metadata, now);
+      const afterCommit = faults.find((f) => f.kind === 'error_after_commit');
+      const decline = DECLINES[pi.payment_method ?? ''];
+      const response: StoredResponse = afterCommit
+        ? { status: afterCommit.status, body: json(error('api_error', 'An unknown error occurred on our side.')) }
+        : decline
+          ? { status: 402, body: json(error('card_error', decline.message, { code: decline.code, ...(decline.decline_code ? { decline_code: decline.decline_code } : {}), payment_intent: pi })) }
+          : { status: 200, body: json(pi) };
+      await this.state.commit({ paymentIntent: pi, idempotencyKey: key, createdAtMs: now }, storeKey === null ? null : { storeKey, response });
+      committed = true;
+      await this.emit(pi);
+      return this.deliver(res, entry, response, faults);
+    } finally {
+      if (!committed && storeKey !== null) await this.state.releaseKey(storeKey);
+    }
   }
 
   private async retrieve(piId: string, res: ServerResponse, entry: RequestLogEntry) {
-    const found = this.intents.get(piId);
+    const found = await this.state.intent(piId);
     entry.operationId = found?.paymentIntent.metadata.operation_id ?? null;
-    const faults = this.takeFaults('retrieve', entry.operationId, found?.paymentIntent.customer ?? null);
+    const faults = await this.state.takeFaults('retrieve', entry.operationId, found?.paymentIntent.customer ?? null);
     if (await this.preflight(faults, res, entry)) return;
     await this.latency(faults);
     if (!found) {
       return this.respond(res, entry, 404, error('invalid_request_error', `No such payment_intent: '${piId}'`, { code: 'resource_missing', param: 'intent' }));
     }
-    return this.deliver(res, entry, { status: 200, body: json(this.current(found)) }, faults);
+    return this.deliver(res, entry, { status: 200, body: json(await this.current(found)) }, faults);
   }
 
   private async search(url: URL, res: ServerResponse, entry: RequestLogEntry) {
@@ -407,15 +260,15 @@ export class StripeEmulator {
       return this.respond(res, entry, 400, error('invalid_request_error', (err as Error).message, { param: 'query' }));
     }
     entry.operationId = clauses.find((c) => c.metadataKey === 'operation_id')?.value ?? null;
-    const faults = this.takeFaults('search', entry.operationId, clauses.find((c) => c.field === 'customer')?.value ?? null);
+    const faults = await this.state.takeFaults('search', entry.operationId, clauses.find((c) => c.field === 'customer')?.value ?? null);
     if (await this.preflight(faults, res, entry)) return;
     await this.latency(faults);
     const limit = Math.min(Math.max(Number(url.searchParams.get('limit') ?? 10) || 10, 1), 100);
     const offset = decodePage(url.searchParams.get('page'));
-    this.refreshIndex();
-    const hits = [...this.intents.values()]
-      .filter((e) => this.indexed.has(e.paymentIntent.id))
-      .map((e) => this.current(e))
+    // Indexing lags writes by lagMs; while frozen (an outage) nothing newer than the freeze is indexed.
+    const { lagMs, frozenAtMs } = await this.state.searchSettings();
+    const indexedUntil = (frozenAtMs ?? (await this.clock())) - lagMs;
+    const hits = (await this.currentAll((await this.state.intents()).filter((e) => e.createdAtMs <= indexedUntil)))
       .filter((pi) => matches(pi as unknown as Record<string, unknown>, clauses))
       .sort((a, b) => b.created - a.created || (a.id < b.id ? -1 : 1));
     const data = hits.slice(offset, offset + limit);
@@ -427,11 +280,10 @@ export class StripeEmulator {
   }
 
   /** GET /v1/payment_intents: newest first, `created[gte]`, `limit`, `starting_after` (a list, not a search: read-after-write). */
-  private list(url: URL, res: ServerResponse, entry: RequestLogEntry) {
+  private async list(url: URL, res: ServerResponse, entry: RequestLogEntry) {
     const limit = Math.min(Math.max(Number(url.searchParams.get('limit') ?? 10) || 10, 1), 100);
     const gte = Number(url.searchParams.get('created[gte]') ?? 0);
-    const all = [...this.intents.values()]
-      .map((e) => this.current(e))
+    const all = (await this.currentAll(await this.state.intents()))
       .filter((pi) => pi.created >= gte)
       .sort((a, b) => b.created - a.created || (a.id < b.id ? -1 : 1));
     const after = url.searchParams.get('starting_after');
@@ -444,22 +296,6 @@ export class StripeEmulator {
   }
 
   // ─── faults ──────────────────────────────────────────────────────────────────────────────────────
-
-  /** The faults for one request, rules in the order they were added: one latency, which composes with
-   * anything, and at most one fault that changes the answer. A rule is used up only when it applies. */
-  private takeFaults(endpoint: Endpoint, operationId: string | null, customer: string | null): Fault[] {
-    const hit: Fault[] = [];
-    for (const rule of this.rules) {
-      if (rule.count <= 0 || (rule.endpoint !== 'any' && rule.endpoint !== endpoint)) continue;
-      if (rule.match.operationId && rule.match.operationId !== operationId) continue;
-      if (rule.match.customer && rule.match.customer !== customer) continue;
-      const isLatency = rule.fault.kind === 'latency';
-      if (hit.some((f) => (f.kind === 'latency') === isLatency)) continue;
-      rule.count--;
-      hit.push(rule.fault);
-    }
-    return hit;
-  }
 
   /** Faults that answer before anything executes. True when the request was answered. */
   private async preflight(faults: Fault[], res: ServerResponse, entry: RequestLogEntry): Promise<boolean> {
@@ -481,7 +317,7 @@ export class StripeEmulator {
     if (l) await sleep(l.ms);
   }
 
-  private deliver(res: ServerResponse, entry: RequestLogEntry, response: { status: number; body: string }, faults: Fault[]) {
+  private deliver(res: ServerResponse, entry: RequestLogEntry, response: StoredResponse, faults: Fault[]) {
     const lose = faults.find((f) => f.kind === 'lose_response_after_commit');
     if (!lose) return this.send(res, entry, response.status, response.body);
     switch (lose.mode) {
@@ -503,53 +339,59 @@ export class StripeEmulator {
 
   // ─── state ───────────────────────────────────────────────────────────────────────────────────────
 
-  private commitPaymentIntent(params: Record<string, FormValue>, metadata: Record<string, string>, key: string | null): PaymentIntent {
-    const pm = str(params.payment_method);
-    const confirmed = params.confirm === 'true';
-    const decline = DECLINES[pm ?? ''];
-    const status = !confirmed ? 'requires_confirmation' : decline ? 'requires_payment_method' : pm === 'pm_card_processing' ? 'processing' : 'succeeded';
-    const pi: PaymentIntent = {
-      id: id('pi'),
-      object: 'payment_intent',
-      amount: Number(params.amount),
-      amount_received: status === 'succeeded' ? Number(params.amount) : 0,
-      currency: String(params.currency).toLowerCase(),
-      customer: str(params.customer),
-      payment_method: pm,
-      status,
-      confirmation_method: 'automatic',
-      capture_method: 'automatic',
-      created: Math.floor(this.now() / 1000),
-      livemode: false,
-      metadata,
-      last_payment_error: decline ? { type: 'card_error', ...decline } : null,
-    };
-    this.intents.set(pi.id, { paymentIntent: pi, idempotencyKey: key, createdAtMs: this.now() });
-    this.emit(pi);
+  /** The emulator clock: the wall clock moved by advanceClock. */
+  private async clock(): Promise<number> {
+    return Date.now() + (await this.state.clockOffsetMs());
+  }
+
+  /** Moves a PaymentIntent to a final status, as Stripe does when `processing` finishes. */
+  protected async settleIntent(paymentIntentId: string, status: SettleStatus): Promise<PaymentIntent> {
+    if (!SETTLE_STATUSES.includes(status)) throw new Error(`status must be one of ${SETTLE_STATUSES.join(', ')}`);
+    const pi = await this.state.setStatus(paymentIntentId, status);
+    if (!pi) throw new Error(`no payment intent ${paymentIntentId}`);
+    await this.emit(pi);
     return pi;
+  }
+
+  /** The PaymentIntent as of now: a processing one may have finished (processingSettleMs). */
+  private async current(entry: LedgerEntry): Promise<PaymentIntent> {
+    const settleMs = this.opts.processingSettleMs;
+    if (entry.paymentIntent.status === 'processing' && settleMs !== undefined && (await this.clock()) - entry.createdAtMs >= settleMs) {
+      return this.settleIntent(entry.paymentIntent.id, 'succeeded');
+    }
+    return entry.paymentIntent;
+  }
+
+  private async currentAll(entries: LedgerEntry[]): Promise<PaymentIntent[]> {
+    const out: PaymentIntent[] = [];
+    for (const e of entries) out.push(await this.current(e));
+    return out;
   }
 
   // ─── webhooks ────────────────────────────────────────────────────────────────────────────────────
 
-  private emit(pi: PaymentIntent): void {
+  private async emit(pi: PaymentIntent): Promise<void> {
     const type = EVENT_FOR_STATUS[pi.status];
-    const target = this.opts.webhooks;
+    const target = await this.state.webhooks();
     if (!type || !target) return;
-    const event: EmulatedEvent = {
-      id: id('evt'),
-      object: 'event',
-      type,
-      created: Math.floor(this.now() / 1000),
-      livemode: false,
-      api_version: '2025-01-01',
-      data: { object: structuredClone(pi) },
-    };
-    this.events.push(event);
+    const event = newEvent(type, pi, await this.clock());
+    await this.state.addEvent(event);
+    this.scheduleDelivery(event, target);
+  }
+
+  protected scheduleDelivery(event: EmulatedEvent, target: WebhookTarget): void {
     setTimeout(() => void this.deliverEvent(event, 1, true), target.delayMs ?? 0);
   }
 
+  /** Sends an event again, as Stripe may: the receiver must acknowledge it without acting twice. */
+  async redeliver(eventId: string): Promise<number | 'error'> {
+    const event = await this.state.event(eventId);
+    if (!event) throw new Error(`no event ${eventId}`);
+    return this.deliverEvent(event, 1, false);
+  }
+
   private async deliverEvent(event: EmulatedEvent, attempt: number, retry: boolean): Promise<number | 'error'> {
-    const target = this.opts.webhooks;
+    const target = await this.state.webhooks();
     if (!target) return 'error';
     const payload = JSON.stringify(event);
     const signature = Stripe.webhooks.generateTestHeaderString({ payload, secret: target.secret });
@@ -562,26 +404,10 @@ export class StripeEmulator {
       status = 'error';
     }
     this.deliveries.push({ eventId: event.id, type: event.type, attempt, status });
+    if (this.opts.requestLogLimit !== undefined && this.deliveries.length > this.opts.requestLogLimit) this.deliveries.shift();
     const ok = typeof status === 'number' && status >= 200 && status < 300;
     if (!ok && retry && attempt < 3) setTimeout(() => void this.deliverEvent(event, attempt + 1, true), 200 * attempt);
     return status;
-  }
-
-  /** The PaymentIntent as of now: a processing one may have finished. */
-  private current(entry: LedgerEntry): PaymentIntent {
-    const pi = entry.paymentIntent;
-    const settleMs = this.opts.processingSettleMs;
-    if (pi.status === 'processing' && settleMs !== undefined && this.now() - entry.createdAtMs >= settleMs) {
-      this.settle(pi.id, 'succeeded');
-    }
-    return pi;
-  }
-
-  private refreshIndex(): void {
-    if (this.searchFrozen) return;
-    for (const e of this.intents.values()) {
-      if (this.now() - e.createdAtMs >= this.opts.searchLagMs) this.indexed.add(e.paymentIntent.id);
-    }
   }
 
   private respond(res: ServerResponse, entry: RequestLogEntry, status: number, body: object) {
@@ -594,25 +420,43 @@ export class StripeEmulator {
     res.end(body);
   }
 
-  // ─── control API: the same handle over HTTP, for other processes (chaos, demo, a person) ─────────
+  // ─── control API: the emulator over HTTP, for other processes (chaos, demo, a person); docs/emulator.md
 
-  private control(method: string, path: string, body: string, res: ServerResponse): void {
-    const input = body ? JSON.parse(body) : {};
-    const ok = (value: unknown = { ok: true }) => this.sendRaw(res, 200, value);
+  private async control(method: string, path: string, body: string, res: ServerResponse): Promise<void> {
+    const ok = (value: unknown = { ok: true }) => this.sendRaw(res, 200, value ?? { ok: true });
     const route = `${method} ${path}`;
     try {
-      if (route === 'GET /_emulator/ledger') return ok(this.ledger());
-      if (route === 'GET /_emulator/requests') return ok(this.requests());
-      if (route === 'POST /_emulator/faults') return ok({ id: this.addFault(input as FaultRule) });
-      if (route === 'DELETE /_emulator/faults') return ok(this.clearFaults());
-      if (route === 'POST /_emulator/clock/advance') return ok(this.advanceClock(Number(input.ms)));
-      if (route === 'POST /_emulator/keys/prune') return ok({ pruned: this.pruneKeys(input.olderThanMs) });
-      if (route === 'POST /_emulator/search') return ok(this.configureSearch(input));
-      if (route === 'POST /_emulator/reset') return ok(this.reset());
-      if (route === 'POST /_emulator/webhooks') return ok(this.configureWebhooks(input.url ? input : undefined));
-      if (route === 'GET /_emulator/events') return ok(this.emittedEvents());
+      const input = body ? JSON.parse(body) : {};
+      if (!isRecord(input)) throw new Error('the body must be a JSON object');
+      if (route === 'GET /_emulator/ledger') {
+        const entries = await this.state.intents();
+        const current = await this.currentAll(entries);
+        return ok(entries.map((e, i) => ({ ...e, paymentIntent: current[i] })));
+      }
+      if (route === 'GET /_emulator/requests') return ok([...this.log]);
+      if (route === 'POST /_emulator/faults') return ok({ id: await this.state.addFault(faultRule(input)) });
+      if (route === 'DELETE /_emulator/faults') return ok(await this.state.clearFaults());
+      if (route === 'POST /_emulator/clock/advance') return ok(await this.state.advanceClock(nonNegative(input.ms, 'ms')));
+      if (route === 'POST /_emulator/keys/prune') {
+        const olderThanMs = input.olderThanMs === undefined ? 0 : nonNegative(input.olderThanMs, 'olderThanMs');
+        return ok({ pruned: await this.state.pruneKeys(olderThanMs, await this.clock()) });
+      }
+      if (route === 'POST /_emulator/search') {
+        if (input.frozen !== undefined && typeof input.frozen !== 'boolean') throw new Error('frozen must be true or false');
+        return ok(await this.state.configureSearch({
+          ...(input.lagMs !== undefined ? { lagMs: nonNegative(input.lagMs, 'lagMs') } : {}),
+          ...(input.frozen !== undefined ? { frozenAtMs: input.frozen ? await this.clock() : null } : {}),
+        }));
+      }
+      if (route === 'POST /_emulator/reset') {
+        this.log.length = 0;
+        this.deliveries.length = 0;
+        return ok(await this.state.reset());
+      }
+      if (route === 'POST /_emulator/webhooks') return ok(await this.state.configureWebhooks(webhookTarget(input)));
+      if (route === 'GET /_emulator/events') return ok(await this.state.events());
       const settle = /^POST \/_emulator\/payment_intents\/(pi_\w+)\/settle$/.exec(route);
-      if (settle) return ok(this.settle(settle[1]!, input.status));
+      if (settle) return ok(await this.settleIntent(settle[1]!, input.status as SettleStatus));
       return this.sendRaw(res, 404, { error: `no control route ${route}` });
     } catch (err) {
       return this.sendRaw(res, 400, { error: (err as Error).message });
@@ -620,21 +464,174 @@ export class StripeEmulator {
   }
 
   private sendRaw(res: ServerResponse, status: number, value: unknown) {
-    const body = JSON.stringify(value ?? { ok: true });
+    const body = JSON.stringify(value);
     res.writeHead(status, { 'Content-Type': 'application/json' });
     res.end(body);
   }
 }
 
-function validateCreate(p: Record<string, FormValue>): { param: string; message: string } | undefined {
+/**
+ * The emulator in memory, with a synchronous handle for tests, chaos and the demo: faults, the clock,
+ * keys, settlement and the ledger are changed and read directly, between two requests.
+ */
+export class StripeEmulator extends EmulatorServer<MemoryState> {
+  private readonly options: EmulatorOptions;
+
+  constructor(options: EmulatorOptions = {}) {
+    super(new MemoryState({ ...(options.searchLagMs !== undefined ? { searchLagMs: options.searchLagMs } : {}), ...(options.webhooks ? { webhooks: options.webhooks } : {}) }), options);
+    this.options = options;
+  }
+
+  now(): number {
+    return Date.now() + this.state.clockOffsetMs();
+  }
+
+  /** Moves the emulator's clock (key expiry, search lag, processing delay) forward. */
+  advanceClock(ms: number): void {
+    this.state.advanceClock(ms);
+  }
+
+  addFault(rule: FaultRule): string {
+    return this.state.addFault(rule);
+  }
+
+  clearFaults(): void {
+    this.state.clearFaults();
+  }
+
+  /** Forgets stored idempotency results at least `olderThanMs` old (all of them by default). */
+  pruneKeys(olderThanMs = 0): number {
+    return this.state.pruneKeys(olderThanMs, this.now());
+  }
+
+  settle(paymentIntentId: string, status: SettleStatus): PaymentIntent {
+    const pi = this.state.setStatus(paymentIntentId, status);
+    if (!pi) throw new Error(`no payment intent ${paymentIntentId}`);
+    const type = EVENT_FOR_STATUS[pi.status];
+    const target = this.state.webhooks();
+    if (type && target) {
+      const event = newEvent(type, pi, this.now());
+      this.state.addEvent(event);
+      this.scheduleDelivery(event, target);
+    }
+    return pi;
+  }
+
+  configureWebhooks(target: WebhookTarget | undefined): void {
+    this.state.configureWebhooks(target);
+  }
+
+  /** Every event emitted, oldest first. */
+  emittedEvents(): EmulatedEvent[] {
+    return this.state.events();
+  }
+
+  webhookDeliveries(): WebhookDelivery[] {
+    return [...this.deliveries];
+  }
+
+  configureSearch(opts: { lagMs?: number; frozen?: boolean }): void {
+    this.state.configureSearch({
+      ...(opts.lagMs !== undefined ? { lagMs: opts.lagMs } : {}),
+      ...(opts.frozen !== undefined ? { frozenAtMs: opts.frozen ? this.now() : null } : {}),
+    });
+  }
+
+  /** Back to a new emulator's state and options (the listener stays). */
+  reset(): void {
+    this.state.reset();
+    this.log.length = 0;
+    this.deliveries.length = 0;
+  }
+
+  /** Every PaymentIntent ever created, oldest first, with the key it was created under. */
+  ledger(): LedgerEntry[] {
+    const settleMs = this.options.processingSettleMs;
+    return this.state.intents().map((e) => {
+      const due = e.paymentIntent.status === 'processing' && settleMs !== undefined && this.now() - e.createdAtMs >= settleMs;
+      return { ...e, paymentIntent: due ? this.settle(e.paymentIntent.id, 'succeeded') : e.paymentIntent };
+    });
+  }
+
+  requests(): RequestLogEntry[] {
+    return [...this.log];
+  }
+}
+
+function newPaymentIntent(params: Record<string, FormValue>, metadata: Record<string, string>, now: number): PaymentIntent {
+  const pm = str(params.payment_method);
+  const confirmed = params.confirm === 'true';
+  const decline = DECLINES[pm ?? ''];
+  const status = !confirmed ? 'requires_confirmation' : decline ? 'requires_payment_method' : pm === PROCESSING ? 'processing' : 'succeeded';
+  return {
+    id: id('pi'),
+    object: 'payment_intent',
+    amount: Number(params.amount),
+    amount_received: status === 'succeeded' ? Number(params.amount) : 0,
+    currency: String(params.currency).toLowerCase(),
+    customer: str(params.customer),
+    payment_method: pm,
+    status,
+    confirmation_method: 'automatic',
+    capture_method: 'automatic',
+    created: Math.floor(now / 1000),
+    livemode: false,
+    metadata,
+    last_payment_error: decline ? { type: 'card_error', ...decline } : null,
+  };
+}
+
+function newEvent(type: string, pi: PaymentIntent, now: number): EmulatedEvent {
+  return {
+    id: id('evt'),
+    object: 'event',
+    type,
+    created: Math.floor(now / 1000),
+    livemode: false,
+    api_version: '2025-01-01',
+    data: { object: structuredClone(pi) },
+  };
+}
+
+function validateCreate(p: Record<string, FormValue>): { param: string; message: string; code?: string } | undefined {
   const amount = Number(p.amount);
   if (typeof p.amount !== 'string' || !Number.isSafeInteger(amount) || amount < 1)
     return { param: 'amount', message: 'Invalid positive integer' };
   if (amount > 99_999_999) return { param: 'amount', message: 'Amount must be no more than 99999999' };
   if (typeof p.currency !== 'string' || !/^[a-zA-Z]{3}$/.test(p.currency)) return { param: 'currency', message: 'Invalid currency' };
+  if (p.payment_method !== undefined && !(typeof p.payment_method === 'string' && PAYMENT_METHODS.has(p.payment_method)))
+    return { param: 'payment_method', message: `No such PaymentMethod: '${String(p.payment_method)}'`, code: 'resource_missing' };
   if (p.confirm === 'true' && typeof p.payment_method !== 'string')
     return { param: 'payment_method', message: 'You must provide a payment_method to confirm this PaymentIntent.' };
   return undefined;
+}
+
+/** The secret key of a request: `Authorization: Bearer sk_test_…`, or Basic with the key as user (`curl -u sk_test_…:`). */
+function apiKeyOf(authorization: string | null): string | undefined {
+  const [scheme, credentials] = (authorization ?? '').split(' ', 2);
+  const key = /^basic$/i.test(scheme ?? '') ? Buffer.from(credentials ?? '', 'base64').toString().split(':')[0] : /^bearer$/i.test(scheme ?? '') ? credentials : undefined;
+  return key && /^sk_test_\S+$/.test(key) ? key : undefined;
+}
+
+function faultRule(input: Record<string, unknown>): FaultRule {
+  const fault = input.fault as Fault | undefined;
+  if (!isRecord(fault) || !FAULT_KINDS.has(fault.kind)) throw new Error(`fault.kind must be one of ${[...FAULT_KINDS].join(', ')}`);
+  if (input.count !== undefined && !(Number.isSafeInteger(input.count) && (input.count as number) > 0)) throw new Error('count must be a positive integer');
+  if (input.endpoint !== undefined && !['create', 'retrieve', 'search', 'any'].includes(input.endpoint as string)) {
+    throw new Error('endpoint must be one of create, retrieve, search, any');
+  }
+  return input as unknown as FaultRule;
+}
+
+function webhookTarget(input: Record<string, unknown>): WebhookTarget | undefined {
+  if (input.url === undefined) return undefined;
+  if (typeof input.url !== 'string' || typeof input.secret !== 'string') throw new Error('url and secret must be strings (an empty body turns webhooks off)');
+  return { url: input.url, secret: input.secret, ...(input.delayMs !== undefined ? { delayMs: nonNegative(input.delayMs, 'delayMs') } : {}) };
+}
+
+function nonNegative(v: unknown, name: string): number {
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new Error(`${name} must be a number ≥ 0`);
+  return v;
 }
 
 function error(type: string, message: string, extra: Record<string, unknown> = {}) {

@@ -1,0 +1,269 @@
+// The emulator's state in PostgreSQL, in its own schema `stripe_emulator` (created here, idempotently:
+// it is Stripe's side, not outboxd's, so it has no drizzle migration). Every process that serves the
+// emulator from the same database sees one ledger, one set of idempotency keys (a key executing in one
+// process is a 409 in another), one clock, one set of faults, and all of it survives restarts.
+import pg from 'pg';
+import { DEFAULT_SCHEMA } from '../../sql/statements.ts';
+import { createPool, inTransaction, type Pool } from '../../db/pool.ts';
+import {
+  pickFaults,
+  type ActiveRule,
+  type EmulatedEvent,
+  type EmulatorState,
+  type Endpoint,
+  type Fault,
+  type FaultRule,
+  type KeyClaim,
+  type LedgerEntry,
+  type PaymentIntent,
+  type SearchSettings,
+  type StoredResponse,
+  type WebhookTarget,
+} from './state.ts';
+
+const SCHEMA_LOCK = 7_411_003;
+
+const DDL = `
+create schema if not exists stripe_emulator;
+create table if not exists stripe_emulator.settings (
+  singleton boolean primary key default true check (singleton),
+  clock_offset_ms bigint not null default 0,
+  search_lag_ms bigint not null default 0,
+  search_frozen_at_ms bigint,
+  webhooks jsonb
+);
+insert into stripe_emulator.settings default values on conflict do nothing;
+create table if not exists stripe_emulator.faults (
+  seq bigserial primary key,
+  endpoint text not null,
+  match jsonb not null,
+  fault jsonb not null,
+  remaining integer -- null: every matching request
+);
+create table if not exists stripe_emulator.idempotency_keys (
+  store_key text primary key,
+  state text not null check (state in ('executing', 'done')),
+  params_hash text not null,
+  created_ms bigint not null,
+  claimer integer, -- backend pid of the claiming process's session, while executing
+  response_status integer,
+  response_body text -- the exact bytes, replayed as they were first sent
+);
+create table if not exists stripe_emulator.payment_intents (
+  seq bigserial unique,
+  id text primary key,
+  created_ms bigint not null,
+  idempotency_key text,
+  body text not null -- JSON as Stripe sends it (jsonb would reorder its keys)
+);
+create table if not exists stripe_emulator.events (
+  seq bigserial primary key,
+  id text not null unique,
+  body text not null
+);`;
+
+export class PgState implements EmulatorState {
+  private readonly pool: Pool;
+  /**
+   * A session held for this state's life: a key it claimed stays `executing` while the session lives,
+   * and is free again once its process died before committing (the charge and the key's result commit
+   * together, so nothing was charged under it).
+   */
+  private readonly session: pg.Client;
+  private readonly claimer: number;
+
+  private constructor(pool: Pool, session: pg.Client, claimer: number) {
+    this.pool = pool;
+    this.session = session;
+    this.claimer = claimer;
+  }
+
+  /** Opens the state on `url`, creating its schema on first use. */
+  static async open(url: string): Promise<PgState> {
+    // outboxd's statements go unused here (the emulator's tables are its own, in stripe_emulator).
+    const pool = createPool(url, { schema: DEFAULT_SCHEMA, max: 4, applicationName: 'outboxd-stripe-emulator' });
+    const session = new pg.Client({ connectionString: url, application_name: 'outboxd-stripe-emulator' });
+    session.on('error', () => {}); // a lost session only frees this process's executing keys
+    try {
+      await inTransaction(pool, async (tx) => {
+        await tx.query('select pg_advisory_xact_lock($1)', [SCHEMA_LOCK]);
+        await tx.query(DDL);
+      });
+      await session.connect();
+      const { rows } = await session.query('select pg_backend_pid() as pid');
+      return new PgState(pool, session, rows[0].pid);
+    } catch (err) {
+      await session.end().catch(() => {});
+      await pool.end();
+      throw err;
+    }
+  }
+
+  async close(): Promise<void> {
+    await this.session.end().catch(() => {});
+    await this.pool.end();
+  }
+
+  private async settings() {
+    return (await this.pool.query('select * from stripe_emulator.settings')).rows[0];
+  }
+
+  async clockOffsetMs(): Promise<number> {
+    return (await this.settings()).clock_offset_ms;
+  }
+
+  async advanceClock(ms: number): Promise<void> {
+    await this.pool.query('update stripe_emulator.settings set clock_offset_ms = clock_offset_ms + $1', [ms]);
+  }
+
+  async searchSettings(): Promise<SearchSettings> {
+    const s = await this.settings();
+    return { lagMs: s.search_lag_ms, frozenAtMs: s.search_frozen_at_ms };
+  }
+
+  async configureSearch(settings: Partial<SearchSettings>): Promise<void> {
+    await this.pool.query(
+      `update stripe_emulator.settings set search_lag_ms = coalesce($1, search_lag_ms),
+         search_frozen_at_ms = case when $2 then $3::bigint else search_frozen_at_ms end`,
+      [settings.lagMs ?? null, settings.frozenAtMs !== undefined, settings.frozenAtMs ?? null],
+    );
+  }
+
+  async webhooks(): Promise<WebhookTarget | undefined> {
+    return (await this.settings()).webhooks ?? undefined;
+  }
+
+  async configureWebhooks(target: WebhookTarget | undefined): Promise<void> {
+    await this.pool.query('update stripe_emulator.settings set webhooks = $1', [target ? JSON.stringify(target) : null]);
+  }
+
+  async addFault(rule: FaultRule): Promise<string> {
+    const { rows } = await this.pool.query(
+      'insert into stripe_emulator.faults (endpoint, match, fault, remaining) values ($1, $2, $3, $4) returning seq',
+      [rule.endpoint ?? 'create', JSON.stringify(rule.match ?? {}), JSON.stringify(rule.fault), Number.isFinite(rule.count ?? 1) ? (rule.count ?? 1) : null],
+    );
+    return `rule_${rows[0].seq}`;
+  }
+
+  async clearFaults(): Promise<void> {
+    await this.pool.query('delete from stripe_emulator.faults');
+  }
+
+  async takeFaults(endpoint: Endpoint, operationId: string | null, customer: string | null): Promise<Fault[]> {
+    const live = 'remaining is null or remaining > 0';
+    const { rows } = await this.pool.query(`select exists (select 1 from stripe_emulator.faults where ${live}) as any`);
+    if (!rows[0].any) return [];
+    // Rules are locked while one request takes its faults, so each use of a counted rule is one request's.
+    return inTransaction(this.pool, async (tx) => {
+      const found = (await tx.query(`select * from stripe_emulator.faults where ${live} order by seq for update`)).rows;
+      const rules: ActiveRule[] = found.map((r) => ({ id: String(r.seq), endpoint: r.endpoint, match: r.match, fault: r.fault, count: r.remaining ?? Infinity }));
+      const hit = pickFaults(rules, endpoint, operationId, customer);
+      const counted = hit.filter((r) => Number.isFinite(r.count)).map((r) => Number(r.id));
+      if (counted.length) await tx.query('update stripe_emulator.faults set remaining = remaining - 1 where seq = any($1)', [counted]);
+      return hit.map((r) => r.fault);
+    });
+  }
+
+  async claimKey(storeKey: string, paramsHash: string, nowMs: number, retentionMs: number): Promise<KeyClaim> {
+    // Each turn either claims the key or reads what holds it; an expired or abandoned holder is removed
+    // and the claim tried again. Three turns cover a race with another process doing the same.
+    for (let turn = 0; turn < 3; turn++) {
+      const claimed = await this.pool.query(
+        `insert into stripe_emulator.idempotency_keys (store_key, state, params_hash, created_ms, claimer) values ($1, 'executing', $2, $3, $4)
+         on conflict (store_key) do nothing`,
+        [storeKey, paramsHash, nowMs, this.claimer],
+      );
+      if (claimed.rowCount === 1) return { kind: 'claimed' };
+      const { rows } = await this.pool.query(
+        `select k.*, not exists (select 1 from pg_stat_activity a where a.pid = k.claimer) as abandoned
+         from stripe_emulator.idempotency_keys k where store_key = $1`,
+        [storeKey],
+      );
+      const k = rows[0];
+      if (!k) continue;
+      if (k.state === 'done' && nowMs - k.created_ms >= retentionMs) {
+        await this.pool.query(`delete from stripe_emulator.idempotency_keys where store_key = $1 and state = 'done' and created_ms = $2`, [storeKey, k.created_ms]);
+        continue;
+      }
+      if (k.state === 'executing' && k.abandoned) {
+        await this.pool.query(`delete from stripe_emulator.idempotency_keys where store_key = $1 and state = 'executing' and claimer = $2`, [storeKey, k.claimer]);
+        continue;
+      }
+      if (k.params_hash !== paramsHash) return { kind: 'mismatch' };
+      if (k.state === 'executing') return { kind: 'executing' };
+      return { kind: 'done', response: { status: k.response_status, body: k.response_body } };
+    }
+    return { kind: 'executing' };
+  }
+
+  async releaseKey(storeKey: string): Promise<void> {
+    await this.pool.query(`delete from stripe_emulator.idempotency_keys where store_key = $1 and state = 'executing'`, [storeKey]);
+  }
+
+  async commit(entry: LedgerEntry, key: { storeKey: string; response: StoredResponse } | null): Promise<void> {
+    await inTransaction(this.pool, async (tx) => {
+      await tx.query('insert into stripe_emulator.payment_intents (id, created_ms, idempotency_key, body) values ($1, $2, $3, $4)', [
+        entry.paymentIntent.id,
+        entry.createdAtMs,
+        entry.idempotencyKey,
+        JSON.stringify(entry.paymentIntent),
+      ]);
+      if (key) {
+        await tx.query(
+          `update stripe_emulator.idempotency_keys set state = 'done', claimer = null, response_status = $2, response_body = $3 where store_key = $1`,
+          [key.storeKey, key.response.status, key.response.body],
+        );
+      }
+    });
+  }
+
+  async pruneKeys(olderThanMs: number, nowMs: number): Promise<number> {
+    const res = await this.pool.query(`delete from stripe_emulator.idempotency_keys where state = 'done' and $2 - created_ms >= $1`, [olderThanMs, nowMs]);
+    return res.rowCount ?? 0;
+  }
+
+  async intent(id: string): Promise<LedgerEntry | undefined> {
+    const { rows } = await this.pool.query('select * from stripe_emulator.payment_intents where id = $1', [id]);
+    return rows[0] ? toEntry(rows[0]) : undefined;
+  }
+
+  async intents(): Promise<LedgerEntry[]> {
+    return (await this.pool.query('select * from stripe_emulator.payment_intents order by seq')).rows.map(toEntry);
+  }
+
+  async setStatus(id: string, status: string): Promise<PaymentIntent | undefined> {
+    return inTransaction(this.pool, async (tx) => {
+      const { rows } = await tx.query('select body from stripe_emulator.payment_intents where id = $1 for update', [id]);
+      if (!rows[0]) return undefined;
+      const pi: PaymentIntent = JSON.parse(rows[0].body);
+      pi.status = status;
+      pi.amount_received = status === 'succeeded' ? pi.amount : 0;
+      await tx.query('update stripe_emulator.payment_intents set body = $2 where id = $1', [id, JSON.stringify(pi)]);
+      return pi;
+    });
+  }
+
+  async addEvent(event: EmulatedEvent): Promise<void> {
+    await this.pool.query('insert into stripe_emulator.events (id, body) values ($1, $2)', [event.id, JSON.stringify(event)]);
+  }
+
+  async events(): Promise<EmulatedEvent[]> {
+    return (await this.pool.query('select body from stripe_emulator.events order by seq')).rows.map((r) => JSON.parse(r.body));
+  }
+
+  async event(id: string): Promise<EmulatedEvent | undefined> {
+    const { rows } = await this.pool.query('select body from stripe_emulator.events where id = $1', [id]);
+    return rows[0] ? JSON.parse(rows[0].body) : undefined;
+  }
+
+  async reset(): Promise<void> {
+    await inTransaction(this.pool, async (tx) => {
+      await tx.query('truncate stripe_emulator.faults, stripe_emulator.idempotency_keys, stripe_emulator.payment_intents, stripe_emulator.events');
+      await tx.query('update stripe_emulator.settings set clock_offset_ms = 0, search_lag_ms = 0, search_frozen_at_ms = null, webhooks = null');
+    });
+  }
+}
+
+function toEntry(row: { body: string; idempotency_key: string | null; created_ms: number }): LedgerEntry {
+  return { paymentIntent: JSON.parse(row.body), idempotencyKey: row.idempotency_key, createdAtMs: row.created_ms };
+}

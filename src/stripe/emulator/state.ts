@@ -1,0 +1,290 @@
+// What the emulator remembers, behind one interface with two homes: memory (the in-process handle that
+// tests, chaos and the demo drive synchronously) and PostgreSQL (pgState.ts: one ledger per data
+// directory, shared by every process on it and surviving restarts). Methods may answer synchronously
+// (memory) or with a promise (PostgreSQL); the HTTP side always awaits.
+
+export type Awaitable<T> = T | Promise<T>;
+
+export type Fault =
+  /** Refused before anything executes: no charge, nothing stored for the key. */
+  | { kind: 'error_before_commit'; status: number }
+  /** The charge is made, but the key stores (and replays) this error. */
+  | { kind: 'error_after_commit'; status: number }
+  /** The charge is made and stored; this response never arrives whole. */
+  | { kind: 'lose_response_after_commit'; mode: 'reset' | 'truncate' | 'hang' }
+  | { kind: 'rate_limit' }
+  | { kind: 'latency'; ms: number };
+
+export type Endpoint = 'create' | 'retrieve' | 'search';
+
+export interface FaultRule {
+  /** Which requests it hits; empty matches any. operationId is metadata[operation_id]. */
+  match?: { operationId?: string; customer?: string };
+  fault: Fault;
+  /** How many requests it hits; default 1, Infinity for every one. */
+  count?: number;
+  /** Default: create. */
+  endpoint?: Endpoint | 'any';
+}
+
+export interface ActiveRule extends Required<Omit<FaultRule, 'match'>> {
+  id: string;
+  match: { operationId?: string; customer?: string };
+}
+
+export interface WebhookTarget {
+  url: string;
+  secret: string;
+  /** Delay before each event is sent (a real endpoint hears of a charge after its API response). */
+  delayMs?: number;
+}
+
+export interface PaymentIntent {
+  id: string;
+  object: 'payment_intent';
+  amount: number;
+  amount_received: number;
+  currency: string;
+  customer: string | null;
+  payment_method: string | null;
+  status: string;
+  confirmation_method: 'automatic';
+  capture_method: 'automatic';
+  created: number;
+  livemode: false;
+  metadata: Record<string, string>;
+  last_payment_error: { code: string; decline_code?: string; message: string; type: string } | null;
+}
+
+export interface LedgerEntry {
+  paymentIntent: PaymentIntent;
+  idempotencyKey: string | null;
+  createdAtMs: number;
+}
+
+export interface EmulatedEvent {
+  id: string;
+  object: 'event';
+  type: string;
+  created: number;
+  livemode: false;
+  api_version: string;
+  data: { object: PaymentIntent };
+}
+
+export interface StoredResponse {
+  status: number;
+  body: string;
+}
+
+/** What an idempotency key says about a request that carries it. */
+export type KeyClaim =
+  /** This request runs; the key is `executing` until commit or release. */
+  | { kind: 'claimed' }
+  /** The key's first request still runs (409). */
+  | { kind: 'executing' }
+  /** The key was first used with other parameters (400 idempotency_error). */
+  | { kind: 'mismatch' }
+  /** The key's first result, to replay. */
+  | { kind: 'done'; response: StoredResponse };
+
+export interface SearchSettings {
+  lagMs: number;
+  /** While set, only what was searchable at this instant (emulator clock) is searchable. */
+  frozenAtMs: number | null;
+}
+
+export interface EmulatorState {
+  /** The emulator clock's distance from the wall clock (advanceClock moves it). */
+  clockOffsetMs(): Awaitable<number>;
+  advanceClock(ms: number): Awaitable<void>;
+  searchSettings(): Awaitable<SearchSettings>;
+  configureSearch(settings: Partial<SearchSettings>): Awaitable<void>;
+  webhooks(): Awaitable<WebhookTarget | undefined>;
+  configureWebhooks(target: WebhookTarget | undefined): Awaitable<void>;
+
+  addFault(rule: FaultRule): Awaitable<string>;
+  clearFaults(): Awaitable<void>;
+  /** Takes the faults that apply to one request, using each rule up once (see pickFaults). */
+  takeFaults(endpoint: Endpoint, operationId: string | null, customer: string | null): Awaitable<Fault[]>;
+
+  /** A key's stored result older than retentionMs (emulator clock) is forgotten first. */
+  claimKey(storeKey: string, paramsHash: string, nowMs: number, retentionMs: number): Awaitable<KeyClaim>;
+  /** Forgets a claimed key whose request ended before committing anything. */
+  releaseKey(storeKey: string): Awaitable<void>;
+  /** The charge and the key's first result, together: a key never names a charge that does not exist. */
+  commit(entry: LedgerEntry, key: { storeKey: string; response: StoredResponse } | null): Awaitable<void>;
+  /** Forgets stored results at least olderThanMs old; returns how many. */
+  pruneKeys(olderThanMs: number, nowMs: number): Awaitable<number>;
+
+  intent(id: string): Awaitable<LedgerEntry | undefined>;
+  /** Every PaymentIntent, oldest first. */
+  intents(): Awaitable<LedgerEntry[]>;
+  /** Moves a PaymentIntent to `status`; amount_received follows (the amount once succeeded, else 0). */
+  setStatus(id: string, status: string): Awaitable<PaymentIntent | undefined>;
+
+  addEvent(event: EmulatedEvent): Awaitable<void>;
+  events(): Awaitable<EmulatedEvent[]>;
+  event(id: string): Awaitable<EmulatedEvent | undefined>;
+
+  /** Back to an empty ledger and default settings. */
+  reset(): Awaitable<void>;
+}
+
+/**
+ * The faults for one request, rules in the order they were added: one latency, which composes with
+ * anything, and at most one fault that changes the answer. A rule is used up only when it applies.
+ */
+export function pickFaults(rules: ActiveRule[], endpoint: Endpoint, operationId: string | null, customer: string | null): ActiveRule[] {
+  const hit: ActiveRule[] = [];
+  for (const rule of rules) {
+    if (rule.count <= 0 || (rule.endpoint !== 'any' && rule.endpoint !== endpoint)) continue;
+    if (rule.match.operationId && rule.match.operationId !== operationId) continue;
+    if (rule.match.customer && rule.match.customer !== customer) continue;
+    const isLatency = rule.fault.kind === 'latency';
+    if (hit.some((r) => (r.fault.kind === 'latency') === isLatency)) continue;
+    hit.push(rule);
+  }
+  return hit;
+}
+
+export function activeRule(id: string, rule: FaultRule): ActiveRule {
+  return { id, match: rule.match ?? {}, fault: rule.fault, count: rule.count ?? 1, endpoint: rule.endpoint ?? 'create' };
+}
+
+interface StoredKey {
+  state: 'executing' | 'done';
+  paramsHash: string;
+  createdAtMs: number;
+  response?: StoredResponse;
+}
+
+/** The in-process state: every method answers synchronously, so the handle's methods can too. */
+export class MemoryState implements EmulatorState {
+  private offsetMs = 0;
+  private search: SearchSettings;
+  private target: WebhookTarget | undefined;
+  private readonly rules: ActiveRule[] = [];
+  private nextRule = 1;
+  private readonly keys = new Map<string, StoredKey>();
+  private readonly entries = new Map<string, LedgerEntry>();
+  private readonly emitted: EmulatedEvent[] = [];
+  private readonly initial: { searchLagMs?: number; webhooks?: WebhookTarget };
+
+  constructor(initial: { searchLagMs?: number; webhooks?: WebhookTarget } = {}) {
+    this.initial = initial;
+    this.search = { lagMs: initial.searchLagMs ?? 0, frozenAtMs: null };
+    this.target = initial.webhooks;
+  }
+
+  clockOffsetMs(): number {
+    return this.offsetMs;
+  }
+
+  advanceClock(ms: number): void {
+    this.offsetMs += ms;
+  }
+
+  searchSettings(): SearchSettings {
+    return { ...this.search };
+  }
+
+  configureSearch(settings: Partial<SearchSettings>): void {
+    this.search = { ...this.search, ...settings };
+  }
+
+  webhooks(): WebhookTarget | undefined {
+    return this.target;
+  }
+
+  configureWebhooks(target: WebhookTarget | undefined): void {
+    this.target = target;
+  }
+
+  addFault(rule: FaultRule): string {
+    const active = activeRule(`rule_${this.nextRule++}`, rule);
+    this.rules.push(active);
+    return active.id;
+  }
+
+  clearFaults(): void {
+    this.rules.length = 0;
+  }
+
+  takeFaults(endpoint: Endpoint, operationId: string | null, customer: string | null): Fault[] {
+    return pickFaults(this.rules, endpoint, operationId, customer).map((rule) => {
+      rule.count--;
+      return rule.fault;
+    });
+  }
+
+  claimKey(storeKey: string, paramsHash: string, nowMs: number, retentionMs: number): KeyClaim {
+    const stored = this.keys.get(storeKey);
+    if (stored && !(stored.state === 'done' && nowMs - stored.createdAtMs >= retentionMs)) {
+      if (stored.paramsHash !== paramsHash) return { kind: 'mismatch' };
+      return stored.state === 'executing' ? { kind: 'executing' } : { kind: 'done', response: stored.response! };
+    }
+    this.keys.set(storeKey, { state: 'executing', paramsHash, createdAtMs: nowMs });
+    return { kind: 'claimed' };
+  }
+
+  releaseKey(storeKey: string): void {
+    if (this.keys.get(storeKey)?.state === 'executing') this.keys.delete(storeKey);
+  }
+
+  commit(entry: LedgerEntry, key: { storeKey: string; response: StoredResponse } | null): void {
+    this.entries.set(entry.paymentIntent.id, entry);
+    if (!key) return;
+    const claimed = this.keys.get(key.storeKey)!;
+    this.keys.set(key.storeKey, { ...claimed, state: 'done', response: key.response });
+  }
+
+  pruneKeys(olderThanMs: number, nowMs: number): number {
+    let pruned = 0;
+    for (const [k, v] of this.keys) {
+      if (v.state === 'done' && nowMs - v.createdAtMs >= olderThanMs) {
+        this.keys.delete(k);
+        pruned++;
+      }
+    }
+    return pruned;
+  }
+
+  intent(id: string): LedgerEntry | undefined {
+    return this.entries.get(id);
+  }
+
+  intents(): LedgerEntry[] {
+    return [...this.entries.values()];
+  }
+
+  setStatus(id: string, status: string): PaymentIntent | undefined {
+    const entry = this.entries.get(id);
+    if (!entry) return undefined;
+    entry.paymentIntent.status = status;
+    entry.paymentIntent.amount_received = status === 'succeeded' ? entry.paymentIntent.amount : 0;
+    return entry.paymentIntent;
+  }
+
+  addEvent(event: EmulatedEvent): void {
+    this.emitted.push(event);
+  }
+
+  events(): EmulatedEvent[] {
+    return [...this.emitted];
+  }
+
+  event(id: string): EmulatedEvent | undefined {
+    return this.emitted.find((e) => e.id === id);
+  }
+
+  reset(): void {
+    this.offsetMs = 0;
+    this.search = { lagMs: this.initial.searchLagMs ?? 0, frozenAtMs: null };
+    this.target = this.initial.webhooks;
+    this.rules.length = 0;
+    this.keys.clear();
+    this.entries.clear();
+    this.emitted.length = 0;
+  }
+}
