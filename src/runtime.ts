@@ -49,6 +49,9 @@ export interface GatewayHandle {
   mode: StripeMode;
   /** The built-in emulator this process serves (its control API is under /_emulator/). */
   emulatorUrl?: string;
+  /** Whether its answers are evidence about every replica's charges: not so for an emulator whose ledger
+   * is this process's alone (DATABASE_URL set, no key, no shared STRIPE_API_BASE). */
+  evidence: boolean;
   /** Stops the emulator this process serves, if any. */
   close(): Promise<void>;
 }
@@ -95,7 +98,7 @@ export async function openGateway(config: Config, log: Logger, db: Database, opt
   const { secretKey, apiBase, timeoutMs, mode } = config.stripe;
   if (secretKey) {
     log.info({ stripeMode: mode, ...(apiBase ? { apiBase } : {}) }, `Stripe in ${mode} mode`);
-    return { gateway: new StripeGateway({ secretKey, apiBase, timeoutMs }), mode, close: async () => {} };
+    return { gateway: new StripeGateway({ secretKey, apiBase, timeoutMs }), mode, evidence: true, close: async () => {} };
   }
   if (config.production && !config.stripe.emulatorOptIn) {
     throw new ConfigError(
@@ -106,7 +109,7 @@ export async function openGateway(config: Config, log: Logger, db: Database, opt
   const demo = config.production ? ' (NODE_ENV=production, OUTBOXD_STRIPE_EMULATOR=true: a demo)' : '';
   if (apiBase) {
     log.warn({ stripeMode: mode, apiBase }, `STRIPE_SECRET_KEY is unset: using the Stripe emulator at STRIPE_API_BASE; no real money moves${demo}`);
-    return { gateway: new StripeGateway({ secretKey: EMULATOR_KEY, apiBase, timeoutMs }), mode, close: async () => {} };
+    return { gateway: new StripeGateway({ secretKey: EMULATOR_KEY, apiBase, timeoutMs }), mode, evidence: true, close: async () => {} };
   }
   if (opts.evidence && !db.embedded) {
     throw new ConfigError(
@@ -119,5 +122,6 @@ export async function openGateway(config: Config, log: Logger, db: Database, opt
     { stripeMode: mode, emulator: emulator.url, ledger: db.embedded ? `embedded database under ${config.dataDir}` : 'this process only' },
     `STRIPE_SECRET_KEY is unset: serving the built-in Stripe emulator (control API under /_emulator/); no real money moves${demo}`,
   );
-  return { gateway: new StripeGateway({ secretKey: EMULATOR_KEY, apiBase: emulator.url, timeoutMs }), mode, emulatorUrl: emulator.url, close: emulator.close };
+  const gateway = new StripeGateway({ secretKey: EMULATOR_KEY, apiBase: emulator.url, timeoutMs });
+  return { gateway, mode, emulatorUrl: emulator.url, evidence: db.embedded, close: emulator.close };
 }

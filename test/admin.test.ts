@@ -126,6 +126,23 @@ describe('admin HTTP API', () => {
     }
   });
 
+  it('a replica whose emulator knows only its own charges refuses to resolve or reconcile (no evidence)', async () => {
+    const config = loadConfig({ ADMIN_TOKEN: TOKEN });
+    const server = await startHttpServer(0, adminRoutes({ pool: t.pool, boss: t.boss, gateway: undefined, log, config, workerId: 'w' }), '127.0.0.1');
+    try {
+      const op = await confirm(t);
+      const call = (path: string, body: unknown) =>
+        fetch(`http://127.0.0.1:${server.port}${path}`, { method: 'POST', headers: { Authorization: `Bearer ${TOKEN}`, 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
+      const resolved = await call(`/admin/operations/${op}/resolve`, { outcome: 'failed', reason: 'x' });
+      expect(resolved.status).toBe(409);
+      expect(await resolved.json()).toMatchObject({ error: 'no_evidence', message: expect.stringMatching(/STRIPE_SECRET_KEY/) });
+      expect((await call('/admin/reconcile', {})).status).toBe(409);
+      expect((await operation(t, op)).status).toBe('pending');
+    } finally {
+      await server.close();
+    }
+  });
+
   it('404 for an unknown operation, 422 for bad input', async () => {
     expect((await api('/admin/operations/3f2504e0-4f89-41d3-9a0c-0305e82c3301')).status).toBe(404);
     expect((await api('/admin/operations/not-a-uuid')).status).toBe(422);

@@ -75,7 +75,7 @@ async function openReplica(config: Config, log: Logger, workerId: string) {
     );
     let dispatching = false;
 
-    const admin = adminRoutes({ pool, boss, gateway: gateway.gateway, log, config, workerId });
+    const admin = adminRoutes({ pool, boss, gateway: gateway.evidence ? gateway.gateway : undefined, log, config, workerId });
     // ADMIN_HTTP_PORT moves the admin API off the listener that Stripe (and so anyone) can reach.
     const ownAdminListener = config.admin.httpPort !== undefined;
     const http = await listen('HTTP', config.worker.httpPort, config.worker.httpHost, log, [

@@ -19,7 +19,9 @@ import { HttpError, readBody, sendJson, type Handler, type Route } from './serve
 export interface AdminDeps {
   pool: Pool;
   boss: PgBoss;
-  gateway: PaymentGateway;
+  /** Stripe as evidence for resolve and reconcile; undefined when this replica has none (its emulator's
+   * ledger is its own): those routes then refuse rather than judge by it. */
+  gateway: PaymentGateway | undefined;
   log: Logger;
   config: Config;
   workerId: string;
@@ -90,6 +92,11 @@ export function adminRoutes(deps: AdminDeps): Route[] {
       }
     };
 
+  const evidence = (): PaymentGateway => {
+    if (deps.gateway) return deps.gateway;
+    throw new HttpError(409, 'no_evidence', 'this replica has no Stripe to check evidence against (STRIPE_SECRET_KEY unset, DATABASE_URL set, its emulator knows only its own charges): set STRIPE_SECRET_KEY, or STRIPE_API_BASE to the emulator the workers share');
+  };
+
   return [
     [
       'GET',
@@ -108,7 +115,7 @@ export function adminRoutes(deps: AdminDeps): Route[] {
       guarded(async ({ req, res, params }) => {
         const body = await jsonBody(req, resolveBody);
         const opts = { leaseTtlMs: deps.config.worker.leaseTtlMs, searchFreshnessSeconds: deps.config.searchFreshnessSeconds };
-        sendJson(res, 200, await resolveOperation(deps.pool, deps.gateway, deps.boss, params[0]!, body, actor, opts));
+        sendJson(res, 200, await resolveOperation(deps.pool, evidence(), deps.boss, params[0]!, body, actor, opts));
       }),
     ],
     [
@@ -132,7 +139,7 @@ export function adminRoutes(deps: AdminDeps): Route[] {
       'POST',
       '/admin/reconcile',
       guarded(async ({ res }) => {
-        const report = await reconcileNow(deps.pool, deps.gateway, deps.boss, { actor, owner: deps.workerId, leaseTtlMs: deps.config.worker.leaseTtlMs, log: deps.log });
+        const report = await reconcileNow(deps.pool, evidence(), deps.boss, { actor, owner: deps.workerId, leaseTtlMs: deps.config.worker.leaseTtlMs, log: deps.log });
         sendJson(res, 200, report);
       }),
     ],
