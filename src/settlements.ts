@@ -7,6 +7,7 @@
 import type { PgBoss, Queue } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from './db/pool.ts';
 import type { SettlementSource } from './payments/operation.ts';
+import { traceDelivery } from './tracing.ts';
 
 export const SETTLED_QUEUE = 'settled';
 export const SETTLED_DEAD_QUEUE = 'settled_dead';
@@ -26,7 +27,11 @@ export interface SettlementEvent {
 }
 
 /** The job's data: the event as JSON. */
-type SettledJob = Omit<SettlementEvent, 'settledAt'> & { settledAt: string };
+type SettledJob = Omit<SettlementEvent, 'settledAt'> & {
+  settledAt: string;
+  /** The payment's trace context, for the delivery span's link; not part of the event. */
+  traceparent?: string | null;
+};
 
 /**
  * Retries of a throwing handler: backoff from 1 s to 5 min, a few hours in all, then the dead letter.
@@ -68,6 +73,7 @@ export async function relaySettlements(db: Pool, boss: PgBoss, limit: number): P
         currency: r.currency,
         settledAt: (r.settled_at as Date).toISOString(),
         source: r.source,
+        traceparent: r.traceparent,
       } satisfies SettledJob,
     }));
     await boss.insert(SETTLED_QUEUE, jobs, { db: bossDb(tx) });
@@ -91,9 +97,9 @@ export async function workSettlements(boss: PgBoss, handle: (event: SettlementEv
   loopId = await boss.work<SettledJob>(SETTLED_QUEUE, loop, async (jobs) => {
     const results = await Promise.all(
       jobs.map(async (job) => {
-        const { settledAt, ...event } = job.data;
+        const { settledAt, traceparent, ...event } = job.data;
         try {
-          await handle({ ...event, settledAt: new Date(settledAt) });
+          await traceDelivery({ ...event, traceparent }, job.retryCount, () => handle({ ...event, settledAt: new Date(settledAt) }));
           return { id: job.id, status: 'completed' as const };
         } catch (err) {
           return { id: job.id, status: 'failed' as const, output: { message: String((err as Error)?.message ?? err) } };

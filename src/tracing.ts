@@ -119,6 +119,20 @@ export function traceOperation(op: { id: string; order_id: string; kind: string;
   if (origin && origin.traceId !== span.spanContext().traceId) span.addLink({ context: origin, attributes: { 'outboxd.link': 'confirmation' } });
 }
 
+/** One span per settlement event handed to an application's onSettled handler (each retry its own),
+ * linked to the payment's trace. */
+export function traceDelivery<T>(
+  event: { operationId: string; orderId: string; kind: string; status: string; source: string; traceparent?: string | null },
+  retry: number,
+  fn: () => Promise<T>,
+): Promise<T> {
+  const attributes = { [ATTR.status]: event.status, 'outboxd.source': event.source, 'outboxd.delivery_retry': retry };
+  return withSpan('outboxd.settlement_delivery', attributes, async () => {
+    traceOperation({ id: event.operationId, order_id: event.orderId, kind: event.kind, traceparent: event.traceparent });
+    return fn();
+  }, { kind: SpanKind.CONSUMER });
+}
+
 /**
  * One span per charge job. A relayed job's first delivery continues the payment's trace (the relay
  * stored the context in the job); anything else (a retry, a requeued or rescheduled job) stays in the

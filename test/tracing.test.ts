@@ -170,6 +170,25 @@ describe('with an SDK registered', () => {
     expect(line).toMatchObject({ trace_id: traceId, span_id: dispatch.spanContext().spanId });
   });
 
+  it("each settlement event's delivery to onSettled is a span linked to the payment's trace", async () => {
+    const outboxd = new Outboxd({ pool: t.pool, schema: t.schema });
+    const heard: string[] = [];
+    await outboxd.onSettled(async (event) => void heard.push(event.operationId));
+    try {
+      const { operationId } = await confirmOrder(t.pool, orderInput());
+      const request = one(exporter.getFinishedSpans(), 'outboxd.request_charge');
+      replica = await startDispatcher(t, e.gateway(), 'traced', { log });
+      await waitUntil(async () => heard.includes(operationId), 20_000, 'the settlement event');
+      const delivered = () => named(ofOperation(operationId), 'outboxd.settlement_delivery');
+      await waitUntil(async () => delivered().length === 1, 5_000, 'the delivery span to end');
+      const delivery = delivered()[0]!;
+      expect(delivery.attributes).toMatchObject({ 'outboxd.kind': 'charge', 'outboxd.status': 'succeeded', 'outboxd.source': 'dispatcher', 'outboxd.delivery_retry': 0 });
+      expect(delivery.links.map((l) => l.context.traceId)).toContain(request.spanContext().traceId);
+    } finally {
+      await outboxd.stop();
+    }
+  });
+
   it('a retry is a trace of its own that links to the payment, and shows the failed call', async () => {
     const order = orderInput();
     const { operationId } = await confirmOrder(t.pool, order);

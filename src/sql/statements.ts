@@ -98,7 +98,7 @@ function build(schema: string) {
          returning id, operation_id, source
        )
        select op.id as operation_id, op.order_id, op.kind, op.status, op.external_id, op.amount, op.currency,
-              op.settled_at, taken.source
+              op.settled_at, taken.source, op.traceparent
        from taken join ${s}.payment_operations op on op.id = taken.operation_id
        order by taken.id`,
     ),
