@@ -114,6 +114,31 @@ export const webhookEvents = outboxd.table('webhook_events', {
 });
 
 /**
+ * Each operation's history, for the people who must decide what happened (the console's timeline):
+ * relay, every claim (fence, owner, the owner it took over from), every gateway call sent and its
+ * outcome (duration, Stripe's request id, error), flags and settlements from outside a claim. Each row
+ * is written by the statement that makes the change it records (a data-modifying CTE), so history costs
+ * the dispatcher no round trip. No foreign key: checking one would lock the operation row against the
+ * claim that is updating it.
+ */
+export const operationEvents = outboxd.table(
+  'operation_events',
+  {
+    id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
+    operationId: uuid('operation_id').notNull(),
+    at: timestamp('at', { withTimezone: true }).notNull().defaultNow(),
+    /** relayed, claimed, sent, outcome, flagged, settled */
+    type: text('type').notNull(),
+    /** The fencing token of the claim that wrote it (none for the relay or a flag from outside). */
+    fence: bigint('fence', { mode: 'number' }),
+    /** Who: the lease owner of a claim; the source of an outside settlement. */
+    actor: text('actor'),
+    details: jsonb('details').notNull().default({}),
+  },
+  (t) => [index('operation_events_operation_idx').on(t.operationId, t.id)],
+);
+
+/**
  * The outbox proper: one row per charge to drive, inserted in the confirming transaction (a plain
  * insert, far cheaper there than a pg-boss job) and relayed to pg-boss in batches by the workers,
  * deleted in the transaction that creates its job.

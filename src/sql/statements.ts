@@ -48,6 +48,10 @@ function build(schema: string) {
   const statement =
     <A extends unknown[]>(name: string, text: string) =>
     (...values: A): QueryConfig => ({ name: `${name}_${tag}`, text, values, types: resultTypes });
+  /** A data-modifying CTE that adds to the operation's timeline, one row per row of `from`:
+   * `columns` selects operation_id, type, fence, actor, details. */
+  const event = (from: string, columns: string) =>
+    `${from}_event as (insert into ${s}.operation_events (operation_id, type, fence, actor, details) select ${columns} from ${from})`;
 
   return {
     // ─── orders ────────────────────────────────────────────────────────────────────────────────────────
@@ -62,12 +66,16 @@ function build(schema: string) {
 
     outboxHasRows: statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from ${s}.charge_outbox) as any`),
 
-    /** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark. */
+    /** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark.
+     * Each operation's timeline records the relay in the same statement. */
     takeOutboxBatch: statement<[limit: number]>(
       'outboxd_take_outbox_batch',
-      `delete from ${s}.charge_outbox
+      `with taken as (
+       delete from ${s}.charge_outbox
        where id in (select id from ${s}.charge_outbox order by id limit $1 for update skip locked)
-       returning operation_id`,
+       returning operation_id
+       ), ${event('taken', `operation_id, 'relayed', null, null, '{}'`)}
+       select operation_id from taken`,
     ),
 
     outboxRowFor: statement<[operationId: string]>(
@@ -119,17 +127,20 @@ function build(schema: string) {
 
     /** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token.
      * Returns the claimed operation as loadOperation does (the executor needs no second read), and
-     * previous_owner when an expired lease was taken over (its holder died or stalled). */
+     * previous_owner when an expired lease was taken over (its holder died or stalled). The timeline
+     * records the claim in the same statement. */
     acquireLease: statement<[id: string, owner: string, ttlMs: number, keyWindowSeconds: number]>(
       'outboxd_acquire_lease',
-      `with prev as (select id, lease_owner from ${s}.payment_operations where id = $1 for update)
+      `with prev as (select id, lease_owner from ${s}.payment_operations where id = $1 for update), claimed as (
        update ${s}.payment_operations op
        set fence = op.fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
            updated_at = now()
        from prev
        where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
        returning op.*, prev.lease_owner as previous_owner,
-         coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as key_window_passed`,
+         coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as key_window_passed
+       ), ${event('claimed', `id, 'claimed', fence, lease_owner, jsonb_strip_nulls(jsonb_build_object('previous_owner', previous_owner))`)}
+       select * from claimed`,
     ),
 
     renewLease: statement<[id: string, fence: number, ttlMs: number]>(
@@ -158,24 +169,28 @@ function build(schema: string) {
     /** Counts a gateway call before it is made; for a create, records first_attempted_at (the first send,
      * invariant 7) and last_attempted_at before the send, returning what they were, so that an outcome that
      * proves nothing executed can put them back. Zero rows: the fence moved or the operation settled, and
-     * the call must not be made. */
-    recordAttempt: statement<[id: string, fence: number, isCreate: boolean]>(
+     * the call must not be made. The timeline records the call as sent: one whose outcome never follows
+     * was in flight when its worker died or lost the lease. */
+    recordAttempt: statement<[id: string, fence: number, call: string]>(
       'outboxd_record_attempt',
-      `with prev as (select first_attempted_at, last_attempted_at from ${s}.payment_operations where id = $1)
+      `with prev as (select first_attempted_at, last_attempted_at from ${s}.payment_operations where id = $1), attempt as (
        update ${s}.payment_operations
        set attempts = attempts + 1, updated_at = now(),
-           first_attempted_at = case when $3 then coalesce(first_attempted_at, now()) else first_attempted_at end,
-           last_attempted_at = case when $3 then now() else last_attempted_at end
+           first_attempted_at = case when $3 = 'create' then coalesce(first_attempted_at, now()) else first_attempted_at end,
+           last_attempted_at = case when $3 = 'create' then now() else last_attempted_at end
        where id = $1 and fence = $2 and ${UNSETTLED}
        returning attempts, first_attempted_at,
          (select first_attempted_at from prev) as prev_first_attempted_at,
-         (select last_attempted_at from prev) as prev_last_attempted_at`,
+         (select last_attempted_at from prev) as prev_last_attempted_at
+       ), ${event('attempt', `$1, 'sent', $2, null, jsonb_build_object('call', $3::text, 'attempt', attempts)`)}
+       select * from attempt`,
     ),
 
     /** Writes an outcome and ends the claim's lease. Never touches a settled operation (invariant 5) and
      * only with the current fence (invariant 8). settled_at is set exactly when the new status is settled.
      * $8: the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt
-     * stamps go back to $9/$10: a window that only such calls opened is not open. */
+     * stamps go back to $9/$10: a window that only such calls opened is not open. $11: what the timeline
+     * keeps of the call (its outcome, duration, Stripe's request id), written by the same statement. */
     recordOutcome: statement<
       [
         id: string,
@@ -188,10 +203,12 @@ function build(schema: string) {
         undoAttempt: boolean,
         firstAttemptedAt: Date | null,
         lastAttemptedAt: Date | null,
+        event: string,
       ]
     >(
       'outboxd_record_outcome',
-      `update ${s}.payment_operations
+      `with done as (
+       update ${s}.payment_operations
        set status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
            -- a review reason stays until the operation settles (a later ambiguous retry does not clear it)
            review_reason = case when $3 in ('succeeded', 'failed') then null else coalesce($7, review_reason) end,
@@ -200,15 +217,20 @@ function build(schema: string) {
            updated_at = now(), lease_owner = null, lease_expires_at = null,
            settled_at = case when $3 in ('succeeded', 'failed') then now() end
        where id = $1 and fence = $2 and ${UNSETTLED}
-       returning *`,
+       returning *
+       ), ${event('done', `id, 'outcome', $2, null, $11::jsonb`)}
+       select * from done`,
     ),
 
     /** Fenced: holds an unsettled operation for a person without changing its status; ends the claim. */
     flagForReview: statement<[id: string, fence: number, reason: string]>(
       'outboxd_flag_for_review',
-      `update ${s}.payment_operations set review_reason = $3, updated_at = now(), lease_owner = null, lease_expires_at = null
+      `with flagged as (
+       update ${s}.payment_operations set review_reason = $3, updated_at = now(), lease_owner = null, lease_expires_at = null
        where id = $1 and fence = $2 and ${UNSETTLED}
-       returning *`,
+       returning *
+       ), ${event('flagged', `id, 'flagged', $2, null, jsonb_build_object('reason', $3::text)`)}
+       select * from flagged`,
     ),
 
     fenceOf: statement<[id: string]>(
@@ -223,12 +245,15 @@ function build(schema: string) {
       [id: string, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null]
     >(
       'outboxd_settle_from_outside',
-      `update ${s}.payment_operations
+      `with settled as (
+       update ${s}.payment_operations
        set fence = fence + 1, lease_owner = null, lease_expires_at = null,
            status = $2, external_id = coalesce($3, external_id), last_outcome = $4, last_error = $5,
            review_reason = null, settled_at = now(), updated_at = now()
        where id = $1 and ${UNSETTLED}
-       returning *`,
+       returning *
+       ), ${event('settled', `id, 'settled', fence, last_outcome, jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', last_error))`)}
+       select * from settled`,
     ),
 
     /** A person's resolution, written under the lease the resolution holds: fenced like any claim, so it
@@ -237,12 +262,15 @@ function build(schema: string) {
       [id: string, fence: number, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null]
     >(
       'outboxd_settle_under_lease',
-      `update ${s}.payment_operations
+      `with settled as (
+       update ${s}.payment_operations
        set lease_owner = null, lease_expires_at = null,
            status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
            review_reason = null, settled_at = now(), updated_at = now()
        where id = $1 and fence = $2 and ${UNSETTLED}
-       returning *`,
+       returning *
+       ), ${event('settled', `id, 'settled', fence, last_outcome, jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', last_error))`)}
+       select * from settled`,
     ),
 
     /** How long ago the last create that may have executed was sent, by the database clock (null: never). */
@@ -279,9 +307,12 @@ function build(schema: string) {
      * The status is not touched, so no fence is needed; a later outcome keeps the reason unless it settles. */
     flagFromOutside: statement<[id: string, reason: string]>(
       'outboxd_flag_from_outside',
-      `update ${s}.payment_operations set review_reason = $2, updated_at = now()
+      `with flagged as (
+       update ${s}.payment_operations set review_reason = $2, updated_at = now()
        where id = $1 and ${UNSETTLED}
-       returning id`,
+       returning id
+       ), ${event('flagged', `id, 'flagged', null, null, jsonb_build_object('reason', $2::text)`)}
+       select id from flagged`,
     ),
 
     /** Serialises admin re-drives of one operation (check for a live job, then enqueue). */
