@@ -1,15 +1,20 @@
-// Each operation's history (operation_events), for the people who must decide what happened: the relay,
+// Each operation's history (operation_events), which the console shows as its timeline: the relay,
 // every claim, every gateway call and its outcome with Stripe's request id, flags and settlements from
 // outside a claim. Each row is written by the statement that makes the change, so the dispatcher's
 // path costs exactly the round trips it cost before.
+import type Stripe from 'stripe';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { Pool } from '../src/db/pool.ts';
 import { executeCharge } from '../src/payments/executor.ts';
 import { claimOperation, flagFromOutside, releaseLease, settleFromOutside } from '../src/payments/operation.ts';
+import { createLogger } from '../src/log.ts';
 import { relayOutbox } from '../src/outbox.ts';
+import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
+import { operationRecord } from '../src/console/queries.ts';
+import { timeline } from '../src/console/timeline.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
-import { claim, confirm } from './support/fixtures.ts';
+import { claim, confirm, operation } from './support/fixtures.ts';
 
 let t: TestDb;
 let e: RunningEmulator;
@@ -86,7 +91,7 @@ describe('the operation timeline', () => {
     expect(outcome.details).toMatchObject({ outcome: 'failed', request_id: create.requestId, error: expect.stringMatching(/^Declined 402: card_declined/) });
   });
 
-  it('a takeover names the previous owner; a call whose outcome never came has no outcome row', async () => {
+  it('a takeover names the previous owner; a call whose outcome never came is shown as such', async () => {
     const op = await confirm(t);
     const first = (await claimOperation(t.pool, op, 'worker-a', 30_000, 82_800))!;
     // worker-a sends and dies mid-call: the attempt is counted, no outcome follows.
@@ -101,8 +106,16 @@ describe('the operation timeline', () => {
       { type: 'claimed', fence: 1, actor: 'worker-a', details: {} },
       { type: 'claimed', fence: 2, actor: 'worker-b', details: { previous_owner: 'worker-a' } },
     ]);
-    expect(rows.filter((r) => r.type === 'sent').map((r) => r.fence)).toEqual([1, 2]);
-    expect(rows.filter((r) => r.type === 'outcome').map((r) => r.fence)).toEqual([2]);
+    const current = await operation(t, op);
+    const entries = timeline(current, await operationRecord(t.pool, current));
+    expect(entries.map((x) => x.title)).toEqual([
+      'charge operation created',
+      'claimed',
+      'create sent, no outcome recorded',
+      'claimed, taking over an expired lease',
+      'create → succeeded',
+    ]);
+    expect(entries[2]!.tone).toBe('warn');
   });
 
   it('flags and settlements from outside a claim are recorded with their source', async () => {
@@ -117,6 +130,21 @@ describe('the operation timeline', () => {
     // Nothing is recorded for a write that changed nothing.
     expect(await settleFromOutside(t.pool, op, 'failed', null, 'webhook:payment_intent.canceled', 'canceled')).toBeUndefined();
     expect(await events(op)).toHaveLength(2);
+  });
+
+  it('a Stripe event about the operation joins its timeline, after the settlement it made', async () => {
+    const op = await confirm(t);
+    const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
+    const event = { id: `evt_${op.slice(0, 8)}`, object: 'event', type: 'payment_intent.succeeded', created: 1_700_000_000, livemode: false, data: { object: { id: pi.id } } };
+    expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') }, event as unknown as Stripe.Event)).toBe('settled');
+    const current = await operation(t, op);
+    const entries = timeline(current, await operationRecord(t.pool, current));
+    expect(entries.map((x) => x.title)).toEqual([
+      'charge operation created',
+      'settled succeeded by a Stripe webhook',
+      'Stripe event payment_intent.succeeded → settled',
+    ]);
+    expect(entries[2]!.facts).toContainEqual(['Stripe object', pi.id]);
   });
 
   it('a stale claim records nothing: no call, no outcome', async () => {

@@ -85,6 +85,17 @@ export const paymentOperations = outboxd.table(
     index('payment_operations_review_idx')
       .on(t.updatedAt)
       .where(sql`${t.reviewReason} is not null`),
+    // The console's lists: newest first by (created_at, id) keyset, for any kind and status filter
+    // (src/console/queries.ts reads one range of it per kind and status, and merges them).
+    index('payment_operations_list_idx').on(t.kind, t.status, t.createdAt, t.id),
+    // Search by Stripe id; recent settlements and the drift report's succeeded operations. Both partial:
+    // an operation gets its entry once (settled rows are never updated again).
+    index('payment_operations_external_idx')
+      .on(t.externalId)
+      .where(sql`${t.externalId} is not null`),
+    index('payment_operations_settled_idx')
+      .on(t.settledAt)
+      .where(sql`${t.settledAt} is not null`),
   ],
 );
 
@@ -103,15 +114,20 @@ export const adminAudit = outboxd.table(
 );
 
 /** Stripe webhook inbox: one row per event id, so a redelivered event is acknowledged, not reprocessed. */
-export const webhookEvents = outboxd.table('webhook_events', {
-  id: text('id').primaryKey(),
-  type: text('type').notNull(),
-  operationId: uuid('operation_id'),
-  receivedAt: timestamp('received_at', { withTimezone: true }).notNull().defaultNow(),
-  /** What processing decided: settled, already_settled, ignored, no_operation, mismatch. */
-  result: text('result').notNull(),
-  payload: jsonb('payload').notNull(),
-});
+export const webhookEvents = outboxd.table(
+  'webhook_events',
+  {
+    id: text('id').primaryKey(),
+    type: text('type').notNull(),
+    operationId: uuid('operation_id'),
+    receivedAt: timestamp('received_at', { withTimezone: true }).notNull().defaultNow(),
+    /** What processing decided: settled, already_settled, ignored, no_operation, mismatch. */
+    result: text('result').notNull(),
+    payload: jsonb('payload').notNull(),
+  },
+  // An operation's events, for its timeline in the console.
+  (t) => [index('webhook_events_operation_idx').on(t.operationId)],
+);
 
 /**
  * Each operation's history, for the people who must decide what happened (the console's timeline):
@@ -149,4 +165,22 @@ export const chargeOutbox = outboxd.table('charge_outbox', {
     .notNull()
     .references(() => paymentOperations.id),
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+});
+
+/**
+ * Signed-in operators of the console (src/console/session.ts). The cookie carries a random secret; only
+ * its SHA-256 is stored, so a read of this table gives no usable session. A session ends at expires_at,
+ * at sign-out (the row is deleted), or when ADMIN_TOKEN changes (token_fingerprint no longer matches).
+ */
+export const consoleSessions = outboxd.table('console_sessions', {
+  /** SHA-256 (hex) of the cookie's secret. */
+  id: text('id').primaryKey(),
+  /** The name the operator signed in with: the audit trail names actions `console:<operator>`. */
+  operator: text('operator').notNull(),
+  /** Every form that changes something carries it; compared in constant time. */
+  csrfToken: text('csrf_token').notNull(),
+  /** HMAC of ADMIN_TOKEN at sign-in. */
+  tokenFingerprint: text('token_fingerprint').notNull(),
+  createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+  expiresAt: timestamp('expires_at', { withTimezone: true }).notNull(),
 });

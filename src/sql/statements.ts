@@ -52,6 +52,25 @@ function build(schema: string) {
    * `columns` selects operation_id, type, fence, actor, details. */
   const event = (from: string, columns: string) =>
     `${from}_event as (insert into ${s}.operation_events (operation_id, type, fence, actor, details) select ${columns} from ${from})`;
+  /** An operation's keyset cursor: created_at to the microsecond (a JavaScript Date keeps milliseconds). */
+  const CURSOR = `to_char(o.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`;
+  const operationsPage = (cmp: '<' | '>', dir: 'asc' | 'desc') =>
+    `select o.*, ${CURSOR} as cursor_at
+     from unnest($1::text[]) k(kind) cross join unnest($2::text[]) st(status)
+     cross join lateral (
+       select * from ${s}.payment_operations p
+       where p.kind = k.kind and p.status = st.status and (p.created_at, p.id) ${cmp} ($3::timestamptz, $4::uuid)
+       order by p.created_at ${dir}, p.id ${dir}
+       limit $5
+     ) o
+     order by o.created_at ${dir}, o.id ${dir}
+     limit $5`;
+  const reviewPage = (cmp: '<' | '>', dir: 'asc' | 'desc') =>
+    `select o.*, ${CURSOR} as cursor_at from ${s}.payment_operations o
+     where o.review_reason is not null and o.kind = any($1::text[]) and o.status = any($2::text[])
+       and (o.created_at, o.id) ${cmp} ($3::timestamptz, $4::uuid)
+     order by o.created_at ${dir}, o.id ${dir}
+     limit $5`;
 
   return {
     // ─── orders ────────────────────────────────────────────────────────────────────────────────────────
@@ -376,6 +395,131 @@ function build(schema: string) {
       `select * from ${s}.payment_operations where status = 'succeeded' and settled_at >= $1`,
     ),
 
+    // ─── the console (src/console/): sessions, and the reads behind its pages ─────────────────────────
+
+    insertConsoleSession: statement<[id: string, operator: string, csrfToken: string, fingerprint: string, ttlSeconds: number]>(
+      'outboxd_insert_console_session',
+      `insert into ${s}.console_sessions (id, operator, csrf_token, token_fingerprint, expires_at)
+       values ($1, $2, $3, $4, now() + make_interval(secs => $5))
+       returning expires_at`,
+    ),
+
+    /** A live session: not expired, and begun with the ADMIN_TOKEN in force now. */
+    consoleSession: statement<[id: string, fingerprint: string]>(
+      'outboxd_console_session',
+      `select operator, csrf_token, expires_at from ${s}.console_sessions
+       where id = $1 and token_fingerprint = $2 and expires_at > now()`,
+    ),
+
+    deleteConsoleSession: statement<[id: string]>(
+      'outboxd_delete_console_session',
+      `delete from ${s}.console_sessions where id = $1`,
+    ),
+
+    pruneConsoleSessions: statement<[]>(
+      'outboxd_prune_console_sessions',
+      `delete from ${s}.console_sessions where expires_at <= now()`,
+    ),
+
+    /** The kinds that exist: one probe of the list index per kind (a loose index scan), not a scan. */
+    operationKinds: statement<[]>(
+      'outboxd_operation_kinds',
+      `with recursive kinds(kind) as (
+         (select kind from ${s}.payment_operations order by kind limit 1)
+         union all
+         select (select p.kind from ${s}.payment_operations p where p.kind > kinds.kind order by p.kind limit 1)
+         from kinds where kinds.kind is not null
+       )
+       select kind from kinds where kind is not null`,
+    ),
+
+    /** A page of operations, newest first, strictly older than the cursor (created_at, id): one range
+     * of the list index per (kind, status), each cut at the page size, merged. */
+    operationsOlder: statement<[kinds: string[], statuses: string[], at: string, id: string, limit: number]>(
+      'outboxd_operations_older',
+      operationsPage('<', 'desc'),
+    ),
+    /** The page just newer than the cursor, oldest first (the caller reverses it). */
+    operationsNewer: statement<[kinds: string[], statuses: string[], at: string, id: string, limit: number]>(
+      'outboxd_operations_newer',
+      operationsPage('>', 'asc'),
+    ),
+    /** The same pages among operations held for review: few, read through the review index and sorted. */
+    reviewOlder: statement<[kinds: string[], statuses: string[], at: string, id: string, limit: number]>(
+      'outboxd_review_older',
+      reviewPage('<', 'desc'),
+    ),
+    reviewNewer: statement<[kinds: string[], statuses: string[], at: string, id: string, limit: number]>(
+      'outboxd_review_newer',
+      reviewPage('>', 'asc'),
+    ),
+
+    /** The review queue, longest waiting first, with when each was last flagged or found to need review. */
+    reviewQueue: statement<[limit: number]>(
+      'outboxd_review_queue',
+      `select o.*, ${CURSOR} as cursor_at,
+         (select max(e.at) from ${s}.operation_events e
+          where e.operation_id = o.id and (e.type = 'flagged' or (e.type = 'outcome' and e.details->>'outcome' = 'needs_review'))) as flagged_at
+       from ${s}.payment_operations o
+       where o.review_reason is not null
+       order by o.created_at, o.id
+       limit $1`,
+    ),
+
+    /** The overview's figures, each read through an index, never a scan of every operation: unsettled
+     * counts by kind and status (the unsettled index), settled counts of the last 24 hours (the settled
+     * index), the review count, the oldest unsettled, and the number of operations: counted while the
+     * planner believes there are fewer than 100,000 (-1 when never analyzed), estimated beyond. */
+    consoleOverview: statement<[]>(
+      'outboxd_console_overview',
+      `select
+         (select coalesce(jsonb_agg(c order by c.kind, c.status), '[]'::jsonb) from (
+            select kind, status, count(*)::int as n from ${s}.payment_operations where ${UNSETTLED} group by kind, status
+            union all
+            select kind, status, count(*)::int from ${s}.payment_operations
+            where settled_at >= now() - interval '24 hours' group by kind, status) c) as counts,
+         (select case when reltuples < 100000 then (select count(*) from ${s}.payment_operations) else reltuples::bigint end
+          from pg_class where oid = '${s}.payment_operations'::regclass) as total,
+         (select reltuples < 100000 from pg_class where oid = '${s}.payment_operations'::regclass) as total_exact,
+         (select count(*)::int from ${s}.payment_operations where review_reason is not null) as needs_review,
+         (select extract(epoch from now() - min(created_at))::float8 from ${s}.payment_operations where ${UNSETTLED}) as oldest_unsettled_seconds,
+         (select count(*)::int from ${s}.charge_outbox) as outbox_rows`,
+    ),
+
+    /** Operations held for review (their partial index): the console's navigation shows it on every page. */
+    reviewCount: statement<[]>(
+      'outboxd_review_count',
+      `select count(*)::int as n from ${s}.payment_operations where review_reason is not null`,
+    ),
+
+    recentSettlements: statement<[limit: number]>(
+      'outboxd_recent_settlements',
+      `select * from ${s}.payment_operations where settled_at is not null order by settled_at desc limit $1`,
+    ),
+
+    /** Every operation of an order, of any kind: a charge's refunds, a refund's charge, earlier attempts. */
+    operationsOfOrder: statement<[orderId: string, limit: number]>(
+      'outboxd_operations_of_order',
+      `select * from ${s}.payment_operations where order_id = $1 order by created_at, id limit $2`,
+    ),
+
+    operationsByExternalId: statement<[externalId: string, limit: number]>(
+      'outboxd_operations_by_external_id',
+      `select * from ${s}.payment_operations where external_id = $1 order by created_at, id limit $2`,
+    ),
+
+    /** An operation's timeline rows, oldest first. */
+    operationEvents: statement<[operationId: string, limit: number]>(
+      'outboxd_operation_events',
+      `select id, at, type, fence, actor, details from ${s}.operation_events where operation_id = $1 order by id limit $2`,
+    ),
+
+    webhookEventsOf: statement<[operationId: string, limit: number]>(
+      'outboxd_webhook_events_of',
+      `select id, type, received_at, result, payload from ${s}.webhook_events
+       where operation_id = $1 order by received_at, id limit $2`,
+    ),
+
     // ─── health (metrics) ─────────────────────────────────────────────────────────────────────────────
 
     operationHealth: statement<[]>(
@@ -402,10 +546,13 @@ function build(schema: string) {
       `select * from ${s}.payment_operations where id = $1`,
     ),
 
-    /** Operations whose id begins with a prefix (hex digits, dashes ignored): the short ids people copy. */
+    /** Operations whose id begins with a prefix (hex digits, dashes ignored): the short ids people copy.
+     * A range of the primary key (uuids order as their hex digits), not a scan of the table. */
     operationsByIdPrefix: statement<[hexPrefix: string, limit: number]>(
       'outboxd_operations_by_id_prefix',
-      `select * from ${s}.payment_operations where replace(id::text, '-', '') like $1 || '%' order by id limit $2`,
+      `select * from ${s}.payment_operations
+       where id between rpad($1, 32, '0')::uuid and rpad($1, 32, 'f')::uuid
+       order by id limit $2`,
     ),
 
     /** The newest audit entries, of one operation or of all, returned oldest first. */
