@@ -8,6 +8,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { inTransaction } from '../src/db/pool.ts';
 import { requestCharge } from '../src/payments/request.ts';
 import { EMULATOR_KEY } from '../src/runtime.ts';
+import { endSession, parseOperatorName, sessionOf, startSession } from '../src/console/session.ts';
+import type { IncomingMessage } from 'node:http';
 import { startReplica, waitUntil, type Replica } from '../scripts/lib/replica.ts';
 import { launchBrowser, type Browser } from './support/browser.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
@@ -345,5 +347,33 @@ describe('the console in a browser', () => {
     expect(width).toBeLessThanOrEqual(1280); // nothing overflows sideways
     await b.shot('operation-laptop', laptop);
     await laptop.close();
+  });
+});
+
+describe('console sessions', () => {
+  const request = (cookie: string) => ({ headers: { cookie: cookie.split(';')[0] } }) as IncomingMessage;
+
+  it('end at sign-out, at expiry, and when ADMIN_TOKEN changes; only a hash of the secret is stored', async () => {
+    const { cookie } = await startSession(t.pool, TOKEN, 'carol', false);
+    expect(cookie).toMatch(/^outboxd_console=[\w-]{43}; Path=\/console; Max-Age=28800; HttpOnly; SameSite=Strict$/);
+    const session = await sessionOf(t.pool, TOKEN, request(cookie));
+    expect(session?.operator).toBe('carol');
+    const secret = cookie.split(';')[0]!.split('=')[1]!;
+    expect((await t.pool.query(`select count(*)::int as n from outboxd.console_sessions where id = $1 or csrf_token = $1`, [secret])).rows[0].n).toBe(0);
+
+    expect(await sessionOf(t.pool, 'a-rotated-admin-token-0123', request(cookie))).toBeUndefined();
+    await t.pool.query(`update outboxd.console_sessions set expires_at = now() - interval '1 second' where id = $1`, [session!.id]);
+    expect(await sessionOf(t.pool, TOKEN, request(cookie))).toBeUndefined();
+
+    const again = await startSession(t.pool, TOKEN, 'carol', true);
+    expect(again.cookie).toMatch(/; Secure$/);
+    const live = (await sessionOf(t.pool, TOKEN, request(again.cookie)))!;
+    await endSession(t.pool, live);
+    expect(await sessionOf(t.pool, TOKEN, request(again.cookie))).toBeUndefined();
+  });
+
+  it('takes a printable name of one line', () => {
+    expect(parseOperatorName('  Alice   Smith ')).toBe('Alice Smith');
+    for (const bad of ['', '   ', 'a'.repeat(65), 'eve\u0000', 'eve\u202e', 'line\u0085two']) expect(parseOperatorName(bad), JSON.stringify(bad)).toBeUndefined();
   });
 });
