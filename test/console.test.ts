@@ -294,7 +294,7 @@ describe('the console in a browser', () => {
     expect((await idsOnPage()).sort()).toEqual((await t.pool.query(`select id from outboxd.payment_operations where needs_review`)).rows.map((r) => r.id).sort());
   });
 
-  it('search: an operation id prefix, an order id and a Stripe id each lead to the operation', async () => {
+  it('search: an operation id prefix, an order id and a Stripe id lead to the operation; an order\'s operations know each other', async () => {
     const { page } = b;
     const paid = await operation(t, ops.paid);
     for (const q of [ops.paid.slice(0, 8), ops.paid.toUpperCase(), 'ord_console_paid', paid.external_id!]) {
@@ -304,6 +304,18 @@ describe('the console in a browser', () => {
       await page.keyboard.press('Enter');
       await page.waitForURL(`${base}/console/operations/${ops.paid}`);
     }
+    // The declined order paid with another card: two operations of one order, each showing the other.
+    const declined = await operation(t, ops.declined);
+    const retry = await confirm(t, { orderId: declined.order_id, paymentMethod: 'pm_card_visa' });
+    await page.goto(`${base}/console/search?q=${encodeURIComponent(declined.order_id)}`);
+    expect((await page.locator('table.data tbody a.row-link').evaluateAll((as) => as.map((a) => a.getAttribute('title')))).sort()).toEqual([ops.declined, retry].sort());
+    await b.shot('search-order');
+    await page.goto(`${base}/console/operations/${retry}`);
+    expect(await page.locator('section', { hasText: 'Same order' }).textContent()).toContain(ops.declined.slice(0, 8));
+
+    await page.goto(`${base}/console/operations/00000000-0000-4000-8000-000000000000`);
+    expect(await page.locator('main').textContent()).toContain('no payment operation 00000000-0000-4000-8000-000000000000');
+
     await page.goto(`${base}/console/search?q=${encodeURIComponent('<script>alert(1)</script>')}`);
     expect(await page.locator('main').textContent()).toContain('“<script>alert(1)</script>” read as order id: nothing found.');
     expect(await page.locator('main script').count()).toBe(0);

@@ -224,7 +224,7 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     const kind = q.get('kind') || undefined;
     if (status && !STATUSES.includes(status)) throw new HttpError(422, 'invalid_input', `status must be one of ${STATUSES.join(', ')}`);
     if (kind && !/^[a-z][a-z0-9_.-]{0,63}$/.test(kind)) throw new HttpError(422, 'invalid_input', 'kind must be a kind name');
-    const size = Math.min(Math.max(Number(q.get('size')) || DEFAULT_PAGE, 5), 500);
+    const size = Math.min(Math.max(Math.floor(Number(q.get('size'))) || DEFAULT_PAGE, 5), 500);
     const filter = { status, kind, needsReview: q.get('review') === '1' };
     const cursor = parseCursor('before', q.get('before')) ?? parseCursor('after', q.get('after'));
     if ((q.has('before') || q.has('after')) && !cursor) throw new HttpError(422, 'invalid_input', 'the page cursor is malformed');
