@@ -212,7 +212,7 @@ describe('the console in a browser', () => {
     await b.shot('operation-resolved');
   });
 
-  it('a forged POST is refused with 403 and changes nothing: no CSRF token, a wrong one, or from another site', async () => {
+  it('a forged POST is refused with 403 and changes nothing: no CSRF token, a wrong one, or from another site; an oversized one with 413', async () => {
     const target = `${base}/console/operations/${ops.misuse2}/requeue`;
     const resolve = `${base}/console/operations/${ops.misuse2}/resolve`;
     const csrf = await b.page.goto(`${base}/console/operations/${ops.misuse2}`).then(() => b.page.locator('input[name=csrf]').first().inputValue());
@@ -224,6 +224,9 @@ describe('the console in a browser', () => {
       b.page.request.post(target, { form: { csrf }, headers: { 'Sec-Fetch-Site': 'cross-site' }, maxRedirects: 0 }),
     ];
     for (const res of await Promise.all(forged)) expect(res.status()).toBe(403);
+    // A body over the forms' limit is refused before anything is read of it, with the connection closed.
+    const huge = await b.page.request.post(target, { form: { csrf, pad: 'x'.repeat(200_000) }, maxRedirects: 0 });
+    expect(huge.status()).toBe(413);
     expect(await audit(ops.misuse2)).toEqual([]);
     expect((await t.pool.query(`select count(*)::int as n from pgboss.job where data->>'operationId' = $1`, [ops.misuse2])).rows[0].n).toBe(jobsBefore);
     expect(await operation(t, ops.misuse2)).toMatchObject({ status: 'unknown', needs_review: true });

@@ -115,8 +115,10 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     send(res, status, layout(await frame(session, title, section, query), body).markup);
   }
 
-  /** An error as a page: its text for a signed-in operator (as the admin API shows it), nothing otherwise. */
+  /** An error as a page: its text for a signed-in operator (as the admin API shows it), nothing otherwise.
+   * A client gone, or a body over the limit (answered by closing the connection), is the server's to answer. */
   async function failed(r: Request, session: Session | undefined, err: unknown): Promise<void> {
+    if (r.req.socket?.destroyed !== false || (err instanceof HttpError && err.status === 413)) throw err;
     const status = err instanceof HttpError ? err.status
       : err instanceof OperationNotFoundError ? 404
       : err instanceof ValidationError ? 422

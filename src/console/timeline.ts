@@ -2,6 +2,7 @@
 // kind of stored history into entries; another table of history (the settlement events an application
 // is told of, say) is one more source read in queries.ts and listed in SOURCES.
 import type { Operation } from '../payments/operation.ts';
+import { duration } from './html.ts';
 import type { OperationRecord } from './queries.ts';
 
 export type Tone = 'neutral' | 'good' | 'bad' | 'warn' | 'info';
@@ -74,7 +75,7 @@ const history: Source = (op, record, now) => {
           facts: [
             ['attempt', d.attempt],
             ['fence', e.fence],
-            ['duration', o.duration_ms !== undefined && o.duration_ms !== null ? `${o.duration_ms} ms` : null],
+            ['duration', outcome ? duration(o.duration_ms as number | null) : null],
             ['Stripe request', o.request_id],
             ['Stripe object', o.external_id],
             ['status', outcome ? (o.from === o.to ? `${o.to}` : `${o.from} → ${o.to}`) : null],

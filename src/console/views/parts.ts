@@ -1,6 +1,6 @@
 // Pieces every page uses: status, links to an operation, amounts, tables of operations.
 import type { Operation } from '../../payments/operation.ts';
-import { ago, html, money, nothing, shortId, span, type Fragment, type Safe } from '../html.ts';
+import { ago, html, money, nothing, shortId, type Fragment, type Safe } from '../html.ts';
 
 export const opHref = (id: string): string => `/console/operations/${encodeURIComponent(id)}`;
 
@@ -32,10 +32,6 @@ export function stripeLink(externalId: string | null, dashboard: string | undefi
   return dashboard
     ? html`<a class="mono" href="${dashboard}/${path}/${encodeURIComponent(externalId)}" rel="noreferrer noopener" target="_blank">${externalId}</a>`
     : html`<span class="mono">${externalId}</span>`;
-}
-
-export function age(from: Date, now = new Date()): string {
-  return span((now.getTime() - from.getTime()) / 1000);
 }
 
 /** Operations as a table: the columns an operator scans a list by. */
