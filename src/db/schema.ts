@@ -87,6 +87,17 @@ export const paymentOperations = outboxd.table(
     index('payment_operations_review_idx')
       .on(t.updatedAt)
       .where(sql`${t.reviewReason} is not null`),
+    // The console's lists: newest first by (created_at, id) keyset, for any kind and status filter
+    // (src/console/queries.ts reads one range of it per kind and status, and merges them).
+    index('payment_operations_list_idx').on(t.kind, t.status, t.createdAt, t.id),
+    // Search by Stripe id; recent settlements and the drift report's succeeded operations. Both partial:
+    // an operation gets its entry once (settled rows are never updated again).
+    index('payment_operations_external_idx')
+      .on(t.externalId)
+      .where(sql`${t.externalId} is not null`),
+    index('payment_operations_settled_idx')
+      .on(t.settledAt)
+      .where(sql`${t.settledAt} is not null`),
   ],
 );
 
@@ -105,15 +116,45 @@ export const adminAudit = outboxd.table(
 );
 
 /** Stripe webhook inbox: one row per event id, so a redelivered event is acknowledged, not reprocessed. */
-export const webhookEvents = outboxd.table('webhook_events', {
-  id: text('id').primaryKey(),
-  type: text('type').notNull(),
-  operationId: uuid('operation_id'),
-  receivedAt: timestamp('received_at', { withTimezone: true }).notNull().defaultNow(),
-  /** What processing decided: settled, already_settled, ignored, no_operation, mismatch. */
-  result: text('result').notNull(),
-  payload: jsonb('payload').notNull(),
-});
+export const webhookEvents = outboxd.table(
+  'webhook_events',
+  {
+    id: text('id').primaryKey(),
+    type: text('type').notNull(),
+    operationId: uuid('operation_id'),
+    receivedAt: timestamp('received_at', { withTimezone: true }).notNull().defaultNow(),
+    /** What processing decided: settled, already_settled, ignored, no_operation, mismatch. */
+    result: text('result').notNull(),
+    payload: jsonb('payload').notNull(),
+  },
+  // An operation's events, for its timeline in the console.
+  (t) => [index('webhook_events_operation_idx').on(t.operationId)],
+);
+
+/**
+ * Each operation's history, for the people who must decide what happened (the console's timeline):
+ * relay, every claim (fence, owner, the owner it took over from), every gateway call sent and its
+ * outcome (duration, Stripe's request id, error), flags and settlements from outside a claim. Each row
+ * is written by the statement that makes the change it records (a data-modifying CTE), so history costs
+ * the dispatcher no round trip. No foreign key: checking one would lock the operation row against the
+ * claim that is updating it.
+ */
+export const operationEvents = outboxd.table(
+  'operation_events',
+  {
+    id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
+    operationId: uuid('operation_id').notNull(),
+    at: timestamp('at', { withTimezone: true }).notNull().defaultNow(),
+    /** relayed, claimed, sent, outcome, flagged, settled */
+    type: text('type').notNull(),
+    /** The fencing token of the claim that wrote it (none for the relay or a flag from outside). */
+    fence: bigint('fence', { mode: 'number' }),
+    /** Who: the lease owner of a claim; the source of an outside settlement. */
+    actor: text('actor'),
+    details: jsonb('details').notNull().default({}),
+  },
+  (t) => [index('operation_events_operation_idx').on(t.operationId, t.id)],
+);
 
 /**
  * The outbox proper: one row per charge to drive, inserted in the confirming transaction (a plain
@@ -144,4 +185,22 @@ export const settlementOutbox = outboxd.table('settlement_outbox', {
   /** What settled it: dispatcher, reconcile, webhook or admin. */
   source: text('source').notNull(),
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+});
+
+/**
+ * Signed-in operators of the console (src/console/session.ts). The cookie carries a random secret; only
+ * its SHA-256 is stored, so a read of this table gives no usable session. A session ends at expires_at,
+ * at sign-out (the row is deleted), or when ADMIN_TOKEN changes (token_fingerprint no longer matches).
+ */
+export const consoleSessions = outboxd.table('console_sessions', {
+  /** SHA-256 (hex) of the cookie's secret. */
+  id: text('id').primaryKey(),
+  /** The name the operator signed in with: the audit trail names actions `console:<operator>`. */
+  operator: text('operator').notNull(),
+  /** Every form that changes something carries it; compared in constant time. */
+  csrfToken: text('csrf_token').notNull(),
+  /** HMAC of ADMIN_TOKEN at sign-in. */
+  tokenFingerprint: text('token_fingerprint').notNull(),
+  createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+  expiresAt: timestamp('expires_at', { withTimezone: true }).notNull(),
 });

@@ -2,6 +2,7 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { Config } from '../config.ts';
+import { consoleRoutes } from '../console/routes.ts';
 import { checkDatabase } from '../db/check.ts';
 import { adminRoutes } from '../http/admin.ts';
 import { sendJson, startHttpServer, type HttpServer, type Route } from '../http/server.ts';
@@ -75,8 +76,9 @@ async function openReplica(config: Config, log: Logger, workerId: string) {
     );
     let dispatching = false;
 
-    const admin = adminRoutes({ pool, boss, gateway: gateway.evidence ? gateway.gateway : undefined, log, config, workerId });
-    // ADMIN_HTTP_PORT moves the admin API off the listener that Stripe (and so anyone) can reach.
+    const adminDeps = { pool, boss, gateway: gateway.evidence ? gateway.gateway : undefined, log, config, workerId };
+    const admin = [...adminRoutes(adminDeps), ...consoleRoutes(adminDeps)];
+    // ADMIN_HTTP_PORT moves the admin API and the console off the listener that Stripe (and so anyone) can reach.
     const ownAdminListener = config.admin.httpPort !== undefined;
     const http = await listen('HTTP', config.worker.httpPort, config.worker.httpHost, log, [
       ['GET', PROBES.liveness, ({ res }) => sendJson(res, 200, { status: 'ok', workerId })],

@@ -27,6 +27,10 @@ export interface AdminDeps {
   workerId: string;
 }
 
+/** Why resolve, reconcile and the drift report refuse on a replica without Stripe evidence. */
+export const NO_EVIDENCE =
+  'this replica has no Stripe to check evidence against (STRIPE_SECRET_KEY unset, DATABASE_URL set, its emulator knows only its own charges): set STRIPE_SECRET_KEY, or STRIPE_API_BASE to the emulator the workers share';
+
 const digest = (s: string) => createHash('sha256').update(s).digest();
 
 function authorize(req: IncomingMessage, token: string): void {
@@ -94,7 +98,7 @@ export function adminRoutes(deps: AdminDeps): Route[] {
 
   const evidence = (): PaymentGateway => {
     if (deps.gateway) return deps.gateway;
-    throw new HttpError(409, 'no_evidence', 'this replica has no Stripe to check evidence against (STRIPE_SECRET_KEY unset, DATABASE_URL set, its emulator knows only its own charges): set STRIPE_SECRET_KEY, or STRIPE_API_BASE to the emulator the workers share');
+    throw new HttpError(409, 'no_evidence', NO_EVIDENCE);
   };
 
   return [

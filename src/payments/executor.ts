@@ -80,7 +80,7 @@ export async function executeCharge(
 
   // 5. Record the outcome, fenced, in one short transaction with whatever the caller commits beside it.
   const operation = await withSpan('outboxd.record_outcome', { ...traced, [ATTR.outcome]: outcome.kind }, (span) => inTransaction(db, async (tx) => {
-    const recorded = await recordOutcome(tx, op, fence, outcome, opts.source ?? 'dispatcher', call === 'create' ? attempt : undefined);
+    const recorded = await recordOutcome(tx, op, fence, outcome, opts.source ?? 'dispatcher', { call, attempt, durationMs });
     await opts.onRecorded?.(tx, recorded, outcome);
     span.setAttribute(ATTR.status, recorded.status);
     return recorded;
@@ -120,11 +120,12 @@ async function callGateway(gateway: PaymentGateway, op: LoadedOperation, call: G
 
 /** docs/architecture.md §2.4: a 2xx is not success by itself; the PaymentIntent's status decides. */
 function fromCharge(op: Operation, charge: Charge): Outcome {
+  const { requestId } = charge;
   const mismatch = mismatchOf(op, charge);
-  if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch, retry: false };
-  if (charge.status === 'succeeded') return { kind: 'succeeded', externalId: charge.id };
-  if (FAILED_CHARGE_STATUSES.has(charge.status)) return { kind: 'failed', externalId: charge.id, reason: `payment intent ${charge.status}` };
-  return { kind: 'ambiguous', externalId: charge.id, reason: `payment intent ${charge.status}` };
+  if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch, retry: false, requestId };
+  if (charge.status === 'succeeded') return { kind: 'succeeded', externalId: charge.id, requestId };
+  if (FAILED_CHARGE_STATUSES.has(charge.status)) return { kind: 'failed', externalId: charge.id, reason: `payment intent ${charge.status}`, requestId };
+  return { kind: 'ambiguous', externalId: charge.id, reason: `payment intent ${charge.status}`, requestId };
 }
 
 /** A charge that does not carry this operation's id, amount and currency must not settle it. */
@@ -154,6 +155,10 @@ function fromError(err: unknown, call: GatewayCall): Outcome {
     return { kind: 'ambiguous', externalId: null, reason: `unexpected ${call} error: ${String(err)}` };
   }
   const reason = `${err.name}${err.httpStatus ? ` ${err.httpStatus}` : ''}: ${err.message}`;
+  return { ...fromGatewayError(err, call, reason), requestId: err.requestId };
+}
+
+function fromGatewayError(err: GatewayError, call: GatewayCall, reason: string): Outcome {
   switch (err.outcome) {
     case 'declined':
       return { kind: 'failed', externalId: err.externalId ?? null, reason };

@@ -22,6 +22,8 @@ export interface Charge {
   currency: string;
   /** metadata.operation_id, when the charge carries it */
   operationId: string | undefined;
+  /** Stripe's id of the response it was read from (its Request-Id), for the operation's timeline. */
+  requestId?: string | undefined;
 }
 
 /** PaymentIntent statuses that are final and charged nothing (an off-session confirm that was declined
@@ -42,10 +44,13 @@ export abstract class GatewayError extends Error {
   readonly httpStatus: number | undefined;
   /** The PaymentIntent the error names, when the provider returned one. */
   readonly externalId: string | undefined;
-  constructor(message: string, httpStatus?: number, externalId?: string, options?: ErrorOptions) {
+  /** The provider's id of the response, when one arrived (Stripe's Request-Id). */
+  readonly requestId: string | undefined;
+  constructor(message: string, httpStatus?: number, externalId?: string, options?: ErrorOptions & { requestId?: string | undefined }) {
     super(message, options);
     this.httpStatus = httpStatus;
     this.externalId = externalId;
+    this.requestId = options?.requestId;
   }
 }
 

@@ -53,15 +53,17 @@ export const isOperationId = (s: string): boolean => UUID.test(s);
 
 export const isSettled = (status: OperationStatus): boolean => status === 'succeeded' || status === 'failed';
 
-/** What one step of the executor learned. */
-export type Outcome =
+/** What one step of the executor learned, and Stripe's id of the response it learned it from (when
+ * one arrived), which the operation's timeline keeps. */
+export type Outcome = (
   | { kind: 'succeeded'; externalId: string }
   | { kind: 'failed'; externalId: string | null; reason: string }
   | { kind: 'ambiguous'; externalId: string | null; reason: string }
   | { kind: 'rate_limited'; reason: string }
   | { kind: 'not_executed'; reason: string }
   /** retry: whether driving it again can help (search may catch up); false holds it for a person now. */
-  | { kind: 'needs_review'; externalId: string | null; reason: string; retry: boolean };
+  | { kind: 'needs_review'; externalId: string | null; reason: string; retry: boolean }
+) & { requestId?: string | undefined };
 
 /** Outcomes that prove the call executed nothing at the provider: not an attempt that may have charged. */
 export const executedNothing = (outcome: Outcome): boolean => outcome.kind === 'rate_limited' || outcome.kind === 'not_executed';
@@ -137,7 +139,7 @@ export async function recordAttempt(
   fence: number,
   call: 'create' | 'retrieve' | 'search',
 ): Promise<Attempt> {
-  const { rows } = await db.query(db.sql.recordAttempt(id, fence, call === 'create'));
+  const { rows } = await db.query(db.sql.recordAttempt(id, fence, call));
   if (!rows[0]) throw await staleFence(db, id, fence);
   return rows[0];
 }
@@ -146,17 +148,24 @@ export async function recordAttempt(
  * executor, a Stripe webhook, or a person's resolution. */
 export type SettlementSource = 'dispatcher' | 'reconcile' | 'webhook' | 'admin';
 
+/** The gateway call an outcome answers, as recordAttempt counted it. */
+export interface CallMade {
+  call: 'create' | 'retrieve' | 'search';
+  attempt: Attempt;
+  durationMs: number;
+}
+
 /** Fenced: applies an outcome through the transition table, ends the claim's lease, and returns the
- * updated operation. A settling outcome writes the settlement event in the same statement. With the
- * create `attempt` whose outcome proves nothing executed, its stamps are undone: a 429 (or 401/403, or a
- * connection never opened) does not start the key window. */
+ * updated operation. When a create's outcome proves nothing executed, the attempt's stamps are undone:
+ * a 429 (or 401/403, or a connection never opened) does not start the key window. A settling outcome
+ * writes its settlement event, and every outcome its timeline entry, in the same statement. */
 export async function recordOutcome(
   db: Queryable,
   op: Operation,
   fence: number,
   outcome: Outcome,
-  source: 'dispatcher' | 'reconcile',
-  createAttempt?: Attempt,
+  source: SettlementSource & ('dispatcher' | 'reconcile'),
+  made: CallMade,
 ): Promise<Operation> {
   const status = nextStatus(op.status, outcome);
   const externalId = 'externalId' in outcome ? outcome.externalId : null;
@@ -164,10 +173,22 @@ export async function recordOutcome(
   // A reason that only says "try again later" (search not caught up) does not replace one a person needs
   // (a key misuse, a mismatched charge): their runbook actions differ.
   const review = outcome.kind === 'needs_review' && !(outcome.retry && op.review_reason) ? outcome.reason : null;
+  const createAttempt = made.call === 'create' ? made.attempt : undefined;
   const undo = createAttempt !== undefined && executedNothing(outcome);
+  const event = {
+    call: made.call,
+    attempt: made.attempt.attempts,
+    outcome: outcome.kind,
+    from: op.status,
+    to: status,
+    duration_ms: made.durationMs,
+    request_id: outcome.requestId ?? null,
+    external_id: externalId,
+    error,
+  };
   const { rows } = await db.query(
     db.sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review, undo,
-      createAttempt?.prev_first_attempted_at ?? null, createAttempt?.prev_last_attempted_at ?? null, source),
+      createAttempt?.prev_first_attempted_at ?? null, createAttempt?.prev_last_attempted_at ?? null, source, JSON.stringify(event)),
   );
   if (!rows[0]) throw await staleFence(db, op.id, fence);
   return rows[0];

@@ -53,6 +53,29 @@ function build(schema: string) {
   const statement =
     <A extends unknown[]>(name: string, text: string) =>
     (...values: A): QueryConfig => ({ name: `${name}_${tag}`, text, values, types: resultTypes });
+  /** A data-modifying CTE that adds to the operation's timeline, one row per row of `from`:
+   * `columns` selects operation_id, type, fence, actor, details. */
+  const event = (from: string, columns: string) =>
+    `${from}_event as (insert into ${s}.operation_events (operation_id, type, fence, actor, details) select ${columns} from ${from})`;
+  /** An operation's keyset cursor: created_at to the microsecond (a JavaScript Date keeps milliseconds). */
+  const CURSOR = `to_char(o.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`;
+  const operationsPage = (cmp: '<' | '>', dir: 'asc' | 'desc') =>
+    `select o.*, ${CURSOR} as cursor_at
+     from unnest($1::text[]) k(kind) cross join unnest($2::text[]) st(status)
+     cross join lateral (
+       select * from ${s}.payment_operations p
+       where p.kind = k.kind and p.status = st.status and (p.created_at, p.id) ${cmp} ($3::timestamptz, $4::uuid)
+       order by p.created_at ${dir}, p.id ${dir}
+       limit $5
+     ) o
+     order by o.created_at ${dir}, o.id ${dir}
+     limit $5`;
+  const reviewPage = (cmp: '<' | '>', dir: 'asc' | 'desc') =>
+    `select o.*, ${CURSOR} as cursor_at from ${s}.payment_operations o
+     where o.review_reason is not null and o.kind = any($1::text[]) and o.status = any($2::text[])
+       and (o.created_at, o.id) ${cmp} ($3::timestamptz, $4::uuid)
+     order by o.created_at ${dir}, o.id ${dir}
+     limit $5`;
 
   return {
     // ─── orders ────────────────────────────────────────────────────────────────────────────────────────
@@ -67,12 +90,16 @@ function build(schema: string) {
 
     outboxHasRows: statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from ${s}.charge_outbox) as any`),
 
-    /** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark. */
+    /** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark.
+     * Each operation's timeline records the relay in the same statement. */
     takeOutboxBatch: statement<[limit: number]>(
       'outboxd_take_outbox_batch',
-      `delete from ${s}.charge_outbox
+      `with taken as (
+       delete from ${s}.charge_outbox
        where id in (select id from ${s}.charge_outbox order by id limit $1 for update skip locked)
-       returning operation_id, traceparent`,
+       returning operation_id, traceparent
+       ), ${event('taken', `operation_id, 'relayed', null, null, '{}'`)}
+       select operation_id, traceparent from taken`,
     ),
 
     outboxRowFor: statement<[operationId: string]>(
@@ -151,17 +178,20 @@ function build(schema: string) {
 
     /** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token.
      * Returns the claimed operation as loadOperation does (the executor needs no second read), and
-     * previous_owner when an expired lease was taken over (its holder died or stalled). */
+     * previous_owner when an expired lease was taken over (its holder died or stalled). The timeline
+     * records the claim in the same statement. */
     acquireLease: statement<[id: string, owner: string, ttlMs: number, keyWindowSeconds: number]>(
       'outboxd_acquire_lease',
-      `with prev as (select id, lease_owner from ${s}.payment_operations where id = $1 for update)
+      `with prev as (select id, lease_owner from ${s}.payment_operations where id = $1 for update), claimed as (
        update ${s}.payment_operations op
        set fence = op.fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
            updated_at = now()
        from prev
        where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
        returning op.*, prev.lease_owner as previous_owner,
-         coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as key_window_passed`,
+         coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as key_window_passed
+       ), ${event('claimed', `id, 'claimed', fence, lease_owner, jsonb_strip_nulls(jsonb_build_object('previous_owner', previous_owner))`)}
+       select * from claimed`,
     ),
 
     renewLease: statement<[id: string, fence: number, ttlMs: number]>(
@@ -190,25 +220,29 @@ function build(schema: string) {
     /** Counts a gateway call before it is made; for a create, records first_attempted_at (the first send,
      * invariant 7) and last_attempted_at before the send, returning what they were, so that an outcome that
      * proves nothing executed can put them back. Zero rows: the fence moved or the operation settled, and
-     * the call must not be made. */
-    recordAttempt: statement<[id: string, fence: number, isCreate: boolean]>(
+     * the call must not be made. The timeline records the call as sent: one whose outcome never follows
+     * was in flight when its worker died or lost the lease. */
+    recordAttempt: statement<[id: string, fence: number, call: string]>(
       'outboxd_record_attempt',
-      `with prev as (select first_attempted_at, last_attempted_at from ${s}.payment_operations where id = $1)
+      `with prev as (select first_attempted_at, last_attempted_at from ${s}.payment_operations where id = $1), attempt as (
        update ${s}.payment_operations
        set attempts = attempts + 1, updated_at = now(),
-           first_attempted_at = case when $3 then coalesce(first_attempted_at, now()) else first_attempted_at end,
-           last_attempted_at = case when $3 then now() else last_attempted_at end
+           first_attempted_at = case when $3 = 'create' then coalesce(first_attempted_at, now()) else first_attempted_at end,
+           last_attempted_at = case when $3 = 'create' then now() else last_attempted_at end
        where id = $1 and fence = $2 and ${UNSETTLED}
        returning attempts, first_attempted_at,
          (select first_attempted_at from prev) as prev_first_attempted_at,
-         (select last_attempted_at from prev) as prev_last_attempted_at`,
+         (select last_attempted_at from prev) as prev_last_attempted_at
+       ), ${event('attempt', `$1, 'sent', $2, null, jsonb_build_object('call', $3::text, 'attempt', attempts)`)}
+       select * from attempt`,
     ),
 
     /** Writes an outcome and ends the claim's lease. Never touches a settled operation (invariant 5) and
      * only with the current fence (invariant 8). settled_at is set exactly when the new status is settled,
      * and then, in the same statement, its settlement event ($11: what settled it).
      * $8: the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt
-     * stamps go back to $9/$10: a window that only such calls opened is not open. */
+     * stamps go back to $9/$10: a window that only such calls opened is not open. $11: what the timeline
+     * keeps of the call (its outcome, duration, Stripe's request id), written by the same statement. */
     recordOutcome: statement<
       [
         id: string,
@@ -222,6 +256,7 @@ function build(schema: string) {
         firstAttemptedAt: Date | null,
         lastAttemptedAt: Date | null,
         source: string,
+        event: string,
       ]
     >(
       'outboxd_record_outcome',
@@ -236,16 +271,20 @@ function build(schema: string) {
            settled_at = case when $3 in ('succeeded', 'failed') then now() end
        where id = $1 and fence = $2 and ${UNSETTLED}
        returning *
-       ), ${settlementEvent('$11')}
+       ), ${settlementEvent('$11')},
+       ${event('op', `id, 'outcome', $2, null, $12::jsonb`)}
        select * from op`,
     ),
 
     /** Fenced: holds an unsettled operation for a person without changing its status; ends the claim. */
     flagForReview: statement<[id: string, fence: number, reason: string]>(
       'outboxd_flag_for_review',
-      `update ${s}.payment_operations set review_reason = $3, updated_at = now(), lease_owner = null, lease_expires_at = null
+      `with flagged as (
+       update ${s}.payment_operations set review_reason = $3, updated_at = now(), lease_owner = null, lease_expires_at = null
        where id = $1 and fence = $2 and ${UNSETTLED}
-       returning *`,
+       returning *
+       ), ${event('flagged', `id, 'flagged', $2, null, jsonb_build_object('reason', $3::text)`)}
+       select * from flagged`,
     ),
 
     fenceOf: statement<[id: string]>(
@@ -268,7 +307,8 @@ function build(schema: string) {
            review_reason = null, settled_at = now(), updated_at = now()
        where id = $1 and ${UNSETTLED}
        returning *
-       ), ${settlementEvent('$6')}
+       ), ${settlementEvent('$6')},
+       ${event('op', `id, 'settled', fence, last_outcome, jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', last_error))`)}
        select * from op`,
     ),
 
@@ -285,7 +325,8 @@ function build(schema: string) {
            review_reason = null, settled_at = now(), updated_at = now()
        where id = $1 and fence = $2 and ${UNSETTLED}
        returning *
-       ), ${settlementEvent("'admin'")}
+       ), ${settlementEvent("'admin'")},
+       ${event('op', `id, 'settled', fence, last_outcome, jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', last_error))`)}
        select * from op`,
     ),
 
@@ -323,9 +364,12 @@ function build(schema: string) {
      * The status is not touched, so no fence is needed; a later outcome keeps the reason unless it settles. */
     flagFromOutside: statement<[id: string, reason: string]>(
       'outboxd_flag_from_outside',
-      `update ${s}.payment_operations set review_reason = $2, updated_at = now()
+      `with flagged as (
+       update ${s}.payment_operations set review_reason = $2, updated_at = now()
        where id = $1 and ${UNSETTLED}
-       returning id`,
+       returning id
+       ), ${event('flagged', `id, 'flagged', null, null, jsonb_build_object('reason', $2::text)`)}
+       select id from flagged`,
     ),
 
     /** Serialises admin re-drives of one operation (check for a live job, then enqueue). */
@@ -389,6 +433,140 @@ function build(schema: string) {
       `select * from ${s}.payment_operations where status = 'succeeded' and settled_at >= $1`,
     ),
 
+    // ─── the console (src/console/): sessions, and the reads behind its pages ─────────────────────────
+
+    insertConsoleSession: statement<[id: string, operator: string, csrfToken: string, fingerprint: string, ttlSeconds: number]>(
+      'outboxd_insert_console_session',
+      `insert into ${s}.console_sessions (id, operator, csrf_token, token_fingerprint, expires_at)
+       values ($1, $2, $3, $4, now() + make_interval(secs => $5))
+       returning expires_at`,
+    ),
+
+    /** A live session: not expired, and begun with the ADMIN_TOKEN in force now. */
+    consoleSession: statement<[id: string, fingerprint: string]>(
+      'outboxd_console_session',
+      `select operator, csrf_token, expires_at from ${s}.console_sessions
+       where id = $1 and token_fingerprint = $2 and expires_at > now()`,
+    ),
+
+    deleteConsoleSession: statement<[id: string]>(
+      'outboxd_delete_console_session',
+      `delete from ${s}.console_sessions where id = $1`,
+    ),
+
+    pruneConsoleSessions: statement<[]>(
+      'outboxd_prune_console_sessions',
+      `delete from ${s}.console_sessions where expires_at <= now()`,
+    ),
+
+    /** The kinds that exist: one probe of the list index per kind (a loose index scan), not a scan. */
+    operationKinds: statement<[]>(
+      'outboxd_operation_kinds',
+      `with recursive kinds(kind) as (
+         (select kind from ${s}.payment_operations order by kind limit 1)
+         union all
+         select (select p.kind from ${s}.payment_operations p where p.kind > kinds.kind order by p.kind limit 1)
+         from kinds where kinds.kind is not null
+       )
+       select kind from kinds where kind is not null`,
+    ),
+
+    /** A page of operations, newest first, strictly older than the cursor (created_at, id): one range
+     * of the list index per (kind, status), each cut at the page size, merged. */
+    operationsOlder: statement<[kinds: string[], statuses: string[], at: string, id: string, limit: number]>(
+      'outboxd_operations_older',
+      operationsPage('<', 'desc'),
+    ),
+    /** The page just newer than the cursor, oldest first (the caller reverses it). */
+    operationsNewer: statement<[kinds: string[], statuses: string[], at: string, id: string, limit: number]>(
+      'outboxd_operations_newer',
+      operationsPage('>', 'asc'),
+    ),
+    /** The same pages among operations held for review: few, read through the review index and sorted. */
+    reviewOlder: statement<[kinds: string[], statuses: string[], at: string, id: string, limit: number]>(
+      'outboxd_review_older',
+      reviewPage('<', 'desc'),
+    ),
+    reviewNewer: statement<[kinds: string[], statuses: string[], at: string, id: string, limit: number]>(
+      'outboxd_review_newer',
+      reviewPage('>', 'asc'),
+    ),
+
+    /** The review queue, longest waiting first, with when each was last flagged or found to need review. */
+    reviewQueue: statement<[limit: number]>(
+      'outboxd_review_queue',
+      `select o.*, ${CURSOR} as cursor_at,
+         (select max(e.at) from ${s}.operation_events e
+          where e.operation_id = o.id and (e.type = 'flagged' or (e.type = 'outcome' and e.details->>'outcome' = 'needs_review'))) as flagged_at
+       from ${s}.payment_operations o
+       where o.review_reason is not null
+       order by o.created_at, o.id
+       limit $1`,
+    ),
+
+    /** The overview's figures, each read through an index, never a scan of every operation: unsettled
+     * counts by kind and status (the unsettled index), settled counts of the last 24 hours (the settled
+     * index), the review count, the oldest unsettled, and the number of operations: counted while the
+     * planner believes there are fewer than 100,000 (-1 when never analyzed), estimated beyond. */
+    consoleOverview: statement<[]>(
+      'outboxd_console_overview',
+      `select
+         (select coalesce(jsonb_agg(c order by c.kind, c.status), '[]'::jsonb) from (
+            select kind, status, count(*)::int as n from ${s}.payment_operations where ${UNSETTLED} group by kind, status
+            union all
+            select kind, status, count(*)::int from ${s}.payment_operations
+            where settled_at >= now() - interval '24 hours' group by kind, status) c) as counts,
+         (select case when reltuples < 100000 then (select count(*) from ${s}.payment_operations) else reltuples::bigint end
+          from pg_class where oid = '${s}.payment_operations'::regclass) as total,
+         (select reltuples < 100000 from pg_class where oid = '${s}.payment_operations'::regclass) as total_exact,
+         (select count(*)::int from ${s}.payment_operations where review_reason is not null) as needs_review,
+         (select extract(epoch from now() - min(created_at))::float8 from ${s}.payment_operations where ${UNSETTLED}) as oldest_unsettled_seconds,
+         (select count(*)::int from ${s}.charge_outbox) as outbox_rows`,
+    ),
+
+    /** Operations held for review (their partial index): the console's navigation shows it on every page. */
+    reviewCount: statement<[]>(
+      'outboxd_review_count',
+      `select count(*)::int as n from ${s}.payment_operations where review_reason is not null`,
+    ),
+
+    recentSettlements: statement<[limit: number]>(
+      'outboxd_recent_settlements',
+      `select * from ${s}.payment_operations where settled_at is not null order by settled_at desc limit $1`,
+    ),
+
+    /** Every operation of an order, of any kind: a charge's refunds, a refund's charge, earlier attempts. */
+    operationsOfOrder: statement<[orderId: string, limit: number]>(
+      'outboxd_operations_of_order',
+      `select * from ${s}.payment_operations where order_id = $1 order by created_at, id limit $2`,
+    ),
+
+    operationsByExternalId: statement<[externalId: string, limit: number]>(
+      'outboxd_operations_by_external_id',
+      `select * from ${s}.payment_operations where external_id = $1 order by created_at, id limit $2`,
+    ),
+
+    /** An operation's timeline rows, oldest first. */
+    operationEvents: statement<[operationId: string, limit: number]>(
+      'outboxd_operation_events',
+      `select id, at, type, fence, actor, details from ${s}.operation_events where operation_id = $1 order by id limit $2`,
+    ),
+
+    webhookEventsOf: statement<[operationId: string, limit: number]>(
+      'outboxd_webhook_events_of',
+      `select id, type, received_at, result, payload from ${s}.webhook_events
+       where operation_id = $1 order by received_at, id limit $2`,
+    ),
+
+    /** The operation's settlement events as pg-boss carries them to the application's onSettled
+     * handlers: queued, delivered (completed), retrying, or dead-lettered. */
+    settlementEventsOf: statement<[operationId: string, queues: string[], limit: number]>(
+      'outboxd_settlement_events_of',
+      `select id, name, state, retry_count, created_on, completed_on, data->>'source' as source, output
+       from ${boss}.job where name = any($2::text[]) and data->>'operationId' = $1
+       order by created_on, id limit $3`,
+    ),
+
     // ─── health (metrics) ─────────────────────────────────────────────────────────────────────────────
 
     operationHealth: statement<[]>(
@@ -415,10 +593,13 @@ function build(schema: string) {
       `select * from ${s}.payment_operations where id = $1`,
     ),
 
-    /** Operations whose id begins with a prefix (hex digits, dashes ignored): the short ids people copy. */
+    /** Operations whose id begins with a prefix (hex digits, dashes ignored): the short ids people copy.
+     * A range of the primary key (uuids order as their hex digits), not a scan of the table. */
     operationsByIdPrefix: statement<[hexPrefix: string, limit: number]>(
       'outboxd_operations_by_id_prefix',
-      `select * from ${s}.payment_operations where replace(id::text, '-', '') like $1 || '%' order by id limit $2`,
+      `select * from ${s}.payment_operations
+       where id between rpad($1, 32, '0')::uuid and rpad($1, 32, 'f')::uuid
+       order by id limit $2`,
     ),
 
     /** The newest audit entries, of one operation or of all, returned oldest first. */

@@ -82,7 +82,7 @@ export class StripeGateway implements PaymentGateway {
       const classified = classify(err);
       const sends = this.sends.get(req.idempotencyKey) ?? 0;
       if ((classified instanceof RetryLater || classified instanceof NotExecuted) && sends !== 1) {
-        throw new AmbiguousOutcome(`sent ${sends} times; an earlier send may have executed: ${classified.message}`, classified.httpStatus, undefined, { cause: err });
+        throw new AmbiguousOutcome(`sent ${sends} times; an earlier send may have executed: ${classified.message}`, classified.httpStatus, undefined, { cause: err, requestId: classified.requestId });
       }
       throw classified;
     } finally {
@@ -129,8 +129,9 @@ export class StripeGateway implements PaymentGateway {
   }
 }
 
-function toCharge(pi: Stripe.PaymentIntent): Charge {
-  return { id: pi.id, status: pi.status, amount: pi.amount, currency: pi.currency, operationId: pi.metadata?.operation_id };
+/** `lastResponse` is set on a PaymentIntent the SDK returned itself, not on one inside a list. */
+function toCharge(pi: Stripe.PaymentIntent & { lastResponse?: { requestId?: string } }): Charge {
+  return { id: pi.id, status: pi.status, amount: pi.amount, currency: pi.currency, operationId: pi.metadata?.operation_id, requestId: pi.lastResponse?.requestId };
 }
 
 /** docs/architecture.md §2.4, by HTTP status (what stripe@23 itself decides the class by) and raw type. */
@@ -139,7 +140,7 @@ function classify(err: unknown): GatewayError {
   const status = err.statusCode;
   const pi = (err.payment_intent as { id?: string } | undefined)?.id;
   const message = err.message;
-  const opts = { cause: err };
+  const opts = { cause: err, requestId: err.requestId };
   // No status: connection error, timeout, a body cut off after the headers, unreadable JSON. Only a
   // connection that never opened proves that this send reached nothing.
   if (status === undefined) {

@@ -1,0 +1,179 @@
+// What the console's pages read. Every list is a keyset page over (created_at, id), newest first, so a
+// page costs the same on the first page as on the ten-thousandth and with a million operations
+// (EXPLAIN in docs/runbook.md, "Console").
+import { SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../settlements.ts';
+import type { PgBoss } from 'pg-boss';
+import { listAudit, type AuditRow } from '../admin/audit.ts';
+import type { Pool } from '../db/pool.ts';
+import { OPERATION_STATUSES } from '../db/schema.ts';
+import { CHARGE_QUEUE } from '../outbox.ts';
+import { isOperationId, type Operation } from '../payments/operation.ts';
+
+export type Listed = Operation & { cursor_at: string };
+
+export interface ListFilter {
+  status?: string | undefined;
+  kind?: string | undefined;
+  needsReview?: boolean;
+}
+
+/** A position in a list: strictly before (older than) or after (newer than) an operation. */
+export interface Cursor {
+  direction: 'before' | 'after';
+  at: string;
+  id: string;
+}
+
+export interface Page {
+  rows: Listed[];
+  /** Cursors of the neighbouring pages, when they hold anything. */
+  older: string | undefined;
+  newer: string | undefined;
+}
+
+/** `2026-12-02T14:51:03.123456Z~<uuid>`: created_at to the microsecond, then the id. */
+const CURSOR_TEXT = /^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z)~([0-9a-f-]{36})$/;
+
+export function parseCursor(direction: 'before' | 'after', text: string | null): Cursor | undefined {
+  const m = text ? CURSOR_TEXT.exec(text) : null;
+  if (!m || !isOperationId(m[2]!)) return undefined;
+  return { direction, at: m[1]!, id: m[2]! };
+}
+
+const cursorOf = (row: Listed) => `${row.cursor_at}~${row.id}`;
+
+export const STATUSES: readonly string[] = OPERATION_STATUSES;
+
+export async function operationKinds(pool: Pool): Promise<string[]> {
+  return (await pool.query(pool.sql.operationKinds())).rows.map((r: { kind: string }) => r.kind);
+}
+
+/**
+ * One page of `size` operations matching `filter`, newest first, from `cursor` on (the newest page
+ * without one). One row more than the page is read on the cursor's side, to know whether a further
+ * page exists; the other side has one if the cursor came from it.
+ */
+export async function listPage(pool: Pool, filter: ListFilter, size: number, cursor: Cursor | undefined, kinds: string[]): Promise<Page> {
+  const kindList = filter.kind ? [filter.kind] : kinds;
+  const statusList = filter.status ? [filter.status] : [...STATUSES];
+  const newer = cursor?.direction === 'after';
+  const at = cursor?.at ?? (newer ? '-infinity' : 'infinity');
+  const id = cursor?.id ?? (newer ? '00000000-0000-0000-0000-000000000000' : 'ffffffff-ffff-ffff-ffff-ffffffffffff');
+  const sql = pool.sql;
+  const statement = filter.needsReview ? (newer ? sql.reviewNewer : sql.reviewOlder) : newer ? sql.operationsNewer : sql.operationsOlder;
+  const { rows } = await pool.query(statement(kindList, statusList, at, id, size + 1));
+  const more = rows.length > size;
+  const page: Listed[] = rows.slice(0, size);
+  if (newer) page.reverse();
+  const first = page[0];
+  const last = page[page.length - 1];
+  return {
+    rows: page,
+    older: last && (newer ? cursor !== undefined : more) ? cursorOf(last) : undefined,
+    newer: first && (newer ? more : cursor !== undefined) ? cursorOf(first) : undefined,
+  };
+}
+
+export interface Overview {
+  /** Unsettled operations now, settled ones of the last 24 hours. */
+  counts: { kind: string; status: string; n: number }[];
+  /** Every operation: counted when few, else as the planner estimates (a count would read them all). */
+  total: { n: number; exact: boolean };
+  needsReview: number;
+  oldestUnsettledSeconds: number | null;
+  outboxRows: number;
+  /** pg-boss's counts of the charge queue (as its last monitor pass saw them). */
+  queue: { queued: number; active: number; failed: number } | null;
+  review: (Operation & { flagged_at: Date | null })[];
+  recent: Operation[];
+}
+
+export async function overview(pool: Pool, boss: PgBoss): Promise<Overview> {
+  const [figures, review, recent, queue] = await Promise.all([
+    pool.query(pool.sql.consoleOverview()),
+    reviewQueue(pool, 5),
+    pool.query(pool.sql.recentSettlements(10)),
+    boss.getQueue(CHARGE_QUEUE).catch(() => null),
+  ]);
+  const f = figures.rows[0];
+  return {
+    counts: f.counts,
+    total: { n: f.total, exact: f.total_exact },
+    needsReview: f.needs_review,
+    oldestUnsettledSeconds: f.oldest_unsettled_seconds,
+    outboxRows: f.outbox_rows,
+    queue: queue ? { queued: queue.queuedCount, active: queue.activeCount, failed: queue.failedCount } : null,
+    review,
+    recent: recent.rows,
+  };
+}
+
+export async function reviewQueue(pool: Pool, limit: number): Promise<(Listed & { flagged_at: Date | null })[]> {
+  return (await pool.query(pool.sql.reviewQueue(limit))).rows;
+}
+
+export interface OperationRecord {
+  events: { id: number; at: Date; type: string; fence: number | null; actor: string | null; details: Record<string, unknown> }[];
+  webhooks: { id: string; type: string; received_at: Date; result: string; payload: Record<string, unknown> }[];
+  audit: AuditRow[];
+  /** Every other operation of the same order: a charge's refunds, a refund's charge, earlier charges. */
+  related: Operation[];
+  /** Its settlement events on their way to the application (pg-boss jobs of `settled` / `settled_dead`). */
+  settlements: { id: string; name: string; state: string; retry_count: number; created_on: Date; completed_on: Date | null; source: string | null; output: unknown }[];
+}
+
+/** A timeline longer than this is cut (a stuck operation retried for days): its newest part is what matters least. */
+export const HISTORY_LIMIT = 1000;
+
+export async function operationRecord(pool: Pool, op: Operation): Promise<OperationRecord> {
+  const [events, webhooks, audit, related, settlements] = await Promise.all([
+    pool.query(pool.sql.operationEvents(op.id, HISTORY_LIMIT)),
+    pool.query(pool.sql.webhookEventsOf(op.id, HISTORY_LIMIT)),
+    listAudit(pool, { operationId: op.id, limit: HISTORY_LIMIT }),
+    pool.query(pool.sql.operationsOfOrder(op.order_id, 50)),
+    pool.query(pool.sql.settlementEventsOf(op.id, [SETTLED_QUEUE, SETTLED_DEAD_QUEUE], HISTORY_LIMIT)),
+  ]);
+  return {
+    events: events.rows,
+    webhooks: webhooks.rows,
+    audit,
+    related: related.rows.filter((r: Operation) => r.id !== op.id),
+    settlements: settlements.rows,
+  };
+}
+
+export interface SearchResult {
+  query: string;
+  matches: Operation[];
+  /** How the query was read, for the page to say. */
+  readAs: string[];
+}
+
+const SEARCH_LIMIT = 50;
+
+/**
+ * An operation id (whole, or a prefix of 8+ hex digits), an order id, or a Stripe id (pi_…, re_…, any
+ * `xx_…` the external_id holds). Each reading that fits is tried; the page lists what they found.
+ */
+export async function search(pool: Pool, text: string): Promise<SearchResult> {
+  const query = text.trim().slice(0, 255);
+  const readAs: string[] = [];
+  const found = new Map<string, Operation>();
+  const add = (rows: Operation[]) => rows.forEach((r) => found.set(r.id, r));
+  if (!query) return { query, matches: [], readAs };
+  const hex = query.toLowerCase().replaceAll('-', '');
+  if (isOperationId(query)) {
+    readAs.push('operation id');
+    add((await pool.query(pool.sql.showOperation(query.toLowerCase()))).rows);
+  } else if (/^[0-9a-f]{8,32}$/.test(hex)) {
+    readAs.push('operation id prefix');
+    add((await pool.query(pool.sql.operationsByIdPrefix(hex, SEARCH_LIMIT))).rows);
+  }
+  if (/^[a-z]{2,5}_[A-Za-z0-9_]+$/.test(query)) {
+    readAs.push('Stripe id');
+    add((await pool.query(pool.sql.operationsByExternalId(query, SEARCH_LIMIT))).rows);
+  }
+  readAs.push('order id');
+  add((await pool.query(pool.sql.operationsOfOrder(query, SEARCH_LIMIT))).rows);
+  return { query, matches: [...found.values()], readAs };
+}

@@ -1,0 +1,153 @@
+// An operation's story, oldest first, from every kind of history outboxd keeps. Each source turns one
+// kind of stored history into entries; another table of history is one more source read in queries.ts
+// and listed in SOURCES.
+import type { Operation } from '../payments/operation.ts';
+import { duration } from './html.ts';
+import type { OperationRecord } from './queries.ts';
+
+export type Tone = 'neutral' | 'good' | 'bad' | 'warn' | 'info';
+
+export interface Entry {
+  at: Date;
+  /** created, relayed, claimed, call, flagged, settled, webhook, audit */
+  kind: string;
+  title: string;
+  tone: Tone;
+  /** Labelled facts, shown in order; empty values are left out. */
+  facts: [label: string, value: string | number | null | undefined][];
+  /** Free text a person reads whole (an error, a reason). */
+  text?: string | null | undefined;
+}
+
+type Source = (op: Operation, record: OperationRecord, now: Date) => Entry[];
+
+const TONE_OF_OUTCOME: Record<string, Tone> = {
+  succeeded: 'good',
+  failed: 'bad',
+  ambiguous: 'warn',
+  needs_review: 'bad',
+  rate_limited: 'info',
+  not_executed: 'info',
+};
+
+const created: Source = (op) => [
+  { at: op.created_at, kind: 'created', title: `${op.kind} operation created`, tone: 'neutral', facts: [['order', op.order_id]] },
+];
+
+/** The rows the dispatcher, the sweep, resolutions and webhooks wrote as they acted. A call sent is paired
+ * with its outcome (same fence, same attempt); a call with none was in flight when its worker stopped. */
+const history: Source = (op, record, now) => {
+  const entries: Entry[] = [];
+  const outcomes = new Map<string, (typeof record.events)[number]>();
+  for (const e of record.events) if (e.type === 'outcome') outcomes.set(`${e.fence}:${e.details.attempt}`, e);
+  const leaseLive = op.lease_owner !== null && op.lease_expires_at !== null && op.lease_expires_at > now;
+  const settledUnder = new Set(record.events.filter((e) => e.type === 'settled').map((e) => e.fence));
+  const resolution = (e: (typeof record.events)[number]) =>
+    settledUnder.has(e.fence) ? 'claimed by a resolution, to check the evidence'
+      : leaseLive && e.fence === op.fence ? 'claimed by a resolution, checking the evidence now'
+      : 'claimed by a resolution that settled nothing (its evidence check refused, or failed)';
+  for (const e of record.events) {
+    const d = e.details as Record<string, string | number | null | undefined>;
+    switch (e.type) {
+      case 'relayed':
+        entries.push({ at: e.at, kind: 'relayed', title: 'relayed from the outbox to a job', tone: 'neutral', facts: [] });
+        break;
+      case 'claimed':
+        entries.push({
+          at: e.at,
+          kind: 'claimed',
+          title: d.previous_owner
+            ? 'claimed, taking over an expired lease'
+            : e.actor?.startsWith('resolve:') ? resolution(e) : 'claimed',
+          tone: d.previous_owner ? 'warn' : 'neutral',
+          facts: [['fence', e.fence], ['owner', e.actor], ['took over from', d.previous_owner]],
+        });
+        break;
+      case 'sent': {
+        const outcome = outcomes.get(`${e.fence}:${d.attempt}`);
+        const o = (outcome?.details ?? {}) as Record<string, string | number | null | undefined>;
+        const inFlight = !outcome && leaseLive && e.fence === op.fence;
+        entries.push({
+          at: e.at,
+          kind: 'call',
+          title: outcome ? `${d.call} → ${o.outcome}` : inFlight ? `${d.call} in flight` : `${d.call} sent, no outcome recorded`,
+          tone: outcome ? (TONE_OF_OUTCOME[String(o.outcome)] ?? 'neutral') : inFlight ? 'info' : 'warn',
+          facts: [
+            ['attempt', d.attempt],
+            ['fence', e.fence],
+            ['duration', outcome ? duration(o.duration_ms as number | null) : null],
+            ['Stripe request', o.request_id],
+            ['Stripe object', o.external_id],
+            ['status', outcome ? (o.from === o.to ? `${o.to}` : `${o.from} → ${o.to}`) : null],
+          ],
+          text: outcome
+            ? (o.error as string | null)
+            : inFlight
+              ? 'the lease is held: the call may still be running'
+              : 'the worker stopped or lost its lease during the call: whether it reached Stripe is unknown',
+        });
+        break;
+      }
+      case 'outcome':
+        break; // shown with its call
+      case 'flagged':
+        entries.push({ at: e.at, kind: 'flagged', title: 'held for review', tone: 'bad', facts: [['fence', e.fence]], text: String(d.reason ?? '') });
+        break;
+      case 'settled':
+        entries.push({
+          at: e.at,
+          kind: 'settled',
+          title: `settled ${d.status} by ${e.actor === 'resolved_by_admin' ? 'a resolution' : e.actor?.startsWith('webhook:') ? 'a Stripe webhook' : e.actor}`,
+          tone: d.status === 'succeeded' ? 'good' : 'bad',
+          facts: [['source', e.actor], ['fence', e.fence], ['Stripe object', d.external_id]],
+          text: d.reason ? String(d.reason) : null,
+        });
+        break;
+      default:
+        entries.push({ at: e.at, kind: e.type, title: e.type, tone: 'neutral', facts: [['fence', e.fence], ['by', e.actor]], text: JSON.stringify(e.details) });
+    }
+  }
+  return entries;
+};
+
+const webhooks: Source = (_op, record) =>
+  record.webhooks.map((w) => {
+    const pi = (w.payload as { payment_intent?: { id?: string; status?: string } | null }).payment_intent;
+    return {
+      at: w.received_at,
+      kind: 'webhook',
+      title: `Stripe event ${w.type} → ${w.result}`,
+      tone: w.result === 'settled' ? 'good' : w.result === 'mismatch' || w.result === 'contradiction' ? 'bad' : 'info',
+      facts: [['event', w.id], ['Stripe object', pi?.id], ['its status', pi?.status]],
+    };
+  });
+
+const audit: Source = (_op, record) =>
+  record.audit.map((a) => {
+    const d = a.details as Record<string, unknown>;
+    const outcome = typeof d.outcome === 'string' ? ` as ${d.outcome}` : '';
+    return {
+      at: a.at,
+      kind: 'audit',
+      title: `${a.action}${outcome} by ${a.actor}`,
+      tone: 'info',
+      facts: [['job', typeof d.jobId === 'string' ? d.jobId : null], ['was', typeof d.previousStatus === 'string' ? d.previousStatus : null]],
+      text: typeof d.reason === 'string' ? d.reason : null,
+    };
+  });
+
+/** Each settlement event's way to the application's onSettled handlers (at least once). */
+const settlements: Source = (_op, record) =>
+  record.settlements.flatMap((j) => {
+    const dead = j.name !== 'settled';
+    const facts: Entry['facts'] = [['event job', j.id], ['settled by', j.source], ['handler retries', j.retry_count]];
+    const queued: Entry = { at: j.created_on, kind: 'settlement', title: dead ? 'settlement event dead-lettered (handlers kept failing)' : 'settlement event queued for onSettled', tone: dead ? 'bad' : 'info', facts };
+    if (dead || j.state !== 'completed' || !j.completed_on) return [queued];
+    return [queued, { at: j.completed_on, kind: 'settlement', title: 'settlement event delivered to onSettled', tone: 'good', facts }];
+  });
+
+const SOURCES: Source[] = [created, history, webhooks, audit, settlements];
+
+export function timeline(op: Operation, record: OperationRecord, now = new Date()): Entry[] {
+  return SOURCES.flatMap((source) => source(op, record, now)).sort((a, b) => a.at.getTime() - b.at.getTime());
+}

@@ -1,0 +1,156 @@
+// An operation's page: every field, its timeline, the operations of the same order, and what a person
+// may do with it (resolve with evidence, requeue).
+import { KEY_WINDOW_SECONDS } from '../../payments/executor.ts';
+import { idempotencyKeyFor } from '../../payments/gateway.ts';
+import { isSettled, type Operation } from '../../payments/operation.ts';
+import { ago, html, nothing, span, utc, when, type Fragment, type Safe } from '../html.ts';
+import type { OperationRecord } from '../queries.ts';
+import type { Entry } from '../timeline.ts';
+import { notice } from './layout.ts';
+import { amount, kindTag, opLink, reviewBadge, statusPill, stripeLink } from './parts.ts';
+
+export interface ActionState {
+  /** What the last action did or why it was refused. */
+  notice?: { kind: 'done' | 'refused' | 'error'; text: string } | undefined;
+  /** The resolve form as the operator filled it, kept when it was refused. */
+  externalId?: string;
+  reason?: string;
+}
+
+/** Columns shown with their own label, in this order; any other column is listed after them. */
+const KNOWN = new Set([
+  'id', 'kind', 'order_id', 'amount', 'currency', 'customer_id', 'payment_method', 'metadata', 'status', 'external_id',
+  'attempts', 'first_attempted_at', 'last_attempted_at', 'last_outcome', 'last_error', 'review_reason', 'needs_review',
+  'settled_at', 'fence', 'lease_owner', 'lease_expires_at', 'created_at', 'updated_at',
+]);
+
+export function operationPage(
+  op: Operation,
+  record: OperationRecord,
+  entries: Entry[],
+  state: ActionState,
+  opts: { csrfToken: string; now: Date; dashboard: string | undefined },
+): Safe {
+  const { now } = opts;
+  return html`<div class="op-head">
+  <h1><span class="muted">Operation</span> <span class="mono">${op.id}</span></h1>
+  <div class="op-tags">${kindTag(op.kind)} ${statusPill(op.status)} ${reviewBadge(op)} <span class="op-amount">${amount(op)}</span></div>
+</div>
+${state.notice ? notice(state.notice.kind, state.notice.text) : nothing}
+${op.review_reason ? html`<div class="held" role="note"><strong>Held for review.</strong> ${op.review_reason}</div>` : nothing}
+<div class="op-grid">
+  <div class="op-main">
+    <section aria-labelledby="fields-title" class="panel">
+      <h2 id="fields-title">Fields</h2>
+      <dl class="fields">
+        ${field('Order', html`<a class="mono" href="/console/search?q=${encodeURIComponent(op.order_id)}">${op.order_id}</a>`)}
+        ${field('Kind', op.kind)}
+        ${field('Amount', html`${amount(op)} <span class="muted">(${op.amount} ${op.currency} in minor units)</span>`)}
+        ${field('Customer', html`<span class="mono">${op.customer_id}</span>`)}
+        ${field('Payment method', html`<span class="mono">${op.payment_method}</span>`)}
+        ${field('Status', html`${statusPill(op.status)} ${op.settled_at ? html`settled ${when(op.settled_at, now)}` : nothing}`)}
+        ${field('Stripe object', stripeLink(op.external_id, opts.dashboard))}
+        ${field('Idempotency key', html`<span class="mono">${idempotencyKeyFor(op.id)}</span>`)}
+        ${field('Gateway calls', String(op.attempts))}
+        ${field('First create sent', when(op.first_attempted_at, now))}
+        ${field('Key window', keyWindow(op, now), true)}
+        ${field('Last create sent', when(op.last_attempted_at, now))}
+        ${field('Last outcome', op.last_outcome ?? '—')}
+        ${field('Last error', op.last_error ? html`<span class="error-text">${op.last_error}</span>` : '—', true)}
+        ${field('Review reason', op.review_reason ?? '—', true)}
+        ${field('Fence', String(op.fence))}
+        ${field('Lease', op.lease_owner ? html`<span class="mono">${op.lease_owner}</span> until ${when(op.lease_expires_at, now)}` : 'free')}
+        ${field('Created', when(op.created_at, now))}
+        ${field('Updated', when(op.updated_at, now))}
+        ${field('Metadata', metadata(op.metadata), true)}
+        ${Object.entries(op)
+          .filter(([k]) => !KNOWN.has(k))
+          .map(([k, v]) => field(k, v instanceof Date ? when(v, now) : v === null ? '—' : typeof v === 'object' ? JSON.stringify(v) : String(v)))}
+      </dl>
+    </section>
+    <section aria-labelledby="timeline-title" class="panel" id="timeline">
+      <h2 id="timeline-title">Timeline</h2>
+      ${timelineList(entries, now)}
+      ${record.events.length === 0 && op.attempts > 0 ? html`<p class="muted small">This operation ran before outboxd kept a timeline: its claims and calls are not recorded.</p>` : nothing}
+    </section>
+  </div>
+  <aside class="op-side">
+    ${isSettled(op.status)
+      ? html`<section class="panel" aria-labelledby="actions-title"><h2 id="actions-title">Actions</h2><p class="muted">A settled operation is never changed, and never causes another call to Stripe.</p></section>`
+      : actions(op, state, opts.csrfToken)}
+    <section class="panel" aria-labelledby="related-title">
+      <h2 id="related-title">Same order</h2>
+      ${record.related.length === 0
+        ? html`<p class="muted">No other operation of order <span class="mono">${op.order_id}</span>.</p>`
+        : html`<ul class="brief">${record.related.map(
+            (r) => html`<li>${opLink(r.id)} ${kindTag(r.kind)} ${statusPill(r.status)} ${amount(r)} <span class="muted">${ago(r.created_at, now)}</span></li>`,
+          )}</ul>`}
+      <p class="muted small">A charge's refunds and a refund's charge belong to the same order.</p>
+    </section>
+  </aside>
+</div>`;
+}
+
+function field(label: string, value: Fragment, wide = false): Safe {
+  return html`<div${wide ? html` class="wide"` : nothing}><dt>${label}</dt><dd>${value}</dd></div>`;
+}
+
+function metadata(m: Record<string, string> | null): Fragment {
+  const entries = Object.entries(m ?? {});
+  if (entries.length === 0) return html`<span class="muted">none</span>`;
+  return html`<ul class="kv">${entries.map(([k, v]) => html`<li><span class="mono">${k}</span> = <span class="mono">${v}</span></li>`)}</ul>`;
+}
+
+function keyWindow(op: Operation, now: Date): Fragment {
+  if (!op.first_attempted_at) return html`<span class="muted">not started (no create sent)</span>`;
+  const ends = new Date(op.first_attempted_at.getTime() + KEY_WINDOW_SECONDS * 1000);
+  if (ends <= now) return html`passed at ${utc(ends)}: never created again, only reconciled through search`;
+  return html`open until ${utc(ends)} (${span((ends.getTime() - now.getTime()) / 1000)} left): resent with the same key`;
+}
+
+function timelineList(entries: Entry[], now: Date): Safe {
+  return html`<ol class="timeline">${entries.map(
+    (e) => html`<li class="tl tl-${e.tone}">
+    <div class="tl-when">${when(e.at, now)}</div>
+    <div class="tl-body">
+      <div class="tl-title"><span class="tl-kind">${e.kind}</span> ${e.title}</div>
+      ${e.facts.some(([, v]) => v !== null && v !== undefined && v !== '')
+        ? html`<dl class="tl-facts">${e.facts
+            .filter(([, v]) => v !== null && v !== undefined && v !== '')
+            .map(([k, v]) => html`<div><dt>${k}</dt><dd class="mono">${v}</dd></div>`)}</dl>`
+        : nothing}
+      ${e.text ? html`<p class="tl-text">${e.text}</p>` : nothing}
+    </div>
+  </li>`,
+  )}</ol>`;
+}
+
+function actions(op: Operation, state: ActionState, csrf: string): Safe {
+  const base = `/console/operations/${op.id}`;
+  return html`<section class="panel actions" aria-labelledby="actions-title">
+  <h2 id="actions-title">Actions</h2>
+  <p class="muted small">Each action is checked again on the server and written to the audit trail under your name.</p>
+  <form method="post" action="${base}/resolve" class="stack">
+    <input type="hidden" name="csrf" value="${csrf}">
+    <input type="hidden" name="outcome" value="succeeded">
+    <h3>Resolve as succeeded</h3>
+    <label for="external_id">Stripe object that charged <span class="help">pi_… (a refund: re_…) carrying this operation's id, amount and currency</span></label>
+    <input id="external_id" name="external_id" type="text" required pattern="(pi|re)_[A-Za-z0-9_]+" spellcheck="false" autocomplete="off" class="mono" value="${state.externalId ?? op.external_id ?? ''}">
+    <button type="submit" class="good">Resolve as succeeded</button>
+  </form>
+  <form method="post" action="${base}/resolve" class="stack">
+    <input type="hidden" name="csrf" value="${csrf}">
+    <input type="hidden" name="outcome" value="failed">
+    <h3>Resolve as failed</h3>
+    <label for="reason">Why nothing was charged <span class="help">refused while Stripe shows a charge that has not failed, or while search may lag</span></label>
+    <textarea id="reason" name="reason" required maxlength="1000" rows="3">${state.reason ?? ''}</textarea>
+    <button type="submit" class="bad">Resolve as failed</button>
+  </form>
+  <form method="post" action="${base}/requeue" class="stack">
+    <input type="hidden" name="csrf" value="${csrf}">
+    <h3>Requeue</h3>
+    <p class="muted small">A new job for this same operation: the same idempotency key, so never a second charge. Skipped while a job, a lease or the outbox still drives it.</p>
+    <button type="submit">Requeue</button>
+  </form>
+</section>`;
+}

@@ -1,0 +1,62 @@
+// Pieces every page uses: status, links to an operation, amounts, tables of operations.
+import type { Operation } from '../../payments/operation.ts';
+import { ago, html, money, nothing, shortId, type Fragment, type Safe } from '../html.ts';
+
+export const opHref = (id: string): string => `/console/operations/${encodeURIComponent(id)}`;
+
+export function statusPill(status: string): Safe {
+  return html`<span class="pill status-${/^[a-z_]+$/.test(status) ? status : 'other'}">${status}</span>`;
+}
+
+export function reviewBadge(op: Pick<Operation, 'needs_review'>): Safe {
+  return op.needs_review ? html`<span class="pill review" title="Held for a person">review</span>` : nothing;
+}
+
+export function kindTag(kind: string): Safe {
+  return html`<span class="kind">${kind}</span>`;
+}
+
+export function amount(op: Pick<Operation, 'amount' | 'currency'>): Safe {
+  return html`<span class="amount" title="${op.amount} ${op.currency} (minor units)">${money(Number(op.amount), op.currency)}</span>`;
+}
+
+/** An operation's id, short, linking to its page; the full id in the title. */
+export function opLink(id: string, cls = 'row-link'): Safe {
+  return html`<a class="${cls} mono" href="${opHref(id)}" title="${id}">${shortId(id)}</a>`;
+}
+
+/** A link to the operation's Stripe object in the dashboard, when a real account is configured. */
+export function stripeLink(externalId: string | null, dashboard: string | undefined): Fragment {
+  if (!externalId) return html`<span class="muted">—</span>`;
+  const path = externalId.startsWith('re_') ? 'refunds' : 'payments';
+  return dashboard
+    ? html`<a class="mono" href="${dashboard}/${path}/${encodeURIComponent(externalId)}" rel="noreferrer noopener" target="_blank">${externalId}</a>`
+    : html`<span class="mono">${externalId}</span>`;
+}
+
+/** Operations as a table: the columns an operator scans a list by. */
+export function operationsTable(rows: Operation[], opts: { caption?: string; empty: string; now?: Date; dashboard?: string | undefined }): Safe {
+  if (rows.length === 0) return html`<p class="empty">${opts.empty}</p>`;
+  const now = opts.now ?? new Date();
+  return html`<div class="table-wrap"><table class="data">
+  ${opts.caption ? html`<caption>${opts.caption}</caption>` : nothing}
+  <thead><tr>
+    <th scope="col">Operation</th><th scope="col">Kind</th><th scope="col">Status</th><th scope="col" class="num">Amount</th>
+    <th scope="col">Order</th><th scope="col">Stripe</th><th scope="col" class="num">Attempts</th><th scope="col">Created</th><th scope="col">Last error or review reason</th>
+  </tr></thead>
+  <tbody>
+  ${rows.map(
+    (op) => html`<tr>
+    <td>${opLink(op.id)}</td>
+    <td>${kindTag(op.kind)}</td>
+    <td>${statusPill(op.status)} ${reviewBadge(op)}</td>
+    <td class="num">${amount(op)}</td>
+    <td class="mono clip" title="${op.order_id}">${op.order_id}</td>
+    <td>${stripeLink(op.external_id, opts.dashboard)}</td>
+    <td class="num">${op.attempts}</td>
+    <td class="nowrap">${ago(op.created_at, now)}</td>
+    <td class="reason">${op.review_reason ?? op.last_error ?? ''}</td>
+  </tr>`,
+  )}
+  </tbody></table></div>`;
+}

@@ -1,0 +1,171 @@
+// Each operation's history (operation_events), which the console shows as its timeline: the relay,
+// every claim, every gateway call and its outcome with Stripe's request id, flags and settlements from
+// outside a claim. Each row is written by the statement that makes the change, so the dispatcher's
+// path costs exactly the round trips it cost before.
+import type Stripe from 'stripe';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import type { Pool } from '../src/db/pool.ts';
+import { executeCharge } from '../src/payments/executor.ts';
+import { claimOperation, flagFromOutside, releaseLease, settleFromOutside } from '../src/payments/operation.ts';
+import { createLogger } from '../src/log.ts';
+import { relayOutbox } from '../src/outbox.ts';
+import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
+import { operationRecord } from '../src/console/queries.ts';
+import { timeline } from '../src/console/timeline.ts';
+import { createTestDatabase, type TestDb } from './support/db.ts';
+import { startEmulator, type RunningEmulator } from './support/emulator.ts';
+import { claim, confirm, operation } from './support/fixtures.ts';
+
+let t: TestDb;
+let e: RunningEmulator;
+beforeAll(async () => {
+  [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
+});
+afterAll(async () => {
+  await Promise.all([t.close(), e.close()]);
+});
+beforeEach(() => e.emulator.reset());
+
+const events = async (op: string) =>
+  (await t.pool.query(`select type, fence, actor, details from outboxd.operation_events where operation_id = $1 order by id`, [op])).rows;
+
+/** The pool, counting every statement sent on it or on a client checked out of it. */
+function counting(pool: Pool): { pool: Pool; statements: () => number } {
+  let n = 0;
+  const wrapQuery = <T extends object>(target: T) =>
+    new Proxy(target, {
+      get(obj, prop) {
+        if (prop === 'query') return (...args: unknown[]) => (n++, (obj as { query: (...a: unknown[]) => unknown }).query(...args));
+        if (prop === 'connect') return async () => wrapQuery(await (obj as unknown as Pool).connect());
+        const value = Reflect.get(obj, prop);
+        return typeof value === 'function' ? value.bind(obj) : value;
+      },
+    });
+  return { pool: wrapQuery(pool), statements: () => n };
+}
+
+describe('the operation timeline', () => {
+  it('records relay, claim, call and outcome with its duration and Stripe request id, in the statements that already run', async () => {
+    const op = await confirm(t);
+    const relayCount = counting(t.pool);
+    expect(await relayOutbox(relayCount.pool, t.boss)).toBe(1);
+    // exists?, begin, take the batch (and record the relay), insert the jobs, commit; then the settlement
+    // outbox's exists? (nothing settled yet)
+    expect(relayCount.statements()).toBe(6);
+
+    const lease = (await claimOperation(t.pool, op, 'worker-a', 30_000, 82_800))!;
+    const run = counting(t.pool);
+    const result = await executeCharge(run.pool, e.gateway(), op, lease.fence, { claimed: lease.operation });
+    expect(result.operation.status).toBe('succeeded');
+    // count the attempt (and record the call), begin, the outcome (and record it), commit
+    expect(run.statements()).toBe(4);
+
+    const create = e.emulator.requests().find((r) => r.endpoint === 'create' && r.operationId === op)!;
+    expect(await events(op)).toEqual([
+      { type: 'relayed', fence: null, actor: null, details: {} },
+      { type: 'claimed', fence: 1, actor: 'worker-a', details: {} },
+      { type: 'sent', fence: 1, actor: null, details: { call: 'create', attempt: 1 } },
+      {
+        type: 'outcome',
+        fence: 1,
+        actor: null,
+        details: {
+          call: 'create',
+          attempt: 1,
+          outcome: 'succeeded',
+          from: 'pending',
+          to: 'succeeded',
+          duration_ms: expect.any(Number),
+          request_id: create.requestId,
+          external_id: result.operation.external_id,
+          error: null,
+        },
+      },
+    ]);
+  });
+
+  it('a decline keeps the request id Stripe sent with the error', async () => {
+    const op = await confirm(t, { paymentMethod: 'pm_card_chargeDeclined' });
+    await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
+    const create = e.emulator.requests().find((r) => r.endpoint === 'create' && r.operationId === op)!;
+    const outcome = (await events(op)).find((x) => x.type === 'outcome')!;
+    expect(outcome.details).toMatchObject({ outcome: 'failed', request_id: create.requestId, error: expect.stringMatching(/^Declined 402: card_declined/) });
+  });
+
+  it('a takeover names the previous owner; a call whose outcome never came is shown as such', async () => {
+    const op = await confirm(t);
+    const first = (await claimOperation(t.pool, op, 'worker-a', 30_000, 82_800))!;
+    // worker-a sends and dies mid-call: the attempt is counted, no outcome follows.
+    await t.pool.query(t.pool.sql.recordAttempt(op, first.fence, 'create'));
+    await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
+    const second = (await claimOperation(t.pool, op, 'worker-b', 30_000, 82_800))!;
+    expect(second.previousOwner).toBe('worker-a');
+    await executeCharge(t.pool, e.gateway(), op, second.fence, { claimed: second.operation });
+
+    const rows = await events(op);
+    expect(rows.filter((r) => r.type === 'claimed')).toEqual([
+      { type: 'claimed', fence: 1, actor: 'worker-a', details: {} },
+      { type: 'claimed', fence: 2, actor: 'worker-b', details: { previous_owner: 'worker-a' } },
+    ]);
+    const current = await operation(t, op);
+    const entries = timeline(current, await operationRecord(t.pool, current));
+    expect(entries.map((x) => x.title)).toEqual([
+      'charge operation created',
+      'claimed',
+      'create sent, no outcome recorded',
+      'claimed, taking over an expired lease',
+      'create → succeeded',
+    ]);
+    expect(entries[2]!.tone).toBe('warn');
+  });
+
+  it('flags and settlements from outside a claim are recorded with their source', async () => {
+    const op = await confirm(t);
+    await flagFromOutside(t.pool, op, 'webhook payment_intent.succeeded: pi_x is not the operation\'s charge');
+    const settled = await settleFromOutside(t.pool, op, 'succeeded', 'pi_123', 'webhook:payment_intent.succeeded', null);
+    expect(settled?.status).toBe('succeeded');
+    expect(await events(op)).toEqual([
+      { type: 'flagged', fence: null, actor: null, details: { reason: "webhook payment_intent.succeeded: pi_x is not the operation's charge" } },
+      { type: 'settled', fence: 1, actor: 'webhook:payment_intent.succeeded', details: { status: 'succeeded', external_id: 'pi_123' } },
+    ]);
+    // Nothing is recorded for a write that changed nothing.
+    expect(await settleFromOutside(t.pool, op, 'failed', null, 'webhook:payment_intent.canceled', 'canceled')).toBeUndefined();
+    expect(await events(op)).toHaveLength(2);
+  });
+
+  it('a Stripe event about the operation joins its timeline, after the settlement it made', async () => {
+    const op = await confirm(t);
+    const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
+    const event = { id: `evt_${op.slice(0, 8)}`, object: 'event', type: 'payment_intent.succeeded', created: 1_700_000_000, livemode: false, data: { object: { id: pi.id } } };
+    expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') }, event as unknown as Stripe.Event)).toBe('settled');
+    const current = await operation(t, op);
+    const entries = timeline(current, await operationRecord(t.pool, current));
+    expect(entries.map((x) => x.title)).toEqual([
+      'charge operation created',
+      'settled succeeded by a Stripe webhook',
+      'Stripe event payment_intent.succeeded → settled',
+    ]);
+    expect(entries[2]!.facts).toContainEqual(['Stripe object', pi.id]);
+  });
+
+  it('a stale claim records nothing: no call, no outcome', async () => {
+    const op = await confirm(t);
+    const stale = await claim(t, op, 'worker-a');
+    await releaseLease(t.pool, op, stale);
+    await claim(t, op, 'worker-b');
+    await expect(executeCharge(t.pool, e.gateway(), op, stale)).rejects.toThrow(/fence/);
+    expect((await events(op)).map((r) => r.type)).toEqual(['claimed', 'claimed']);
+  });
+
+  it("its settlement event's way to onSettled joins the timeline: queued, then delivered", async () => {
+    const op = await confirm(t);
+    await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
+    while ((await relayOutbox(t.pool, t.boss)) > 0);
+    const shown = async () => timeline(await operation(t, op), await operationRecord(t.pool, await operation(t, op))).filter((x) => x.kind === 'settlement');
+    expect((await shown()).map((x) => x.title)).toEqual(['settlement event queued for onSettled']);
+    const jobs = await t.boss.fetch<{ operationId: string }>('settled', { batchSize: 100 });
+    const job = jobs.find((j) => j.data.operationId === op);
+    await t.boss.complete('settled', job!.id);
+    expect((await shown()).map((x) => x.title)).toEqual(['settlement event queued for onSettled', 'settlement event delivered to onSettled']);
+  });
+});
