@@ -69,7 +69,7 @@ export interface ServedEmulator {
  */
 export async function serveEmulator(
   db: Database | undefined,
-  opts: { port?: number; host?: string; searchLagMs?: number; processingSettleMs?: number } = {},
+  opts: { port?: number; host?: string; searchLagMs?: number; processingSettleMs?: number; rateLimit?: number } = {},
 ): Promise<ServedEmulator> {
   const state = db?.embedded ? await PgState.open(db.url) : new MemoryState();
   // A long-running process keeps the newest requests only; the ledger itself is complete.
@@ -79,6 +79,7 @@ export async function serveEmulator(
   };
   try {
     if (opts.searchLagMs !== undefined) await state.configureSearch({ lagMs: opts.searchLagMs });
+    if (opts.rateLimit !== undefined) await state.configureRateLimit(opts.rateLimit);
     const { url } = await server.listen(opts.port ?? 0, opts.host);
     return { url, close: async () => (await server.close(), await release()) };
   } catch (err) {
