@@ -101,7 +101,7 @@ export async function openGateway(config: Config, log: Logger, db: Database, opt
  * A call waits at most half of what the lease has beyond the Stripe timeout, so that even a caller that
  * does not renew its lease (the reconcile sweep) still holds it when its call ends.
  */
-async function withBudget(handle: Omit<GatewayHandle, 'gateway'> & { gateway: PaymentGateway }, config: Config, db: Database, log: Logger): Promise<GatewayHandle> {
+function withBudget(handle: Omit<GatewayHandle, 'gateway'> & { gateway: PaymentGateway }, config: Config, db: Database, log: Logger): GatewayHandle {
   const { rateLimit, searchRateLimit, timeoutMs } = config.stripe;
   const pool = rateLimit !== undefined || searchRateLimit !== undefined ? openPool(db, 'outboxd-budget', 2) : undefined;
   const metrics = budgetMetrics();

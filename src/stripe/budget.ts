@@ -22,10 +22,12 @@ import type { Logger } from '../log.ts';
 
 export type Priority = 'dispatch' | 'background';
 
+/** The bucket's capacity, and so the most one replica takes at once, in seconds of the rate. */
+const CAPACITY_SECONDS = 0.4;
 /** Unspent local tokens expire this soon. */
-export const TOKEN_TTL_MS = 250;
+const TOKEN_TTL_MS = 250;
 /** Background takes yield this long after a dispatch take came up short. */
-export const YIELD_MS = 1_000;
+const YIELD_MS = 1_000;
 /** Never poll the bucket more often than this (per replica and budget)... */
 const MIN_POLL_MS = 10;
 /** ...nor less often while calls wait (a low rate would otherwise sleep past their deadlines). */
@@ -36,8 +38,6 @@ export interface BudgetOptions {
   name: string;
   /** Tokens per second for the whole fleet. */
   rate: number;
-  /** The bucket's capacity and the largest grant; default 0.4 s of the rate. */
-  capacity?: number;
   log?: Logger;
   metrics?: BudgetMetrics;
 }
@@ -78,7 +78,7 @@ export class Budget {
     this.db = db;
     this.name = opts.name;
     this.rate = opts.rate;
-    this.capacity = Math.max(1, Math.round(opts.capacity ?? opts.rate * 0.4));
+    this.capacity = Math.max(1, Math.round(opts.rate * CAPACITY_SECONDS));
     this.log = opts.log;
     this.metrics = opts.metrics ?? budgetMetrics();
     this.metrics.limit.set({ budget: this.name }, this.rate);
