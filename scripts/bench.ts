@@ -11,14 +11,15 @@ import { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction } from '../src/db/pool.ts';
 import { confirmOrder } from '../src/orders/confirm.ts';
 import { withSpan } from '../src/tracing.ts';
+import { runFleet } from './lib/budget.ts';
 import { waitUntil, type Replica } from './lib/replica.ts';
 import { DEPLOYED_NODE_OPTIONS, startWorld, type World } from './lib/world.ts';
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
 const BACKLOG = Number(process.env.BENCH_BACKLOG ?? 1500);
 const CONCURRENCY = 8;
-/** BENCH_ONLY=confirm,dispatch,noop,latency,pickup,tracing runs a subset (while tuning one figure). */
-const ONLY = new Set((process.env.BENCH_ONLY ?? 'confirm,dispatch,noop,latency,pickup,tracing').split(','));
+/** BENCH_ONLY=confirm,dispatch,noop,latency,pickup,tracing,budget runs a subset (while tuning one figure). */
+const ONLY = new Set((process.env.BENCH_ONLY ?? 'confirm,dispatch,noop,latency,pickup,tracing,budget').split(','));
 const rows: { section: string; measure: string; value: string; reference: string; ratio: string }[] = [];
 const results: Record<string, unknown> = {};
 const say = (s: string) => process.stderr.write(`${s}\n`);
@@ -243,6 +244,27 @@ async function pickupSection(w: World) {
   rows.push({ section: '4. end-to-end', measure: 'confirm → settled on an idle worker (database clock), p50 / p95 / p99 (ms)', value: `${q(50)} / ${q(95)} / ${q(99)}`, reference: '≤ 100 (p50 target)', ratio: '' });
 }
 
+/**
+ * Stripe's rate limit as the fleet's budget (issue 14): 3 replicas × 16 slots against an emulator that
+ * enforces test mode's 25 requests/s at 50 ms a call, with STRIPE_RATE_LIMIT=25 and, for reference,
+ * without a budget (each replica sends as fast as its slots allow and meets 429s).
+ */
+async function budgetSection(w: World) {
+  const fleet = { replicas: 3, concurrency: 16, limit: 25, latencyMs: 50 };
+  const deps = { pool: w.pool, emulator: w.emulator, startReplica: (env: Record<string, string>) => w.startReplica(env) };
+  const on = await runFleet(deps, { ...fleet, backlog: 600, budget: 25 });
+  w.replicas.length = 0;
+  const off = await runFleet(deps, { ...fleet, backlog: 300, budget: undefined });
+  w.replicas.length = 0;
+  const of = `3 × 16 slots, emulator enforcing 25 requests/s at 50 ms`;
+  rows.push({ section: '7. Stripe budget', measure: `requests accepted/s over the limit while a backlog exists, ${of}, STRIPE_RATE_LIMIT=25`, value: on.budgetUse.toFixed(2), reference: `≥ 0.90 (goal); ${off.budgetUse.toFixed(2)} without a budget`, ratio: '' });
+  rows.push({ section: '7. Stripe budget', measure: 'calls answered 429', value: `${(100 * on.rateLimitedShare).toFixed(1)} %`, reference: `< 2 % (goal); ${(100 * off.rateLimitedShare).toFixed(0)} % without a budget`, ratio: '' });
+  rows.push({ section: '7. Stripe budget', measure: 'statements against the shared bucket per Stripe call; mean wait for a token (ms)', value: `${on.statementsPerRequest.toFixed(2)}; ${fmt(on.meanWaitMs)}`, reference: '', ratio: '' });
+  rows.push({ section: '7. Stripe budget', measure: 'operations lost or charged twice (emulator ledger)', value: String(on.notOnce + on.violations.length), reference: '0', ratio: '' });
+  results.budget = { on, off };
+  say(`budget: use ${on.budgetUse.toFixed(2)} (off ${off.budgetUse.toFixed(2)}), 429 ${(100 * on.rateLimitedShare).toFixed(1)} % (off ${(100 * off.rateLimitedShare).toFixed(0)} %)`);
+}
+
 const world = await startWorld({ name: 'bench' });
 try {
   say(`bench on ${os.cpus().length} × ${os.cpus()[0]?.model ?? 'cpu'}, ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB, Node ${process.version}`);
@@ -272,6 +294,7 @@ try {
   if (ONLY.has('tracing')) await tracingSection(world);
   if (ONLY.has('latency')) await latencySection(world);
   if (ONLY.has('pickup')) await pickupSection(world);
+  if (ONLY.has('budget')) await budgetSection(world);
   if (rss.length) rows.push({ section: '5. resources', measure: `peak RSS per replica (MB), NODE_OPTIONS=${DEPLOYED_NODE_OPTIONS}`, value: fmt(Math.max(...rss)), reference: '150 (target)', ratio: '' });
   if (rss.length) rows.push({ section: '5. resources', measure: 'peak DB connections (bench database, all replicas)', value: String(peak), reference: '', ratio: '' });
   results.resources = { peakRssMb: Math.max(...rss), peakConnections: peak };

@@ -10,6 +10,9 @@ const port = z.coerce.number().int().min(0).max(65_535);
 /** A bind address: an IP (0.0.0.0 and :: mean every interface) or a host name. */
 const bindAddress = z.union([z.ipv4(), z.ipv6(), z.hostname()], { error: 'an IP address or a host name' });
 const httpUrl = z.url({ protocol: /^https?$/, error: 'an http(s) URL' });
+/** Requests per second, or `off`. */
+const perSecond = { error: 'a number of requests per second, or off' };
+const rateLimit = z.union([z.literal('off'), z.coerce.number(perSecond).positive(perSecond).max(100_000, perSecond)], perSecond);
 /** The OTLP/HTTP encodings the worker ships exporters for (gRPC would need another exporter). */
 const otlpProtocol = z.enum(['http/protobuf', 'http/json'], { error: 'only http/protobuf and http/json are supported' });
 
@@ -26,6 +29,10 @@ export const envSchema = z.object({
   STRIPE_API_BASE: z.url().optional(),
   /** Explicit opt-in to the Stripe emulator under NODE_ENV=production (a demo); never with a key. */
   OUTBOXD_STRIPE_EMULATOR: z.stringbool().default(false),
+  /** Stripe requests/s for all replicas together, shared through PostgreSQL; `off`: no budget. */
+  STRIPE_RATE_LIMIT: rateLimit.optional(),
+  /** Stripe Search requests/s for all replicas together (they count against STRIPE_RATE_LIMIT too). */
+  STRIPE_SEARCH_RATE_LIMIT: rateLimit.optional(),
   /** Per-attempt client timeout of a Stripe call (the SDK's `timeout`). */
   STRIPE_TIMEOUT_MS: intInRange(100, 120_000, 20_000),
   WORKER_CONCURRENCY: intInRange(1, 256, 8),
@@ -80,7 +87,16 @@ export interface Config {
   databaseUrl: string | undefined;
   schema: string;
   dataDir: string;
-  stripe: { secretKey: string | undefined; apiBase: string | undefined; timeoutMs: number; mode: StripeMode; emulatorOptIn: boolean };
+  stripe: {
+    secretKey: string | undefined;
+    apiBase: string | undefined;
+    timeoutMs: number;
+    mode: StripeMode;
+    emulatorOptIn: boolean;
+    /** Requests/s for the fleet, and Search requests/s; undefined: no budget. */
+    rateLimit: number | undefined;
+    searchRateLimit: number | undefined;
+  };
   worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number; httpHost: string; reconcileCron: string };
   /** httpPort unset: the admin routes are served on the main listener (worker.httpPort). */
   admin: { token: string | undefined; tokenName: string; httpPort: number | undefined; httpHost: string };
@@ -125,6 +141,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (e.ADMIN_HTTP_PORT !== undefined && e.ADMIN_HTTP_PORT !== 0 && e.ADMIN_HTTP_PORT === e.HTTP_PORT) {
     throw new ConfigError(`ADMIN_HTTP_PORT and HTTP_PORT are both ${e.HTTP_PORT}: the admin listener needs a port of its own`);
   }
+  const mode = stripeMode(e);
   return {
     // Node's own variable, not outboxd's: production requires DATABASE_URL and STRIPE_SECRET_KEY.
     production: env.NODE_ENV === 'production',
@@ -135,8 +152,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       secretKey: e.STRIPE_SECRET_KEY,
       apiBase: e.STRIPE_API_BASE,
       timeoutMs: e.STRIPE_TIMEOUT_MS,
-      mode: stripeMode(e),
+      mode,
       emulatorOptIn: e.OUTBOXD_STRIPE_EMULATOR,
+      ...rateLimits(e, mode),
     },
     worker: {
       concurrency: e.WORKER_CONCURRENCY,
@@ -175,6 +193,17 @@ export function schemaFromEnv(env: NodeJS.ProcessEnv = process.env): string {
   const parsed = envSchema.shape.OUTBOXD_SCHEMA.safeParse(env.OUTBOXD_SCHEMA);
   if (!parsed.success) throw new ConfigError(`invalid environment: OUTBOXD_SCHEMA: ${parsed.error.issues[0]!.message}`);
   return parsed.data;
+}
+
+/** Stripe's published limits per account: live 100 requests/s, test mode 25, Search 20. The emulator
+ * has none unless told (STRIPE_RATE_LIMIT, and its own control API). */
+const DEFAULT_RATE_LIMIT: Record<StripeMode, number | undefined> = { live: 100, test: 25, emulator: undefined };
+const DEFAULT_SEARCH_RATE_LIMIT = 20;
+
+function rateLimits(e: Env, mode: StripeMode): { rateLimit: number | undefined; searchRateLimit: number | undefined } {
+  const rateLimit = e.STRIPE_RATE_LIMIT === 'off' ? undefined : (e.STRIPE_RATE_LIMIT ?? DEFAULT_RATE_LIMIT[mode]);
+  const search = e.STRIPE_SEARCH_RATE_LIMIT ?? (rateLimit === undefined ? 'off' : DEFAULT_SEARCH_RATE_LIMIT);
+  return { rateLimit, searchRateLimit: search === 'off' ? undefined : search };
 }
 
 /** Fails closed: a key of no known mode, a live key sent anywhere but Stripe, or an emulator opt-in beside a key. */

@@ -8,6 +8,8 @@ import { migrate } from './db/migrate.ts';
 import { createPool, type Pool } from './db/pool.ts';
 import type { Logger } from './log.ts';
 import type { PaymentGateway } from './payments/gateway.ts';
+import { Budget, budgetMetrics } from './stripe/budget.ts';
+import { BudgetedGateway, gatewayMetrics } from './stripe/budgetedGateway.ts';
 import { EmulatorServer } from './stripe/emulator/emulator.ts';
 import { PgState } from './stripe/emulator/pgState.ts';
 import { MemoryState } from './stripe/emulator/state.ts';
@@ -45,7 +47,8 @@ export function openPool(db: Database, name: string, max = 10): Pool {
 export const EMULATOR_KEY = 'sk_test_outboxd_emulator';
 
 export interface GatewayHandle {
-  gateway: PaymentGateway;
+  /** Every call through the fleet's shared Stripe budget (STRIPE_RATE_LIMIT). */
+  gateway: BudgetedGateway;
   mode: StripeMode;
   /** The built-in emulator this process serves (its control API is under /_emulator/). */
   emulatorUrl?: string;
@@ -69,7 +72,7 @@ export interface ServedEmulator {
  */
 export async function serveEmulator(
   db: Database | undefined,
-  opts: { port?: number; host?: string; searchLagMs?: number; processingSettleMs?: number } = {},
+  opts: { port?: number; host?: string; searchLagMs?: number; processingSettleMs?: number; rateLimit?: number } = {},
 ): Promise<ServedEmulator> {
   const state = db?.embedded ? await PgState.open(db.url) : new MemoryState();
   // A long-running process keeps the newest requests only; the ledger itself is complete.
@@ -79,12 +82,45 @@ export async function serveEmulator(
   };
   try {
     if (opts.searchLagMs !== undefined) await state.configureSearch({ lagMs: opts.searchLagMs });
+    if (opts.rateLimit !== undefined) await state.configureRateLimit(opts.rateLimit);
     const { url } = await server.listen(opts.port ?? 0, opts.host);
     return { url, close: async () => (await server.close(), await release()) };
   } catch (err) {
     await release();
     throw err;
   }
+}
+
+/** openGateway: Stripe as configured, every call through the fleet's shared budget. */
+export async function openGateway(config: Config, log: Logger, db: Database, opts: { evidence?: boolean } = {}): Promise<GatewayHandle> {
+  return withBudget(await openStripe(config, log, db, opts), config, db, log);
+}
+
+/**
+ * STRIPE_RATE_LIMIT (and the Search limit) as buckets in this database, shared by every process on it.
+ * A call waits at most half of what the lease has beyond the Stripe timeout, so that even a caller that
+ * does not renew its lease (the reconcile sweep) still holds it when its call ends.
+ */
+function withBudget(handle: Omit<GatewayHandle, 'gateway'> & { gateway: PaymentGateway }, config: Config, db: Database, log: Logger): GatewayHandle {
+  const { rateLimit, searchRateLimit, timeoutMs } = config.stripe;
+  const pool = rateLimit !== undefined || searchRateLimit !== undefined ? openPool(db, 'outboxd-budget', 2) : undefined;
+  const metrics = budgetMetrics();
+  const budget = (name: string, rate: number | undefined) => (pool && rate !== undefined ? new Budget(pool, { name, rate, log, metrics }) : undefined);
+  const gateway = new BudgetedGateway(handle.gateway, {
+    budgets: { requests: budget('stripe', rateLimit), search: budget('stripe_search', searchRateLimit) },
+    maxWaitMs: Math.floor((config.worker.leaseTtlMs - timeoutMs) / 2),
+    metrics: gatewayMetrics(metrics),
+  });
+  if (pool) log.info({ rateLimit: rateLimit ?? 'off', searchRateLimit: searchRateLimit ?? 'off' }, 'Stripe budget shared by every replica (STRIPE_RATE_LIMIT)');
+  return {
+    ...handle,
+    gateway,
+    close: async () => {
+      gateway.close();
+      await pool?.end();
+      await handle.close();
+    },
+  };
 }
 
 /**
@@ -94,7 +130,7 @@ export async function serveEmulator(
  * `evidence`: the command treats Stripe's answers as evidence (resolve, reconcile). With DATABASE_URL the
  * built-in emulator would be an empty one started just now, whose "no such charge" proves nothing: refused.
  */
-export async function openGateway(config: Config, log: Logger, db: Database, opts: { evidence?: boolean } = {}): Promise<GatewayHandle> {
+async function openStripe(config: Config, log: Logger, db: Database, opts: { evidence?: boolean }) {
   const { secretKey, apiBase, timeoutMs, mode } = config.stripe;
   if (secretKey) {
     log.info({ stripeMode: mode, ...(apiBase ? { apiBase } : {}) }, `Stripe in ${mode} mode`);

@@ -33,6 +33,24 @@ describe('loadConfig', () => {
   });
 });
 
+describe("Stripe's rate limit: a budget for all replicas together", () => {
+  it("defaults to Stripe's published limits for the key's mode, and to none for the emulator", () => {
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_test_x' }).stripe).toMatchObject({ rateLimit: 25, searchRateLimit: 20 });
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'rk_test_x' }).stripe).toMatchObject({ rateLimit: 25, searchRateLimit: 20 });
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_live_x' }).stripe).toMatchObject({ rateLimit: 100, searchRateLimit: 20 });
+    expect(loadConfig({}).stripe).toMatchObject({ rateLimit: undefined, searchRateLimit: undefined });
+  });
+
+  it('takes what it is told: a number, or off', () => {
+    expect(loadConfig({ STRIPE_RATE_LIMIT: '25' }).stripe).toMatchObject({ rateLimit: 25, searchRateLimit: 20 });
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_live_x', STRIPE_RATE_LIMIT: '60', STRIPE_SEARCH_RATE_LIMIT: '10' }).stripe).toMatchObject({ rateLimit: 60, searchRateLimit: 10 });
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_test_x', STRIPE_RATE_LIMIT: 'off' }).stripe).toMatchObject({ rateLimit: undefined, searchRateLimit: undefined });
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_test_x', STRIPE_SEARCH_RATE_LIMIT: 'off' }).stripe).toMatchObject({ rateLimit: 25, searchRateLimit: undefined });
+    expect(loadConfig({ STRIPE_RATE_LIMIT: '12.5' }).stripe.rateLimit).toBe(12.5);
+    for (const bad of ['0', '-5', 'fast']) expect(() => loadConfig({ STRIPE_RATE_LIMIT: bad })).toThrow(/STRIPE_RATE_LIMIT: a number of requests per second, or off/);
+  });
+});
+
 describe('tracing: the standard OTEL_ variables, read here and nowhere else in outboxd', () => {
   it('is off without an endpoint, or when the SDK is disabled', () => {
     expect(loadConfig({}).tracing).toBeUndefined();

@@ -10,8 +10,9 @@ import { claimOperation, flagFromOutside, releaseLease, settleFromOutside } from
 import { createLogger } from '../src/log.ts';
 import { relayOutbox } from '../src/outbox.ts';
 import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
-import { operationRecord } from '../src/console/queries.ts';
 import { timeline } from '../src/console/timeline.ts';
+import { operationRecord, overview } from '../src/console/queries.ts';
+import { overviewPage } from '../src/console/views/pages.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
 import { claim, confirm, operation } from './support/fixtures.ts';
@@ -167,5 +168,15 @@ describe('the operation timeline', () => {
     const job = jobs.find((j) => j.data.operationId === op);
     await t.boss.complete('settled', job!.id);
     expect((await shown()).map((x) => x.title)).toEqual(['settlement event queued for onSettled', 'settlement event delivered to onSettled']);
+  });
+
+  it("the console's overview shows the fleet's Stripe budget: off, room to spare, or in full use", async () => {
+    const render = async (limits: { rateLimit: number | undefined; searchRateLimit: number | undefined }) =>
+      String(overviewPage(await overview(t.pool, t.boss, limits), new Date()));
+    expect(await render({ rateLimit: undefined, searchRateLimit: undefined })).toContain('not limited');
+    await t.pool.query(`insert into outboxd.rate_budgets (name, tokens, short_at) values ('bench-account', 3, now() - interval '10 minutes')`);
+    expect(await render({ rateLimit: 25, searchRateLimit: 20 })).toMatch(/room to spare[\s\S]*25 requests\/s, search 20\/s/);
+    await t.pool.query(`update outboxd.rate_budgets set short_at = now() - interval '5 seconds' where name = 'bench-account'`);
+    expect(await render({ rateLimit: 25, searchRateLimit: 20 })).toMatch(/in full use[\s\S]*waited for a token [56] s ago/);
   });
 });

@@ -96,6 +96,11 @@ const nonNegativeInt = (v: string) => {
   if (!/^\d+$/.test(v) || !Number.isSafeInteger(Number(v))) throw new InvalidArgumentError('must be an integer ≥ 0');
   return Number(v);
 };
+const positiveRate = (v: string) => {
+  const n = Number(v);
+  if (!(n > 0) || !Number.isFinite(n)) throw new InvalidArgumentError('must be a number of requests per second > 0');
+  return n;
+};
 const port = (v: string) => {
   if (!/^\d+$/.test(v) || Number(v) > 65_535) throw new InvalidArgumentError('must be a port number from 0 to 65535 (0: any free port)');
   return Number(v);
@@ -180,11 +185,12 @@ program
   .addOption(new Option('--host <addr>').default('127.0.0.1'))
   .addOption(new Option('--search-lag-ms <ms>').argParser(nonNegativeInt))
   .addOption(new Option('--processing-settle-ms <ms>', 'pm_card_processing succeeds after this').argParser(nonNegativeInt))
+  .addOption(new Option('--rate-limit <n>', "the account's requests/s; beyond it, 429 rate_limit").argParser(positiveRate))
   .action(async (o) => {
     // On the embedded default it serves the data directory's ledger, like every other process there.
     const db = config.databaseUrl || config.production ? undefined : await openDatabase(config, log!);
     try {
-      const emulator = await serveEmulator(db, { port: o.port, host: o.host, searchLagMs: o.searchLagMs, processingSettleMs: o.processingSettleMs });
+      const emulator = await serveEmulator(db, { port: o.port, host: o.host, searchLagMs: o.searchLagMs, processingSettleMs: o.processingSettleMs, rateLimit: o.rateLimit });
       log!.warn({ url: emulator.url, ledger: db ? `embedded database under ${config.dataDir}` : 'this process only' }, 'Stripe emulator listening: test keys only (sk_test_…), no real money moves');
       console.log(emulator.url);
       await new Promise<void>((resolve) => {

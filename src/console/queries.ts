@@ -86,14 +86,17 @@ export interface Overview {
   queue: { queued: number; active: number; failed: number } | null;
   review: (Operation & { flagged_at: Date | null })[];
   recent: Operation[];
+  /** The fleet's Stripe budget: requests/s configured (undefined: none), and each bucket's state. */
+  budget: { limit: number | undefined; searchLimit: number | undefined; buckets: { name: string; tokens: number; short_seconds_ago: number | null }[] };
 }
 
-export async function overview(pool: Pool, boss: PgBoss): Promise<Overview> {
-  const [figures, review, recent, queue] = await Promise.all([
+export async function overview(pool: Pool, boss: PgBoss, limits: { rateLimit: number | undefined; searchRateLimit: number | undefined }): Promise<Overview> {
+  const [figures, review, recent, queue, buckets] = await Promise.all([
     pool.query(pool.sql.consoleOverview()),
     reviewQueue(pool, 5),
     pool.query(pool.sql.recentSettlements(10)),
     boss.getQueue(CHARGE_QUEUE).catch(() => null),
+    pool.query(pool.sql.rateBudgetStates()),
   ]);
   const f = figures.rows[0];
   return {
@@ -105,6 +108,7 @@ export async function overview(pool: Pool, boss: PgBoss): Promise<Overview> {
     queue: queue ? { queued: queue.queuedCount, active: queue.activeCount, failed: queue.failedCount } : null,
     review,
     recent: recent.rows,
+    budget: { limit: limits.rateLimit, searchLimit: limits.searchRateLimit, buckets: buckets.rows },
   };
 }
 

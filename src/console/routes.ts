@@ -211,7 +211,7 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
   // ─── pages ───────────────────────────────────────────────────────────────────────────────────────
 
   async function overviewView({ res }: Request, session: Session): Promise<void> {
-    await page(res, 200, session, 'Overview', 'overview', overviewPage(await overview(pool, boss), new Date()));
+    await page(res, 200, session, 'Overview', 'overview', overviewPage(await overview(pool, boss, deps.config.stripe), new Date()));
   }
 
   const REVIEW_LIMIT = 500;

@@ -3,7 +3,7 @@
 // They live in their own schema, written here as "outboxd": src/db/migrate.ts applies the migrations
 // to whichever schema OUTBOXD_SCHEMA names.
 import { sql } from 'drizzle-orm';
-import { bigint, boolean, check, index, integer, jsonb, pgSchema, text, timestamp, uniqueIndex, uuid } from 'drizzle-orm/pg-core';
+import { bigint, boolean, check, doublePrecision, index, integer, jsonb, pgSchema, text, timestamp, uniqueIndex, uuid } from 'drizzle-orm/pg-core';
 
 const outboxd = pgSchema('outboxd');
 
@@ -203,4 +203,18 @@ export const consoleSessions = outboxd.table('console_sessions', {
   tokenFingerprint: text('token_fingerprint').notNull(),
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
   expiresAt: timestamp('expires_at', { withTimezone: true }).notNull(),
+});
+
+/**
+ * Stripe's rate limit as a budget shared by every replica (src/stripe/budget.ts): one token bucket per
+ * budget, refilled by the database clock and taken from by one statement, so that the replicas together
+ * stay under the limit however many there are. The rate and capacity are the caller's (the configuration).
+ */
+export const rateBudgets = outboxd.table('rate_budgets', {
+  name: text('name').primaryKey(),
+  /** Whole and fractional tokens left as of refilled_at. */
+  tokens: doublePrecision('tokens').notNull(),
+  refilledAt: timestamp('refilled_at', { withTimezone: true }).notNull().defaultNow(),
+  /** When a dispatch take last came up short anywhere in the fleet: background takes yield for a while. */
+  shortAt: timestamp('short_at', { withTimezone: true }),
 });

@@ -64,6 +64,7 @@ async function openReplica(config: Config, log: Logger, workerId: string) {
     boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
     const metrics = createMetrics({ db: pool, boss });
     registerStripeMode(metrics.registry, gateway.mode);
+    gateway.gateway.registerMetrics(metrics.registry);
     const dispatcher = new Dispatcher(
       { boss, pool, gateway: gateway.gateway, log, metrics },
       {

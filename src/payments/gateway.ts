@@ -61,10 +61,16 @@ export class Declined extends GatewayError {
 }
 
 /** 429: Stripe's rate limiter answers before its idempotency layer, so nothing executed and no key was
- * stored. Try again later with the same key. */
+ * stored. Try again later with the same key. `code`: why, e.g. `rate_limit` (the account's budget) or
+ * `lock_timeout` (another request holds the object). */
 export class RetryLater extends GatewayError {
   override name = 'RetryLater';
   readonly outcome = 'rate_limited';
+  readonly code: string | undefined;
+  constructor(message: string, httpStatus?: number, externalId?: string, options?: ErrorOptions & { code?: string | undefined }) {
+    super(message, httpStatus, externalId, options);
+    this.code = options?.code;
+  }
 }
 
 /** Provably never executed: 401/403 (bad key or missing permission, refused before anything runs) or a

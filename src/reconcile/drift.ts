@@ -3,6 +3,7 @@
 import type { Pool } from '../db/pool.ts';
 import type { Charge, PaymentGateway } from '../payments/gateway.ts';
 import { isOperationId, type Operation } from '../payments/operation.ts';
+import { inBackground } from '../stripe/budgetedGateway.ts';
 
 export type DriftKind =
   /** A charge whose metadata names no operation of ours. */
@@ -30,7 +31,9 @@ export interface DriftReport {
   drift: Drift[];
 }
 
-export async function driftReport(pool: Pool, gateway: PaymentGateway, since: Date): Promise<DriftReport> {
+export async function driftReport(pool: Pool, budgeted: PaymentGateway, since: Date): Promise<DriftReport> {
+  // A report yields to the dispatchers in the fleet's Stripe budget.
+  const gateway = inBackground(budgeted);
   const charges = (await gateway.listCharges(since)).filter((c) => c.operationId !== undefined);
   const ids = [...new Set(charges.map((c) => c.operationId!))].filter(isOperationId);
   const referenced: Operation[] = (await pool.query(pool.sql.operationsByIds(ids))).rows;

@@ -13,6 +13,7 @@ import { bossDb } from '../db/pool.ts';
 import { executeCharge, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import { claimOperation, flagForReview, releaseLease, StaleFenceError, type Operation } from '../payments/operation.ts';
+import { inBackground } from '../stripe/budgetedGateway.ts';
 import { ATTR, traceOperation, withSpan } from '../tracing.ts';
 
 /** An unsettled operation untouched this long, with no lease, outbox row or live job, is flagged. */
@@ -51,7 +52,11 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
   const keyWindowSeconds = opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
   const { rows } = await pool.query(pool.sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500));
   const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, undriven: [], decisions: [] };
-  for (const { id } of rows as { id: string }[]) await withSpan('outboxd.reconcile', { [ATTR.operationId]: id }, async () => {
+  // Reconciliation yields to the dispatchers in the fleet's Stripe budget. Once the budget (or Stripe's
+  // 429) turns a call away, the rest waits for the next sweep instead of each candidate waiting in turn.
+  const stripe = inBackground(gateway);
+  let rateLimited = false;
+  const sweepOne = (id: string) => withSpan('outboxd.reconcile', { [ATTR.operationId]: id }, async () => {
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, keyWindowSeconds);
     if (!lease) {
       report.skipped++; // settled or claimed since the candidates were read
@@ -60,7 +65,8 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
     traceOperation(lease.operation, lease.fence);
     const log = opts.log.child({ operationId: id, fence: lease.fence });
     try {
-      const run = await executeCharge(pool, gateway, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log });
+      const run = await executeCharge(pool, stripe, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log });
+      rateLimited = run.outcome?.kind === 'rate_limited';
       const op: Operation = run.operation;
       const decision: SweepDecision = {
         operationId: id,
@@ -82,6 +88,10 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
       await releaseLease(pool, id, lease.fence).catch(() => {});
     }
   });
+  for (const { id } of rows as { id: string }[]) {
+    if (rateLimited) report.skipped++;
+    else await sweepOne(id);
+  }
   report.undriven = await flagUndriven(pool, boss, opts);
   return report;
 }

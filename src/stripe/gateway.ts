@@ -148,7 +148,7 @@ function classify(err: unknown): GatewayError {
     return new AmbiguousOutcome(`${err.type}: ${message}`, undefined, pi, opts);
   }
   if (status === 402) return new Declined(`${err.code ?? 'card_error'}: ${message}`, status, pi, opts);
-  if (status === 429 || (status === 400 && err.code === 'rate_limit')) return new RetryLater(message, status, pi, opts);
+  if (status === 429 || (status === 400 && err.code === 'rate_limit')) return new RetryLater(message, status, pi, { ...opts, code: err.code });
   if (status === 400 && err.rawType === 'idempotency_error') return new IdempotencyKeyMisuse(message, status, pi, opts);
   if (status === 409 || status >= 500) return new AmbiguousOutcome(`${err.code ?? err.type}: ${message}`, status, pi, opts);
   // Bad key or missing permission: nothing executed; an operator must fix the configuration.

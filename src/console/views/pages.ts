@@ -27,6 +27,22 @@ export function signInPage(opts: { error?: string | undefined; name?: string; ne
 
 const SETTLED = new Set(['succeeded', 'failed']);
 
+/** Saturated when a dispatch call anywhere in the fleet came up short of tokens within this many seconds. */
+const SATURATED_WITHIN_S = 60;
+
+function budgetCard(b: Overview['budget']): Safe {
+  if (b.limit === undefined) return card('Stripe budget', 'not limited', 'neutral', 'STRIPE_RATE_LIMIT is off (the emulator needs none)');
+  const shortAgo = Math.min(...b.buckets.map((x) => x.short_seconds_ago ?? Infinity));
+  const saturated = shortAgo <= SATURATED_WITHIN_S;
+  const limits = `${b.limit} requests/s${b.searchLimit !== undefined ? `, search ${b.searchLimit}/s` : ''}, all replicas`;
+  return card(
+    'Stripe budget',
+    saturated ? 'in full use' : 'room to spare',
+    saturated ? 'warn' : 'good',
+    saturated ? `${limits}: a call waited for a token ${Math.round(shortAgo)} s ago` : `${limits}: no call waited for a token in the last minute`,
+  );
+}
+
 export function overviewPage(o: Overview, now: Date): Safe {
   const kinds = [...new Set(o.counts.map((c) => c.kind))];
   const count = (kind: string, status: string) => o.counts.find((c) => c.kind === kind && c.status === status)?.n ?? 0;
@@ -38,7 +54,7 @@ export function overviewPage(o: Overview, now: Date): Safe {
   ${card('Oldest unsettled', oldest === null ? 'none' : span(oldest), oldest !== null && oldest > 900 ? 'warn' : 'good', 'pending or unknown, review included')}
   ${card('Outbox depth', String(o.outboxRows), o.outboxRows > 0 ? 'info' : 'good', 'rows waiting to become jobs')}
   ${card('Charge jobs queued', o.queue ? String(o.queue.queued) : '—', 'neutral', o.queue ? `${o.queue.active} active, ${o.queue.failed} failed retained` : 'pg-boss did not answer')}
-  ${card('Stripe budget', 'not limited', 'neutral', 'no request budget is enforced by this version (STRIPE_RATE_LIMIT)')}
+  ${budgetCard(o.budget)}
   ${card('Operations', `${o.total.exact ? '' : '≈ '}${o.total.n.toLocaleString('en')}`, 'neutral', o.total.exact ? 'all kinds' : 'all kinds, as PostgreSQL estimates')}
 </section>
 <div class="columns">

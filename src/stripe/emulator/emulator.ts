@@ -14,6 +14,7 @@ import { parseForm, type FormValue } from './form.ts';
 import { matches, parseSearchQuery } from './search.ts';
 import {
   MemoryState,
+  RATE_LIMIT_CODES,
   type EmulatedEvent,
   type EmulatorState,
   type Endpoint,
@@ -21,6 +22,7 @@ import {
   type FaultRule,
   type LedgerEntry,
   type PaymentIntent,
+  type RateLimitCode,
   type StoredResponse,
   type WebhookTarget,
 } from './state.ts';
@@ -41,6 +43,8 @@ export interface EmulatorOptions extends Omit<ServerOptions, 'requestLogLimit'> 
   searchLagMs?: number;
   /** Where to POST signed payment_intent.* events (at least once: retried on failure). */
   webhooks?: WebhookTarget;
+  /** The account's rate limit: requests/s across all requests, beyond which it answers 429 rate_limit. */
+  rateLimit?: number;
 }
 
 export interface WebhookDelivery {
@@ -164,6 +168,8 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
     if (!apiKey) {
       return this.respond(res, entry, 401, error('invalid_request_error', 'Invalid API Key provided.'));
     }
+    // The account's limiter answers before anything else runs, the idempotency layer included.
+    if (!(await this.state.admitRequest())) return this.respond(res, entry, 429, tooManyRequests('rate_limit'));
     const retrieve = /^\/v1\/payment_intents\/(pi_[A-Za-z0-9]+)$/.exec(url.pathname);
     if (req.method === 'POST' && url.pathname === '/v1/payment_intents') {
       entry.endpoint = 'create';
@@ -299,8 +305,9 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
 
   /** Faults that answer before anything executes. True when the request was answered. */
   private async preflight(faults: Fault[], res: ServerResponse, entry: RequestLogEntry): Promise<boolean> {
-    if (faults.some((f) => f.kind === 'rate_limit')) {
-      this.respond(res, entry, 429, error('rate_limit_error', 'Too many requests hit the API too quickly.', { code: 'rate_limit' }));
+    const limited = faults.find((f) => f.kind === 'rate_limit');
+    if (limited) {
+      this.respond(res, entry, 429, tooManyRequests(limited.code ?? 'rate_limit'));
       return true;
     }
     const before = faults.find((f) => f.kind === 'error_before_commit');
@@ -454,6 +461,7 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
         return ok(await this.state.reset());
       }
       if (route === 'POST /_emulator/webhooks') return ok(await this.state.configureWebhooks(webhookTarget(input)));
+      if (route === 'POST /_emulator/rate-limit') return ok(await this.state.configureRateLimit(requestsPerSecond(input.requestsPerSecond)));
       if (route === 'GET /_emulator/events') return ok(await this.state.events());
       const settle = /^POST \/_emulator\/payment_intents\/(pi_\w+)\/settle$/.exec(route);
       if (settle) return ok(await this.settleIntent(settle[1]!, input.status as SettleStatus));
@@ -478,7 +486,14 @@ export class StripeEmulator extends EmulatorServer<MemoryState> {
   private readonly options: EmulatorOptions;
 
   constructor(options: EmulatorOptions = {}) {
-    super(new MemoryState({ ...(options.searchLagMs !== undefined ? { searchLagMs: options.searchLagMs } : {}), ...(options.webhooks ? { webhooks: options.webhooks } : {}) }), options);
+    super(
+      new MemoryState({
+        ...(options.searchLagMs !== undefined ? { searchLagMs: options.searchLagMs } : {}),
+        ...(options.webhooks ? { webhooks: options.webhooks } : {}),
+        ...(options.rateLimit !== undefined ? { rateLimit: options.rateLimit } : {}),
+      }),
+      options,
+    );
     this.options = options;
   }
 
@@ -519,6 +534,11 @@ export class StripeEmulator extends EmulatorServer<MemoryState> {
 
   configureWebhooks(target: WebhookTarget | undefined): void {
     this.state.configureWebhooks(target);
+  }
+
+  /** The account's rate limit in requests/s across all requests; null: none. */
+  setRateLimit(requestsPerSecond: number | null): void {
+    this.state.configureRateLimit(requestsPerSecond);
   }
 
   /** Every event emitted, oldest first. */
@@ -616,6 +636,9 @@ function apiKeyOf(authorization: string | null): string | undefined {
 function faultRule(input: Record<string, unknown>): FaultRule {
   const fault = input.fault as Fault | undefined;
   if (!isRecord(fault) || !FAULT_KINDS.has(fault.kind)) throw new Error(`fault.kind must be one of ${[...FAULT_KINDS].join(', ')}`);
+  if (fault.kind === 'rate_limit' && fault.code !== undefined && !RATE_LIMIT_CODES.includes(fault.code)) {
+    throw new Error(`fault.code must be one of ${RATE_LIMIT_CODES.join(', ')}`);
+  }
   if (input.count !== undefined && !(Number.isSafeInteger(input.count) && (input.count as number) > 0)) throw new Error('count must be a positive integer');
   if (input.endpoint !== undefined && !['create', 'retrieve', 'search', 'any'].includes(input.endpoint as string)) {
     throw new Error('endpoint must be one of create, retrieve, search, any');
@@ -627,6 +650,19 @@ function webhookTarget(input: Record<string, unknown>): WebhookTarget | undefine
   if (input.url === undefined) return undefined;
   if (typeof input.url !== 'string' || typeof input.secret !== 'string') throw new Error('url and secret must be strings (an empty body turns webhooks off)');
   return { url: input.url, secret: input.secret, ...(input.delayMs !== undefined ? { delayMs: nonNegative(input.delayMs, 'delayMs') } : {}) };
+}
+
+function requestsPerSecond(v: unknown): number | null {
+  if (v === undefined || v === null) return null;
+  if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new Error('requestsPerSecond must be a number > 0, or null (no limit)');
+  return v;
+}
+
+/** Stripe's 429s: the account's limiter (rate_limit), or another request holding the object (lock_timeout). */
+function tooManyRequests(code: RateLimitCode) {
+  return code === 'lock_timeout'
+    ? error('invalid_request_error', 'This object is being accessed by another API request right now; retry the request.', { code })
+    : error('rate_limit_error', 'Too many requests hit the API too quickly.', { code });
 }
 
 function nonNegative(v: unknown, name: string): number {

@@ -32,6 +32,9 @@ create table if not exists stripe_emulator.settings (
   search_frozen_at_ms bigint,
   webhooks jsonb
 );
+alter table stripe_emulator.settings add column if not exists rate_limit double precision; -- requests/s, null: none
+alter table stripe_emulator.settings add column if not exists rate_tokens double precision not null default 0;
+alter table stripe_emulator.settings add column if not exists rate_refilled_at timestamptz not null default now();
 insert into stripe_emulator.settings default values on conflict do nothing;
 create table if not exists stripe_emulator.faults (
   seq bigserial primary key,
@@ -135,6 +138,26 @@ export class PgState implements EmulatorState {
 
   async configureWebhooks(target: WebhookTarget | undefined): Promise<void> {
     await this.pool.query('update stripe_emulator.settings set webhooks = $1', [target ? JSON.stringify(target) : null]);
+  }
+
+  async configureRateLimit(requestsPerSecond: number | null): Promise<void> {
+    await this.pool.query('update stripe_emulator.settings set rate_limit = $1::float8, rate_tokens = coalesce($1::float8, 0), rate_refilled_at = now()', [requestsPerSecond]);
+  }
+
+  /** The account's bucket, refilled by the database clock: one limit for every process serving this state. */
+  async admitRequest(): Promise<boolean> {
+    const { rows } = await this.pool.query(
+      `with cur as (
+         select least(rate_limit, rate_tokens + rate_limit * greatest(0, extract(epoch from now() - rate_refilled_at)::float8)) as avail
+         from stripe_emulator.settings where rate_limit is not null
+         for update
+       )
+       update stripe_emulator.settings s
+       set rate_tokens = cur.avail - case when cur.avail >= 1 then 1 else 0 end, rate_refilled_at = greatest(s.rate_refilled_at, now())
+       from cur
+       returning cur.avail >= 1 as admitted`,
+    );
+    return rows[0]?.admitted ?? true;
   }
 
   async addFault(rule: FaultRule): Promise<string> {
@@ -259,7 +282,7 @@ export class PgState implements EmulatorState {
   async reset(): Promise<void> {
     await inTransaction(this.pool, async (tx) => {
       await tx.query('truncate stripe_emulator.faults, stripe_emulator.idempotency_keys, stripe_emulator.payment_intents, stripe_emulator.events');
-      await tx.query('update stripe_emulator.settings set clock_offset_ms = 0, search_lag_ms = 0, search_frozen_at_ms = null, webhooks = null');
+      await tx.query('update stripe_emulator.settings set clock_offset_ms = 0, search_lag_ms = 0, search_frozen_at_ms = null, webhooks = null, rate_limit = null');
     });
   }
 }

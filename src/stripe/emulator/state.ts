@@ -12,10 +12,15 @@ export type Fault =
   | { kind: 'error_after_commit'; status: number }
   /** The charge is made and stored; this response never arrives whole. */
   | { kind: 'lose_response_after_commit'; mode: 'reset' | 'truncate' | 'hang' }
-  | { kind: 'rate_limit' }
+  /** A 429 before anything executes: `rate_limit` (the default: the account's limit) or `lock_timeout`
+   * (another request holds the object). */
+  | { kind: 'rate_limit'; code?: RateLimitCode }
   | { kind: 'latency'; ms: number };
 
 export type Endpoint = 'create' | 'retrieve' | 'search';
+
+export const RATE_LIMIT_CODES = ['rate_limit', 'lock_timeout'] as const;
+export type RateLimitCode = (typeof RATE_LIMIT_CODES)[number];
 
 export interface FaultRule {
   /** Which requests it hits; empty matches any. operationId is metadata[operation_id]. */
@@ -102,6 +107,11 @@ export interface EmulatorState {
   configureSearch(settings: Partial<SearchSettings>): Awaitable<void>;
   webhooks(): Awaitable<WebhookTarget | undefined>;
   configureWebhooks(target: WebhookTarget | undefined): Awaitable<void>;
+  /** The account's rate limit, requests/s across all requests (null: none): a token bucket holding one
+   * second's worth, full when set. */
+  configureRateLimit(requestsPerSecond: number | null): Awaitable<void>;
+  /** Takes one request from the account's limit: false means answer 429 rate_limit. */
+  admitRequest(): Awaitable<boolean>;
 
   addFault(rule: FaultRule): Awaitable<string>;
   clearFaults(): Awaitable<void>;
@@ -169,12 +179,14 @@ export class MemoryState implements EmulatorState {
   private readonly keys = new Map<string, StoredKey>();
   private readonly entries = new Map<string, LedgerEntry>();
   private readonly emitted: EmulatedEvent[] = [];
-  private readonly initial: { searchLagMs?: number; webhooks?: WebhookTarget };
+  private readonly initial: { searchLagMs?: number; webhooks?: WebhookTarget; rateLimit?: number };
+  private limit: { perSecond: number; tokens: number; at: number } | null = null;
 
-  constructor(initial: { searchLagMs?: number; webhooks?: WebhookTarget } = {}) {
+  constructor(initial: { searchLagMs?: number; webhooks?: WebhookTarget; rateLimit?: number } = {}) {
     this.initial = initial;
     this.search = { lagMs: initial.searchLagMs ?? 0, frozenAtMs: null };
     this.target = initial.webhooks;
+    this.configureRateLimit(initial.rateLimit ?? null);
   }
 
   clockOffsetMs(): number {
@@ -199,6 +211,21 @@ export class MemoryState implements EmulatorState {
 
   configureWebhooks(target: WebhookTarget | undefined): void {
     this.target = target;
+  }
+
+  configureRateLimit(requestsPerSecond: number | null): void {
+    this.limit = requestsPerSecond === null ? null : { perSecond: requestsPerSecond, tokens: requestsPerSecond, at: performance.now() };
+  }
+
+  admitRequest(): boolean {
+    const l = this.limit;
+    if (!l) return true;
+    const now = performance.now();
+    l.tokens = Math.min(l.perSecond, l.tokens + ((now - l.at) / 1000) * l.perSecond);
+    l.at = now;
+    if (l.tokens < 1) return false;
+    l.tokens -= 1;
+    return true;
   }
 
   addFault(rule: FaultRule): string {
@@ -282,6 +309,7 @@ export class MemoryState implements EmulatorState {
     this.offsetMs = 0;
     this.search = { lagMs: this.initial.searchLagMs ?? 0, frozenAtMs: null };
     this.target = this.initial.webhooks;
+    this.configureRateLimit(this.initial.rateLimit ?? null);
     this.rules.length = 0;
     this.keys.clear();
     this.entries.clear();

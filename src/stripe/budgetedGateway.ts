@@ -1,0 +1,141 @@
+// Every call to Stripe through the fleet's shared budget (budget.ts), around any PaymentGateway: a call
+// waits for its token (searches for a search token too: Stripe's Search limit counts against the
+// account's as well), then is sent. Waiting is bounded by the call's deadline, so a call holds no lease
+// past its TTL waiting (the dispatcher renews its lease meanwhile; the reconcile sweep does not, and its
+// wait is bounded well inside the lease); a call that got no token in time is not sent and fails as
+// RetryLater, which the executor records as not an attempt.
+//
+// A 429 from Stripe:
+//   - `lock_timeout`: another request holds that one object. Not the account's budget: the call is sent
+//     again (with a token, like any request) after a short jittered delay, a few times;
+//   - anything else (`rate_limit`): the account is over its limit. The budget drops its local reserve and
+//     takes nothing for a moment; the call then waits for a token and is sent again, within its deadline.
+// Neither was an attempt: nothing executed at Stripe.
+import { Counter, type Registry } from 'prom-client';
+import { RetryLater, type Charge, type ChargeRequest, type PaymentGateway } from '../payments/gateway.ts';
+import { BudgetTimeout, type Budget, type BudgetMetrics, type Priority } from './budget.ts';
+
+/** Sends of one call, 429s included. */
+const MAX_SENDS = 3;
+
+export interface Budgets {
+  /** Every request: the account's limit. */
+  requests?: Budget | undefined;
+  /** Search requests, which take from `requests` as well. */
+  search?: Budget | undefined;
+}
+
+export interface BudgetedGatewayOptions {
+  budgets: Budgets;
+  /** How long a call may wait for its tokens in all. */
+  maxWaitMs: number;
+  priority?: Priority;
+  metrics?: GatewayMetrics;
+}
+
+type Kind = 'request' | 'search';
+
+export class BudgetedGateway implements PaymentGateway {
+  private readonly inner: PaymentGateway;
+  private readonly opts: BudgetedGatewayOptions;
+  readonly metrics: GatewayMetrics;
+
+  constructor(inner: PaymentGateway, opts: BudgetedGatewayOptions) {
+    this.inner = inner;
+    this.opts = opts;
+    this.metrics = opts.metrics ?? gatewayMetrics();
+  }
+
+  /** The same gateway and budgets, its calls at another priority. */
+  at(priority: Priority): BudgetedGateway {
+    return new BudgetedGateway(this.inner, { ...this.opts, priority, metrics: this.metrics });
+  }
+
+  // One line per method: which budgets its request takes from.
+  createCharge(req: ChargeRequest): Promise<Charge> {
+    return this.budgeted('request', () => this.inner.createCharge(req));
+  }
+
+  retrieveCharge(externalId: string): Promise<Charge> {
+    return this.budgeted('request', () => this.inner.retrieveCharge(externalId));
+  }
+
+  findCharges(operationId: string): Promise<Charge[]> {
+    return this.budgeted('search', () => this.inner.findCharges(operationId));
+  }
+
+  listCharges(since: Date): Promise<Charge[]> {
+    return this.budgeted('request', () => this.inner.listCharges(since));
+  }
+
+  /** Metrics of this gateway and its budgets, onto a replica's registry. */
+  registerMetrics(registry: Registry): void {
+    this.metrics.register(registry);
+  }
+
+  close(): void {
+    this.opts.budgets.requests?.close();
+    this.opts.budgets.search?.close();
+  }
+
+  private async budgeted<T>(kind: Kind, send: () => Promise<T>): Promise<T> {
+    const deadline = Date.now() + this.opts.maxWaitMs;
+    for (let sends = 1; ; sends++) {
+      await this.tokens(kind, deadline);
+      try {
+        return await send();
+      } catch (err) {
+        if (!(err instanceof RetryLater)) throw err;
+        const code = err.code ?? 'unknown';
+        this.metrics.rateLimited.inc({ code });
+        const lockTimeout = code === 'lock_timeout';
+        const budget = kind === 'search' ? (this.opts.budgets.search ?? this.opts.budgets.requests) : this.opts.budgets.requests;
+        if (!lockTimeout) budget?.backOff();
+        // Without a budget to wait for, a rate-limited call goes back to its caller (the dispatcher
+        // reschedules it in seconds); a lock timeout is worth a second try either way.
+        const delay = lockTimeout ? (50 + Math.random() * 200) * sends : 0;
+        if (sends >= MAX_SENDS || (!lockTimeout && !budget) || Date.now() + delay >= deadline) throw err;
+        await new Promise((r) => setTimeout(r, delay));
+      }
+    }
+  }
+
+  private async tokens(kind: Kind, deadline: number): Promise<void> {
+    const { requests, search } = this.opts.budgets;
+    const priority = this.opts.priority ?? 'dispatch';
+    try {
+      // The scarcer token first: a requests token held while waiting for a search one would expire unspent.
+      if (kind === 'search') await search?.take(priority, deadline);
+      await requests?.take(priority, deadline);
+    } catch (err) {
+      if (!(err instanceof BudgetTimeout)) throw err;
+      throw new RetryLater(`not sent: ${err.message}`, undefined, undefined, { cause: err, code: 'budget' });
+    }
+  }
+}
+
+/**
+ * The gateway as reconciliation uses it: its calls yield to the dispatcher's (budget.ts, priority).
+ * Any other gateway is returned as it is.
+ */
+export function inBackground(gateway: PaymentGateway): PaymentGateway {
+  return gateway instanceof BudgetedGateway ? gateway.at('background') : gateway;
+}
+
+export type GatewayMetrics = ReturnType<typeof gatewayMetrics>;
+
+export function gatewayMetrics(budget?: BudgetMetrics) {
+  const rateLimited = new Counter({
+    name: 'outboxd_stripe_rate_limited_total',
+    help: "Stripe's 429 answers by code: rate_limit (the account's limit), lock_timeout (one object busy), …",
+    labelNames: ['code'],
+    registers: [],
+  });
+  return {
+    rateLimited,
+    register(registry: Registry): void {
+      registry.registerMetric(rateLimited);
+      budget?.register(registry);
+    },
+  };
+}
