@@ -9,15 +9,24 @@
 import type pg from 'pg';
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from './db/pool.ts';
+import { BUILT_IN_KINDS } from './effects/registry.ts';
 import { createSettlementQueues, relaySettlements } from './settlements.ts';
 import { bossSchemaFor } from './sql/statements.ts';
 import { traceContextPropagator, traceRelay, untraced } from './tracing.ts';
 
 export { bossSchemaFor };
 
-export const CHARGE_QUEUE = 'charge';
-/** Where pg-boss moves a charge job whose retries ran out; its worker flags the operation for review. */
-export const CHARGE_DEAD_QUEUE = 'charge_dead';
+/**
+ * Each kind of effect has a queue of its own, named as the kind, so that only replicas that can carry a
+ * kind out take its jobs, and one kind's backlog never holds up another's; its dead letter is the kind's
+ * name with `_dead` (src/sql/statements.ts's undrivenCandidates relies on both names).
+ */
+export const queueFor = (kind: string): string => kind;
+/** Where pg-boss moves a job whose retries ran out; a worker flags its operation for review. */
+export const deadQueueFor = (kind: string): string => `${kind}_dead`;
+
+export const CHARGE_QUEUE = queueFor('charge');
+export const CHARGE_DEAD_QUEUE = deadQueueFor('charge');
 
 export interface ChargeJob {
   operationId: string;
@@ -44,6 +53,14 @@ export const chargeQueueOptions: Omit<Queue, 'name'> = {
   notify: true,
 };
 
+/** Every kind's queue retries as the charge's, into its own dead letter. */
+export const queueOptionsFor = (kind: string): Omit<Queue, 'name'> => ({ ...chargeQueueOptions, deadLetter: deadQueueFor(kind) });
+
+/** Creates a kind's queue and its dead letter (idempotent). */
+export async function createKindQueues(boss: PgBoss, kind: string): Promise<void> {
+  await boss.createQueue(deadQueueFor(kind), { retryLimit: 5, retryBackoff: true, notify: true });
+  await boss.createQueue(queueFor(kind), queueOptionsFor(kind));
+}
 
 /**
  * `migrator` installs or upgrades pg-boss's schema; `worker` also supervises (heartbeat and expiry
@@ -84,8 +101,7 @@ export const RECONCILE_QUEUE = 'reconcile';
 
 /** Creates the queues (idempotent). Run by `outboxd migrate`, after pg-boss installed its schema. */
 export async function createQueues(boss: PgBoss): Promise<void> {
-  await boss.createQueue(CHARGE_DEAD_QUEUE, { retryLimit: 5, retryBackoff: true, notify: true });
-  await boss.createQueue(CHARGE_QUEUE, chargeQueueOptions);
+  for (const kind of BUILT_IN_KINDS) await createKindQueues(boss, kind);
   await boss.createQueue(RECONCILE_QUEUE, { policy: 'singleton', retryLimit: 0, expireInSeconds: 15 * 60 });
   await createSettlementQueues(boss);
 }
@@ -128,13 +144,19 @@ export async function liveJobFor(
   boss: PgBoss,
   db: IDatabase,
   operationId: string,
-  queue: string = CHARGE_QUEUE,
+  queue: string,
 ): Promise<{ id: string; state: string } | undefined> {
   const jobs = await boss.findJobs<ChargeJob>(queue, { data: { operationId }, db });
   return jobs.find((j) => LIVE_JOB_STATES.has(j.state));
 }
 
-/** Enqueues a job for `operationId` directly (admin re-drive), through `db` so it joins the caller's transaction. */
-export async function enqueueCharge(boss: PgBoss, db: IDatabase, operationId: string, startAfterSeconds?: number): Promise<string | null> {
-  return boss.send(CHARGE_QUEUE, { operationId } satisfies ChargeJob, { db, ...(startAfterSeconds !== undefined ? { startAfter: startAfterSeconds } : {}) });
+/** Enqueues a job for the operation on its kind's queue directly (admin re-drive, a reschedule), through
+ * `db` so it joins the caller's transaction. */
+export async function enqueueOperation(
+  boss: PgBoss,
+  db: IDatabase,
+  op: { id: string; kind: string },
+  startAfterSeconds?: number,
+): Promise<string | null> {
+  return boss.send(queueFor(op.kind), { operationId: op.id } satisfies ChargeJob, { db, ...(startAfterSeconds !== undefined ? { startAfter: startAfterSeconds } : {}) });
 }

@@ -47,7 +47,8 @@ export interface ChargeRequest {
 export interface PaymentOperation {
   id: string;
   orderId: string;
-  kind: 'charge';
+  /** `charge`, or another kind of effect (the README's table of kinds). */
+  kind: string;
   amount: number;
   currency: string;
   customer: string;

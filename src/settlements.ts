@@ -15,7 +15,8 @@ export const SETTLED_DEAD_QUEUE = 'settled_dead';
 export interface SettlementEvent {
   operationId: string;
   orderId: string;
-  kind: 'charge';
+  /** `charge`, or another kind of effect. */
+  kind: string;
   status: 'succeeded' | 'failed';
   /** The PaymentIntent (pi_…); null for a charge that failed before Stripe made one. */
   externalId: string | null;

@@ -6,7 +6,7 @@ import { drizzle } from 'drizzle-orm/node-postgres';
 import { numeric, pgTable, text, uuid } from 'drizzle-orm/pg-core';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { executeCharge } from '../src/payments/executor.ts';
+import { executeOperation } from '../src/payments/executor.ts';
 import { Outboxd, OrderConflictError, TransactionTypeError, ValidationError, type ChargeRequest } from '../src/index.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
@@ -248,7 +248,7 @@ describe('the rest of the API', () => {
   it('metadata reaches Stripe beside operation_id', async () => {
     const req = charge({ metadata: { cart: 'c-17', channel: 'web' } });
     const { operationId } = await inPgTransaction((client) => outboxd.requestCharge(client, req));
-    const run = await executeCharge(t.pool, emu.gateway(), operationId, await claim(t, operationId));
+    const run = await executeOperation(t.pool, emu.gateway(), operationId, await claim(t, operationId));
     expect(run.operation.status).toBe('succeeded');
     const pi = await emu.client().paymentIntents.retrieve(run.operation.external_id!);
     expect(pi.metadata).toEqual({ cart: 'c-17', channel: 'web', operation_id: operationId });

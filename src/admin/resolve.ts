@@ -11,7 +11,7 @@
 import type { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
 import { ValidationError } from '../orders/validate.ts';
-import { liveJobFor } from '../outbox.ts';
+import { liveJobFor, queueFor } from '../outbox.ts';
 import { FAILED_CHARGE_STATUSES, type PaymentGateway } from '../payments/gateway.ts';
 import { claimOperation, isSettled, releaseLease, renewLease, settleUnderLease, type Operation } from '../payments/operation.ts';
 import { traceOperation, withSpan } from '../tracing.ts';
@@ -68,7 +68,7 @@ async function resolve(
   traceOperation(op, fence);
   const renewal = setInterval(() => void renewLease(pool, op.id, fence, opts.leaseTtlMs).catch(() => {}), Math.max(250, Math.floor(opts.leaseTtlMs / 3)));
   try {
-    await refuseWhileDriven(pool, boss, op.id);
+    await refuseWhileDriven(pool, boss, op);
 
     // 2. The evidence, with no transaction open.
     const evidence = resolution.outcome === 'succeeded'
@@ -105,10 +105,11 @@ async function notClaimable(pool: Pool, id: string): Promise<Error> {
 }
 
 /** A queued or active job (or a row still in the outbox) means the machine is still driving it. */
-async function refuseWhileDriven(pool: Pool, boss: PgBoss, id: string): Promise<void> {
+async function refuseWhileDriven(pool: Pool, boss: PgBoss, op: Operation): Promise<void> {
+  const { id } = op;
   const { rows } = await pool.query(pool.sql.outboxRowFor(id));
   if (rows[0]) throw new ResolutionRefused(`operation ${id} waits in the outbox to be sent; resolve it only once the workers have given up on it`);
-  const job = await liveJobFor(boss, bossDb(pool), id);
+  const job = await liveJobFor(boss, bossDb(pool), id, queueFor(op.kind));
   if (job) {
     throw new ResolutionRefused(
       `job ${job.id} for operation ${id} is ${job.state}: the workers still drive it (same key); try again once it settles or is dead-lettered into review`,

@@ -22,7 +22,8 @@ export type OperationStatus = 'pending' | 'unknown' | 'succeeded' | 'failed';
 export interface Operation {
   id: string;
   order_id: string;
-  kind: 'charge';
+  /** charge, or another kind of src/effects/registry.ts. */
+  kind: string;
   amount: number;
   currency: string;
   customer_id: string;

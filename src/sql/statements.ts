@@ -336,14 +336,15 @@ function build(schema: string) {
 
     // ─── reconciliation ────────────────────────────────────────────────────────────────────────────────
 
-    /** What the reconcile sweep may decide: a known charge to retrieve, a key window that has passed, or an
-     * operation held for review after an attempt that may have charged (searched read-only inside the
-     * window too: a dead-lettered job drives it no more). Other operations inside the window without a
-     * charge id are the dispatcher's, and leased ones are busy. */
-    reconcileCandidates: statement<[keyWindowSeconds: number, limit: number]>(
+    /** What the reconcile sweep may decide, of the kinds it reconciles through the provider ($3): a known
+     * object to retrieve, a key window that has passed, or an operation held for review after an attempt
+     * that may have acted (searched read-only inside the window too: a dead-lettered job drives it no
+     * more). Other operations inside the window without an external id are the dispatcher's, and leased
+     * ones are busy. */
+    reconcileCandidates: statement<[keyWindowSeconds: number, limit: number, kinds: readonly string[]]>(
       'outboxd_reconcile_candidates',
       `select id from ${s}.payment_operations
-       where ${UNSETTLED}
+       where ${UNSETTLED} and kind = any($3::text[])
          and (external_id is not null
               or first_attempted_at < now() - make_interval(secs => $1)
               or (review_reason is not null and first_attempted_at is not null))
@@ -352,10 +353,11 @@ function build(schema: string) {
        limit $2`,
     ),
 
-    /** Unsettled, unflagged operations untouched for a while with no lease, nothing in the outbox and no
-     * live job (one anti-join over pg-boss's job table, so a large backlog of queued jobs costs one scan):
-     * the sweep claims each, checks again for a live job, and flags one that nothing drives. */
-    undrivenCandidates: statement<[idleSeconds: number, limit: number, queues: string[]]>(
+    /** Unsettled, unflagged operations of any kind untouched for a while with no lease, nothing in the
+     * outbox and no live job in their kind's queue or its dead letter (src/outbox.ts: queueFor,
+     * deadQueueFor; one anti-join over pg-boss's job table, so a large backlog of queued jobs costs one
+     * scan): the sweep claims each, checks again for a live job, and flags one that nothing drives. */
+    undrivenCandidates: statement<[idleSeconds: number, limit: number]>(
       'outboxd_undriven_candidates',
       `select id from ${s}.payment_operations op
        where ${UNSETTLED} and review_reason is null
@@ -364,7 +366,7 @@ function build(schema: string) {
          and not exists (select 1 from ${s}.charge_outbox o where o.operation_id = op.id)
          and not exists (
            select 1 from ${boss}.job j
-           where j.name = any($3::text[]) and j.state in ('created', 'retry', 'active') and j.data->>'operationId' = op.id::text)
+           where j.name in (op.kind, op.kind || '_dead') and j.state in ('created', 'retry', 'active') and j.data->>'operationId' = op.id::text)
        order by updated_at
        limit $2`,
     ),
