@@ -1,8 +1,8 @@
-// The outbox. requestCharge writes a plain charge_outbox row in the caller's transaction; workers relay the
-// rows to the pg-boss `charge` queue in batches (insert the jobs and delete the rows in one
-// transaction), and pg-boss then gives claiming, retries with backoff, heartbeats and dead letter.
-// A charge job carries only the operation id: the operation row is the durable truth, the job is the
-// reminder to drive it (at least once).
+// The outbox. requestCharge (and every other request of an effect) writes a plain charge_outbox row in
+// the caller's transaction; workers relay the rows to the pg-boss queue of the operation's kind in
+// batches (insert the jobs and delete the rows in one transaction), and pg-boss then gives claiming,
+// retries with backoff, heartbeats and dead letter. A job carries only the operation id: the operation
+// row is the durable truth, the job is the reminder to drive it (at least once).
 //
 // Measured here (npm run bench): a pg-boss send() inside the business transaction halves its rate; a
 // plain row keeps it near the raw insert rate, and one insert() of a batch costs little per job.
@@ -109,11 +109,11 @@ export async function createQueues(boss: PgBoss): Promise<void> {
 export const RELAY_BATCH = 500;
 
 /**
- * Relays both outboxes: charges to `charge` jobs, settlement events to `settled` jobs (src/settlements.ts).
- * Returns the larger batch: `limit` means more may be waiting.
+ * Relays both outboxes: operations to jobs of their kind's queue, settlement events to `settled` jobs
+ * (src/settlements.ts). Returns the larger batch: `limit` means more may be waiting.
  */
 export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): Promise<number> {
-  return Math.max(await relayCharges(db, boss, limit), await relaySettlements(db, boss, limit));
+  return Math.max(await relayOperations(db, boss, limit), await relaySettlements(db, boss, limit));
 }
 
 /**
@@ -121,15 +121,19 @@ export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): 
  * jobs are inserted, so each row becomes exactly one job, and relays on several replicas take
  * disjoint batches (SKIP LOCKED). Returns how many were relayed.
  */
-async function relayCharges(db: Pool, boss: PgBoss, limit: number): Promise<number> {
+async function relayOperations(db: Pool, boss: PgBoss, limit: number): Promise<number> {
   const { rows: any } = await db.query(db.sql.outboxHasRows());
   if (!any[0].any) return 0;
   return inTransaction(db, async (tx) => {
     const { rows } = await tx.query(tx.sql.takeOutboxBatch(limit));
     if (rows.length === 0) return 0;
     await traceRelay(rows, async (traceparents) => {
-      const jobs = rows.map((r: { operation_id: string }, i) => ({ data: { operationId: r.operation_id, traceparent: traceparents[i] } satisfies ChargeJob }));
-      await untraced(() => boss.insert(CHARGE_QUEUE, jobs, { db: bossDb(tx) }));
+      const byKind = new Map<string, { data: ChargeJob }[]>();
+      rows.forEach((r: { operation_id: string; kind: string }, i) => {
+        const jobs = byKind.get(r.kind) ?? byKind.set(r.kind, []).get(r.kind)!;
+        jobs.push({ data: { operationId: r.operation_id, traceparent: traceparents[i] } });
+      });
+      for (const [kind, jobs] of byKind) await untraced(() => boss.insert(queueFor(kind), jobs, { db: bossDb(tx) }));
     });
     return rows.length;
   });

@@ -99,6 +99,14 @@ describe('executeOperation (a charge)', () => {
       },
       findCharges: async () => [],
       listCharges: async () => [],
+      createRefund: async () => {
+        throw new Error('unused');
+      },
+      retrieveRefund: async () => {
+        throw new Error('unused');
+      },
+      findRefunds: async () => [],
+      listRefunds: async () => [],
     };
     const id = await confirm(t);
     const run = await executeOperation(t.pool, misuse, id, await claim(t, id));

@@ -4,12 +4,15 @@
 //   kind     policy          on an ambiguous outcome                                   how it is done / checked
 //   charge   idempotent-key  resend with the same key inside the window; past it,     src/payments/charge.ts
 //                            reconcile (never create); zero or several → a person
+//   refund   idempotent-key  the same, with refund-op:<id>; past the window the      src/payments/refund.ts
+//                            PaymentIntent's refunds are listed and matched
 //
 // The executor (src/payments/executor.ts) is one protocol for every kind; what differs per kind is
 // here: the policy, and the calls that carry the effect out and read what happened.
 import type { PaymentGateway } from '../payments/gateway.ts';
 import type { LoadedOperation, Outcome } from '../payments/operation.ts';
 import { chargeCalls } from '../payments/charge.ts';
+import { refundCalls } from '../payments/refund.ts';
 
 export type Policy = 'idempotent-key' | 'at-least-once' | 'reconcile-before-retry';
 export const POLICIES: readonly Policy[] = ['idempotent-key', 'at-least-once', 'reconcile-before-retry'];
@@ -18,7 +21,8 @@ export const POLICIES: readonly Policy[] = ['idempotent-key', 'at-least-once', '
  * The calls the executor makes for an operation:
  * - create: the one that may carry the effect out (a charge's create);
  * - retrieve: reads the provider's object already known for it (external_id);
- * - search: finds what the provider holds for it, past the key window or read-only (the sweep).
+ * - search: finds what the provider holds for it, past the key window or read-only (the sweep): Search
+ *   for a charge, the PaymentIntent's list of refunds for a refund.
  */
 export type EffectCall = 'create' | 'retrieve' | 'search';
 
@@ -45,6 +49,7 @@ export interface Effect {
 /** The built-in kinds: Stripe's, driven through the gateway. */
 const BUILT_IN: Record<string, { policy: Policy; calls: (gateway: PaymentGateway) => EffectCalls }> = {
   charge: { policy: 'idempotent-key', calls: chargeCalls },
+  refund: { policy: 'idempotent-key', calls: refundCalls },
 };
 
 export const BUILT_IN_KINDS: readonly string[] = Object.keys(BUILT_IN);

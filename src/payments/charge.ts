@@ -14,8 +14,9 @@ export function chargeCalls(gateway: PaymentGateway): EffectCalls {
           operationId: op.id,
           amount: op.amount,
           currency: op.currency,
-          customer: op.customer_id,
-          paymentMethod: op.payment_method,
+          // A charge has both (payment_operations_charge_check).
+          customer: op.customer_id!,
+          paymentMethod: op.payment_method!,
           metadata: op.metadata,
           idempotencyKey: idempotencyKeyFor(op.id),
         }),
