@@ -1,23 +1,32 @@
-// The outbox. requestCharge writes a plain charge_outbox row in the caller's transaction; workers relay the
-// rows to the pg-boss `charge` queue in batches (insert the jobs and delete the rows in one
-// transaction), and pg-boss then gives claiming, retries with backoff, heartbeats and dead letter.
-// A charge job carries only the operation id: the operation row is the durable truth, the job is the
-// reminder to drive it (at least once).
+// The outbox. requestCharge (and every other request of an effect) writes a plain charge_outbox row in
+// the caller's transaction; workers relay the rows to the pg-boss queue of the operation's kind in
+// batches (insert the jobs and delete the rows in one transaction), and pg-boss then gives claiming,
+// retries with backoff, heartbeats and dead letter. A job carries only the operation id: the operation
+// row is the durable truth, the job is the reminder to drive it (at least once).
 //
 // Measured here (npm run bench): a pg-boss send() inside the business transaction halves its rate; a
 // plain row keeps it near the raw insert rate, and one insert() of a batch costs little per job.
 import type pg from 'pg';
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from './db/pool.ts';
+import { BUILT_IN_KINDS } from './effects/registry.ts';
 import { createSettlementQueues, relaySettlements } from './settlements.ts';
 import { bossSchemaFor } from './sql/statements.ts';
 import { traceContextPropagator, traceRelay, untraced } from './tracing.ts';
 
 export { bossSchemaFor };
 
-export const CHARGE_QUEUE = 'charge';
-/** Where pg-boss moves a charge job whose retries ran out; its worker flags the operation for review. */
-export const CHARGE_DEAD_QUEUE = 'charge_dead';
+/**
+ * Each kind of effect has a queue of its own, named as the kind, so that only replicas that can carry a
+ * kind out take its jobs, and one kind's backlog never holds up another's; its dead letter is the kind's
+ * name with `_dead` (src/sql/statements.ts's undrivenCandidates relies on both names).
+ */
+export const queueFor = (kind: string): string => kind;
+/** Where pg-boss moves a job whose retries ran out; a worker flags its operation for review. */
+export const deadQueueFor = (kind: string): string => `${kind}_dead`;
+
+export const CHARGE_QUEUE = queueFor('charge');
+export const CHARGE_DEAD_QUEUE = deadQueueFor('charge');
 
 export interface ChargeJob {
   operationId: string;
@@ -44,6 +53,14 @@ export const chargeQueueOptions: Omit<Queue, 'name'> = {
   notify: true,
 };
 
+/** Every kind's queue retries as the charge's, into its own dead letter. */
+export const queueOptionsFor = (kind: string): Omit<Queue, 'name'> => ({ ...chargeQueueOptions, deadLetter: deadQueueFor(kind) });
+
+/** Creates a kind's queue and its dead letter (idempotent). */
+export async function createKindQueues(boss: PgBoss, kind: string): Promise<void> {
+  await boss.createQueue(deadQueueFor(kind), { retryLimit: 5, retryBackoff: true, notify: true });
+  await boss.createQueue(queueFor(kind), queueOptionsFor(kind));
+}
 
 /**
  * `migrator` installs or upgrades pg-boss's schema; `worker` also supervises (heartbeat and expiry
@@ -84,8 +101,7 @@ export const RECONCILE_QUEUE = 'reconcile';
 
 /** Creates the queues (idempotent). Run by `outboxd migrate`, after pg-boss installed its schema. */
 export async function createQueues(boss: PgBoss): Promise<void> {
-  await boss.createQueue(CHARGE_DEAD_QUEUE, { retryLimit: 5, retryBackoff: true, notify: true });
-  await boss.createQueue(CHARGE_QUEUE, chargeQueueOptions);
+  for (const kind of BUILT_IN_KINDS) await createKindQueues(boss, kind);
   await boss.createQueue(RECONCILE_QUEUE, { policy: 'singleton', retryLimit: 0, expireInSeconds: 15 * 60 });
   await createSettlementQueues(boss);
 }
@@ -93,11 +109,11 @@ export async function createQueues(boss: PgBoss): Promise<void> {
 export const RELAY_BATCH = 500;
 
 /**
- * Relays both outboxes: charges to `charge` jobs, settlement events to `settled` jobs (src/settlements.ts).
- * Returns the larger batch: `limit` means more may be waiting.
+ * Relays both outboxes: operations to jobs of their kind's queue, settlement events to `settled` jobs
+ * (src/settlements.ts). Returns the larger batch: `limit` means more may be waiting.
  */
 export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): Promise<number> {
-  return Math.max(await relayCharges(db, boss, limit), await relaySettlements(db, boss, limit));
+  return Math.max(await relayOperations(db, boss, limit), await relaySettlements(db, boss, limit));
 }
 
 /**
@@ -105,15 +121,19 @@ export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): 
  * jobs are inserted, so each row becomes exactly one job, and relays on several replicas take
  * disjoint batches (SKIP LOCKED). Returns how many were relayed.
  */
-async function relayCharges(db: Pool, boss: PgBoss, limit: number): Promise<number> {
+async function relayOperations(db: Pool, boss: PgBoss, limit: number): Promise<number> {
   const { rows: any } = await db.query(db.sql.outboxHasRows());
   if (!any[0].any) return 0;
   return inTransaction(db, async (tx) => {
     const { rows } = await tx.query(tx.sql.takeOutboxBatch(limit));
     if (rows.length === 0) return 0;
     await traceRelay(rows, async (traceparents) => {
-      const jobs = rows.map((r: { operation_id: string }, i) => ({ data: { operationId: r.operation_id, traceparent: traceparents[i] } satisfies ChargeJob }));
-      await untraced(() => boss.insert(CHARGE_QUEUE, jobs, { db: bossDb(tx) }));
+      const byKind = new Map<string, { data: ChargeJob }[]>();
+      rows.forEach((r: { operation_id: string; kind: string }, i) => {
+        const jobs = byKind.get(r.kind) ?? byKind.set(r.kind, []).get(r.kind)!;
+        jobs.push({ data: { operationId: r.operation_id, traceparent: traceparents[i] } });
+      });
+      for (const [kind, jobs] of byKind) await untraced(() => boss.insert(queueFor(kind), jobs, { db: bossDb(tx) }));
     });
     return rows.length;
   });
@@ -128,13 +148,19 @@ export async function liveJobFor(
   boss: PgBoss,
   db: IDatabase,
   operationId: string,
-  queue: string = CHARGE_QUEUE,
+  queue: string,
 ): Promise<{ id: string; state: string } | undefined> {
   const jobs = await boss.findJobs<ChargeJob>(queue, { data: { operationId }, db });
   return jobs.find((j) => LIVE_JOB_STATES.has(j.state));
 }
 
-/** Enqueues a job for `operationId` directly (admin re-drive), through `db` so it joins the caller's transaction. */
-export async function enqueueCharge(boss: PgBoss, db: IDatabase, operationId: string, startAfterSeconds?: number): Promise<string | null> {
-  return boss.send(CHARGE_QUEUE, { operationId } satisfies ChargeJob, { db, ...(startAfterSeconds !== undefined ? { startAfter: startAfterSeconds } : {}) });
+/** Enqueues a job for the operation on its kind's queue directly (admin re-drive, a reschedule), through
+ * `db` so it joins the caller's transaction. */
+export async function enqueueOperation(
+  boss: PgBoss,
+  db: IDatabase,
+  op: { id: string; kind: string },
+  startAfterSeconds?: number,
+): Promise<string | null> {
+  return boss.send(queueFor(op.kind), { operationId: op.id } satisfies ChargeJob, { db, ...(startAfterSeconds !== undefined ? { startAfter: startAfterSeconds } : {}) });
 }

@@ -8,6 +8,8 @@ import { migrate } from './db/migrate.ts';
 import { createPool, type Pool, type Queryable } from './db/pool.ts';
 import { isOperationId, type Operation, type OperationStatus } from './payments/operation.ts';
 import { requestCharge, type ChargeRequested } from './payments/request.ts';
+import { requestRefund, type RefundRequested } from './payments/refund.ts';
+import type { RefundReason } from './payments/gateway.ts';
 import { createBoss } from './outbox.ts';
 import { SETTLED_QUEUE, workSettlements, type SettlementEvent } from './settlements.ts';
 import { SCHEMA_NAME, statementsFor } from './sql/statements.ts';
@@ -43,18 +45,35 @@ export interface ChargeRequest {
   retry?: boolean;
 }
 
+/** What requestRefund takes. */
+export interface RefundRequest {
+  /** The succeeded charge operation to refund. */
+  chargeOperationId: string;
+  /** In minor units: a positive integer, at most what remains unrefunded of the charge. */
+  amount: number;
+  /** The caller's name for this refund: the same key of the same charge is the same refund. */
+  key: string;
+  reason?: RefundReason;
+}
+
 /** A payment operation as getOperation returns it. */
 export interface PaymentOperation {
   id: string;
   orderId: string;
-  kind: 'charge';
+  /** `charge`, or another kind of effect (the README's table of kinds). */
+  kind: string;
   amount: number;
   currency: string;
-  customer: string;
-  paymentMethod: string;
+  /** A charge's customer and payment method (null for every other kind). */
+  customer: string | null;
+  paymentMethod: string | null;
   metadata: Record<string, string>;
+  /** A refund's charge operation. */
+  parentOperationId: string | null;
+  /** A refund's key (unique per charge operation). */
+  key: string | null;
   status: OperationStatus;
-  /** The PaymentIntent (pi_…), once known. */
+  /** The PaymentIntent (pi_…) or Refund (re_…), once known. */
   externalId: string | null;
   /** Calls made to Stripe for it. */
   attempts: number;
@@ -109,6 +128,18 @@ export class Outboxd {
    */
   async requestCharge(tx: object, request: ChargeRequest): Promise<ChargeRequested> {
     return requestCharge(callerTransaction(tx, this.#db.sql), request);
+  }
+
+  /**
+   * Requests a refund of a succeeded charge inside the caller's transaction `tx` (as requestCharge):
+   * a refund operation and its outbox row, committed or rolled back with it. The same key of the same
+   * charge again returns the same refund operation (created: false). Concurrent refunds of one charge
+   * wait for each other's transaction. Throws ValidationError, OperationNotFoundError or RefundRefused
+   * (the charge has not succeeded; the amount exceeds what remains unrefunded, counting refunds still
+   * pending or unknown; the key names a refund of another amount) before writing anything.
+   */
+  async requestRefund(tx: object, request: RefundRequest): Promise<RefundRequested> {
+    return requestRefund(callerTransaction(tx, this.#db.sql), request);
   }
 
   /** The operation, or undefined when there is none with this id. */
@@ -166,6 +197,8 @@ function toPaymentOperation(op: Operation): PaymentOperation {
     customer: op.customer_id,
     paymentMethod: op.payment_method,
     metadata: op.metadata,
+    parentOperationId: op.parent_operation_id,
+    key: op.effect_key,
     status: op.status,
     externalId: op.external_id,
     attempts: op.attempts,

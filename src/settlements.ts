@@ -16,9 +16,12 @@ export const SETTLED_DEAD_QUEUE = 'settled_dead';
 export interface SettlementEvent {
   operationId: string;
   orderId: string;
-  kind: 'charge';
+  /** `charge`, `refund`, or another kind of effect. */
+  kind: string;
+  /** A refund's key (null for a charge). */
+  key: string | null;
   status: 'succeeded' | 'failed';
-  /** The PaymentIntent (pi_…); null for a charge that failed before Stripe made one. */
+  /** The PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund; null when Stripe made none. */
   externalId: string | null;
   amount: number;
   currency: string;
@@ -67,6 +70,7 @@ export async function relaySettlements(db: Pool, boss: PgBoss, limit: number): P
         operationId: r.operation_id,
         orderId: r.order_id,
         kind: r.kind,
+        key: r.effect_key,
         status: r.status,
         externalId: r.external_id,
         amount: r.amount,

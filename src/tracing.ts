@@ -32,6 +32,8 @@ export const ATTR = {
   operationId: 'outboxd.operation_id',
   orderId: 'outboxd.order_id',
   kind: 'outboxd.kind',
+  /** The kind's policy on an ambiguous outcome (src/effects/registry.ts). */
+  policy: 'outboxd.policy',
   fence: 'outboxd.fence',
   attempt: 'outboxd.attempt',
   /** create, retrieve or search */

@@ -119,7 +119,7 @@ describe('usage errors: said on stderr, exit 2, in flags', () => {
     [['ops', 'resolve', OP, '--succeeded', '--failed'], /give exactly one of --succeeded or --failed/],
     [['ops', 'resolve', OP, '--succeeded'], /--succeeded needs --external-id/],
     [['ops', 'resolve', OP, '--failed'], /--failed needs --reason/],
-    [['ops', 'resolve', OP, '--failed', '--external-id', 'pi_1', '--reason', 'r'], /'--external-id <pi>' cannot be used with option '--failed'/],
+    [['ops', 'resolve', OP, '--failed', '--external-id', 'pi_1', '--reason', 'r'], /'--external-id <id>' cannot be used with option '--failed'/],
     [['requeue'], /give an operation id, or --stuck/],
     [['requeue', OP, '--stuck'], /give an operation id or --stuck, not both/],
     [['order', 'confirm', '--order-id', 'u-1', '--amount', '5'], /missing --currency, --customer, --payment-method/],
@@ -253,7 +253,7 @@ describe('ops show short ids, ops list, audit', () => {
     const res = await outboxd('ops', 'list');
     expect(res.code).toBe(0);
     const lines = res.stdout.split('\n');
-    expect(lines[0]).toMatch(/^id +order +status +amount +attempts +external +review$/);
+    expect(lines[0]).toMatch(/^id +kind +order +status +amount +attempts +external +review$/);
     expect(lines.find((l) => l.startsWith(A))).toMatch(/pending +100 eur +0 +- +$/);
     expect(lines.find((l) => l.startsWith(B))).toMatch(/ - +key window passed, no charge found$/);
   });

@@ -2,7 +2,9 @@
 // about processes (kill -9, SIGSTOP, SIGTERM).
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { idempotencyKeyFor } from '../src/payments/gateway.ts';
+import { inTransaction } from '../src/db/pool.ts';
+import { idempotencyKeyFor, refundIdempotencyKeyFor } from '../src/payments/gateway.ts';
+import { requestRefund } from '../src/payments/refund.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startDispatcher } from './support/dispatcher.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
@@ -25,7 +27,7 @@ afterEach(async () => {
     r.kill('SIGKILL');
     await r.exited;
   }
-  await t.pool.query(`delete from pgboss.job where name in ('charge', 'charge_dead')`);
+  await t.pool.query(`delete from pgboss.job where name in ('charge', 'charge_dead', 'refund', 'refund_dead')`);
   await t.pool.query(`delete from outboxd.charge_outbox`);
 });
 
@@ -98,6 +100,26 @@ describe('dispatcher replicas (OS processes)', () => {
     expect(charges(op)).toHaveLength(1);
     expect(createsFor(op).map((r) => r.idempotencyKey)).toEqual([idempotencyKeyFor(op), idempotencyKeyFor(op)]);
     expect(await b.metric('outboxd_lease_takeovers_total')).toBe(1);
+  });
+
+  it('kill -9 while a refund is in flight: another replica takes over after the lease, same key, one refund', async () => {
+    const a = await replica();
+    const customer = 'cus_refund_kill9';
+    // The refund's create is slow (matched by the charge's customer: the refund's id is not known yet).
+    e.emulator.addFault({ endpoint: 'create_refund', match: { customer }, fault: { kind: 'latency', ms: 1500 } });
+    const charge = await confirm(t, { customer });
+    await waitUntil(() => settled(charge), 30_000, 'the charge');
+    const { operationId: op } = await inTransaction(t.pool, (tx) => requestRefund(tx, { chargeOperationId: charge, amount: 1000, key: 'kill-9' }));
+    const refundCreates = () => e.emulator.requests().filter((r) => r.endpoint === 'create_refund' && r.operationId === op);
+    await waitUntil(() => refundCreates().length === 1, 20_000, 'the refund’s first create');
+    a.kill('SIGKILL');
+    const b = await replica();
+    await waitUntil(() => settled(op), 60_000, 'takeover settles the refund');
+    expect(await operation(t, op)).toMatchObject({ status: 'succeeded', external_id: expect.stringMatching(/^re_/) });
+    expect(e.emulator.refundLedger().filter((r) => r.refund.metadata.operation_id === op)).toHaveLength(1);
+    expect(refundCreates().map((r) => r.idempotencyKey)).toEqual([refundIdempotencyKeyFor(op), refundIdempotencyKeyFor(op)]);
+    expect(await b.metric('outboxd_lease_takeovers_total')).toBe(1);
+    expect(await b.metric('outboxd_gateway_outcomes_total{call="create",outcome="succeeded",kind="refund",policy="idempotent-key"}')).toBe(1);
   });
 
   it('a replica SIGSTOPped past its lease is fenced out when it resumes; the status stays as the other wrote it', async () => {

@@ -251,6 +251,109 @@ describe('search', () => {
   });
 });
 
+describe('refunds', () => {
+  const paid = async (amount = 1000) => stripe.paymentIntents.create(params({ amount }));
+  const refund = (pi: string, over: Partial<Stripe.RefundCreateParams> = {}, key?: string) =>
+    stripe.refunds.create({ payment_intent: pi, amount: 400, reason: 'requested_by_customer', metadata: { operation_id: randomUUID() }, ...over }, key ? { idempotencyKey: key } : {});
+
+  it('refunds a succeeded PaymentIntent, retrieves the refund and lists the PaymentIntent’s refunds', async () => {
+    const pi = await paid();
+    const first = await refund(pi.id, { amount: 300 });
+    expect(first).toMatchObject({ object: 'refund', status: 'succeeded', amount: 300, currency: 'eur', payment_intent: pi.id, reason: 'requested_by_customer' });
+    const second = await refund(pi.id, { amount: 200 });
+    expect((await stripe.refunds.retrieve(first.id)).metadata).toEqual(first.metadata);
+    expect((await stripe.refunds.list({ payment_intent: pi.id })).data.map((r) => r.id).sort()).toEqual([first.id, second.id].sort());
+    expect((await stripe.refunds.list({ payment_intent: (await paid()).id })).data).toEqual([]);
+    await expect(stripe.refunds.retrieve('re_missing')).rejects.toMatchObject({ statusCode: 404, code: 'resource_missing' });
+  });
+
+  it('refuses more than remains unrefunded (failed refunds give theirs back), and a PaymentIntent that has not succeeded; nothing stored under the key', async () => {
+    const pi = await paid(1000);
+    const a = await refund(pi.id, { amount: 700 });
+    await expect(refund(pi.id, { amount: 301 }, 'rk-1')).rejects.toMatchObject({ statusCode: 400, code: 'amount_too_large' });
+    e.emulator.settleRefund(a.id, 'failed');
+    expect((await refund(pi.id, { amount: 1000 }, 'rk-1')).status).toBe('succeeded'); // the key was free
+    await expect(refund(pi.id, { amount: 1 })).rejects.toMatchObject({ code: 'charge_already_refunded' });
+    const processing = await stripe.paymentIntents.create(params({ payment_method: 'pm_card_processing' }));
+    await expect(refund(processing.id)).rejects.toMatchObject({ statusCode: 400, code: 'charge_not_refundable' });
+    await expect(refund('pi_missing')).rejects.toMatchObject({ code: 'resource_missing' });
+    await expect(refund(pi.id, { reason: 'whim' as never })).rejects.toMatchObject({ statusCode: 400, param: 'reason' });
+  });
+
+  it('the idempotency layer: a replay, 400 for other parameters or a charge’s key, 409 while executing', async () => {
+    const pi = await paid();
+    const p = { amount: 100, metadata: { operation_id: 'op-r' } };
+    const first = await refund(pi.id, p, 'refund-op:r');
+    const replay = await refund(pi.id, p, 'refund-op:r');
+    expect(replay.id).toBe(first.id);
+    expect(replay.lastResponse.headers['idempotent-replayed']).toBe('true');
+    await expect(refund(pi.id, { ...p, amount: 101 }, 'refund-op:r')).rejects.toBeInstanceOf(Stripe.errors.StripeIdempotencyError);
+    await stripe.paymentIntents.create(params(), { idempotencyKey: 'shared-key' });
+    await expect(refund(pi.id, p, 'shared-key')).rejects.toBeInstanceOf(Stripe.errors.StripeIdempotencyError);
+    e.emulator.addFault({ endpoint: 'create_refund', fault: { kind: 'latency', ms: 300 } });
+    const slow = refund(pi.id, { ...p, amount: 5 }, 'refund-op:slow');
+    await new Promise((r) => setTimeout(r, 100));
+    await expect(refund(pi.id, { ...p, amount: 5 }, 'refund-op:slow')).rejects.toMatchObject({ statusCode: 409 });
+    await slow;
+    expect(e.emulator.refundLedger().filter((r) => r.refund.payment_intent === pi.id)).toHaveLength(2);
+  });
+
+  it('faults on refund endpoints: a lost response after commit, a stored 500, a refund status, a 429 on the list', async () => {
+    const pi = await paid(10_000);
+    const op = randomUUID();
+    e.emulator.addFault({ endpoint: 'create_refund', match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'truncate' } });
+    await expect(refund(pi.id, { metadata: { operation_id: op } }, 'lost')).rejects.toBeInstanceOf(Stripe.errors.StripeConnectionError);
+    expect(e.emulator.refundLedger().filter((r) => r.refund.metadata.operation_id === op)).toHaveLength(1);
+    expect((await refund(pi.id, { metadata: { operation_id: op } }, 'lost')).lastResponse.headers['idempotent-replayed']).toBe('true');
+
+    e.emulator.addFault({ endpoint: 'create_refund', fault: { kind: 'error_after_commit', status: 500 } });
+    const stored = { metadata: { operation_id: 'op-500' } };
+    await expect(refund(pi.id, stored, 'stored-500')).rejects.toMatchObject({ statusCode: 500 });
+    await expect(refund(pi.id, stored, 'stored-500')).rejects.toMatchObject({ statusCode: 500 });
+    expect(e.emulator.refundLedger().filter((r) => r.refund.metadata.operation_id === 'op-500')).toHaveLength(1);
+
+    e.emulator.addFault({ fault: { kind: 'refund_status', status: 'pending' } }); // create_refund by default
+    const pending = await refund(pi.id);
+    expect(pending.status).toBe('pending');
+    expect((await stripe.refunds.retrieve(pending.id)).status).toBe('pending');
+    expect(e.emulator.settleRefund(pending.id, 'succeeded').status).toBe('succeeded');
+
+    e.emulator.addFault({ endpoint: 'list_refunds', fault: { kind: 'rate_limit' } });
+    await expect(stripe.refunds.list({ payment_intent: pi.id })).rejects.toMatchObject({ statusCode: 429 });
+    expect(e.emulator.requests().map((r) => r.endpoint)).toEqual(expect.arrayContaining(['create_refund', 'retrieve_refund', 'list_refunds']));
+  });
+
+  it('pending refunds succeed by themselves after processingSettleMs', async () => {
+    const own = await startEmulator({ processingSettleMs: 200 });
+    try {
+      const client = own.client();
+      const pi = await client.paymentIntents.create(params());
+      own.emulator.addFault({ fault: { kind: 'refund_status', status: 'pending' } });
+      const pending = await client.refunds.create({ payment_intent: pi.id, amount: 10 });
+      expect(pending.status).toBe('pending');
+      own.emulator.advanceClock(200);
+      expect((await client.refunds.retrieve(pending.id)).status).toBe('succeeded');
+    } finally {
+      await own.close();
+    }
+  });
+
+  it('the control API: GET /_emulator/refunds, settle a refund, and refund.* events to the webhook target', async () => {
+    const pi = await paid();
+    const r = await refund(pi.id);
+    const settled = await fetch(`${e.url}/_emulator/refunds/${r.id}/settle`, { method: 'POST', body: JSON.stringify({ status: 'canceled' }) }).then((x) => x.json());
+    expect(settled).toMatchObject({ id: r.id, status: 'canceled' });
+    const listed = (await fetch(`${e.url}/_emulator/refunds`).then((x) => x.json())) as { refund: { id: string; status: string } }[];
+    expect(listed.map((x) => [x.refund.id, x.refund.status])).toEqual([[r.id, 'canceled']]);
+    const bad = await fetch(`${e.url}/_emulator/refunds/${r.id}/settle`, { method: 'POST', body: JSON.stringify({ status: 'done' }) });
+    expect(bad.status).toBe(400);
+    e.emulator.configureWebhooks({ url: 'http://127.0.0.1:9/unreachable', secret: 'whsec_x' });
+    e.emulator.settleRefund(r.id, 'failed');
+    await refund(pi.id, { amount: 1 });
+    expect(e.emulator.emittedEvents().map((ev) => [ev.type, ev.data.object.object])).toEqual([['refund.failed', 'refund'], ['refund.created', 'refund']]);
+  });
+});
+
 describe('control API over HTTP', () => {
   it('adds faults, advances the clock and reads the ledger', async () => {
     const post = (path: string, body: unknown) =>
@@ -341,6 +444,23 @@ describe('in PostgreSQL: one emulator for every process on a data directory', ()
     await control(a.url, 'clock/advance', { ms: 25 * 3600_000 });
     expect((await b.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k2' })).lastResponse.headers['idempotent-replayed']).toBeUndefined();
     expect((await ledger(a.url)).filter((l) => l.paymentIntent.metadata.operation_id === p.metadata!.operation_id)).toHaveLength(2);
+  });
+
+  it('refunds are shared too: one process refunds, another retrieves, lists, replays and refuses more than remains', async () => {
+    const [a, b] = [await serve(), await serve()];
+    const pi = await a.stripe.paymentIntents.create(params({ amount: 500 }));
+    const r = await a.stripe.refunds.create({ payment_intent: pi.id, amount: 300, metadata: { operation_id: 'op-pg' } }, { idempotencyKey: 'refund-op:pg' });
+    expect((await b.stripe.refunds.retrieve(r.id)).metadata).toEqual({ operation_id: 'op-pg' });
+    expect((await b.stripe.refunds.list({ payment_intent: pi.id })).data.map((x) => x.id)).toEqual([r.id]);
+    const replay = await b.stripe.refunds.create({ payment_intent: pi.id, amount: 300, metadata: { operation_id: 'op-pg' } }, { idempotencyKey: 'refund-op:pg' });
+    expect(replay.id).toBe(r.id);
+    await expect(b.stripe.refunds.create({ payment_intent: pi.id, amount: 201 })).rejects.toMatchObject({ code: 'amount_too_large' });
+    await control(a.url, 'faults', { fault: { kind: 'refund_status', status: 'pending' } });
+    const pending = await b.stripe.refunds.create({ payment_intent: pi.id, amount: 200 });
+    expect(pending.status).toBe('pending');
+    expect((await control(a.url, `refunds/${pending.id}/settle`, { status: 'succeeded' })).body).toMatchObject({ status: 'succeeded' });
+    const refunds = (await (await fetch(`${b.url}/_emulator/refunds`)).json()) as { refund: { id: string; status: string } }[];
+    expect(refunds.map((x) => [x.refund.id, x.refund.status])).toEqual([[r.id, 'succeeded'], [pending.id, 'succeeded']]);
   });
 
   it('survives its processes: a new one serves the same ledger and keys', async () => {

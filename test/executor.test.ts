@@ -1,7 +1,7 @@
 // The seed's table, with the in-process fake Stripe over a real PostgreSQL.
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { executeCharge } from '../src/payments/executor.ts';
+import { executeOperation } from '../src/payments/executor.ts';
 import { AmbiguousOutcome, idempotencyKeyFor, IdempotencyKeyMisuse, type PaymentGateway } from '../src/payments/gateway.ts';
 import { StaleFenceError } from '../src/payments/operation.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
@@ -19,11 +19,11 @@ const creates = (s: FakeStripe) => s.calls.filter((c) => c.method === 'create');
 const ageFirstAttempt = (id: string, hours: number) =>
   t.pool.query(`update outboxd.payment_operations set first_attempted_at = now() - $2 * interval '1 hour' where id = $1`, [id, hours]);
 
-describe('executeCharge', () => {
+describe('executeOperation (a charge)', () => {
   it('charges once and settles succeeded, with the key derived from the operation id (invariant 2)', async () => {
     const stripe = new FakeStripe();
     const id = await confirm(t);
-    const run = await executeCharge(t.pool, stripe, id, await claim(t, id));
+    const run = await executeOperation(t.pool, stripe, id, await claim(t, id));
     expect(run.operation.status).toBe('succeeded');
     expect(run.operation.external_id).toBe(stripe.charges[0]!.id);
     expect(run.operation.first_attempted_at).toBeInstanceOf(Date);
@@ -35,9 +35,9 @@ describe('executeCharge', () => {
     const id = await confirm(t);
     const fence = await claim(t, id);
     stripe.loseResponseOnce = true;
-    const first = await executeCharge(t.pool, stripe, id, fence);
+    const first = await executeOperation(t.pool, stripe, id, fence);
     expect(first.operation).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous', external_id: null });
-    const second = await executeCharge(t.pool, stripe, id, fence);
+    const second = await executeOperation(t.pool, stripe, id, fence);
     expect(second.operation.status).toBe('succeeded');
     expect(stripe.charges).toHaveLength(1);
     expect(new Set(creates(stripe).map((c) => c.key))).toEqual(new Set([idempotencyKeyFor(id)]));
@@ -56,10 +56,10 @@ describe('executeCharge', () => {
     const stripe = new FakeStripe();
     const id = await confirm(t, { paymentMethod: 'pm_card_chargeDeclined' });
     const fence = await claim(t, id);
-    const run = await executeCharge(t.pool, stripe, id, fence);
+    const run = await executeOperation(t.pool, stripe, id, fence);
     expect(run.operation).toMatchObject({ status: 'failed', last_outcome: 'failed' });
     expect(run.operation.settled_at).toBeInstanceOf(Date);
-    const again = await executeCharge(t.pool, stripe, id, fence);
+    const again = await executeOperation(t.pool, stripe, id, fence);
     expect(again.call).toBeNull();
     expect(stripe.calls).toHaveLength(1);
   });
@@ -68,10 +68,10 @@ describe('executeCharge', () => {
     const stripe = new FakeStripe();
     const id = await confirm(t, { paymentMethod: 'pm_card_processing' });
     const fence = await claim(t, id);
-    const first = await executeCharge(t.pool, stripe, id, fence);
+    const first = await executeOperation(t.pool, stripe, id, fence);
     expect(first.operation).toMatchObject({ status: 'unknown', external_id: stripe.charges[0]!.id });
     stripe.settle(stripe.charges[0]!.id, 'succeeded');
-    const second = await executeCharge(t.pool, stripe, id, fence);
+    const second = await executeOperation(t.pool, stripe, id, fence);
     expect(second.call).toBe('retrieve');
     expect(second.operation.status).toBe('succeeded');
     expect(creates(stripe)).toHaveLength(1);
@@ -82,9 +82,9 @@ describe('executeCharge', () => {
     const id = await confirm(t);
     const fence = await claim(t, id);
     stripe.rateLimitNext = 1;
-    const first = await executeCharge(t.pool, stripe, id, fence);
+    const first = await executeOperation(t.pool, stripe, id, fence);
     expect(first.operation).toMatchObject({ status: 'pending', last_outcome: 'rate_limited' });
-    const second = await executeCharge(t.pool, stripe, id, fence);
+    const second = await executeOperation(t.pool, stripe, id, fence);
     expect(second.operation.status).toBe('succeeded');
     expect(creates(stripe).map((c) => c.key)).toEqual([idempotencyKeyFor(id), idempotencyKeyFor(id)]);
   });
@@ -99,9 +99,17 @@ describe('executeCharge', () => {
       },
       findCharges: async () => [],
       listCharges: async () => [],
+      createRefund: async () => {
+        throw new Error('unused');
+      },
+      retrieveRefund: async () => {
+        throw new Error('unused');
+      },
+      findRefunds: async () => [],
+      listRefunds: async () => [],
     };
     const id = await confirm(t);
-    const run = await executeCharge(t.pool, misuse, id, await claim(t, id));
+    const run = await executeOperation(t.pool, misuse, id, await claim(t, id));
     expect(run.operation.status).toBe('unknown');
     expect(run.operation.needs_review).toBe(true);
     expect(run.operation.review_reason).toMatch(/idempotency key misuse/);
@@ -113,10 +121,10 @@ describe('executeCharge', () => {
       const id = await confirm(t);
       const fence = await claim(t, id);
       stripe.loseResponseOnce = true;
-      await executeCharge(t.pool, stripe, id, fence);
+      await executeOperation(t.pool, stripe, id, fence);
       stripe.pruneKeys();
       await ageFirstAttempt(id, 24);
-      const run = await executeCharge(t.pool, stripe, id, fence);
+      const run = await executeOperation(t.pool, stripe, id, fence);
       expect(run.call).toBe('search');
       expect(run.operation).toMatchObject({ status: 'succeeded', external_id: stripe.charges[0]!.id });
       expect(creates(stripe)).toHaveLength(1);
@@ -128,9 +136,9 @@ describe('executeCharge', () => {
       const id = await confirm(t);
       const fence = await claim(t, id);
       stripe.loseResponseOnce = true;
-      await executeCharge(t.pool, stripe, id, fence);
+      await executeOperation(t.pool, stripe, id, fence);
       await ageFirstAttempt(id, 22.9);
-      const run = await executeCharge(t.pool, stripe, id, fence);
+      const run = await executeOperation(t.pool, stripe, id, fence);
       expect(run.call).toBe('create');
       expect(run.operation.status).toBe('succeeded');
       expect(stripe.charges).toHaveLength(1);
@@ -142,7 +150,7 @@ describe('executeCharge', () => {
       const fence = await claim(t, id);
       await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() - interval '2 days' where id = $1`, [id]);
       stripe.addCharge({ status: 'requires_payment_method', amount: 2599, currency: 'eur', operationId: id });
-      const run = await executeCharge(t.pool, stripe, id, fence);
+      const run = await executeOperation(t.pool, stripe, id, fence);
       expect(run.operation.status).toBe('failed');
       expect(creates(stripe)).toHaveLength(0);
     });
@@ -152,17 +160,17 @@ describe('executeCharge', () => {
       const id = await confirm(t);
       const fence = await claim(t, id);
       stripe.loseResponseOnce = true;
-      await executeCharge(t.pool, stripe, id, fence);
+      await executeOperation(t.pool, stripe, id, fence);
       stripe.pruneKeys();
       stripe.searchIndexed = false;
       await ageFirstAttempt(id, 30);
-      const run = await executeCharge(t.pool, stripe, id, fence);
+      const run = await executeOperation(t.pool, stripe, id, fence);
       expect(run.operation).toMatchObject({ status: 'unknown', needs_review: true });
       expect(run.operation.review_reason).toMatch(/no charge/);
       expect(creates(stripe)).toHaveLength(1);
       // Once the index catches up, the next pass settles it and clears the review.
       stripe.searchIndexed = true;
-      const later = await executeCharge(t.pool, stripe, id, fence);
+      const later = await executeOperation(t.pool, stripe, id, fence);
       expect(later.operation).toMatchObject({ status: 'succeeded', needs_review: false });
     });
 
@@ -173,7 +181,7 @@ describe('executeCharge', () => {
       await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() - interval '25 hours' where id = $1`, [id]);
       stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: id });
       stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: id });
-      const run = await executeCharge(t.pool, stripe, id, fence);
+      const run = await executeOperation(t.pool, stripe, id, fence);
       expect(run.operation).toMatchObject({ status: 'unknown', needs_review: true, external_id: null });
       expect(run.operation.review_reason).toMatch(/2 charges/);
     });
@@ -184,7 +192,7 @@ describe('executeCharge', () => {
       const fence = await claim(t, id);
       await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() - interval '25 hours' where id = $1`, [id]);
       stripe.addCharge({ status: 'succeeded', amount: 1, currency: 'eur', operationId: id });
-      const run = await executeCharge(t.pool, stripe, id, fence);
+      const run = await executeOperation(t.pool, stripe, id, fence);
       expect(run.operation).toMatchObject({ status: 'unknown', needs_review: true });
     });
 
@@ -192,7 +200,7 @@ describe('executeCharge', () => {
       const stripe = new FakeStripe();
       const id = await confirm(t);
       await t.pool.query(`update outboxd.payment_operations set created_at = now() - interval '3 days' where id = $1`, [id]);
-      const run = await executeCharge(t.pool, stripe, id, await claim(t, id));
+      const run = await executeOperation(t.pool, stripe, id, await claim(t, id));
       expect(run.call).toBe('create');
       expect(run.operation.status).toBe('succeeded');
     });
@@ -207,7 +215,7 @@ describe('executeCharge', () => {
       const current = await claim(t, id, 'worker-b');
       expect(current).toBeGreaterThan(stale);
       const before = await operation(t, id);
-      await expect(executeCharge(t.pool, stripe, id, stale)).rejects.toBeInstanceOf(StaleFenceError);
+      await expect(executeOperation(t.pool, stripe, id, stale)).rejects.toBeInstanceOf(StaleFenceError);
       expect(stripe.calls).toHaveLength(0);
       expect(await operation(t, id)).toEqual(before);
     });
@@ -218,7 +226,7 @@ describe('executeCharge', () => {
       const stale = await claim(t, id, 'worker-a');
       let release!: () => void;
       stripe.hold = new Promise((r) => (release = r));
-      const running = executeCharge(t.pool, stripe, id, stale);
+      const running = executeOperation(t.pool, stripe, id, stale);
       await waitUntil(() => stripe.calls.length === 1, 5_000, 'the gateway call');
       await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [id]);
       await claim(t, id, 'worker-b');
@@ -236,7 +244,7 @@ describe('executeCharge', () => {
     stripe.hold = new Promise((r) => (release = r));
     const pool = (await import('../src/db/pool.ts')).createPool(t.url, { schema: t.schema, max: 2, applicationName: 'executor-under-test' });
     try {
-      const running = executeCharge(pool, stripe, id, await claim(t, id));
+      const running = executeOperation(pool, stripe, id, await claim(t, id));
       await waitUntil(() => stripe.calls.length === 1, 5_000, 'the gateway call');
       const observer = new pg.Client({ connectionString: t.url });
       await observer.connect();

@@ -6,8 +6,8 @@ import { drizzle } from 'drizzle-orm/node-postgres';
 import { numeric, pgTable, text, uuid } from 'drizzle-orm/pg-core';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { executeCharge } from '../src/payments/executor.ts';
-import { Outboxd, OrderConflictError, TransactionTypeError, ValidationError, type ChargeRequest } from '../src/index.ts';
+import { executeOperation } from '../src/payments/executor.ts';
+import { Outboxd, OrderConflictError, RefundRefused, TransactionTypeError, ValidationError, type ChargeRequest } from '../src/index.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
 import { claim, counts, operation, outboxRows } from './support/fixtures.ts';
@@ -248,10 +248,26 @@ describe('the rest of the API', () => {
   it('metadata reaches Stripe beside operation_id', async () => {
     const req = charge({ metadata: { cart: 'c-17', channel: 'web' } });
     const { operationId } = await inPgTransaction((client) => outboxd.requestCharge(client, req));
-    const run = await executeCharge(t.pool, emu.gateway(), operationId, await claim(t, operationId));
+    const run = await executeOperation(t.pool, emu.gateway(), operationId, await claim(t, operationId));
     expect(run.operation.status).toBe('succeeded');
     const pi = await emu.client().paymentIntents.retrieve(run.operation.external_id!);
     expect(pi.metadata).toEqual({ cart: 'c-17', channel: 'web', operation_id: operationId });
+  });
+
+  it('requestRefund joins the caller’s transaction (here one reading bigints as strings): the same key is the same refund; too much is refused', async () => {
+    const req = charge({ amount: 1000 });
+    const { operationId: chargeOp } = await inPgTransaction((client) => outboxd.requestCharge(client, req));
+    await executeOperation(t.pool, emu.gateway(), chargeOp, await claim(t, chargeOp));
+    const refund = { chargeOperationId: chargeOp, amount: 600, key: 'return-1', reason: 'requested_by_customer' } as const;
+    const first = await drizzle({ client: appPool }).transaction((tx) => outboxd.requestRefund(tx, refund));
+    expect(first.created).toBe(true);
+    expect(await inPgTransaction((client) => outboxd.requestRefund(client, refund))).toEqual({ operationId: first.operationId, created: false });
+    expect(await outboxd.getOperation(first.operationId)).toMatchObject({ kind: 'refund', orderId: req.orderId, amount: 600, parentOperationId: chargeOp, key: 'return-1', status: 'pending', customer: null });
+    const err = await inPgTransaction((client) => outboxd.requestRefund(client, { ...refund, key: 'return-2', amount: 401 })).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(RefundRefused);
+    expect(err).toMatchObject({ code: 'exceeds_remaining', chargeOperationId: chargeOp });
+    const rolledBack = await inPgTransaction((client) => outboxd.requestRefund(client, { ...refund, key: 'return-3', amount: 400 }), false);
+    expect(await outboxd.getOperation(rolledBack.operationId)).toBeUndefined();
   });
 
   it('getOperation: undefined for an unknown or malformed id', async () => {

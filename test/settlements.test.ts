@@ -12,7 +12,7 @@ import { createMetrics } from '../src/dispatcher/metrics.ts';
 import { Outboxd, type SettlementEvent } from '../src/index.ts';
 import { createLogger } from '../src/log.ts';
 import { createBoss } from '../src/outbox.ts';
-import { executeCharge } from '../src/payments/executor.ts';
+import { executeOperation } from '../src/payments/executor.ts';
 import { settleFromOutside, StaleFenceError } from '../src/payments/operation.ts';
 import { reconcileSweep } from '../src/reconcile/sweep.ts';
 import { SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../src/settlements.ts';
@@ -38,12 +38,12 @@ describe('every settlement writes its event with the status change', () => {
   it('the executor: a success and a decline each write one event; an ambiguous outcome none', async () => {
     const stripe = new FakeStripe();
     const paid = await confirm(t);
-    await executeCharge(t.pool, stripe, paid, await claim(t, paid));
+    await executeOperation(t.pool, stripe, paid, await claim(t, paid));
     const declined = await confirm(t, { paymentMethod: 'pm_card_chargeDeclined' });
-    await executeCharge(t.pool, stripe, declined, await claim(t, declined));
+    await executeOperation(t.pool, stripe, declined, await claim(t, declined));
     const lost = await confirm(t);
     stripe.loseResponseOnce = true;
-    expect((await executeCharge(t.pool, stripe, lost, await claim(t, lost))).operation.status).toBe('unknown');
+    expect((await executeOperation(t.pool, stripe, lost, await claim(t, lost))).operation.status).toBe('unknown');
     expect(await events(paid)).toEqual([{ source: 'dispatcher' }]);
     expect(await events(declined)).toEqual([{ source: 'dispatcher' }]);
     expect(await events(lost)).toEqual([]);
@@ -84,7 +84,7 @@ describe('every settlement writes its event with the status change', () => {
     const stale = await claim(t, op, 'w1');
     await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
     await claim(t, op, 'w2'); // takes the operation over: w1's outcome must write nothing
-    await expect(executeCharge(t.pool, new FakeStripe(), op, stale)).rejects.toBeInstanceOf(StaleFenceError);
+    await expect(executeOperation(t.pool, new FakeStripe(), op, stale)).rejects.toBeInstanceOf(StaleFenceError);
     expect(await events(op)).toEqual([]);
 
     expect(await settleFromOutside(t.pool, op, 'failed', null, 'resolved_by_admin', 'by hand')).toBeDefined();
@@ -94,7 +94,7 @@ describe('every settlement writes its event with the status change', () => {
 
   it('the relay makes each event one `settled` job carrying the operation’s settlement', async () => {
     const op = await confirm(t);
-    await executeCharge(t.pool, new FakeStripe(), op, await claim(t, op));
+    await executeOperation(t.pool, new FakeStripe(), op, await claim(t, op));
     await relay(t);
     expect(await events(op)).toEqual([]);
     const [job] = await jobs(SETTLED_QUEUE, op);
@@ -108,7 +108,7 @@ describe('every settlement writes its event with the status change', () => {
 /** Settles a new operation through the executor and relays its event. */
 async function settle(over: Parameters<typeof confirm>[1] = {}): Promise<string> {
   const op = await confirm(t, over);
-  await executeCharge(t.pool, new FakeStripe(), op, await claim(t, op));
+  await executeOperation(t.pool, new FakeStripe(), op, await claim(t, op));
   await relay(t);
   return op;
 }

@@ -5,7 +5,7 @@
 import type Stripe from 'stripe';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { Pool } from '../src/db/pool.ts';
-import { executeCharge } from '../src/payments/executor.ts';
+import { executeOperation } from '../src/payments/executor.ts';
 import { claimOperation, flagFromOutside, releaseLease, settleFromOutside } from '../src/payments/operation.ts';
 import { createLogger } from '../src/log.ts';
 import { relayOutbox } from '../src/outbox.ts';
@@ -56,7 +56,7 @@ describe('the operation timeline', () => {
 
     const lease = (await claimOperation(t.pool, op, 'worker-a', 30_000, 82_800))!;
     const run = counting(t.pool);
-    const result = await executeCharge(run.pool, e.gateway(), op, lease.fence, { claimed: lease.operation });
+    const result = await executeOperation(run.pool, e.gateway(), op, lease.fence, { claimed: lease.operation });
     expect(result.operation.status).toBe('succeeded');
     // count the attempt (and record the call), begin, the outcome (and record it), commit
     expect(run.statements()).toBe(4);
@@ -87,7 +87,7 @@ describe('the operation timeline', () => {
 
   it('a decline keeps the request id Stripe sent with the error', async () => {
     const op = await confirm(t, { paymentMethod: 'pm_card_chargeDeclined' });
-    await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
+    await executeOperation(t.pool, e.gateway(), op, await claim(t, op));
     const create = e.emulator.requests().find((r) => r.endpoint === 'create' && r.operationId === op)!;
     const outcome = (await events(op)).find((x) => x.type === 'outcome')!;
     expect(outcome.details).toMatchObject({ outcome: 'failed', request_id: create.requestId, error: expect.stringMatching(/^Declined 402: card_declined/) });
@@ -101,7 +101,7 @@ describe('the operation timeline', () => {
     await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
     const second = (await claimOperation(t.pool, op, 'worker-b', 30_000, 82_800))!;
     expect(second.previousOwner).toBe('worker-a');
-    await executeCharge(t.pool, e.gateway(), op, second.fence, { claimed: second.operation });
+    await executeOperation(t.pool, e.gateway(), op, second.fence, { claimed: second.operation });
 
     const rows = await events(op);
     expect(rows.filter((r) => r.type === 'claimed')).toEqual([
@@ -154,13 +154,13 @@ describe('the operation timeline', () => {
     const stale = await claim(t, op, 'worker-a');
     await releaseLease(t.pool, op, stale);
     await claim(t, op, 'worker-b');
-    await expect(executeCharge(t.pool, e.gateway(), op, stale)).rejects.toThrow(/fence/);
+    await expect(executeOperation(t.pool, e.gateway(), op, stale)).rejects.toThrow(/fence/);
     expect((await events(op)).map((r) => r.type)).toEqual(['claimed', 'claimed']);
   });
 
   it("its settlement event's way to onSettled joins the timeline: queued, then delivered", async () => {
     const op = await confirm(t);
-    await executeCharge(t.pool, e.gateway(), op, await claim(t, op));
+    await executeOperation(t.pool, e.gateway(), op, await claim(t, op));
     while ((await relayOutbox(t.pool, t.boss)) > 0);
     const shown = async () => timeline(await operation(t, op), await operationRecord(t.pool, await operation(t, op))).filter((x) => x.kind === 'settlement');
     expect((await shown()).map((x) => x.title)).toEqual(['settlement event queued for onSettled']);

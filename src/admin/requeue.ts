@@ -2,7 +2,7 @@
 // is driven with the same idempotency key and cannot create a second effect (invariant 10).
 import type { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
-import { CHARGE_QUEUE, enqueueCharge, LIVE_JOB_STATES, type ChargeJob } from '../outbox.ts';
+import { enqueueOperation, LIVE_JOB_STATES, queueFor, type ChargeJob } from '../outbox.ts';
 import type { Operation } from '../payments/operation.ts';
 import { traceOperation, withSpan } from '../tracing.ts';
 import { recordAudit } from './audit.ts';
@@ -44,11 +44,11 @@ async function requeue(pool: Pool, boss: PgBoss, id: string, opts: { actor: stri
     }
     const { rows: waiting } = await tx.query(tx.sql.outboxRowFor(op.id));
     if (waiting[0]) return { operationId: op.id, result: 'skipped', reason: 'waiting in the outbox to be relayed' };
-    const jobs = await boss.findJobs<ChargeJob>(CHARGE_QUEUE, { data: { operationId: op.id }, db: bossDb(tx) });
+    const jobs = await boss.findJobs<ChargeJob>(queueFor(current.kind), { data: { operationId: op.id }, db: bossDb(tx) });
     const live = jobs.find((j) => LIVE_JOB_STATES.has(j.state));
     if (live) return { operationId: op.id, result: 'skipped', reason: `job ${live.id} is ${live.state}` };
     if (opts.dryRun) return { operationId: op.id, result: 'would_requeue' };
-    const jobId = await enqueueCharge(boss, bossDb(tx), op.id);
+    const jobId = await enqueueOperation(boss, bossDb(tx), current);
     await recordAudit(tx, {
       actor: opts.actor,
       action: 'requeue',

@@ -4,15 +4,17 @@
 //      lease is live, a row waits in the outbox, or a job for the operation is queued or active;
 //   2. check the evidence against Stripe with the lease held (renewed while the checks run);
 //   3. write the settlement fenced by that lease, with the audit entry, in one transaction.
-// --succeeded must name a PaymentIntent that carries this operation's id, amount and currency and has
-// succeeded. --failed is refused while any charge Stripe shows for the operation is not definitively
-// failed, while the known charge is anything but failed, and while the last create that may have
-// executed is younger than the search-freshness horizon (Search is not read-after-write).
+// --succeeded must name a PaymentIntent (a Refund, for a refund) that carries this operation's id, amount
+// and currency and has succeeded. --failed is refused while any charge (refund) Stripe shows for the
+// operation is not definitively failed, and while the known one is anything but failed; for a charge
+// also while the last create that may have executed is younger than the search-freshness horizon
+// (Search is not read-after-write; a PaymentIntent's list of refunds is).
 import type { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
 import { ValidationError } from '../orders/validate.ts';
-import { liveJobFor } from '../outbox.ts';
-import { FAILED_CHARGE_STATUSES, type PaymentGateway } from '../payments/gateway.ts';
+import { liveJobFor, queueFor } from '../outbox.ts';
+import { FAILED_CHARGE_STATUSES, FAILED_REFUND_STATUSES, type PaymentGateway } from '../payments/gateway.ts';
+import { refundMismatch, type RefundPayload } from '../payments/refund.ts';
 import { claimOperation, isSettled, releaseLease, renewLease, settleUnderLease, type Operation } from '../payments/operation.ts';
 import { traceOperation, withSpan } from '../tracing.ts';
 import { recordAudit } from './audit.ts';
@@ -54,11 +56,12 @@ async function resolve(
   opts: ResolveOptions,
 ): Promise<Operation> {
   if (!actor.trim()) throw new ValidationError('actor', 'who resolves must be named');
-  if (resolution.outcome === 'succeeded' && !/^pi_\w+$/.test(resolution.externalId)) {
-    throw new ValidationError('externalId', 'must be a PaymentIntent id (pi_…)');
-  }
   if (resolution.outcome === 'failed' && !resolution.reason.trim()) throw new ValidationError('reason', 'a failed resolution needs the reason');
   const found = await showOperation(pool, id);
+  if (resolution.outcome === 'succeeded') {
+    const expected = EXTERNAL_ID[found.kind];
+    if (expected && !expected.pattern.test(resolution.externalId)) throw new ValidationError('externalId', `must be ${expected.what}`);
+  }
   if (isSettled(found.status)) throw new ResolutionRefused(`operation ${found.id} is already ${found.status}; a settled operation is never overwritten`);
 
   // 1. The resolution's own claim.
@@ -68,7 +71,7 @@ async function resolve(
   traceOperation(op, fence);
   const renewal = setInterval(() => void renewLease(pool, op.id, fence, opts.leaseTtlMs).catch(() => {}), Math.max(250, Math.floor(opts.leaseTtlMs / 3)));
   try {
-    await refuseWhileDriven(pool, boss, op.id);
+    await refuseWhileDriven(pool, boss, op);
 
     // 2. The evidence, with no transaction open.
     const evidence = resolution.outcome === 'succeeded'
@@ -105,10 +108,11 @@ async function notClaimable(pool: Pool, id: string): Promise<Error> {
 }
 
 /** A queued or active job (or a row still in the outbox) means the machine is still driving it. */
-async function refuseWhileDriven(pool: Pool, boss: PgBoss, id: string): Promise<void> {
+async function refuseWhileDriven(pool: Pool, boss: PgBoss, op: Operation): Promise<void> {
+  const { id } = op;
   const { rows } = await pool.query(pool.sql.outboxRowFor(id));
   if (rows[0]) throw new ResolutionRefused(`operation ${id} waits in the outbox to be sent; resolve it only once the workers have given up on it`);
-  const job = await liveJobFor(boss, bossDb(pool), id);
+  const job = await liveJobFor(boss, bossDb(pool), id, queueFor(op.kind));
   if (job) {
     throw new ResolutionRefused(
       `job ${job.id} for operation ${id} is ${job.state}: the workers still drive it (same key); try again once it settles or is dead-lettered into review`,
@@ -116,10 +120,27 @@ async function refuseWhileDriven(pool: Pool, boss: PgBoss, id: string): Promise<
   }
 }
 
+/** What names the effect at Stripe, per kind. */
+const EXTERNAL_ID: Record<string, { pattern: RegExp; what: string }> = {
+  charge: { pattern: /^pi_\w+$/, what: 'a PaymentIntent id (pi_…)' },
+  refund: { pattern: /^re_\w+$/, what: 'a Refund id (re_…)' },
+};
+
 async function evidenceOfSuccess(gateway: PaymentGateway, op: Operation, externalId: string): Promise<Record<string, unknown>> {
   if (op.external_id && op.external_id !== externalId) {
-    throw new ResolutionRefused(`operation ${op.id} is known to Stripe as ${op.external_id}, not ${externalId}; resolve it with its own charge`);
+    throw new ResolutionRefused(`operation ${op.id} is known to Stripe as ${op.external_id}, not ${externalId}; resolve it with its own ${op.kind}`);
   }
+  if (op.kind === 'refund') {
+    const refund = await gateway.retrieveRefund(externalId);
+    const mismatch = refundMismatch(op, refund);
+    if (mismatch) throw new ResolutionRefused(`${mismatch}; it cannot settle this operation`);
+    if (refund.status !== 'succeeded') throw new ResolutionRefused(`${refund.id} is ${refund.status}, not succeeded; try again when it has settled in Stripe`);
+    return { refund };
+  }
+  return evidenceOfCharge(gateway, op, externalId);
+}
+
+async function evidenceOfCharge(gateway: PaymentGateway, op: Operation, externalId: string): Promise<Record<string, unknown>> {
   const charge = await gateway.retrieveCharge(externalId);
   if (charge.operationId !== op.id) throw new ResolutionRefused(`${charge.id} belongs to operation ${charge.operationId ?? '(none)'}, not ${op.id}`);
   if (charge.amount !== op.amount || charge.currency !== op.currency) {
@@ -136,6 +157,7 @@ async function evidenceOfFailure(
   reason: string,
   horizonSeconds: number,
 ): Promise<Record<string, unknown>> {
+  if (op.kind === 'refund') return evidenceOfNoRefund(gateway, op, reason);
   const { rows } = await pool.query(pool.sql.lastAttemptAge(op.id));
   const age: number | null = rows[0]?.age_seconds ?? null;
   if (age !== null && age < horizonSeconds) {
@@ -157,4 +179,22 @@ async function evidenceOfFailure(
     throw new ResolutionRefused(`Stripe shows charges for this operation that have not failed: ${live.map((c) => `${c.id} (${c.status})`).join(', ')}`);
   }
   return { reason, knownCharge: known ?? null, searchedCharges: charges.map((c) => ({ id: c.id, status: c.status })), lastAttemptAgeSeconds: age };
+}
+
+/** No refund of the operation's that has not failed: the known one, and every one the PaymentIntent's
+ * list shows for the operation (a list is read-after-write: no freshness horizon to wait out). */
+async function evidenceOfNoRefund(gateway: PaymentGateway, op: Operation, reason: string): Promise<Record<string, unknown>> {
+  let known;
+  if (op.external_id) {
+    known = await gateway.retrieveRefund(op.external_id);
+    if (!FAILED_REFUND_STATUSES.has(known.status)) {
+      throw new ResolutionRefused(`${known.id} is ${known.status}, not failed: ${known.status === 'succeeded' ? 'the money went back' : 'it may still succeed; try again when it is final in Stripe'}`);
+    }
+  }
+  const refunds = (await gateway.findRefunds((op.payload as RefundPayload).payment_intent)).filter((r) => r.operationId === op.id);
+  const live = refunds.filter((r) => !FAILED_REFUND_STATUSES.has(r.status));
+  if (live.length > 0) {
+    throw new ResolutionRefused(`Stripe shows refunds for this operation that have not failed: ${live.map((r) => `${r.id} (${r.status})`).join(', ')}`);
+  }
+  return { reason, knownRefund: known ?? null, listedRefunds: refunds.map((r) => ({ id: r.id, status: r.status })) };
 }

@@ -4,6 +4,7 @@ import { OrderConflictError } from '../payments/request.ts';
 import { ValidationError } from '../orders/validate.ts';
 import { OperationNotFoundError } from '../payments/operation.ts';
 import { ResolutionRefused } from '../admin/resolve.ts';
+import { RefundRefused } from '../payments/refund.ts';
 
 /** Exit codes: 0 done; 1 failure; 2 bad usage, input or a refused action; 3 partly done (bulk lines
  * refused); 4 not found; 5 drift between Stripe and the operations. */
@@ -11,7 +12,7 @@ export const EXIT = { ok: 0, failure: 1, usage: 2, partial: 3, notFound: 4, drif
 
 export function exitCodeOf(err: unknown): number {
   if (err instanceof CommanderError) return err.exitCode === 0 ? EXIT.ok : EXIT.usage;
-  if (err instanceof ValidationError || err instanceof ConfigError || err instanceof OrderConflictError || err instanceof ResolutionRefused) return EXIT.usage;
+  if (err instanceof ValidationError || err instanceof ConfigError || err instanceof OrderConflictError || err instanceof ResolutionRefused || err instanceof RefundRefused) return EXIT.usage;
   if (err instanceof OperationNotFoundError) return EXIT.notFound;
   return EXIT.failure;
 }
@@ -32,5 +33,6 @@ export function errorMessage(err: unknown): string | undefined {
 /** The command line's name for an input field: orderId → --order-id; an operation id is the OP_ID argument. */
 export function flagOf(field: string): string {
   if (field === 'operationId') return 'OP_ID';
+  if (field === 'chargeOperationId') return 'CHARGE_OP_ID';
   return `--${field.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
 }

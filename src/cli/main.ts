@@ -8,6 +8,9 @@ import { createLogger, type Logger } from '../log.ts';
 import { BULK_CONCURRENCY, confirmFromFile, type BulkSummary } from '../orders/bulk.ts';
 import { confirmOrder } from '../orders/confirm.ts';
 import { parseOrderInput } from '../orders/validate.ts';
+import { REFUND_REASONS } from '../payments/gateway.ts';
+import { requestRefund } from '../payments/refund.ts';
+import { inTransaction } from '../db/pool.ts';
 import { createBoss } from '../outbox.ts';
 import type { PgBoss } from 'pg-boss';
 import { openDatabase, openGateway, openPool, serveEmulator, type Database } from '../runtime.ts';
@@ -153,6 +156,24 @@ order
     });
   });
 
+program
+  .command('refund')
+  .description('refund a succeeded charge: a refund operation and its outbox row in one transaction')
+  .argument('<charge-op-id>', 'the charge operation: its id, or a unique prefix of at least 8 hex digits')
+  .addOption(new Option('--amount <minor-units>', 'amount in minor units').argParser(positiveInt).makeOptionMandatory())
+  .addOption(new Option('--key <key>', 'your name for this refund: the same key of the same charge is the same refund').makeOptionMandatory())
+  .addOption(new Option('--reason <reason>').choices(REFUND_REASONS))
+  .option('--json', 'machine-readable output')
+  .action(async (id: string, o) => {
+    await withDatabase(async ({ pool }) => {
+      const charge = await findOperation(pool, id);
+      const input = { chargeOperationId: charge.id, amount: o.amount, key: o.key, ...(o.reason ? { reason: o.reason } : {}) };
+      const { operationId, created } = await inTransaction(pool, (tx) => requestRefund(tx, input));
+      console.log(o.json ? JSON.stringify({ operationId, created }) : operationId);
+      if (!created && !o.json) console.error(`key ${o.key} of charge ${charge.id} was already requested: refund operation ${operationId}`);
+    });
+  });
+
 const ops = program.command('ops').description('payment operations');
 ops
   .command('list')
@@ -207,16 +228,16 @@ ops
   .command('resolve')
   .description('settle an operation held for review, after checking Stripe (verified again, audited)')
   .argument('<op-id>')
-  .option('--succeeded', 'the charge happened: name it with --external-id')
-  .addOption(new Option('--external-id <pi>', 'the PaymentIntent that settles it').conflicts('failed'))
-  .option('--failed', 'no charge happened: say why with --reason')
+  .option('--succeeded', 'the effect happened: name it with --external-id')
+  .addOption(new Option('--external-id <id>', 'what settles it: the PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund').conflicts('failed'))
+  .option('--failed', 'the effect did not happen: say why with --reason')
   .addOption(new Option('--reason <text>').conflicts('succeeded'))
   .option('--actor <name>', 'who resolves (audit trail)', defaultActor())
   .option('--json', 'machine-readable output')
   .action(async (id: string, o) => {
     if (!!o.succeeded === !!o.failed) throw new InvalidArgumentError('give exactly one of --succeeded or --failed');
     const resolution: Resolution = o.succeeded
-      ? { outcome: 'succeeded', externalId: required(o.externalId, '--succeeded needs --external-id pi_…') }
+      ? { outcome: 'succeeded', externalId: required(o.externalId, '--succeeded needs --external-id pi_… (or re_… for a refund)') }
       : { outcome: 'failed', reason: required(o.reason, '--failed needs --reason "…"') };
     await withDatabase(({ url, pool, db }) =>
       withGateway(db, async (gateway) => {
@@ -258,7 +279,7 @@ program
   .description('one reconciliation sweep; with --report, the drift between Stripe and the operations')
   .option('--report', 'report drift instead of settling (exit 5 when drift exists)')
   .option('--actor <name>', 'who runs the sweep (audit trail)', defaultActor())
-  .addOption(new Option('--since <duration>', 'report: charges created since, e.g. 7d').argParser(parseDuration).default(7 * 86400, '7d'))
+  .addOption(new Option('--since <duration>', 'report: charges and refunds created since, e.g. 7d').argParser(parseDuration).default(7 * 86400, '7d'))
   .option('--json', 'machine-readable output')
   .action(async (o) => {
     await withDatabase(({ url, pool, db }) =>
@@ -267,7 +288,7 @@ program
           const report = await driftReport(pool, gateway, new Date(Date.now() - o.since * 1000));
           if (o.json) console.log(JSON.stringify(report));
           else {
-            console.log(`${report.charges} charges since ${report.since}, ${report.operations} operations: ${report.drift.length} drift`);
+            console.log(`${report.charges} charges and ${report.refunds} refunds since ${report.since}, ${report.operations} operations: ${report.drift.length} drift`);
             for (const d of report.drift) console.log(`  ${d.kind} ${d.operationId ?? '-'} ${d.chargeIds.join(',')} ${d.detail}`);
           }
           if (report.drift.length > 0) process.exitCode = EXIT.drift;

@@ -7,6 +7,7 @@ export function printOperations(rows: Operation[], json: boolean): void {
   printTable(
     rows.map((r) => ({
       id: r.id,
+      kind: r.kind,
       order: r.order_id,
       status: r.status,
       amount: `${r.amount} ${r.currency}`,

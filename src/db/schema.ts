@@ -3,7 +3,7 @@
 // They live in their own schema, written here as "outboxd": src/db/migrate.ts applies the migrations
 // to whichever schema OUTBOXD_SCHEMA names.
 import { sql } from 'drizzle-orm';
-import { bigint, boolean, check, doublePrecision, index, integer, jsonb, pgSchema, text, timestamp, uniqueIndex, uuid } from 'drizzle-orm/pg-core';
+import { bigint, boolean, check, doublePrecision, index, integer, jsonb, pgSchema, text, timestamp, uniqueIndex, uuid, type AnyPgColumn } from 'drizzle-orm/pg-core';
 
 const outboxd = pgSchema('outboxd');
 
@@ -33,13 +33,16 @@ export const paymentOperations = outboxd.table(
   'payment_operations',
   {
     id: uuid('id').primaryKey().defaultRandom(),
-    /** The application's order (any table of its own, or the example orders below): not a foreign key. */
+    /** The application's order (any table of its own, or the example orders below): not a foreign key.
+     * A refund's is its charge's. */
     orderId: text('order_id').notNull(),
+    /** What the effect is, and so its policy on an ambiguous outcome (src/effects/registry.ts). */
     kind: text('kind').notNull().default('charge'),
     amount: bigint('amount', { mode: 'number' }).notNull(),
     currency: text('currency').notNull(),
-    customerId: text('customer_id').notNull(),
-    paymentMethod: text('payment_method').notNull(),
+    /** A charge's; no other kind has one. */
+    customerId: text('customer_id'),
+    paymentMethod: text('payment_method'),
     /** The application's metadata, sent to Stripe beside operation_id (Stripe's limits, checked on input). */
     metadata: jsonb('metadata').$type<Record<string, string>>().notNull().default({}),
     status: text('status', { enum: OPERATION_STATUSES }).notNull().default('pending'),
@@ -65,6 +68,12 @@ export const paymentOperations = outboxd.table(
     leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }),
     /** W3C traceparent of the request that created it (null when it was not traced): later attempts link to it. */
     traceparent: text('traceparent'),
+    /** A refund's charge operation. */
+    parentOperationId: uuid('parent_operation_id').references((): AnyPgColumn => paymentOperations.id),
+    /** The caller's key of a refund (unique per charge operation): the same key is the same operation. */
+    effectKey: text('effect_key'),
+    /** What the kind needs beyond the columns: a refund's PaymentIntent and reason. */
+    payload: jsonb('payload'),
     ...timestamps,
   },
   (t) => [
@@ -74,7 +83,13 @@ export const paymentOperations = outboxd.table(
     uniqueIndex('payment_operations_live_charge_idx')
       .on(t.orderId)
       .where(sql`${t.kind} = 'charge' and ${t.status} <> 'failed'`),
-    check('payment_operations_kind_check', sql`${t.kind} in ('charge')`),
+    // A refund of a charge operation under a key: asking again with the key returns it.
+    uniqueIndex('payment_operations_refund_key_idx')
+      .on(t.parentOperationId, t.effectKey)
+      .where(sql`${t.kind} = 'refund'`),
+    check('payment_operations_kind_check', sql`${t.kind} in ('charge', 'refund')`),
+    check('payment_operations_charge_check', sql`${t.kind} <> 'charge' or (${t.customerId} is not null and ${t.paymentMethod} is not null)`),
+    check('payment_operations_refund_check', sql`${t.kind} <> 'refund' or (${t.parentOperationId} is not null and ${t.effectKey} is not null)`),
     check('payment_operations_status_check', sql`${t.status} in ('pending', 'unknown', 'succeeded', 'failed')`),
     check('payment_operations_amount_check', sql`${t.amount} > 0`),
     check(
@@ -157,15 +172,18 @@ export const operationEvents = outboxd.table(
 );
 
 /**
- * The outbox proper: one row per charge to drive, inserted in the confirming transaction (a plain
- * insert, far cheaper there than a pg-boss job) and relayed to pg-boss in batches by the workers,
- * deleted in the transaction that creates its job.
+ * The outbox proper: one row per operation to drive (of any kind: the name is the first kind's),
+ * inserted in the requesting transaction (a plain insert, far cheaper there than a pg-boss job) and
+ * relayed to pg-boss in batches by the workers, to its kind's queue, deleted in the transaction that
+ * creates its job.
  */
 export const chargeOutbox = outboxd.table('charge_outbox', {
   id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
   operationId: uuid('operation_id')
     .notNull()
     .references(() => paymentOperations.id),
+  /** The operation's kind, so the relay knows its queue without reading the operation. */
+  kind: text('kind').notNull().default('charge'),
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
   /** The operation's traceparent: the relay and the first dispatch continue its trace. */
   traceparent: text('traceparent'),

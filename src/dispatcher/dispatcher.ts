@@ -1,10 +1,11 @@
-// The dispatcher: turns charge jobs into settled operations. pg-boss claims the job (SKIP LOCKED,
-// retries with backoff, heartbeats, dead letter); the operation's lease and fencing token make sure
-// that at most one claim writes, whatever pg-boss redelivers (docs/architecture.md §3).
+// The dispatcher: turns jobs into settled operations, for every kind it can carry out, each from its
+// kind's queue. pg-boss claims the job (SKIP LOCKED, retries with backoff, heartbeats, dead letter); the
+// operation's lease and fencing token make sure that at most one claim writes, whatever pg-boss
+// redelivers (docs/architecture.md §3).
 //
-// Every replica also relays the outbox: confirmed orders' rows become charge jobs in batches.
+// Every replica also relays the outbox: requested operations' rows become jobs in batches.
 //
-// One job:  claim the operation (fence + 1) ─▶ executeCharge with the token, lease renewed meanwhile
+// One job:  claim the operation (fence + 1) ─▶ executeOperation with the token, lease renewed meanwhile
 //           ─▶ settled: outcome, lease release and job completion in ONE fenced transaction
 //           ─▶ unsettled (ambiguous, 429, search not caught up): lease released, the job fails → retried
 //              with backoff
@@ -15,10 +16,11 @@
 import type { Job, JobResult, PgBoss } from 'pg-boss';
 import { bossDb, type Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, enqueueCharge, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
+import { BUILT_IN_KINDS } from '../effects/registry.ts';
+import { chargeQueueOptions, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
 import { pruneWebhookEvents } from '../webhooks/inbox.ts';
-import { executeCharge, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
+import { executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import {
   claimOperation,
@@ -36,7 +38,7 @@ import type { Metrics } from './metrics.ts';
 
 export interface DispatcherOptions {
   workerId: string;
-  /** Operations executing at once in this replica. */
+  /** Operations executing at once in this replica, per kind. */
   concurrency: number;
   leaseTtlMs: number;
   keyWindowSeconds?: number;
@@ -84,12 +86,17 @@ export class Dispatcher {
     return this.draining;
   }
 
+  /** The kinds whose queues this replica works. */
+  get kinds(): readonly string[] {
+    return BUILT_IN_KINDS;
+  }
+
   /**
    * pg-boss waits out its polling interval after every fetch unless the loop was notified meanwhile.
    * So each of the `concurrency` loops fetches one job, and after handling one wakes itself
    * (notifyWorker): while there is a backlog it fetches again at once, and only an empty fetch waits.
-   * NOTIFY wakes idle loops the moment a job is enqueued. Exactly `concurrency` jobs at most are in
-   * hand, and a slow call holds up no other job.
+   * NOTIFY wakes idle loops the moment a job is enqueued. Exactly `concurrency` jobs of each kind at
+   * most are in hand, and a slow call holds up no other job.
    */
   async start(): Promise<void> {
     const { boss } = this.deps;
@@ -102,8 +109,10 @@ export class Dispatcher {
         return results;
       });
     };
-    for (let i = 0; i < this.opts.concurrency; i++) await register(CHARGE_QUEUE, (job) => traceDispatch(job, () => this.handle(job)));
-    await register(CHARGE_DEAD_QUEUE, (job) => this.handleDeadLetter(job));
+    for (const kind of this.kinds) {
+      for (let i = 0; i < this.opts.concurrency; i++) await register(queueFor(kind), (job) => traceDispatch(job, () => this.handle(job, kind)));
+      await register(deadQueueFor(kind), (job) => this.handleDeadLetter(job, kind));
+    }
     if (this.opts.reconcileCron) {
       await boss.schedule(RECONCILE_QUEUE, this.opts.reconcileCron);
       await boss.work(RECONCILE_QUEUE, { batchSize: 1, pollingIntervalSeconds: 5 }, async () => {
@@ -120,7 +129,7 @@ export class Dispatcher {
       });
     }
     this.relaying = this.relay();
-    this.log.info({ concurrency: this.opts.concurrency, leaseTtlMs: this.opts.leaseTtlMs }, 'dispatcher started');
+    this.log.info({ concurrency: this.opts.concurrency, leaseTtlMs: this.opts.leaseTtlMs, kinds: this.kinds }, 'dispatcher started');
   }
 
   /** Moves confirmed orders' outbox rows to pg-boss jobs, in batches, until draining. */
@@ -151,7 +160,7 @@ export class Dispatcher {
     await this.relaying;
     const { boss, pool } = this.deps;
     const stopped = Promise.all(
-      [CHARGE_QUEUE, CHARGE_DEAD_QUEUE, RECONCILE_QUEUE].map((queue) => boss.offWork(queue, { wait: true })),
+      [...this.kinds.flatMap((kind) => [queueFor(kind), deadQueueFor(kind)]), RECONCILE_QUEUE].map((queue) => boss.offWork(queue, { wait: true })),
     );
     // With the database gone no call in flight can record its outcome: waiting would only delay the
     // exit. Its leases expire and another replica resends with the same key, as after kill -9.
@@ -170,12 +179,12 @@ export class Dispatcher {
     return { finished };
   }
 
-  private async handle(job: Job<ChargeJob>): Promise<Disposition> {
+  private async handle(job: Job<ChargeJob>, kind: string): Promise<Disposition> {
     const { pool, gateway, boss, metrics } = this.deps;
     const operationId = job.data?.operationId;
-    const log = this.log.child({ jobId: job.id, operationId, jobRetry: job.retryCount });
+    const log = this.log.child({ jobId: job.id, operationId, kind, jobRetry: job.retryCount });
     if (typeof operationId !== 'string') {
-      log.error({ data: job.data }, 'malformed charge job');
+      log.error({ data: job.data }, 'malformed job');
       return { status: 'deadletter', output: { reason: 'malformed job' } };
     }
 
@@ -203,7 +212,7 @@ export class Dispatcher {
     }, Math.max(250, Math.floor(this.opts.leaseTtlMs / 3)));
     let released = false;
     try {
-      const run = await executeCharge(pool, gateway, operationId, fence, {
+      const run = await executeOperation(pool, gateway, operationId, fence, {
         keyWindowSeconds,
         claimed: lease.operation,
         log: opLog,
@@ -211,19 +220,19 @@ export class Dispatcher {
           const later = executedNothing(outcome) ? notAnAttemptDelaySeconds(outcome) : undefined;
           if (!isSettled(op.status) && later === undefined) return;
           // Fenced to this attempt by pg-boss; `affected` is returned at runtime though not declared.
-          const { affected } = (await boss.complete(CHARGE_QUEUE, { id: job.id, retryCount: job.retryCount }, null, {
+          const { affected } = (await boss.complete(queueFor(kind), { id: job.id, retryCount: job.retryCount }, null, {
             db: bossDb(tx),
           })) as { affected: number };
           if (affected === 0) opLog.warn('job attempt was no longer ours at completion; the operation was recorded all the same');
           // Nothing executed, so this was no attempt: it must not spend the job's retries (40 of them
           // would dead-letter an operation that only ever met 429s). A fresh job, in the same
           // transaction, drives it again later.
-          else if (later !== undefined) await untraced(() => enqueueCharge(boss, bossDb(tx), op.id, later));
+          else if (later !== undefined) await untraced(() => enqueueOperation(boss, bossDb(tx), op, later));
         },
       });
-      const { operation: op, call, outcome } = run;
+      const { operation: op, policy, call, outcome } = run;
       released = call !== null; // a recorded (committed) outcome ended the lease
-      if (call && outcome) metrics.gatewayOutcomes.inc({ call, outcome: outcome.kind });
+      if (call && outcome && policy) metrics.gatewayOutcomes.inc({ call, outcome: outcome.kind, kind: op.kind, policy });
       if (run.from !== op.status) metrics.transitions.inc({ from: run.from, to: op.status });
       opLog.debug({ durationMs: Math.round(performance.now() - started), status: op.status }, 'job handled');
       if (isSettled(op.status)) {
@@ -248,7 +257,7 @@ export class Dispatcher {
         metrics.jobs.inc({ result: 'fenced_out' });
         return completed;
       }
-      opLog.error({ err }, 'charge job failed; it will be retried');
+      opLog.error({ err }, 'job failed; it will be retried');
       metrics.jobs.inc({ result: 'error' });
       return retryLater(String(err));
     } finally {
@@ -262,7 +271,7 @@ export class Dispatcher {
   private async notClaimed(operationId: string, log: Logger): Promise<Disposition> {
     const now = await peekOperation(this.deps.pool, operationId);
     if (!now) {
-      log.error('charge job for an operation that does not exist');
+      log.error('job for an operation that does not exist');
       return { status: 'deadletter', output: { reason: 'no such operation' } };
     }
     if (isSettled(now.status)) return completed;
@@ -274,15 +283,15 @@ export class Dispatcher {
   /** Retries ran out, or the outcome held the operation for a person at once: it is flagged (never
    * silently dropped), keeping a reason the executor already recorded. Should this handler itself keep
    * failing, the reconcile sweep flags any unsettled operation that no job drives. */
-  private async handleDeadLetter(job: Job<ChargeJob>): Promise<Disposition> {
+  private async handleDeadLetter(job: Job<ChargeJob>, kind: string): Promise<Disposition> {
     const { pool } = this.deps;
     const operationId = job.data?.operationId;
-    const log = this.log.child({ jobId: job.id, operationId, queue: CHARGE_DEAD_QUEUE });
+    const log = this.log.child({ jobId: job.id, operationId, queue: deadQueueFor(kind) });
     if (typeof operationId !== 'string') return completed;
     const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, 0);
     if (!lease) return this.notClaimed(operationId, log);
     const op = lease.operation;
-    const reason = op.review_reason ?? `retries exhausted: the charge job was dead-lettered after ${chargeQueueOptions.retryLimit} retries (last error: ${op.last_error ?? 'none'})`;
+    const reason = op.review_reason ?? `retries exhausted: the ${kind} job was dead-lettered after ${chargeQueueOptions.retryLimit} retries (last error: ${op.last_error ?? 'none'})`;
     try {
       await flagForReview(pool, operationId, lease.fence, reason);
     } catch (err) {

@@ -4,12 +4,14 @@ import { Counter, Gauge, Registry, collectDefaultMetrics } from 'prom-client';
 import type { PgBoss } from 'pg-boss';
 import type { StripeMode } from '../config.ts';
 import type { Queryable } from '../db/pool.ts';
-import { CHARGE_QUEUE } from '../outbox.ts';
+import { BUILT_IN_KINDS } from '../effects/registry.ts';
+import { queueFor } from '../outbox.ts';
 import { SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../settlements.ts';
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
-export function createMetrics(source: { db: Queryable; boss: PgBoss }) {
+/** `kinds`: whose queues to report (default: the built-in ones). */
+export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: readonly string[] }) {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry, prefix: 'outboxd_' });
   const r = [registry];
@@ -27,8 +29,8 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss }) {
     }),
     gatewayOutcomes: new Counter({
       name: 'outboxd_gateway_outcomes_total',
-      help: 'Gateway calls by call and outcome class',
-      labelNames: ['call', 'outcome'],
+      help: 'Calls that carry out or check an effect, by call, outcome class, kind and the kind\'s policy on an ambiguous outcome',
+      labelNames: ['call', 'outcome', 'kind', 'policy'],
       registers: r,
     }),
     fencedOut: new Counter({
@@ -52,20 +54,25 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss }) {
       labelNames: ['result'],
       registers: r,
     }),
-    jobs: new Counter({ name: 'outboxd_jobs_total', help: 'Charge jobs handled, by result', labelNames: ['result'], registers: r }),
+    jobs: new Counter({ name: 'outboxd_jobs_total', help: 'Jobs handled, by result', labelNames: ['result'], registers: r }),
     inFlight: new Gauge({ name: 'outboxd_in_flight', help: 'Operations being executed by this replica', registers: r }),
     queueDepth: new Gauge({
       name: 'outboxd_queue_depth',
-      help: 'Charge jobs queued (created or retry), as pg-boss last counted them',
+      help: 'Jobs queued (created or retry) by kind, as pg-boss last counted them',
+      labelNames: ['kind'],
       registers: r,
       async collect() {
-        const q = await source.boss.getQueue(CHARGE_QUEUE).catch(() => null);
-        if (q) this.set(q.queuedCount);
+        const kinds = source.kinds ?? BUILT_IN_KINDS;
+        const queues = await Promise.all(kinds.map((kind) => source.boss.getQueue(queueFor(kind)).catch(() => null)));
+        kinds.forEach((kind, i) => {
+          const q = queues[i];
+          if (q) this.set({ kind }, q.queuedCount);
+        });
       },
     }),
     outboxRows: new Gauge({
       name: 'outboxd_outbox_rows',
-      help: 'Confirmed orders whose outbox row waits to be relayed to a charge job',
+      help: 'Requested operations whose outbox row waits to be relayed to a job',
       registers: r,
       async collect() {
         this.set((await source.db.query(source.db.sql.outboxDepth())).rows[0].rows);

@@ -1,4 +1,4 @@
-// The contract between the executor and a payment provider. The real implementation drives the
+// The contract between the executor's built-in kinds (charge, refund) and a payment provider. The real implementation drives the
 // Stripe SDK (src/stripe/gateway.ts); tests also use an in-process fake with the same idempotency model.
 // A gateway reports what Stripe said; deciding what that means for the operation is the executor's job.
 
@@ -30,6 +30,37 @@ export interface Charge {
  * leaves requires_payment_method). Anything else may still charge, or has. */
 export const FAILED_CHARGE_STATUSES: ReadonlySet<string> = new Set(['canceled', 'requires_payment_method']);
 
+/** Stripe's reasons for a refund. */
+export const REFUND_REASONS = ['requested_by_customer', 'duplicate', 'fraudulent'] as const;
+export type RefundReason = (typeof REFUND_REASONS)[number];
+
+export interface RefundRequest {
+  operationId: string;
+  /** The charge's PaymentIntent (pi_…). */
+  paymentIntent: string;
+  amount: number;
+  reason: RefundReason | null;
+  /** Always `refund-op:<operation id>`; never generated per attempt. */
+  idempotencyKey: string;
+}
+
+/** The fields of a Refund the executor reads. */
+export interface Refund {
+  id: string;
+  /** pending, requires_action, succeeded, failed or canceled: only succeeded is done. */
+  status: string;
+  amount: number;
+  currency: string;
+  paymentIntent: string | null;
+  /** metadata.operation_id, when the refund carries it */
+  operationId: string | undefined;
+  /** Stripe's Request-Id of the response this came in (a list's items share it). */
+  requestId?: string | undefined;
+}
+
+/** Refund statuses that are final and returned nothing. */
+export const FAILED_REFUND_STATUSES: ReadonlySet<string> = new Set(['failed', 'canceled']);
+
 export interface PaymentGateway {
   createCharge(req: ChargeRequest): Promise<Charge>;
   retrieveCharge(externalId: string): Promise<Charge>;
@@ -37,12 +68,18 @@ export interface PaymentGateway {
   findCharges(operationId: string): Promise<Charge[]>;
   /** Every charge created at or after `since`, all pages (the drift report reads them). */
   listCharges(since: Date): Promise<Charge[]>;
+  createRefund(req: RefundRequest): Promise<Refund>;
+  retrieveRefund(externalId: string): Promise<Refund>;
+  /** Every refund of a PaymentIntent, all pages: a list, so read-after-write (unlike Search). */
+  findRefunds(paymentIntent: string): Promise<Refund[]>;
+  /** Every refund created at or after `since`, all pages (the drift report reads them). */
+  listRefunds(since: Date): Promise<Refund[]>;
 }
 
 export abstract class GatewayError extends Error {
   abstract readonly outcome: 'declined' | 'rate_limited' | 'not_executed' | 'ambiguous' | 'idempotency_bug' | 'rejected';
   readonly httpStatus: number | undefined;
-  /** The PaymentIntent the error names, when the provider returned one. */
+  /** The PaymentIntent (or Refund) the error names, when the provider returned one. */
   readonly externalId: string | undefined;
   /** The provider's id of the response, when one arrived (Stripe's Request-Id). */
   readonly requestId: string | undefined;
@@ -92,10 +129,12 @@ export class IdempotencyKeyMisuse extends GatewayError {
   readonly outcome = 'idempotency_bug';
 }
 
-/** Any other 4xx on a create: Stripe refused the request before executing it, so nothing was charged. */
+/** Any other 4xx on a create: Stripe refused the request before executing it, so nothing was charged
+ * (or refunded: a refund of more than remains, say). */
 export class Rejected extends GatewayError {
   override name = 'Rejected';
   readonly outcome = 'rejected';
 }
 
 export const idempotencyKeyFor = (operationId: string): string => `payment-op:${operationId}`;
+export const refundIdempotencyKeyFor = (operationId: string): string => `refund-op:${operationId}`;

@@ -22,13 +22,21 @@ export type OperationStatus = 'pending' | 'unknown' | 'succeeded' | 'failed';
 export interface Operation {
   id: string;
   order_id: string;
-  kind: 'charge';
+  /** charge, or another kind of src/effects/registry.ts. */
+  kind: string;
   amount: number;
   currency: string;
-  customer_id: string;
-  payment_method: string;
+  /** A charge's (null for every other kind). */
+  customer_id: string | null;
+  payment_method: string | null;
   /** The application's metadata, sent to Stripe beside operation_id. */
   metadata: Record<string, string>;
+  /** A refund's charge operation. */
+  parent_operation_id: string | null;
+  /** The caller's key of a refund: unique per charge operation. */
+  effect_key: string | null;
+  /** What the kind needs beyond the columns (a refund's: RefundPayload). */
+  payload: unknown;
   status: OperationStatus;
   external_id: string | null;
   attempts: number;

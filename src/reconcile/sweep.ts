@@ -1,16 +1,18 @@
-// The reconcile sweep: settles what idempotency keys can no longer settle. Operations past the key
-// window, and operations held for review after an attempt that may have charged, are looked up through
-// Search (all pages; a single match is then retrieved); operations with a known charge are retrieved;
-// other operations inside the window are left to the dispatcher. It never creates a charge, and it
-// claims each operation with a lease and fence like any worker, so it can run beside the dispatchers.
-// Last, it flags any unsettled operation that no job drives any more (a dead-letter handler that kept
-// failing, a job lost by hand): never neither driven nor flagged.
+// The reconcile sweep: settles what idempotency keys can no longer settle, for the kinds whose policy is
+// idempotent-key (src/effects/registry.ts). Operations past the key window, and operations held for
+// review after an attempt that may have acted, are looked up at the provider (Search for charges: all
+// pages, a single match is then retrieved); operations with a known external object are retrieved;
+// other operations inside the window are left to the dispatcher. It never creates, and it claims each
+// operation with a lease and fence like any worker, so it can run beside the dispatchers.
+// Last, it flags any unsettled operation of any kind that no job drives any more (a dead-letter handler
+// that kept failing, a job lost by hand): never neither driven nor flagged.
 import type { PgBoss } from 'pg-boss';
 import type { Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, liveJobFor } from '../outbox.ts';
+import { RECONCILED_KINDS } from '../effects/registry.ts';
+import { deadQueueFor, liveJobFor, queueFor } from '../outbox.ts';
 import { bossDb } from '../db/pool.ts';
-import { executeCharge, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
+import { executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import { claimOperation, flagForReview, releaseLease, StaleFenceError, type Operation } from '../payments/operation.ts';
 import { inBackground } from '../stripe/budgetedGateway.ts';
@@ -50,7 +52,7 @@ export interface SweepOptions {
 
 export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: PgBoss, opts: SweepOptions): Promise<SweepReport> {
   const keyWindowSeconds = opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
-  const { rows } = await pool.query(pool.sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500));
+  const { rows } = await pool.query(pool.sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500, RECONCILED_KINDS));
   const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, undriven: [], decisions: [] };
   // Reconciliation yields to the dispatchers in the fleet's Stripe budget. Once the budget (or Stripe's
   // 429) turns a call away, the rest waits for the next sweep instead of each candidate waiting in turn.
@@ -63,9 +65,9 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
       return;
     }
     traceOperation(lease.operation, lease.fence);
-    const log = opts.log.child({ operationId: id, fence: lease.fence });
+    const log = opts.log.child({ operationId: id, kind: lease.operation.kind, fence: lease.fence });
     try {
-      const run = await executeCharge(pool, stripe, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log });
+      const run = await executeOperation(pool, stripe, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log });
       rateLimited = run.outcome?.kind === 'rate_limited';
       const op: Operation = run.operation;
       const decision: SweepDecision = {
@@ -100,14 +102,15 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
  * can start driving it between the check for a live job and the flag. */
 async function flagUndriven(pool: Pool, boss: PgBoss, opts: SweepOptions): Promise<string[]> {
   const idle = opts.undrivenAfterSeconds ?? UNDRIVEN_AFTER_SECONDS;
-  const { rows } = await pool.query(pool.sql.undrivenCandidates(idle, opts.limit ?? 500, [CHARGE_QUEUE, CHARGE_DEAD_QUEUE]));
+  const { rows } = await pool.query(pool.sql.undrivenCandidates(idle, opts.limit ?? 500));
   const flagged: string[] = [];
   for (const { id } of rows as { id: string }[]) {
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, 0);
     if (!lease) continue;
     try {
       const db = bossDb(pool);
-      if ((await liveJobFor(boss, db, id, CHARGE_QUEUE)) || (await liveJobFor(boss, db, id, CHARGE_DEAD_QUEUE))) continue;
+      const { kind } = lease.operation;
+      if ((await liveJobFor(boss, db, id, queueFor(kind))) || (await liveJobFor(boss, db, id, deadQueueFor(kind)))) continue;
       const reason = `no job drives this operation (its job ended without settling it, last error: ${lease.operation.last_error ?? 'none'}); requeue it (same key) or resolve it`;
       await flagForReview(pool, id, lease.fence, reason);
       flagged.push(id);

@@ -97,9 +97,9 @@ function build(schema: string) {
       `with taken as (
        delete from ${s}.charge_outbox
        where id in (select id from ${s}.charge_outbox order by id limit $1 for update skip locked)
-       returning operation_id, traceparent
+       returning operation_id, traceparent, kind
        ), ${event('taken', `operation_id, 'relayed', null, null, '{}'`)}
-       select operation_id, traceparent from taken`,
+       select operation_id, traceparent, kind from taken`,
     ),
 
     outboxRowFor: statement<[operationId: string]>(
@@ -124,7 +124,7 @@ function build(schema: string) {
          where id in (select id from ${s}.settlement_outbox order by id limit $1 for update skip locked)
          returning id, operation_id, source
        )
-       select op.id as operation_id, op.order_id, op.kind, op.status, op.external_id, op.amount, op.currency,
+       select op.id as operation_id, op.order_id, op.kind, op.effect_key, op.status, op.external_id, op.amount, op.currency,
               op.settled_at, taken.source, op.traceparent
        from taken join ${s}.payment_operations op on op.id = taken.operation_id
        order by taken.id`,
@@ -158,6 +158,53 @@ function build(schema: string) {
          insert into ${s}.charge_outbox (operation_id, traceparent) select id, traceparent from op
        )
        select id from op`,
+    ),
+
+    /**
+     * The first step of a refund request, in the caller's transaction: a succeeded charge operation,
+     * locked by an update (of nothing) until the caller commits, so that concurrent refund requests of
+     * one charge are decided one after the other. An update, not only a lock: under REPEATABLE READ a
+     * request that waited on a mere lock would go on reading the refunds committed before it began;
+     * an updated row makes it fail instead. No row: no such charge, or it has not succeeded.
+     */
+    lockChargeForRefund: statement<[chargeOperationId: string]>(
+      'outboxd_lock_charge_for_refund',
+      `update ${s}.payment_operations set updated_at = updated_at
+       where id = $1 and kind = 'charge' and status = 'succeeded'
+       returning id`,
+    ),
+
+    /**
+     * The refund operation and its outbox row, in ONE statement (after lockChargeForRefund, so it reads
+     * every refund of the charge committed before): created only when no refund of the charge has this
+     * key and the amount fits in what remains unrefunded, counting every refund that has not failed
+     * (pending and unknown ones may still succeed). Always one row: what it decided from.
+     */
+    insertRefundOperation: statement<[chargeOperationId: string, amount: number, key: string, reason: string | null, traceparent: string | null]>(
+      'outboxd_insert_refund_operation',
+      `with charge as (
+         select id, order_id, amount, currency, external_id from ${s}.payment_operations
+         where id = $1 and kind = 'charge' and status = 'succeeded'
+       ), existing as (
+         select id, amount, payload->>'reason' as reason from ${s}.payment_operations
+         where kind = 'refund' and parent_operation_id = $1 and effect_key = $3
+       ), spent as (
+         select coalesce(sum(amount), 0)::bigint as spent from ${s}.payment_operations
+         where kind = 'refund' and parent_operation_id = $1 and status <> 'failed'
+       ), op as (
+         insert into ${s}.payment_operations (order_id, kind, amount, currency, parent_operation_id, effect_key, payload, traceparent)
+         select charge.order_id, 'refund', $2::bigint, charge.currency, charge.id, $3::text,
+                jsonb_build_object('payment_intent', charge.external_id, 'reason', $4::text), $5::text
+         from charge, spent
+         where not exists (select 1 from existing) and spent.spent + $2::bigint <= charge.amount
+         on conflict (parent_operation_id, effect_key) where kind = 'refund' do nothing
+         returning id, traceparent
+       ), outbox as (
+         insert into ${s}.charge_outbox (operation_id, kind, traceparent) select id, 'refund', traceparent from op
+       )
+       select (select id from op) as created_id, existing.id as existing_id, existing.amount as existing_amount,
+              existing.reason as existing_reason, spent.spent, charge.amount as charge_amount
+       from spent left join charge on true left join existing on true`,
     ),
 
     /** Every charge operation of an order, newest first. */
@@ -380,14 +427,15 @@ function build(schema: string) {
 
     // ─── reconciliation ────────────────────────────────────────────────────────────────────────────────
 
-    /** What the reconcile sweep may decide: a known charge to retrieve, a key window that has passed, or an
-     * operation held for review after an attempt that may have charged (searched read-only inside the
-     * window too: a dead-lettered job drives it no more). Other operations inside the window without a
-     * charge id are the dispatcher's, and leased ones are busy. */
-    reconcileCandidates: statement<[keyWindowSeconds: number, limit: number]>(
+    /** What the reconcile sweep may decide, of the kinds it reconciles through the provider ($3): a known
+     * object to retrieve, a key window that has passed, or an operation held for review after an attempt
+     * that may have acted (searched read-only inside the window too: a dead-lettered job drives it no
+     * more). Other operations inside the window without an external id are the dispatcher's, and leased
+     * ones are busy. */
+    reconcileCandidates: statement<[keyWindowSeconds: number, limit: number, kinds: readonly string[]]>(
       'outboxd_reconcile_candidates',
       `select id from ${s}.payment_operations
-       where ${UNSETTLED}
+       where ${UNSETTLED} and kind = any($3::text[])
          and (external_id is not null
               or first_attempted_at < now() - make_interval(secs => $1)
               or (review_reason is not null and first_attempted_at is not null))
@@ -396,10 +444,11 @@ function build(schema: string) {
        limit $2`,
     ),
 
-    /** Unsettled, unflagged operations untouched for a while with no lease, nothing in the outbox and no
-     * live job (one anti-join over pg-boss's job table, so a large backlog of queued jobs costs one scan):
-     * the sweep claims each, checks again for a live job, and flags one that nothing drives. */
-    undrivenCandidates: statement<[idleSeconds: number, limit: number, queues: string[]]>(
+    /** Unsettled, unflagged operations of any kind untouched for a while with no lease, nothing in the
+     * outbox and no live job in their kind's queue or its dead letter (src/outbox.ts: queueFor,
+     * deadQueueFor; one anti-join over pg-boss's job table, so a large backlog of queued jobs costs one
+     * scan): the sweep claims each, checks again for a live job, and flags one that nothing drives. */
+    undrivenCandidates: statement<[idleSeconds: number, limit: number]>(
       'outboxd_undriven_candidates',
       `select id from ${s}.payment_operations op
        where ${UNSETTLED} and review_reason is null
@@ -408,7 +457,7 @@ function build(schema: string) {
          and not exists (select 1 from ${s}.charge_outbox o where o.operation_id = op.id)
          and not exists (
            select 1 from ${boss}.job j
-           where j.name = any($3::text[]) and j.state in ('created', 'retry', 'active') and j.data->>'operationId' = op.id::text)
+           where j.name in (op.kind, op.kind || '_dead') and j.state in ('created', 'retry', 'active') and j.data->>'operationId' = op.id::text)
        order by updated_at
        limit $2`,
     ),
@@ -427,7 +476,13 @@ function build(schema: string) {
       `select * from ${s}.payment_operations where id = any($1::uuid[])`,
     ),
 
-    /** Succeeded operations settled since a time: each must have its charge in Stripe. */
+    /** Charge operations known to Stripe by these PaymentIntents (the drift report's refunds of our charges). */
+    chargeOperationsByExternalIds: statement<[externalIds: string[]]>(
+      'outboxd_charge_operations_by_external_ids',
+      `select * from ${s}.payment_operations where kind = 'charge' and external_id = any($1::text[])`,
+    ),
+
+    /** Succeeded operations settled since a time: each must have its charge (refund) in Stripe. */
     succeededSince: statement<[since: Date]>(
       'outboxd_succeeded_since',
       `select * from ${s}.payment_operations where status = 'succeeded' and settled_at >= $1`,

@@ -12,7 +12,7 @@
 //     takes nothing for a moment; the call then waits for a token and is sent again, within its deadline.
 // Neither was an attempt: nothing executed at Stripe.
 import { Counter, type Registry } from 'prom-client';
-import { RetryLater, type Charge, type ChargeRequest, type PaymentGateway } from '../payments/gateway.ts';
+import { RetryLater, type Charge, type ChargeRequest, type PaymentGateway, type Refund, type RefundRequest } from '../payments/gateway.ts';
 import { BudgetTimeout, type Budget, type BudgetMetrics, type Priority } from './budget.ts';
 
 /** Sends of one call, 429s included. */
@@ -66,6 +66,23 @@ export class BudgetedGateway implements PaymentGateway {
 
   listCharges(since: Date): Promise<Charge[]> {
     return this.budgeted('request', () => this.inner.listCharges(since));
+  }
+
+  createRefund(req: RefundRequest): Promise<Refund> {
+    return this.budgeted('request', () => this.inner.createRefund(req));
+  }
+
+  retrieveRefund(externalId: string): Promise<Refund> {
+    return this.budgeted('request', () => this.inner.retrieveRefund(externalId));
+  }
+
+  // A list, not a Search: the account budget only.
+  findRefunds(paymentIntent: string): Promise<Refund[]> {
+    return this.budgeted('request', () => this.inner.findRefunds(paymentIntent));
+  }
+
+  listRefunds(since: Date): Promise<Refund[]> {
+    return this.budgeted('request', () => this.inner.listRefunds(since));
   }
 
   /** Metrics of this gateway and its budgets, onto a replica's registry. */

@@ -13,6 +13,8 @@ import {
   type Charge,
   type ChargeRequest,
   type PaymentGateway,
+  type Refund,
+  type RefundRequest,
 } from '../payments/gateway.ts';
 import { tracedHttpClient } from './tracedHttpClient.ts';
 
@@ -59,12 +61,8 @@ export class StripeGateway implements PaymentGateway {
   }
 
   async createCharge(req: ChargeRequest): Promise<Charge> {
-    // The SDK resends once after a reset even with retries off, and that earlier send may have executed:
-    // an answer that proves nothing ran (a 429, a 401/403, a refused connection) proves it only for a
-    // request that was sent once.
-    this.sends.set(req.idempotencyKey, 0);
-    try {
-      const pi = await this.stripe.paymentIntents.create(
+    const pi = await this.create(req.idempotencyKey, () =>
+      this.stripe.paymentIntents.create(
         {
           amount: req.amount,
           currency: req.currency,
@@ -76,17 +74,44 @@ export class StripeGateway implements PaymentGateway {
           metadata: { ...req.metadata, operation_id: req.operationId },
         },
         { idempotencyKey: req.idempotencyKey },
-      );
-      return toCharge(pi);
+      ),
+    );
+    return toCharge(pi);
+  }
+
+  async createRefund(req: RefundRequest): Promise<Refund> {
+    const refund = await this.create(req.idempotencyKey, () =>
+      this.stripe.refunds.create(
+        {
+          payment_intent: req.paymentIntent,
+          amount: req.amount,
+          ...(req.reason ? { reason: req.reason } : {}),
+          metadata: { operation_id: req.operationId },
+        },
+        { idempotencyKey: req.idempotencyKey },
+      ),
+    );
+    return toRefund(refund);
+  }
+
+  /**
+   * A create under `key`. The SDK resends once after a reset even with retries off, and that earlier
+   * send may have executed: an answer that proves nothing ran (a 429, a 401/403, a refused connection)
+   * proves it only for a request that was sent once.
+   */
+  private async create<T>(key: string, send: () => Promise<T>): Promise<T> {
+    this.sends.set(key, 0);
+    try {
+      return await send();
     } catch (err) {
       const classified = classify(err);
-      const sends = this.sends.get(req.idempotencyKey) ?? 0;
+      const sends = this.sends.get(key) ?? 0;
       if ((classified instanceof RetryLater || classified instanceof NotExecuted) && sends !== 1) {
         throw new AmbiguousOutcome(`sent ${sends} times; an earlier send may have executed: ${classified.message}`, classified.httpStatus, undefined, { cause: err, requestId: classified.requestId });
       }
       throw classified;
     } finally {
-      this.sends.delete(req.idempotencyKey);
+      this.sends.delete(key);
     }
   }
 
@@ -127,11 +152,42 @@ export class StripeGateway implements PaymentGateway {
     }
     return found;
   }
+
+  async retrieveRefund(externalId: string): Promise<Refund> {
+    try {
+      return toRefund(await this.stripe.refunds.retrieve(externalId));
+    } catch (err) {
+      throw classify(err);
+    }
+  }
+
+  async findRefunds(paymentIntent: string): Promise<Refund[]> {
+    return this.refunds({ payment_intent: paymentIntent, limit: 100 });
+  }
+
+  async listRefunds(since: Date): Promise<Refund[]> {
+    return this.refunds({ created: { gte: Math.floor(since.getTime() / 1000) }, limit: 100 });
+  }
+
+  private async refunds(params: Stripe.RefundListParams): Promise<Refund[]> {
+    const found: Refund[] = [];
+    try {
+      for await (const refund of this.stripe.refunds.list(params)) found.push(toRefund(refund));
+    } catch (err) {
+      throw classify(err);
+    }
+    return found;
+  }
 }
 
 /** `lastResponse` is set on a PaymentIntent the SDK returned itself, not on one inside a list. */
 function toCharge(pi: Stripe.PaymentIntent & { lastResponse?: { requestId?: string } }): Charge {
   return { id: pi.id, status: pi.status, amount: pi.amount, currency: pi.currency, operationId: pi.metadata?.operation_id, requestId: pi.lastResponse?.requestId };
+}
+
+function toRefund(r: Stripe.Refund & { lastResponse?: { requestId?: string } }): Refund {
+  const paymentIntent = typeof r.payment_intent === 'string' ? r.payment_intent : (r.payment_intent?.id ?? null);
+  return { id: r.id, status: r.status ?? 'pending', amount: r.amount, currency: r.currency, paymentIntent, operationId: r.metadata?.operation_id, requestId: r.lastResponse?.requestId };
 }
 
 /** docs/architecture.md §2.4, by HTTP status (what stripe@23 itself decides the class by) and raw type. */

@@ -1,17 +1,19 @@
 // The Stripe webhook inbox. An event is a hint, never evidence: on any payment_intent.* event the
-// PaymentIntent is retrieved from Stripe (no transaction open), checked against the operation its
-// metadata names (operation id, amount, currency, the charge already known), and the operation is
-// settled from the RETRIEVED status only, through the same guarded write as any outside settlement:
+// PaymentIntent is retrieved from Stripe (no transaction open), on refund.* and charge.refund.updated
+// the Refund, checked against the operation its metadata names (its kind, operation id, amount,
+// currency, the object already known), and the operation is settled from the RETRIEVED status only,
+// through the same guarded write as any outside settlement:
 // never over a settled status, and with a fence bump so a worker mid-call writes nothing after it.
 // Each event is recorded by its id in the transaction that acts on it, so a redelivery (Stripe
 // delivers at least once) is acknowledged, not reprocessed. Only ids, type, times and the
-// PaymentIntent's id and status are stored (no payment-method or billing details), and only for the
-// retention period.
+// PaymentIntent's (Refund's) id and status are stored (no payment-method or billing details), and only
+// for the retention period.
 import type Stripe from 'stripe';
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { FAILED_CHARGE_STATUSES, Rejected, type Charge, type PaymentGateway } from '../payments/gateway.ts';
+import { FAILED_CHARGE_STATUSES, FAILED_REFUND_STATUSES, Rejected, type Charge, type PaymentGateway, type Refund } from '../payments/gateway.ts';
 import { flagFromOutside, isOperationId, isSettled, settleFromOutside, type Operation } from '../payments/operation.ts';
+import { refundMismatch } from '../payments/refund.ts';
 import { traceOperation, withSpan } from '../tracing.ts';
 
 export type InboxResult =
@@ -20,9 +22,9 @@ export type InboxResult =
   | 'not_final'
   | 'ignored'
   | 'no_operation'
-  /** The PaymentIntent does not match the unsettled operation it names: flagged for review. */
+  /** The PaymentIntent (Refund) does not match the unsettled operation it names: flagged for review. */
   | 'mismatch'
-  /** Stripe contradicts a settled operation (charged although failed, another charge): for a person. */
+  /** Stripe contradicts a settled operation (charged or refunded although failed, another object): for a person. */
   | 'contradiction'
   | 'duplicate';
 
@@ -30,7 +32,7 @@ export interface InboxDeps {
   pool: Pool;
   gateway: PaymentGateway;
   log: Logger;
-  /** Counts events whose PaymentIntent does not match, or contradicts, the operation it names. */
+  /** Counts events whose PaymentIntent (Refund) does not match, or contradicts, the operation it names. */
   onMismatch?: (result: 'mismatch' | 'contradiction') => void;
 }
 
@@ -46,28 +48,51 @@ export function receiveStripeEvent(deps: InboxDeps, event: Stripe.Event): Promis
   });
 }
 
+/** What Stripe says of the object an event names, retrieved: a charge's PaymentIntent or a Refund. */
+type Evidence = { kind: 'charge'; object: Charge } | { kind: 'refund'; object: Refund };
+
+/** The object an event is about: payment_intent.* name a PaymentIntent, refund.* and
+ * charge.refund.updated a Refund; anything else is ignored. */
+function hintOf(event: Stripe.Event): { kind: Evidence['kind']; id: string } | undefined {
+  const id = (event.data.object as { id?: unknown }).id;
+  if (typeof id !== 'string') return undefined;
+  if (event.type.startsWith('payment_intent.') && /^pi_\w+$/.test(id)) return { kind: 'charge', id };
+  if ((event.type.startsWith('refund.') || event.type === 'charge.refund.updated') && /^re_\w+$/.test(id)) return { kind: 'refund', id };
+  return undefined;
+}
+
+async function retrieve(gateway: PaymentGateway, hint: { kind: Evidence['kind']; id: string }): Promise<Evidence | undefined> {
+  if (hint.kind === 'charge') {
+    const object = await gateway.retrieveCharge(hint.id).catch(unlessRejected);
+    return object && { kind: 'charge', object };
+  }
+  const object = await gateway.retrieveRefund(hint.id).catch(unlessRejected);
+  return object && { kind: 'refund', object };
+}
+
 async function receive(deps: InboxDeps, event: Stripe.Event): Promise<InboxResult> {
   const { pool, log } = deps;
-  const hinted = event.type.startsWith('payment_intent.') ? (event.data.object as { id?: unknown }).id : undefined;
-  const piId = typeof hinted === 'string' && /^pi_\w+$/.test(hinted) ? hinted : undefined;
+  const hint = hintOf(event);
   if ((await pool.query(pool.sql.webhookEventSeen(event.id))).rows[0]) return 'duplicate';
 
-  // The evidence, fetched before any transaction opens (invariant 3). A PaymentIntent Stripe refuses to
-  // show (another account's, say) is no evidence of anything; any other failure answers 5xx and Stripe
+  // The evidence, fetched before any transaction opens (invariant 3). An object Stripe refuses to show
+  // (another account's, say) is no evidence of anything; any other failure answers 5xx and Stripe
   // delivers the event again later.
-  const charge = piId ? await deps.gateway.retrieveCharge(piId).catch(unlessRejected) : undefined;
-  const opId = charge?.operationId && isOperationId(charge.operationId) ? charge.operationId : null;
+  const evidence = hint ? await retrieve(deps.gateway, hint) : undefined;
+  const named = evidence?.object.operationId;
+  const opId = named && isOperationId(named) ? named : null;
+  const status = evidence?.object.status;
   try {
     return await inTransaction(pool, async (tx) => {
-      const result = charge ? await act(tx, charge, opId, event.type) : piId ? 'no_operation' : 'ignored';
-      const { rows } = await tx.query(tx.sql.insertWebhookEvent(event.id, event.type, opId, result, JSON.stringify(trimmed(event, charge))));
+      const result = evidence ? await act(tx, evidence, opId, event.type) : hint ? 'no_operation' : 'ignored';
+      const { rows } = await tx.query(tx.sql.insertWebhookEvent(event.id, event.type, opId, result, JSON.stringify(trimmed(event, evidence))));
       if (!rows[0]) throw new Duplicate(); // recorded by a concurrent delivery: undo whatever this one did
-      log.info({ eventId: event.id, type: event.type, operationId: opId, paymentIntent: piId, status: charge?.status, result }, 'stripe event received');
+      log.info({ eventId: event.id, type: event.type, operationId: opId, [hint?.kind === 'refund' ? 'refund' : 'paymentIntent']: hint?.id, status, result }, 'stripe event received');
       if (result === 'mismatch' || result === 'contradiction') {
         deps.onMismatch?.(result);
-        log.error({ eventId: event.id, operationId: opId, paymentIntent: piId, status: charge?.status, result },
+        log.error({ eventId: event.id, operationId: opId, object: hint?.id, status, result },
           result === 'mismatch'
-            ? 'stripe event names a payment intent that does not match its operation: flagged for review'
+            ? `stripe event names a ${hint?.kind === 'refund' ? 'refund' : 'payment intent'} that does not match its operation: flagged for review`
             : 'stripe contradicts a settled operation: see the drift report');
       }
       return result;
@@ -83,34 +108,41 @@ export async function pruneWebhookEvents(pool: Pool, retentionDays: number): Pro
   return (await pool.query(pool.sql.pruneWebhookEvents(retentionDays))).rowCount ?? 0;
 }
 
-async function act(tx: Tx, charge: Charge, opId: string | null, type: string): Promise<InboxResult> {
+async function act(tx: Tx, evidence: Evidence, opId: string | null, type: string): Promise<InboxResult> {
   if (!opId) return 'no_operation';
   const { rows } = await tx.query(tx.sql.showOperation(opId));
   const op: Operation | undefined = rows[0];
   if (!op) return 'no_operation';
   traceOperation(op);
-  const mismatch = mismatchOf(op, charge);
+  const { object } = evidence;
+  const mismatch = mismatchOf(op, evidence);
   if (isSettled(op.status)) {
-    // Never overwritten; but a charge the operation does not account for must reach a person.
-    const contradicts = mismatch !== null || (op.status === 'failed' && charge.status === 'succeeded');
+    // Never overwritten; but money the operation does not account for must reach a person.
+    const contradicts = mismatch !== null || (op.status === 'failed' && object.status === 'succeeded');
     return contradicts ? 'contradiction' : 'already_settled';
   }
   if (mismatch) {
     await flagFromOutside(tx, op.id, `webhook ${type}: ${mismatch}`);
     return 'mismatch';
   }
-  const status = charge.status === 'succeeded' ? 'succeeded' : FAILED_CHARGE_STATUSES.has(charge.status) ? 'failed' : undefined;
+  const failed = evidence.kind === 'charge' ? FAILED_CHARGE_STATUSES : FAILED_REFUND_STATUSES;
+  const status = object.status === 'succeeded' ? 'succeeded' : failed.has(object.status) ? 'failed' : undefined;
   if (!status) return 'not_final';
-  const reason = status === 'failed' ? `${type}: payment intent ${charge.status}` : null;
-  const settled = await settleFromOutside(tx, op.id, status, charge.id, `webhook:${type}`, reason);
+  const reason = status === 'failed' ? `${type}: ${evidence.kind === 'charge' ? 'payment intent' : 'refund'} ${object.status}` : null;
+  const settled = await settleFromOutside(tx, op.id, status, object.id, `webhook:${type}`, reason);
   return settled ? 'settled' : 'already_settled';
 }
 
-function mismatchOf(op: Operation, charge: Charge): string | null {
-  if (charge.amount !== op.amount || charge.currency !== op.currency) {
-    return `${charge.id} is ${charge.amount} ${charge.currency}, the operation ${op.amount} ${op.currency}`;
+function mismatchOf(op: Operation, evidence: Evidence): string | null {
+  const { object } = evidence;
+  if (op.kind !== evidence.kind) return `${object.id} names operation ${op.id}, which is a ${op.kind}, not a ${evidence.kind}`;
+  if (evidence.kind === 'refund') {
+    const mismatch = refundMismatch(op, evidence.object);
+    if (mismatch) return mismatch;
+  } else if (object.amount !== op.amount || object.currency !== op.currency) {
+    return `${object.id} is ${object.amount} ${object.currency}, the operation ${op.amount} ${op.currency}`;
   }
-  if (op.external_id && op.external_id !== charge.id) return `${charge.id} is not the operation's charge ${op.external_id}`;
+  if (op.external_id && op.external_id !== object.id) return `${object.id} is not the operation's ${op.kind} ${op.external_id}`;
   return null;
 }
 
@@ -119,13 +151,15 @@ function unlessRejected(err: unknown): undefined {
   throw err;
 }
 
-/** What is kept of an event: ids, type, times, and the PaymentIntent's id and retrieved status. */
-function trimmed(event: Stripe.Event, charge: Charge | undefined) {
+/** What is kept of an event: ids, type, times, and the PaymentIntent's (Refund's) id and retrieved status. */
+function trimmed(event: Stripe.Event, evidence: Evidence | undefined) {
+  const object = evidence && { id: evidence.object.id, status: evidence.object.status };
   return {
     id: event.id,
     type: event.type,
     created: event.created,
     livemode: event.livemode,
-    payment_intent: charge ? { id: charge.id, status: charge.status } : null,
+    payment_intent: evidence?.kind === 'charge' ? object : null,
+    ...(evidence?.kind === 'refund' ? { refund: object } : {}),
   };
 }

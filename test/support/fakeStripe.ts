@@ -5,22 +5,28 @@ import { randomUUID } from 'node:crypto';
 import {
   AmbiguousOutcome,
   Declined,
+  Rejected,
   RetryLater,
   type Charge,
   type ChargeRequest,
   type PaymentGateway,
+  type Refund,
+  type RefundRequest,
 } from '../../src/payments/gateway.ts';
 
 interface Stored {
   charge?: Charge;
+  refund?: Refund;
   error?: Error;
 }
 
 export class FakeStripe implements PaymentGateway {
   /** Every PaymentIntent created, in order: the ledger. */
   readonly charges: Charge[] = [];
+  /** Every Refund created, in order. */
+  readonly refunds: Refund[] = [];
   /** Every call made, in order. */
-  readonly calls: { method: 'create' | 'retrieve' | 'search'; key?: string; id?: string }[] = [];
+  readonly calls: { method: 'create' | 'retrieve' | 'search' | 'create_refund' | 'retrieve_refund' | 'list_refunds'; key?: string; id?: string }[] = [];
   private readonly keys = new Map<string, Stored>();
 
   /** The next create executes (and is stored under its key) but its response is lost. */
@@ -67,6 +73,44 @@ export class FakeStripe implements PaymentGateway {
 
   async listCharges(): Promise<Charge[]> {
     return this.charges.map((c) => ({ ...c }));
+  }
+
+  /** Refunds succeed at once, unless their PaymentIntent holds less than they ask (refused, as at Stripe). */
+  async createRefund(req: RefundRequest): Promise<Refund> {
+    this.calls.push({ method: 'create_refund', key: req.idempotencyKey });
+    let stored = this.keys.get(req.idempotencyKey);
+    if (!stored) {
+      const charge = this.charges.find((c) => c.id === req.paymentIntent);
+      const refunded = this.refunds.filter((r) => r.paymentIntent === req.paymentIntent && r.status !== 'failed').reduce((sum, r) => sum + r.amount, 0);
+      if (!charge || charge.status !== 'succeeded' || refunded + req.amount > charge.amount) {
+        throw new Rejected(`cannot refund ${req.amount} of ${req.paymentIntent}`, 400);
+      }
+      const refund = { id: `re_${randomUUID().replaceAll('-', '').slice(0, 24)}`, status: 'succeeded', amount: req.amount, currency: charge.currency, paymentIntent: charge.id, operationId: req.operationId };
+      this.refunds.push(refund);
+      stored = { refund };
+      this.keys.set(req.idempotencyKey, stored);
+    }
+    if (this.loseResponseOnce) {
+      this.loseResponseOnce = false;
+      throw new AmbiguousOutcome('socket hang up (response lost)');
+    }
+    return { ...stored.refund! };
+  }
+
+  async retrieveRefund(id: string): Promise<Refund> {
+    this.calls.push({ method: 'retrieve_refund', id });
+    const refund = this.refunds.find((r) => r.id === id);
+    if (!refund) throw new Rejected(`no such refund ${id}`, 404);
+    return { ...refund };
+  }
+
+  async findRefunds(paymentIntent: string): Promise<Refund[]> {
+    this.calls.push({ method: 'list_refunds', id: paymentIntent });
+    return this.refunds.filter((r) => r.paymentIntent === paymentIntent).map((r) => ({ ...r }));
+  }
+
+  async listRefunds(): Promise<Refund[]> {
+    return this.refunds.map((r) => ({ ...r }));
   }
 
   /** Forget every idempotency key, as Stripe does after 24 hours. */

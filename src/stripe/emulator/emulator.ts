@@ -1,4 +1,4 @@
-// A stateful Stripe emulator for PaymentIntents, driven by the real `stripe` SDK over HTTP. It keeps
+// A stateful Stripe emulator for PaymentIntents and their refunds, driven by the real `stripe` SDK over HTTP. It keeps
 // what makes payments hard to get right: an idempotency layer that stores the first result of a key
 // (500s included) and replays it byte for byte, 409 while a key executes, key expiry on a controllable
 // clock, a search index that lags, and faults injected before or after the charge commits.
@@ -13,8 +13,11 @@ import Stripe from 'stripe';
 import { parseForm, type FormValue } from './form.ts';
 import { matches, parseSearchQuery } from './search.ts';
 import {
+  ENDPOINTS,
   MemoryState,
   RATE_LIMIT_CODES,
+  REFUND_STATUSES,
+  refundsHold,
   type EmulatedEvent,
   type EmulatorState,
   type Endpoint,
@@ -23,16 +26,20 @@ import {
   type LedgerEntry,
   type PaymentIntent,
   type RateLimitCode,
+  type Refund,
+  type RefundEntry,
+  type RefundStatus,
   type StoredResponse,
   type WebhookTarget,
 } from './state.ts';
 
-export type { EmulatedEvent, Endpoint, Fault, FaultRule, LedgerEntry, PaymentIntent, WebhookTarget } from './state.ts';
+export type { EmulatedEvent, Endpoint, Fault, FaultRule, LedgerEntry, PaymentIntent, Refund, RefundEntry, RefundStatus, WebhookTarget } from './state.ts';
 
 export interface ServerOptions {
   /** How long a key's first result is kept (Stripe: at least 24 h). */
   idempotencyRetentionMs?: number;
-  /** pm_card_processing PaymentIntents succeed this long after creation; unset: only when settled. */
+  /** pm_card_processing PaymentIntents, and pending refunds, succeed this long after creation; unset:
+   * only when settled. */
   processingSettleMs?: number;
   /** How many request log entries are kept (the oldest go first); unset: all. */
   requestLogLimit?: number;
@@ -41,7 +48,7 @@ export interface ServerOptions {
 export interface EmulatorOptions extends Omit<ServerOptions, 'requestLogLimit'> {
   /** How long after a write it becomes searchable. */
   searchLagMs?: number;
-  /** Where to POST signed payment_intent.* events (at least once: retried on failure). */
+  /** Where to POST signed payment_intent.* and refund.* events (at least once: retried on failure). */
   webhooks?: WebhookTarget;
   /** The account's rate limit: requests/s across all requests, beyond which it answers 429 rate_limit. */
   rateLimit?: number;
@@ -95,7 +102,8 @@ const EVENT_FOR_STATUS: Record<string, string> = {
 };
 export const SETTLE_STATUSES = ['succeeded', 'canceled', 'requires_payment_method'] as const;
 export type SettleStatus = (typeof SETTLE_STATUSES)[number];
-const FAULT_KINDS = new Set<Fault['kind']>(['error_before_commit', 'error_after_commit', 'lose_response_after_commit', 'rate_limit', 'latency']);
+const FAULT_KINDS = new Set<Fault['kind']>(['error_before_commit', 'error_after_commit', 'lose_response_after_commit', 'rate_limit', 'latency', 'refund_status']);
+const REFUND_REASONS = new Set(['duplicate', 'fraudulent', 'requested_by_customer']);
 
 const DAY_MS = 24 * 60 * 60 * 1000;
 const id = (prefix: string) => `${prefix}_${randomBytes(12).toString('hex')}`;
@@ -171,6 +179,7 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
     // The account's limiter answers before anything else runs, the idempotency layer included.
     if (!(await this.state.admitRequest())) return this.respond(res, entry, 429, tooManyRequests('rate_limit'));
     const retrieve = /^\/v1\/payment_intents\/(pi_[A-Za-z0-9]+)$/.exec(url.pathname);
+    const refund = /^\/v1\/refunds\/(re_[A-Za-z0-9]+)$/.exec(url.pathname);
     if (req.method === 'POST' && url.pathname === '/v1/payment_intents') {
       entry.endpoint = 'create';
       return this.create(apiKey, parseForm(body), res, entry);
@@ -186,6 +195,18 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
     if (req.method === 'GET' && retrieve) {
       entry.endpoint = 'retrieve';
       return this.retrieve(retrieve[1]!, res, entry);
+    }
+    if (req.method === 'POST' && url.pathname === '/v1/refunds') {
+      entry.endpoint = 'create_refund';
+      return this.createRefund(apiKey, parseForm(body), res, entry);
+    }
+    if (req.method === 'GET' && url.pathname === '/v1/refunds') {
+      entry.endpoint = 'list_refunds';
+      return this.listRefunds(url, res, entry);
+    }
+    if (req.method === 'GET' && refund) {
+      entry.endpoint = 'retrieve_refund';
+      return this.retrieveRefund(refund[1]!, res, entry);
     }
     return this.respond(res, entry, 404, error('invalid_request_error', `Unrecognized request URL (${req.method}: ${url.pathname}).`));
   }
@@ -203,25 +224,9 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
     const invalid = validateCreate(params);
     if (invalid) return this.respond(res, entry, 400, error('invalid_request_error', invalid.message, { param: invalid.param, ...(invalid.code ? { code: invalid.code } : {}) }));
 
-    const storeKey = key === null ? null : JSON.stringify([apiKey, key]);
-    if (storeKey !== null) {
-      const paramsHash = createHash('sha256').update(JSON.stringify(params)).digest('hex');
-      const claim = await this.state.claimKey(storeKey, paramsHash, await this.clock(), this.retentionMs);
-      if (claim.kind === 'mismatch') {
-        return this.respond(res, entry, 400, error('idempotency_error',
-          `Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '${key}' if you meant to execute a different request.`));
-      }
-      if (claim.kind === 'executing') {
-        return this.respond(res, entry, 409, error('invalid_request_error',
-          'There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): ' + key + '. Please try again later.',
-          { code: 'idempotency_key_in_use' }));
-      }
-      if (claim.kind === 'done') {
-        entry.replayed = true;
-        res.setHeader('Idempotent-Replayed', 'true');
-        return this.deliver(res, entry, claim.response, faults);
-      }
-    }
+    const claimed = await this.claimKey(apiKey, JSON.stringify(params), res, entry, faults);
+    if (!claimed) return;
+    const { storeKey } = claimed;
 
     let committed = false;
     try {
@@ -243,6 +248,119 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
     } finally {
       if (!committed && storeKey !== null) await this.state.releaseKey(storeKey);
     }
+  }
+
+  /**
+   * The idempotency layer in front of a create: the same key with other parameters is a 400, a key whose
+   * first request still executes a 409, a key already done replays its first result. Undefined when
+   * the request was answered here; otherwise the key to store the result under (null: no key).
+   */
+  private async claimKey(apiKey: string, request: string, res: ServerResponse, entry: RequestLogEntry, faults: Fault[]): Promise<{ storeKey: string | null } | undefined> {
+    const key = entry.idempotencyKey;
+    const storeKey = key === null ? null : JSON.stringify([apiKey, key]);
+    if (storeKey === null) return { storeKey };
+    const paramsHash = createHash('sha256').update(request).digest('hex');
+    const claim = await this.state.claimKey(storeKey, paramsHash, await this.clock(), this.retentionMs);
+    if (claim.kind === 'mismatch') {
+      this.respond(res, entry, 400, error('idempotency_error',
+        `Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '${key}' if you meant to execute a different request.`));
+      return undefined;
+    }
+    if (claim.kind === 'executing') {
+      this.respond(res, entry, 409, error('invalid_request_error',
+        'There is currently another in-progress request using this Idempotent Key (that probably means you submitted twice, and the other request is still going through): ' + key + '. Please try again later.',
+        { code: 'idempotency_key_in_use' }));
+      return undefined;
+    }
+    if (claim.kind === 'done') {
+      entry.replayed = true;
+      res.setHeader('Idempotent-Replayed', 'true');
+      this.deliver(res, entry, claim.response, faults);
+      return undefined;
+    }
+    return { storeKey };
+  }
+
+  /** POST /v1/refunds: a refund of a succeeded PaymentIntent, at most what it holds unrefunded. */
+  private async createRefund(apiKey: string, params: Record<string, FormValue>, res: ServerResponse, entry: RequestLogEntry) {
+    const metadata = isRecord(params.metadata) ? (params.metadata as Record<string, string>) : {};
+    entry.operationId = metadata.operation_id ?? null;
+    const key = entry.idempotencyKey;
+    if (key !== null && key.length > 255) {
+      return this.respond(res, entry, 400, error('invalid_request_error', 'Idempotency-Key must be at most 255 characters.'));
+    }
+    const piId = str(params.payment_intent);
+    const pi = piId ? (await this.state.intent(piId))?.paymentIntent : undefined;
+    const faults = await this.state.takeFaults('create_refund', entry.operationId, pi?.customer ?? null);
+    if (await this.preflight(faults, res, entry)) return;
+    const invalid = validateRefund(params, pi);
+    if (invalid) return this.respond(res, entry, 400, error('invalid_request_error', invalid.message, { param: invalid.param, ...(invalid.code ? { code: invalid.code } : {}) }));
+
+    // The key's parameters are the endpoint's too: a charge's key sent to refunds is a mismatch.
+    const claimed = await this.claimKey(apiKey, JSON.stringify(['refunds', params]), res, entry, faults);
+    if (!claimed) return;
+    const { storeKey } = claimed;
+
+    let committed = false;
+    try {
+      await this.latency(faults);
+      const now = await this.clock();
+      const held = (await this.state.refunds()).filter((e) => e.refund.payment_intent === pi!.id && refundsHold(e.refund)).reduce((sum, e) => sum + e.refund.amount, 0);
+      const status = faults.find((f) => f.kind === 'refund_status')?.status ?? 'succeeded';
+      const refund = newRefund(params, pi!, metadata, status, pi!.amount_received - held, now);
+      const afterCommit = faults.find((f) => f.kind === 'error_after_commit');
+      const response: StoredResponse = afterCommit
+        ? { status: afterCommit.status, body: json(error('api_error', 'An unknown error occurred on our side.')) }
+        : { status: 200, body: json(refund) };
+      // Commit, only if it fits: the refund exists from here on, whatever happens to the response.
+      const result = await this.state.commitRefund({ refund, idempotencyKey: key, createdAtMs: now }, storeKey === null ? null : { storeKey, response });
+      if (!result.committed) {
+        return result.remaining === 0
+          ? this.respond(res, entry, 400, error('invalid_request_error', `PaymentIntent ${pi!.id} has already been refunded.`, { code: 'charge_already_refunded' }))
+          : this.respond(res, entry, 400, error('invalid_request_error', `Refund amount (${refund.amount}) is greater than unrefunded amount on charge (${result.remaining})`, { code: 'amount_too_large', param: 'amount' }));
+      }
+      committed = true;
+      await this.emitRefund('refund.created', refund);
+      return this.deliver(res, entry, response, faults);
+    } finally {
+      if (!committed && storeKey !== null) await this.state.releaseKey(storeKey);
+    }
+  }
+
+  private async retrieveRefund(refundId: string, res: ServerResponse, entry: RequestLogEntry) {
+    const found = await this.state.refund(refundId);
+    entry.operationId = found?.refund.metadata.operation_id ?? null;
+    const customer = found ? ((await this.state.intent(found.refund.payment_intent))?.paymentIntent.customer ?? null) : null;
+    const faults = await this.state.takeFaults('retrieve_refund', entry.operationId, customer);
+    if (await this.preflight(faults, res, entry)) return;
+    await this.latency(faults);
+    if (!found) {
+      return this.respond(res, entry, 404, error('invalid_request_error', `No such refund: '${refundId}'`, { code: 'resource_missing', param: 'id' }));
+    }
+    return this.deliver(res, entry, { status: 200, body: json(await this.currentRefund(found)) }, faults);
+  }
+
+  /** GET /v1/refunds: newest first; `payment_intent`, `created[gte]`, `limit`, `starting_after` (a list: read-after-write). */
+  private async listRefunds(url: URL, res: ServerResponse, entry: RequestLogEntry) {
+    const paymentIntent = url.searchParams.get('payment_intent');
+    const customer = paymentIntent ? ((await this.state.intent(paymentIntent))?.paymentIntent.customer ?? null) : null;
+    const faults = await this.state.takeFaults('list_refunds', null, customer);
+    if (await this.preflight(faults, res, entry)) return;
+    await this.latency(faults);
+    const limit = Math.min(Math.max(Number(url.searchParams.get('limit') ?? 10) || 10, 1), 100);
+    const gte = Number(url.searchParams.get('created[gte]') ?? 0);
+    const all: Refund[] = [];
+    for (const e of await this.state.refunds()) {
+      if ((paymentIntent === null || e.refund.payment_intent === paymentIntent) && e.refund.created >= gte) all.push(await this.currentRefund(e));
+    }
+    all.sort((a, b) => b.created - a.created || (a.id < b.id ? -1 : 1));
+    const after = url.searchParams.get('starting_after');
+    const start = after ? all.findIndex((r) => r.id === after) + 1 : 0;
+    const data = all.slice(start, start + limit);
+    return this.deliver(res, entry, {
+      status: 200,
+      body: json({ object: 'list', data, has_more: start + limit < all.length, url: '/v1/refunds' }),
+    }, faults);
   }
 
   private async retrieve(piId: string, res: ServerResponse, entry: RequestLogEntry) {
@@ -369,6 +487,24 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
     return entry.paymentIntent;
   }
 
+  /** Moves a refund to a status, as Stripe does when a pending refund finishes (or fails). */
+  protected async settleRefundEntry(refundId: string, status: RefundStatus): Promise<Refund> {
+    if (!REFUND_STATUSES.includes(status)) throw new Error(`status must be one of ${REFUND_STATUSES.join(', ')}`);
+    const refund = await this.state.setRefundStatus(refundId, status);
+    if (!refund) throw new Error(`no refund ${refundId}`);
+    await this.emitRefund(status === 'failed' ? 'refund.failed' : 'refund.updated', refund);
+    return refund;
+  }
+
+  /** The refund as of now: a pending one may have finished (processingSettleMs). */
+  private async currentRefund(entry: RefundEntry): Promise<Refund> {
+    const settleMs = this.opts.processingSettleMs;
+    if (entry.refund.status === 'pending' && settleMs !== undefined && (await this.clock()) - entry.createdAtMs >= settleMs) {
+      return this.settleRefundEntry(entry.refund.id, 'succeeded');
+    }
+    return entry.refund;
+  }
+
   private async currentAll(entries: LedgerEntry[]): Promise<PaymentIntent[]> {
     const out: PaymentIntent[] = [];
     for (const e of entries) out.push(await this.current(e));
@@ -382,6 +518,14 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
     const target = await this.state.webhooks();
     if (!type || !target) return;
     const event = newEvent(type, pi, await this.clock());
+    await this.state.addEvent(event);
+    this.scheduleDelivery(event, target);
+  }
+
+  private async emitRefund(type: string, refund: Refund): Promise<void> {
+    const target = await this.state.webhooks();
+    if (!target) return;
+    const event = newEvent(type, refund, await this.clock());
     await this.state.addEvent(event);
     this.scheduleDelivery(event, target);
   }
@@ -440,6 +584,12 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
         const current = await this.currentAll(entries);
         return ok(entries.map((e, i) => ({ ...e, paymentIntent: current[i] })));
       }
+      if (route === 'GET /_emulator/refunds') {
+        const entries = await this.state.refunds();
+        const current: Refund[] = [];
+        for (const e of entries) current.push(await this.currentRefund(e));
+        return ok(entries.map((e, i) => ({ ...e, refund: current[i] })));
+      }
       if (route === 'GET /_emulator/requests') return ok([...this.log]);
       if (route === 'POST /_emulator/faults') return ok({ id: await this.state.addFault(faultRule(input)) });
       if (route === 'DELETE /_emulator/faults') return ok(await this.state.clearFaults());
@@ -465,6 +615,8 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
       if (route === 'GET /_emulator/events') return ok(await this.state.events());
       const settle = /^POST \/_emulator\/payment_intents\/(pi_\w+)\/settle$/.exec(route);
       if (settle) return ok(await this.settleIntent(settle[1]!, input.status as SettleStatus));
+      const settleRefund = /^POST \/_emulator\/refunds\/(re_\w+)\/settle$/.exec(route);
+      if (settleRefund) return ok(await this.settleRefundEntry(settleRefund[1]!, input.status as RefundStatus));
       return this.sendRaw(res, 404, { error: `no control route ${route}` });
     } catch (err) {
       return this.sendRaw(res, 400, { error: (err as Error).message });
@@ -564,6 +716,29 @@ export class StripeEmulator extends EmulatorServer<MemoryState> {
     this.deliveries.length = 0;
   }
 
+  /** Moves a refund to a status (a pending one finishes, or fails), with its event if webhooks are on. */
+  settleRefund(refundId: string, status: RefundStatus): Refund {
+    if (!REFUND_STATUSES.includes(status)) throw new Error(`status must be one of ${REFUND_STATUSES.join(', ')}`);
+    const refund = this.state.setRefundStatus(refundId, status);
+    if (!refund) throw new Error(`no refund ${refundId}`);
+    const target = this.state.webhooks();
+    if (target) {
+      const event = newEvent(status === 'failed' ? 'refund.failed' : 'refund.updated', refund, this.now());
+      this.state.addEvent(event);
+      this.scheduleDelivery(event, target);
+    }
+    return refund;
+  }
+
+  /** Every refund ever created, oldest first, with the key it was created under. */
+  refundLedger(): RefundEntry[] {
+    const settleMs = this.options.processingSettleMs;
+    return this.state.refunds().map((e) => {
+      const due = e.refund.status === 'pending' && settleMs !== undefined && this.now() - e.createdAtMs >= settleMs;
+      return { ...e, refund: due ? this.settleRefund(e.refund.id, 'succeeded') : e.refund };
+    });
+  }
+
   /** Every PaymentIntent ever created, oldest first, with the key it was created under. */
   ledger(): LedgerEntry[] {
     const settleMs = this.options.processingSettleMs;
@@ -601,7 +776,24 @@ function newPaymentIntent(params: Record<string, FormValue>, metadata: Record<st
   };
 }
 
-function newEvent(type: string, pi: PaymentIntent, now: number): EmulatedEvent {
+function newRefund(params: Record<string, FormValue>, pi: PaymentIntent, metadata: Record<string, string>, status: RefundStatus, remaining: number, now: number): Refund {
+  return {
+    id: id('re'),
+    object: 'refund',
+    // Without an amount, Stripe refunds what remains.
+    amount: params.amount === undefined ? remaining : Number(params.amount),
+    currency: pi.currency,
+    payment_intent: pi.id,
+    status,
+    reason: str(params.reason),
+    created: Math.floor(now / 1000),
+    metadata,
+    charge: null,
+    balance_transaction: null,
+  };
+}
+
+function newEvent(type: string, object: PaymentIntent | Refund, now: number): EmulatedEvent {
   return {
     id: id('evt'),
     object: 'event',
@@ -609,8 +801,24 @@ function newEvent(type: string, pi: PaymentIntent, now: number): EmulatedEvent {
     created: Math.floor(now / 1000),
     livemode: false,
     api_version: '2025-01-01',
-    data: { object: structuredClone(pi) },
+    data: { object: structuredClone(object) },
   };
+}
+
+function validateRefund(p: Record<string, FormValue>, pi: PaymentIntent | undefined): { param: string; message: string; code?: string } | undefined {
+  if (typeof p.payment_intent !== 'string') return { param: 'payment_intent', message: 'You must provide a payment_intent to refund.' };
+  if (!pi) return { param: 'payment_intent', message: `No such payment_intent: '${p.payment_intent}'`, code: 'resource_missing' };
+  if (p.amount !== undefined) {
+    const amount = Number(p.amount);
+    if (typeof p.amount !== 'string' || !Number.isSafeInteger(amount) || amount < 1) return { param: 'amount', message: 'Invalid positive integer' };
+  }
+  if (p.reason !== undefined && !(typeof p.reason === 'string' && REFUND_REASONS.has(p.reason))) {
+    return { param: 'reason', message: `Invalid reason: must be one of ${[...REFUND_REASONS].join(', ')}` };
+  }
+  if (pi.status !== 'succeeded') {
+    return { param: 'payment_intent', message: `This PaymentIntent (${pi.id}) does not have a successful charge to refund.`, code: 'charge_not_refundable' };
+  }
+  return undefined;
 }
 
 function validateCreate(p: Record<string, FormValue>): { param: string; message: string; code?: string } | undefined {
@@ -640,8 +848,11 @@ function faultRule(input: Record<string, unknown>): FaultRule {
     throw new Error(`fault.code must be one of ${RATE_LIMIT_CODES.join(', ')}`);
   }
   if (input.count !== undefined && !(Number.isSafeInteger(input.count) && (input.count as number) > 0)) throw new Error('count must be a positive integer');
-  if (input.endpoint !== undefined && !['create', 'retrieve', 'search', 'any'].includes(input.endpoint as string)) {
-    throw new Error('endpoint must be one of create, retrieve, search, any');
+  if (input.endpoint !== undefined && !['any', ...ENDPOINTS].includes(input.endpoint as string)) {
+    throw new Error(`endpoint must be one of ${[...ENDPOINTS, 'any'].join(', ')}`);
+  }
+  if (fault.kind === 'refund_status' && !REFUND_STATUSES.includes(fault.status)) {
+    throw new Error(`fault.status must be one of ${REFUND_STATUSES.join(', ')}`);
   }
   return input as unknown as FaultRule;
 }

@@ -6,6 +6,7 @@ import pg from 'pg';
 import { DEFAULT_SCHEMA } from '../../sql/statements.ts';
 import { createPool, inTransaction, type Pool } from '../../db/pool.ts';
 import {
+  endpointOf,
   pickFaults,
   type ActiveRule,
   type EmulatedEvent,
@@ -16,6 +17,9 @@ import {
   type KeyClaim,
   type LedgerEntry,
   type PaymentIntent,
+  type Refund,
+  type RefundEntry,
+  type RefundStatus,
   type SearchSettings,
   type StoredResponse,
   type WebhookTarget,
@@ -59,6 +63,15 @@ create table if not exists stripe_emulator.payment_intents (
   idempotency_key text,
   body text not null -- JSON as Stripe sends it (jsonb would reorder its keys)
 );
+create table if not exists stripe_emulator.refunds (
+  seq bigserial unique,
+  id text primary key,
+  payment_intent text not null,
+  created_ms bigint not null,
+  idempotency_key text,
+  body text not null -- JSON as Stripe sends it
+);
+create index if not exists refunds_payment_intent_idx on stripe_emulator.refunds (payment_intent);
 create table if not exists stripe_emulator.events (
   seq bigserial primary key,
   id text not null unique,
@@ -163,7 +176,7 @@ export class PgState implements EmulatorState {
   async addFault(rule: FaultRule): Promise<string> {
     const { rows } = await this.pool.query(
       'insert into stripe_emulator.faults (endpoint, match, fault, remaining) values ($1, $2, $3, $4) returning seq',
-      [rule.endpoint ?? 'create', JSON.stringify(rule.match ?? {}), JSON.stringify(rule.fault), Number.isFinite(rule.count ?? 1) ? (rule.count ?? 1) : null],
+      [endpointOf(rule), JSON.stringify(rule.match ?? {}), JSON.stringify(rule.fault), Number.isFinite(rule.count ?? 1) ? (rule.count ?? 1) : null],
     );
     return `rule_${rows[0].seq}`;
   }
@@ -266,6 +279,55 @@ export class PgState implements EmulatorState {
     });
   }
 
+  async commitRefund(entry: RefundEntry, key: { storeKey: string; response: StoredResponse } | null): Promise<{ committed: true } | { committed: false; remaining: number }> {
+    const { refund } = entry;
+    return inTransaction(this.pool, async (tx) => {
+      // The PaymentIntent's row is the lock: two refunds of it are decided one after the other.
+      const { rows } = await tx.query('select body from stripe_emulator.payment_intents where id = $1 for update', [refund.payment_intent]);
+      const pi: PaymentIntent | undefined = rows[0] && JSON.parse(rows[0].body);
+      const { rows: held } = await tx.query(
+        `select coalesce(sum((body::jsonb->>'amount')::bigint), 0)::bigint as amount from stripe_emulator.refunds
+         where payment_intent = $1 and body::jsonb->>'status' not in ('failed', 'canceled')`,
+        [refund.payment_intent],
+      );
+      const remaining = (pi?.amount_received ?? 0) - Number(held[0].amount);
+      if (!pi || pi.status !== 'succeeded' || refund.amount > remaining) return { committed: false, remaining: Math.max(remaining, 0) };
+      await tx.query('insert into stripe_emulator.refunds (id, payment_intent, created_ms, idempotency_key, body) values ($1, $2, $3, $4, $5)', [
+        refund.id,
+        refund.payment_intent,
+        entry.createdAtMs,
+        entry.idempotencyKey,
+        JSON.stringify(refund),
+      ]);
+      if (key) {
+        await tx.query(
+          `update stripe_emulator.idempotency_keys set state = 'done', claimer = null, response_status = $2, response_body = $3 where store_key = $1`,
+          [key.storeKey, key.response.status, key.response.body],
+        );
+      }
+      return { committed: true };
+    });
+  }
+
+  async refund(id: string): Promise<RefundEntry | undefined> {
+    const { rows } = await this.pool.query('select * from stripe_emulator.refunds where id = $1', [id]);
+    return rows[0] ? toRefundEntry(rows[0]) : undefined;
+  }
+
+  async refunds(): Promise<RefundEntry[]> {
+    return (await this.pool.query('select * from stripe_emulator.refunds order by seq')).rows.map(toRefundEntry);
+  }
+
+  async setRefundStatus(id: string, status: RefundStatus): Promise<Refund | undefined> {
+    return inTransaction(this.pool, async (tx) => {
+      const { rows } = await tx.query('select body from stripe_emulator.refunds where id = $1 for update', [id]);
+      if (!rows[0]) return undefined;
+      const refund: Refund = { ...JSON.parse(rows[0].body), status };
+      await tx.query('update stripe_emulator.refunds set body = $2 where id = $1', [id, JSON.stringify(refund)]);
+      return refund;
+    });
+  }
+
   async addEvent(event: EmulatedEvent): Promise<void> {
     await this.pool.query('insert into stripe_emulator.events (id, body) values ($1, $2)', [event.id, JSON.stringify(event)]);
   }
@@ -281,7 +343,7 @@ export class PgState implements EmulatorState {
 
   async reset(): Promise<void> {
     await inTransaction(this.pool, async (tx) => {
-      await tx.query('truncate stripe_emulator.faults, stripe_emulator.idempotency_keys, stripe_emulator.payment_intents, stripe_emulator.events');
+      await tx.query('truncate stripe_emulator.faults, stripe_emulator.idempotency_keys, stripe_emulator.payment_intents, stripe_emulator.refunds, stripe_emulator.events');
       await tx.query('update stripe_emulator.settings set clock_offset_ms = 0, search_lag_ms = 0, search_frozen_at_ms = null, webhooks = null, rate_limit = null');
     });
   }
@@ -289,4 +351,8 @@ export class PgState implements EmulatorState {
 
 function toEntry(row: { body: string; idempotency_key: string | null; created_ms: number }): LedgerEntry {
   return { paymentIntent: JSON.parse(row.body), idempotencyKey: row.idempotency_key, createdAtMs: row.created_ms };
+}
+
+function toRefundEntry(row: { body: string; idempotency_key: string | null; created_ms: number }): RefundEntry {
+  return { refund: JSON.parse(row.body), idempotencyKey: row.idempotency_key, createdAtMs: row.created_ms };
 }

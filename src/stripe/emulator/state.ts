@@ -15,9 +15,16 @@ export type Fault =
   /** A 429 before anything executes: `rate_limit` (the default: the account's limit) or `lock_timeout`
    * (another request holds the object). */
   | { kind: 'rate_limit'; code?: RateLimitCode }
-  | { kind: 'latency'; ms: number };
+  | { kind: 'latency'; ms: number }
+  /** A refund created by the request starts in this status instead of succeeded (composes with the others). */
+  | { kind: 'refund_status'; status: RefundStatus };
 
-export type Endpoint = 'create' | 'retrieve' | 'search';
+/** PaymentIntents: create, retrieve, search; refunds: create_refund, retrieve_refund, list_refunds. */
+export type Endpoint = 'create' | 'retrieve' | 'search' | 'create_refund' | 'retrieve_refund' | 'list_refunds';
+export const ENDPOINTS: readonly Endpoint[] = ['create', 'retrieve', 'search', 'create_refund', 'retrieve_refund', 'list_refunds'];
+
+export const REFUND_STATUSES = ['pending', 'requires_action', 'succeeded', 'failed', 'canceled'] as const;
+export type RefundStatus = (typeof REFUND_STATUSES)[number];
 
 export const RATE_LIMIT_CODES = ['rate_limit', 'lock_timeout'] as const;
 export type RateLimitCode = (typeof RATE_LIMIT_CODES)[number];
@@ -28,7 +35,7 @@ export interface FaultRule {
   fault: Fault;
   /** How many requests it hits; default 1, Infinity for every one. */
   count?: number;
-  /** Default: create. */
+  /** Default: create (create_refund for a refund_status fault). */
   endpoint?: Endpoint | 'any';
 }
 
@@ -67,6 +74,29 @@ export interface LedgerEntry {
   createdAtMs: number;
 }
 
+export interface Refund {
+  id: string;
+  object: 'refund';
+  amount: number;
+  currency: string;
+  payment_intent: string;
+  status: RefundStatus;
+  reason: string | null;
+  created: number;
+  metadata: Record<string, string>;
+  charge: null;
+  balance_transaction: null;
+}
+
+export interface RefundEntry {
+  refund: Refund;
+  idempotencyKey: string | null;
+  createdAtMs: number;
+}
+
+/** Money taken back from a PaymentIntent: every refund of it but the failed and canceled ones. */
+export const refundsHold = (r: Refund): boolean => r.status !== 'failed' && r.status !== 'canceled';
+
 export interface EmulatedEvent {
   id: string;
   object: 'event';
@@ -74,7 +104,7 @@ export interface EmulatedEvent {
   created: number;
   livemode: false;
   api_version: string;
-  data: { object: PaymentIntent };
+  data: { object: PaymentIntent | Refund };
 }
 
 export interface StoredResponse {
@@ -133,6 +163,15 @@ export interface EmulatorState {
   /** Moves a PaymentIntent to `status`; amount_received follows (the amount once succeeded, else 0). */
   setStatus(id: string, status: string): Awaitable<PaymentIntent | undefined>;
 
+  /** The refund and the key's first result, together, only when the refund fits in what its PaymentIntent
+   * (succeeded) holds unrefunded, checked atomically with the write; otherwise nothing is stored and the
+   * answer says what remains. */
+  commitRefund(entry: RefundEntry, key: { storeKey: string; response: StoredResponse } | null): Awaitable<{ committed: true } | { committed: false; remaining: number }>;
+  refund(id: string): Awaitable<RefundEntry | undefined>;
+  /** Every refund, oldest first. */
+  refunds(): Awaitable<RefundEntry[]>;
+  setRefundStatus(id: string, status: RefundStatus): Awaitable<Refund | undefined>;
+
   addEvent(event: EmulatedEvent): Awaitable<void>;
   events(): Awaitable<EmulatedEvent[]>;
   event(id: string): Awaitable<EmulatedEvent | undefined>;
@@ -142,24 +181,29 @@ export interface EmulatorState {
 }
 
 /**
- * The faults for one request, rules in the order they were added: one latency, which composes with
- * anything, and at most one fault that changes the answer. A rule is used up only when it applies.
+ * The faults for one request, rules in the order they were added: one latency and one refund status,
+ * which compose with anything, and at most one fault that changes the answer. A rule is used up only
+ * when it applies.
  */
 export function pickFaults(rules: ActiveRule[], endpoint: Endpoint, operationId: string | null, customer: string | null): ActiveRule[] {
   const hit: ActiveRule[] = [];
+  const classOf = (f: Fault) => (f.kind === 'latency' || f.kind === 'refund_status' ? f.kind : 'answer');
   for (const rule of rules) {
     if (rule.count <= 0 || (rule.endpoint !== 'any' && rule.endpoint !== endpoint)) continue;
     if (rule.match.operationId && rule.match.operationId !== operationId) continue;
     if (rule.match.customer && rule.match.customer !== customer) continue;
-    const isLatency = rule.fault.kind === 'latency';
-    if (hit.some((r) => (r.fault.kind === 'latency') === isLatency)) continue;
+    if (rule.fault.kind === 'refund_status' && endpoint !== 'create_refund') continue;
+    if (hit.some((r) => classOf(r.fault) === classOf(rule.fault))) continue;
     hit.push(rule);
   }
   return hit;
 }
 
+/** A rule's endpoint: create unless it says otherwise (create_refund for a refund status). */
+export const endpointOf = (rule: FaultRule): Endpoint | 'any' => rule.endpoint ?? (rule.fault.kind === 'refund_status' ? 'create_refund' : 'create');
+
 export function activeRule(id: string, rule: FaultRule): ActiveRule {
-  return { id, match: rule.match ?? {}, fault: rule.fault, count: rule.count ?? 1, endpoint: rule.endpoint ?? 'create' };
+  return { id, match: rule.match ?? {}, fault: rule.fault, count: rule.count ?? 1, endpoint: endpointOf(rule) };
 }
 
 interface StoredKey {
@@ -178,6 +222,7 @@ export class MemoryState implements EmulatorState {
   private nextRule = 1;
   private readonly keys = new Map<string, StoredKey>();
   private readonly entries = new Map<string, LedgerEntry>();
+  private readonly refundEntries = new Map<string, RefundEntry>();
   private readonly emitted: EmulatedEvent[] = [];
   private readonly initial: { searchLagMs?: number; webhooks?: WebhookTarget; rateLimit?: number };
   private limit: { perSecond: number; tokens: number; at: number } | null = null;
@@ -293,6 +338,30 @@ export class MemoryState implements EmulatorState {
     return entry.paymentIntent;
   }
 
+  commitRefund(entry: RefundEntry, key: { storeKey: string; response: StoredResponse } | null): { committed: true } | { committed: false; remaining: number } {
+    const pi = this.entries.get(entry.refund.payment_intent)?.paymentIntent;
+    const remaining = (pi?.amount_received ?? 0) - this.refunds().filter((e) => e.refund.payment_intent === pi?.id && refundsHold(e.refund)).reduce((sum, e) => sum + e.refund.amount, 0);
+    if (!pi || pi.status !== 'succeeded' || entry.refund.amount > remaining) return { committed: false, remaining: Math.max(remaining, 0) };
+    this.refundEntries.set(entry.refund.id, entry);
+    if (key) this.keys.set(key.storeKey, { ...this.keys.get(key.storeKey)!, state: 'done', response: key.response });
+    return { committed: true };
+  }
+
+  refund(id: string): RefundEntry | undefined {
+    return this.refundEntries.get(id);
+  }
+
+  refunds(): RefundEntry[] {
+    return [...this.refundEntries.values()];
+  }
+
+  setRefundStatus(id: string, status: RefundStatus): Refund | undefined {
+    const entry = this.refundEntries.get(id);
+    if (!entry) return undefined;
+    entry.refund.status = status;
+    return entry.refund;
+  }
+
   addEvent(event: EmulatedEvent): void {
     this.emitted.push(event);
   }
@@ -313,6 +382,7 @@ export class MemoryState implements EmulatorState {
     this.rules.length = 0;
     this.keys.clear();
     this.entries.clear();
+    this.refundEntries.clear();
     this.emitted.length = 0;
   }
 }

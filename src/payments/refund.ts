@@ -1,0 +1,168 @@
+// Refunds: the second built-in Stripe effect (kind `refund`, policy idempotent-key;
+// src/effects/registry.ts). A refund operation is requested inside the caller's transaction, linked to
+// its charge operation and unique per (charge operation, key); it is carried out as
+// `POST /v1/refunds` under `refund-op:<refund operation id>`, read back by id, and past the key window
+// found in the PaymentIntent's list of refunds by its operation id, never created again.
+import { z } from 'zod';
+import type { EffectCalls } from '../effects/registry.ts';
+import type { Queryable } from '../db/pool.ts';
+import { MAX_AMOUNT, MAX_ID_LENGTH, ValidationError } from '../orders/validate.ts';
+import { activeTraceparent, ATTR, withSpan } from '../tracing.ts';
+import {
+  FAILED_REFUND_STATUSES,
+  REFUND_REASONS,
+  refundIdempotencyKeyFor,
+  type PaymentGateway,
+  type Refund,
+  type RefundReason,
+} from './gateway.ts';
+import { isOperationId, OperationNotFoundError, type LoadedOperation, type Operation, type Outcome } from './operation.ts';
+
+/** What a refund operation keeps in its payload: where the money goes back from, and why. */
+export interface RefundPayload {
+  payment_intent: string;
+  reason: RefundReason | null;
+}
+
+export const refundInputSchema = z.strictObject({
+  chargeOperationId: z
+    .string({ error: 'chargeOperationId must be a string' })
+    .refine(isOperationId, 'chargeOperationId must be an operation id (a UUID)')
+    .transform((id) => id.toLowerCase()),
+  amount: z
+    .number({ error: 'amount must be a number of minor units' })
+    .int('amount must be an integer number of minor units')
+    .positive('amount must be positive')
+    .max(MAX_AMOUNT, `amount must be at most ${MAX_AMOUNT} minor units`),
+  key: z
+    .string({ error: 'key must be a string' })
+    .min(1, 'key must not be empty')
+    .max(MAX_ID_LENGTH, `key must be at most ${MAX_ID_LENGTH} characters`)
+    // eslint-disable-next-line no-control-regex
+    .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), 'key must not contain control characters'),
+  reason: z.enum(REFUND_REASONS, { error: `reason must be one of ${REFUND_REASONS.join(', ')}` }).optional(),
+});
+
+export type RefundInput = z.infer<typeof refundInputSchema>;
+
+export function parseRefundInput(input: unknown): RefundInput {
+  const result = refundInputSchema.safeParse(input);
+  if (result.success) return result.data;
+  const issue = result.error.issues[0]!;
+  const field = issue.code === 'unrecognized_keys' ? issue.keys.join(', ') : issue.path.map(String).join('.') || 'input';
+  throw new ValidationError(field, issue.code === 'unrecognized_keys' ? 'unknown field' : issue.message);
+}
+
+/** A refund that must not be made, said before anything is written. */
+export class RefundRefused extends Error {
+  override name = 'RefundRefused';
+  readonly chargeOperationId: string;
+  /** not_a_charge, charge_not_succeeded, exceeds_remaining, or key_conflict (the key names a refund of
+   * another amount or reason). */
+  readonly code: 'not_a_charge' | 'charge_not_succeeded' | 'exceeds_remaining' | 'key_conflict';
+  constructor(chargeOperationId: string, code: RefundRefused['code'], message: string) {
+    super(message);
+    this.chargeOperationId = chargeOperationId;
+    this.code = code;
+  }
+}
+
+export interface RefundRequested {
+  operationId: string;
+  /** false: this key already named a refund of the charge (nothing new was written). */
+  created: boolean;
+}
+
+/** Validates `input` and requests the refund on `db`, the caller's transaction. */
+export function requestRefund(db: Queryable, input: unknown): Promise<RefundRequested> {
+  const req = parseRefundInput(input);
+  const attributes = { [ATTR.kind]: 'refund', 'outboxd.charge_operation_id': req.chargeOperationId };
+  return withSpan('outboxd.request_refund', attributes, async (span) => {
+    const requested = await requestInTransaction(db, req);
+    span.setAttributes({ [ATTR.operationId]: requested.operationId, 'outboxd.created': requested.created });
+    return requested;
+  });
+}
+
+async function requestInTransaction(db: Queryable, req: RefundInput): Promise<RefundRequested> {
+  const charge = req.chargeOperationId;
+  // Concurrent requests for one charge wait here for each other until the caller commits.
+  const { rows: locked } = await db.query(db.sql.lockChargeForRefund(charge));
+  if (!locked[0]) throw await notRefundable(db, charge);
+  const reason = req.reason ?? null;
+  const { rows } = await db.query(db.sql.insertRefundOperation(charge, req.amount, req.key, reason, activeTraceparent()));
+  const d = rows[0];
+  if (d.created_id) return { operationId: d.created_id, created: true };
+  if (d.existing_id) {
+    // Any connection's rows: a bigint may come back as a string where the caller's driver parses it so.
+    if (Number(d.existing_amount) === req.amount && d.existing_reason === reason) return { operationId: d.existing_id, created: false };
+    throw new RefundRefused(charge, 'key_conflict',
+      `key ${JSON.stringify(req.key)} is refund operation ${d.existing_id} of charge ${charge} (${d.existing_amount}, reason ${d.existing_reason ?? 'none'}): another amount or reason needs another key`);
+  }
+  const remaining = Number(d.charge_amount) - Number(d.spent);
+  throw new RefundRefused(charge, 'exceeds_remaining',
+    `refund of ${req.amount} exceeds what remains unrefunded of charge ${charge}: ${remaining} of ${d.charge_amount} (refunds pending, unknown or succeeded count as spent)`);
+}
+
+async function notRefundable(db: Queryable, id: string): Promise<Error> {
+  const { rows } = await db.query(db.sql.showOperation(id));
+  const op: Operation | undefined = rows[0];
+  if (!op) return new OperationNotFoundError(id);
+  if (op.kind !== 'charge') return new RefundRefused(id, 'not_a_charge', `operation ${id} is a ${op.kind}, not a charge`);
+  return new RefundRefused(id, 'charge_not_succeeded', `charge ${id} is ${op.status}: only a succeeded charge can be refunded`);
+}
+
+const payloadOf = (op: Operation): RefundPayload => op.payload as RefundPayload;
+
+export function refundCalls(gateway: PaymentGateway): EffectCalls {
+  return {
+    create: async (op) => {
+      const { payment_intent, reason } = payloadOf(op);
+      const refund = await gateway.createRefund({
+        operationId: op.id,
+        paymentIntent: payment_intent,
+        amount: op.amount,
+        reason,
+        idempotencyKey: refundIdempotencyKeyFor(op.id),
+      });
+      return fromRefund(op, refund);
+    },
+    retrieve: async (op) => fromRefund(op, await gateway.retrieveRefund(op.external_id!)),
+    search: async (op) => {
+      // A list, not a search: what it shows is current, so the one match settles by its own status.
+      const mine = (await gateway.findRefunds(payloadOf(op).payment_intent)).filter((r) => r.operationId === op.id);
+      if (mine.length === 1) return fromRefund(op, mine[0]!);
+      return fromList(op, mine);
+    },
+  };
+}
+
+/** A 2xx is not success by itself: the Refund's status decides (only succeeded is done). */
+function fromRefund(op: Operation, refund: Refund): Outcome {
+  const { requestId } = refund;
+  const mismatch = refundMismatch(op, refund);
+  if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch, retry: false, requestId };
+  if (refund.status === 'succeeded') return { kind: 'succeeded', externalId: refund.id, requestId };
+  if (FAILED_REFUND_STATUSES.has(refund.status)) return { kind: 'failed', externalId: refund.id, reason: `refund ${refund.status}`, requestId };
+  return { kind: 'ambiguous', externalId: refund.id, reason: `refund ${refund.status}`, requestId };
+}
+
+/** A refund that does not carry this operation's id, amount, currency and PaymentIntent must not settle it. */
+export function refundMismatch(op: Operation, refund: Refund): string | null {
+  if (refund.operationId !== op.id) return `refund ${refund.id} belongs to operation ${refund.operationId ?? '(none)'}`;
+  if (refund.amount !== op.amount || refund.currency !== op.currency)
+    return `refund ${refund.id} is ${refund.amount} ${refund.currency}, operation is ${op.amount} ${op.currency}`;
+  const paymentIntent = payloadOf(op).payment_intent;
+  if (refund.paymentIntent !== paymentIntent) return `refund ${refund.id} refunds ${refund.paymentIntent}, not ${paymentIntent}`;
+  return null;
+}
+
+/** Zero or several refunds carry this operation's id. The list is read-after-write, so waiting will not
+ * change it: a person decides. */
+function fromList(op: LoadedOperation, mine: Refund[]): Outcome {
+  const when = op.key_window_passed ? 'key window passed and ' : '';
+  const reason = mine.length === 0
+    ? `${when}the PaymentIntent's refunds list none for this operation`
+    : `the PaymentIntent's refunds list ${mine.length} for this operation: ${mine.map((r) => r.id).join(', ')}`;
+  return { kind: 'needs_review', externalId: null, reason, retry: false };
+}
