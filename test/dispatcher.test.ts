@@ -1,5 +1,6 @@
 // The dispatcher: in-process replicas for queue semantics, real OS processes where the property is
 // about processes (kill -9, SIGSTOP, SIGTERM).
+import { AsyncLocalStorage } from 'node:async_hooks';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { inTransaction } from '../src/db/pool.ts';
@@ -174,7 +175,60 @@ describe('dispatcher replicas (OS processes)', () => {
 });
 
 describe('dispatcher (in-process)', () => {
-  const dispatcher = (workerId: string) => startDispatcher(t, e.gateway({ timeoutMs: 10_000 }), workerId);
+  const dispatcher = (workerId: string, opts: Parameters<typeof startDispatcher>[3] = {}) => startDispatcher(t, e.gateway({ timeoutMs: 10_000 }), workerId, opts);
+
+  it('a settled operation costs at most 4 sequential round trips; a redelivery of its job, 3 and no call', async () => {
+    // Every statement any client of this process sends, with the pg-boss work() loop it was sent from
+    // (each loop runs in a context of its own): a loop's statements are sequential round trips.
+    const loops = new AsyncLocalStorage<{ queue: string }>();
+    const sent: { loop: { queue: string } | undefined; text: string; name?: string; values: unknown[] }[] = [];
+    const query = pg.Client.prototype.query;
+    pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
+      const q = args[0] as string | pg.QueryConfig;
+      const [text, values, name] = typeof q === 'string' ? [q, args[1] as unknown[]] : [q.text, q.values ?? [], q.name];
+      sent.push({ loop: loops.getStore(), text, values: values ?? [], ...(name ? { name } : {}) });
+      return (query as (...a: unknown[]) => unknown).apply(this, args);
+    } as typeof query;
+    const jobOf = async (op: string) =>
+      (await t.pool.query(`select id, state from pgboss.job where name = 'charge' and data->>'operationId' = $1 order by created_on`, [op])).rows;
+    /** The statements of the loop that completed the job, from the fetch that handed the job out to its completion. */
+    const path = (jobId: string) => {
+      const done = sent.findLast((s) => JSON.stringify(s.values).includes(jobId))!;
+      expect(done.loop?.queue).toBe('charge');
+      const ofLoop = sent.filter((s) => s.loop === done.loop);
+      const to = ofLoop.indexOf(done);
+      const from = ofLoop.slice(0, to).findLastIndex((s) => /^\s*WITH\s+next AS/i.test(s.text)); // pg-boss's fetch
+      return ofLoop.slice(from, to + 1).map((s) => s.name?.replace(/_[0-9a-f]{8}$/, '') ?? s.text.trim().split(/\s+/).slice(0, 3).join(' '));
+    };
+    const op = await confirm(t);
+    await relay(t); // its job is waiting when the loop first fetches
+    const a = await dispatcher('counted', {
+      concurrency: 1,
+      beforeStart: (boss) => {
+        const work = boss.work.bind(boss) as (...args: unknown[]) => Promise<string>;
+        boss.work = ((name: string, ...rest: unknown[]) => loops.run({ queue: name }, () => work(name, ...rest))) as typeof boss.work;
+      },
+    });
+    try {
+      await waitUntil(async () => (await jobOf(op))[0]?.state === 'completed', 20_000, 'the job to complete');
+      expect((await operation(t, op)).status).toBe('succeeded');
+      const settledPath = path((await jobOf(op))[0].id);
+      expect(settledPath.length, settledPath.join(' → ')).toBeLessThanOrEqual(4);
+
+      // A redelivered job of the settled operation: fetch, the claim (which reads it settled), completion.
+      await t.boss.send('charge', { operationId: op });
+      const both = async () => {
+        const jobs = await jobOf(op);
+        return jobs.length === 2 && jobs.every((j) => j.state === 'completed') ? jobs : undefined;
+      };
+      const redeliveredPath = path((await waitUntil(both, 20_000, 'the redelivery to complete'))[1].id);
+      expect(redeliveredPath.length, redeliveredPath.join(' → ')).toBeLessThanOrEqual(3);
+      expect(createsFor(op)).toHaveLength(1);
+    } finally {
+      pg.Client.prototype.query = query;
+      await a.stop();
+    }
+  });
 
   it('a job redelivered by pg-boss expiry while its first handler runs waits on the lease: one charge', async () => {
     const op = await confirm(t);

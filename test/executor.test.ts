@@ -1,9 +1,10 @@
 // The seed's table, with the in-process fake Stripe over a real PostgreSQL.
+import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { executeOperation } from '../src/payments/executor.ts';
+import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../src/payments/executor.ts';
 import { AmbiguousOutcome, idempotencyKeyFor, IdempotencyKeyMisuse, type PaymentGateway } from '../src/payments/gateway.ts';
-import { StaleFenceError } from '../src/payments/operation.ts';
+import { claimAttempt, StaleFenceError } from '../src/payments/operation.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { FakeStripe } from './support/fakeStripe.ts';
 import { claim, confirm, operation } from './support/fixtures.ts';
@@ -18,6 +19,16 @@ afterAll(() => t.close());
 const creates = (s: FakeStripe) => s.calls.filter((c) => c.method === 'create');
 const ageFirstAttempt = (id: string, hours: number) =>
   t.pool.query(`update outboxd.payment_operations set first_attempted_at = now() - $2 * interval '1 hour' where id = $1`, [id, hours]);
+const expireLease = (id: string) => t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [id]);
+
+/** The dispatcher's claim: the lease, the choice of the call and its attempt, in one statement. */
+const claimWithAttempt = (id: string, owner = 'worker-a', kind = 'charge') =>
+  claimAttempt(t.pool, id, owner, 60_000, KEY_WINDOW_SECONDS, kind, callTable('idempotent-key'));
+/** The dispatcher's path: claimWithAttempt, then the executor from the attempt that claim began. */
+async function runClaimed(stripe: PaymentGateway, id: string, owner = 'worker-a') {
+  const { lease } = await claimWithAttempt(id, owner);
+  return executeOperation(t.pool, stripe, id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
+}
 
 describe('executeOperation (a charge)', () => {
   it('charges once and settles succeeded, with the key derived from the operation id (invariant 2)', async () => {
@@ -234,6 +245,98 @@ describe('executeOperation (a charge)', () => {
       const err = await running.catch((e: unknown) => e);
       expect(err).toBeInstanceOf(StaleFenceError);
       expect((await operation(t, id)).status).toBe('pending');
+    });
+  });
+
+  describe("the dispatcher's claim: lease, the policy's call and its attempt in one statement", () => {
+    it('stamps a create before the call; a 429 puts the stamps back, so the window starts at a send that may have executed (invariant 7)', async () => {
+      const stripe = new FakeStripe();
+      const id = await confirm(t);
+      stripe.rateLimitNext = 1;
+      const { lease } = await claimWithAttempt(id);
+      expect(lease!.begun).toMatchObject({ call: 'create', attempt: { attempts: 1, prev_first_attempted_at: null } });
+      expect(await operation(t, id)).toMatchObject({ attempts: 1, first_attempted_at: expect.any(Date), lease_owner: 'worker-a', fence: 1 });
+      const limited = await executeOperation(t.pool, stripe, id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
+      expect(limited.operation).toMatchObject({ status: 'pending', last_outcome: 'rate_limited', first_attempted_at: null, last_attempted_at: null, lease_owner: null });
+
+      const again = await claimWithAttempt(id, 'worker-b');
+      const sent = again.lease!.operation.first_attempted_at;
+      expect(sent).toBeInstanceOf(Date);
+      const run = await executeOperation(t.pool, stripe, id, again.lease!.fence, { claimed: again.lease!.operation, begun: again.lease!.begun });
+      expect(run.operation).toMatchObject({ status: 'succeeded', first_attempted_at: sent });
+      expect(creates(stripe).map((c) => c.key)).toEqual([idempotencyKeyFor(id), idempotencyKeyFor(id)]);
+    });
+
+    it('a known charge is retrieved, never created, and its stamps stay (invariant 6)', async () => {
+      const stripe = new FakeStripe();
+      const id = await confirm(t, { paymentMethod: 'pm_card_processing' });
+      expect((await runClaimed(stripe, id)).operation).toMatchObject({ status: 'unknown', external_id: stripe.charges[0]!.id });
+      const before = await operation(t, id);
+      stripe.settle(stripe.charges[0]!.id, 'succeeded');
+      const { lease } = await claimWithAttempt(id, 'worker-b');
+      expect(lease!.begun?.call).toBe('retrieve');
+      expect(await operation(t, id)).toMatchObject({ attempts: 2, first_attempted_at: before.first_attempted_at, last_attempted_at: before.last_attempted_at });
+      const run = await executeOperation(t.pool, stripe, id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
+      expect(run).toMatchObject({ call: 'retrieve', operation: { status: 'succeeded' } });
+      expect(creates(stripe)).toHaveLength(1);
+    });
+
+    it('inside the key window it resends with the same key from the first stamp; past it, search and never create (invariant 7)', async () => {
+      const stripe = new FakeStripe();
+      const id = await confirm(t);
+      stripe.loseResponseOnce = true;
+      expect((await runClaimed(stripe, id)).operation.status).toBe('unknown');
+      await ageFirstAttempt(id, 22.9);
+      const first = (await operation(t, id)).first_attempted_at;
+      const inside = await claimWithAttempt(id, 'worker-b');
+      expect(inside.lease!.begun?.call).toBe('create');
+      expect(inside.lease!.operation.first_attempted_at).toEqual(first);
+      await t.pool.query(t.pool.sql.releaseLease(id, inside.lease!.fence));
+
+      stripe.pruneKeys();
+      await ageFirstAttempt(id, 24);
+      const past = await claimWithAttempt(id, 'worker-c');
+      expect(past.lease!.begun?.call).toBe('search');
+      const run = await executeOperation(t.pool, stripe, id, past.lease!.fence, { claimed: past.lease!.operation, begun: past.lease!.begun });
+      expect(run.operation).toMatchObject({ status: 'succeeded', external_id: stripe.charges[0]!.id });
+      expect(creates(stripe)).toHaveLength(1);
+    });
+
+    it('kill -9 between the claim and the call: once the lease expires, the next claim sends with the same key, the window kept from the first stamp', async () => {
+      const stripe = new FakeStripe();
+      const id = await confirm(t);
+      const died = await claimWithAttempt(id, 'worker-a'); // and never called
+      const stamp = died.lease!.operation.first_attempted_at;
+      expect((await claimWithAttempt(id, 'worker-b')).lease).toBeUndefined(); // its lease still holds
+      await expireLease(id);
+      const next = await claimWithAttempt(id, 'worker-b');
+      expect(next.lease).toMatchObject({ previousOwner: 'worker-a', fence: 2, begun: { call: 'create' }, operation: { attempts: 2, first_attempted_at: stamp } });
+      const run = await executeOperation(t.pool, stripe, id, next.lease!.fence, { claimed: next.lease!.operation, begun: next.lease!.begun });
+      expect(run.operation.status).toBe('succeeded');
+      expect(stripe.charges).toHaveLength(1);
+      expect(creates(stripe).map((c) => c.key)).toEqual([idempotencyKeyFor(id)]);
+    });
+
+    it('settled or leased: nothing claimed or counted, and the claim says what the row holds', async () => {
+      const stripe = new FakeStripe();
+      const id = await confirm(t);
+      const { lease } = await claimWithAttempt(id, 'worker-a');
+      expect(await claimWithAttempt(id, 'worker-b')).toEqual({ current: { status: 'pending', lease_owner: 'worker-a' } });
+      await executeOperation(t.pool, stripe, id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
+      expect(await claimWithAttempt(id, 'worker-c')).toEqual({ current: { status: 'succeeded', lease_owner: null } });
+      expect(await operation(t, id)).toMatchObject({ status: 'succeeded', attempts: 1, fence: 1 });
+      expect(await claimWithAttempt(randomUUID())).toEqual({ current: undefined });
+      expect(stripe.calls).toHaveLength(1);
+    });
+
+    it("an operation of another kind than the claim's table is claimed without an attempt: the executor chooses by its own kind", async () => {
+      const stripe = new FakeStripe();
+      const id = await confirm(t);
+      const { lease } = await claimWithAttempt(id, 'worker-a', 'refund');
+      expect(lease!.begun).toBeUndefined();
+      expect(await operation(t, id)).toMatchObject({ attempts: 0, first_attempted_at: null });
+      const run = await executeOperation(t.pool, stripe, id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
+      expect(run).toMatchObject({ call: 'create', operation: { status: 'succeeded', attempts: 1 } });
     });
   });
 

@@ -1,12 +1,12 @@
 // Each operation's history (operation_events), which the console shows as its timeline: the relay,
 // every claim, every gateway call and its outcome with Stripe's request id, flags and settlements from
-// outside a claim. Each row is written by the statement that makes the change, so the dispatcher's
-// path costs exactly the round trips it cost before.
+// outside a claim. Each row is written by the statement that makes the change, so the timeline costs the
+// dispatcher's path no round trip.
 import type Stripe from 'stripe';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { Pool } from '../src/db/pool.ts';
-import { executeOperation } from '../src/payments/executor.ts';
-import { claimOperation, flagFromOutside, releaseLease, settleFromOutside } from '../src/payments/operation.ts';
+import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../src/payments/executor.ts';
+import { claimAttempt, flagFromOutside, releaseLease, settleFromOutside } from '../src/payments/operation.ts';
 import { createLogger } from '../src/log.ts';
 import { relayOutbox } from '../src/outbox.ts';
 import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
@@ -26,6 +26,10 @@ afterAll(async () => {
   await Promise.all([t.close(), e.close()]);
 });
 beforeEach(() => e.emulator.reset());
+
+/** The dispatcher's claim: the lease and the attempt of the call the charge's policy chooses. */
+const claimWithAttempt = async (pool: Pool, op: string, owner: string) =>
+  (await claimAttempt(pool, op, owner, 30_000, KEY_WINDOW_SECONDS, 'charge', callTable('idempotent-key'))).lease!;
 
 const events = async (op: string) =>
   (await t.pool.query(`select type, fence, actor, details from outboxd.operation_events where operation_id = $1 order by id`, [op])).rows;
@@ -54,12 +58,12 @@ describe('the operation timeline', () => {
     // outbox's exists? (nothing settled yet)
     expect(relayCount.statements()).toBe(6);
 
-    const lease = (await claimOperation(t.pool, op, 'worker-a', 30_000, 82_800))!;
     const run = counting(t.pool);
-    const result = await executeOperation(run.pool, e.gateway(), op, lease.fence, { claimed: lease.operation });
+    const lease = await claimWithAttempt(run.pool, op, 'worker-a');
+    const result = await executeOperation(run.pool, e.gateway(), op, lease.fence, { claimed: lease.operation, begun: lease.begun });
     expect(result.operation.status).toBe('succeeded');
-    // count the attempt (and record the call), begin, the outcome (and record it), commit
-    expect(run.statements()).toBe(4);
+    // the claim with the attempt (recording both), the outcome (recording it): no begin, no commit
+    expect(run.statements()).toBe(2);
 
     const create = e.emulator.requests().find((r) => r.endpoint === 'create' && r.operationId === op)!;
     expect(await events(op)).toEqual([
@@ -95,13 +99,12 @@ describe('the operation timeline', () => {
 
   it('a takeover names the previous owner; a call whose outcome never came is shown as such', async () => {
     const op = await confirm(t);
-    const first = (await claimOperation(t.pool, op, 'worker-a', 30_000, 82_800))!;
-    // worker-a sends and dies mid-call: the attempt is counted, no outcome follows.
-    await t.pool.query(t.pool.sql.recordAttempt(op, first.fence, 'create'));
+    // worker-a claims, counting the create, and dies before its outcome: no outcome follows.
+    await claimWithAttempt(t.pool, op, 'worker-a');
     await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
-    const second = (await claimOperation(t.pool, op, 'worker-b', 30_000, 82_800))!;
+    const second = await claimWithAttempt(t.pool, op, 'worker-b');
     expect(second.previousOwner).toBe('worker-a');
-    await executeOperation(t.pool, e.gateway(), op, second.fence, { claimed: second.operation });
+    await executeOperation(t.pool, e.gateway(), op, second.fence, { claimed: second.operation, begun: second.begun });
 
     const rows = await events(op);
     expect(rows.filter((r) => r.type === 'claimed')).toEqual([

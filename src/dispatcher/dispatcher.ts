@@ -5,10 +5,15 @@
 //
 // Every replica also relays the outbox: requested operations' rows become jobs in batches.
 //
-// One job:  claim the operation (fence + 1) ─▶ executeOperation with the token, lease renewed meanwhile
-//           ─▶ settled: outcome, lease release and job completion in ONE fenced transaction
-//           ─▶ unsettled (ambiguous, 429, search not caught up): lease released, the job fails → retried
+// One job:  claim the operation (fence + 1) and count the call its policy chooses, in one statement
+//           ─▶ executeOperation with the token, lease renewed meanwhile
+//           ─▶ settled: outcome and lease release in ONE fenced statement; then pg-boss completes the job
+//              (fenced to the attempt it fetched; should that be lost, the redelivery finds the operation
+//              settled and completes at once)
+//           ─▶ unsettled (ambiguous, search not caught up): lease released, the job fails → retried
 //              with backoff
+//           ─▶ nothing executed (429, 401/403): in one transaction with the outcome, the job completes and
+//              a fresh one drives the operation later
 //           ─▶ held for a person (key misuse, a charge that is not this operation's, two charges):
 //              dead-lettered at once, not retried 40 times
 //           ─▶ leased by a live claim: retried later, never dropped
@@ -16,13 +21,14 @@
 import type { Job, JobResult, PgBoss } from 'pg-boss';
 import { bossDb, type Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { BUILT_IN_KINDS } from '../effects/registry.ts';
+import { BUILT_IN_KINDS, effectFor, type EffectCall } from '../effects/registry.ts';
 import { chargeQueueOptions, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
 import { pruneWebhookEvents } from '../webhooks/inbox.ts';
-import { executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
+import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import {
+  claimAttempt,
   claimOperation,
   executedNothing,
   flagForReview,
@@ -31,6 +37,7 @@ import {
   releaseLease,
   renewLease,
   StaleFenceError,
+  type OperationState,
   type Outcome,
 } from '../payments/operation.ts';
 import { traceDispatch, traceOperation, untraced } from '../tracing.ts';
@@ -75,6 +82,8 @@ export class Dispatcher {
   private draining = false;
   private relaying: Promise<void> | undefined;
   private wakeRelay: (() => void) | undefined;
+  /** Each kind's policy as the table its claims choose the call from (callTable). */
+  private readonly callTables = new Map<string, EffectCall[]>();
 
   constructor(deps: DispatcherDeps, opts: DispatcherOptions) {
     this.deps = deps;
@@ -110,6 +119,7 @@ export class Dispatcher {
       });
     };
     for (const kind of this.kinds) {
+      this.callTables.set(kind, callTable(effectFor(kind, this.deps.gateway)!.policy));
       for (let i = 0; i < this.opts.concurrency; i++) await register(queueFor(kind), (job) => traceDispatch(job, () => this.handle(job, kind)));
       await register(deadQueueFor(kind), (job) => this.handleDeadLetter(job, kind));
     }
@@ -189,8 +199,9 @@ export class Dispatcher {
     }
 
     const keyWindowSeconds = this.opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
-    const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, keyWindowSeconds);
-    if (!lease) return this.notClaimed(operationId, log);
+    const claim = await claimAttempt(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, keyWindowSeconds, kind, this.callTables.get(kind)!);
+    if (!claim.lease) return this.notClaimed(claim.current, log);
+    const { lease } = claim;
     const { fence } = lease;
     traceOperation(lease.operation, fence);
     const opLog = log.child({ fence });
@@ -215,19 +226,18 @@ export class Dispatcher {
       const run = await executeOperation(pool, gateway, operationId, fence, {
         keyWindowSeconds,
         claimed: lease.operation,
+        begun: lease.begun,
         log: opLog,
-        onRecorded: async (tx, op, outcome) => {
-          const later = executedNothing(outcome) ? notAnAttemptDelaySeconds(outcome) : undefined;
-          if (!isSettled(op.status) && later === undefined) return;
+        // Nothing executed, so this was no attempt: it must not spend the job's retries (40 of them would
+        // dead-letter an operation that only ever met 429s). The job completes, and a fresh one drives the
+        // operation again later, in the transaction that records the outcome.
+        onNothingExecuted: async (tx, op, outcome) => {
           // Fenced to this attempt by pg-boss; `affected` is returned at runtime though not declared.
           const { affected } = (await boss.complete(queueFor(kind), { id: job.id, retryCount: job.retryCount }, null, {
             db: bossDb(tx),
           })) as { affected: number };
           if (affected === 0) opLog.warn('job attempt was no longer ours at completion; the operation was recorded all the same');
-          // Nothing executed, so this was no attempt: it must not spend the job's retries (40 of them
-          // would dead-letter an operation that only ever met 429s). A fresh job, in the same
-          // transaction, drives it again later.
-          else if (later !== undefined) await untraced(() => enqueueOperation(boss, bossDb(tx), op, later));
+          else await untraced(() => enqueueOperation(boss, bossDb(tx), op, notAnAttemptDelaySeconds(outcome)));
         },
       });
       const { operation: op, policy, call, outcome } = run;
@@ -237,7 +247,7 @@ export class Dispatcher {
       opLog.debug({ durationMs: Math.round(performance.now() - started), status: op.status }, 'job handled');
       if (isSettled(op.status)) {
         metrics.jobs.inc({ result: 'settled' });
-        return completed;
+        return completed; // by pg-boss, after the outcome
       }
       if (outcome && executedNothing(outcome)) {
         metrics.jobs.inc({ result: 'rescheduled' });
@@ -268,8 +278,7 @@ export class Dispatcher {
   }
 
   /** No claim: settled (nothing to do), unknown (a broken job) or leased by a live claim (later). */
-  private async notClaimed(operationId: string, log: Logger): Promise<Disposition> {
-    const now = await peekOperation(this.deps.pool, operationId);
+  private notClaimed(now: Pick<OperationState, 'status' | 'lease_owner'> | undefined, log: Logger): Disposition {
     if (!now) {
       log.error('job for an operation that does not exist');
       return { status: 'deadletter', output: { reason: 'no such operation' } };
@@ -289,7 +298,7 @@ export class Dispatcher {
     const log = this.log.child({ jobId: job.id, operationId, queue: deadQueueFor(kind) });
     if (typeof operationId !== 'string') return completed;
     const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, 0);
-    if (!lease) return this.notClaimed(operationId, log);
+    if (!lease) return this.notClaimed(await peekOperation(pool, operationId), log);
     const op = lease.operation;
     const reason = op.review_reason ?? `retries exhausted: the ${kind} job was dead-lettered after ${chargeQueueOptions.retryLimit} retries (last error: ${op.last_error ?? 'none'})`;
     try {

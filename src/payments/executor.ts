@@ -1,7 +1,8 @@
 // The executor: docs/architecture.md §2 as code, one protocol for every kind of effect. Each database
 // step is its own short, fenced, committed statement; the external call sits between them with no
 // transaction open (invariant 3), so a crash at any line leaves a recovery point the next claim
-// continues from. What differs per kind (its policy on an ambiguous outcome, and the calls that carry
+// continues from. On the dispatcher's path the claim, the load, the choice of the call and its attempt
+// are one statement, and the outcome another: two round trips around the call. What differs per kind (its policy on an ambiguous outcome, and the calls that carry
 // it out and read what happened) comes from the registry (src/effects/registry.ts).
 import { effectFor, type EffectCall, type Policy } from '../effects/registry.ts';
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
@@ -9,10 +10,12 @@ import type { Logger } from '../log.ts';
 import { ATTR, operationAttributes, outcomeOn, withSpan } from '../tracing.ts';
 import { GatewayError, type PaymentGateway } from './gateway.ts';
 import {
+  executedNothing,
   isSettled,
   loadOperation,
   recordAttempt,
   recordOutcome,
+  type BegunAttempt,
   type LoadedOperation,
   type Operation,
   type OperationStatus,
@@ -28,12 +31,16 @@ export interface ExecuteOptions {
   log?: Logger;
   /** The operation as the caller's claim just returned it, with this fence: saves reading it again. */
   claimed?: LoadedOperation;
+  /** The attempt that claim began, by this protocol's choice (claimAttempt with callTable): saves
+   * choosing and counting it again. */
+  begun?: BegunAttempt | undefined;
   /** false: never create, only read what happened (the reconcile sweep: read-only). */
   allowCreate?: boolean;
   /** Who runs it, for the settlement event: the dispatcher (the default) or the reconcile sweep. */
   source?: 'dispatcher' | 'reconcile';
-  /** Runs inside the transaction that records the outcome (the dispatcher completes its job there). */
-  onRecorded?: (tx: Tx, op: Operation, outcome: Outcome) => Promise<void>;
+  /** Runs inside the transaction that records an outcome that executed nothing (the dispatcher replaces
+   * its job there). Every other outcome is one statement, committed on its own. */
+  onNothingExecuted?: (tx: Tx, op: Operation, outcome: Outcome) => Promise<void>;
 }
 
 export interface Execution {
@@ -68,12 +75,13 @@ export async function executeOperation(
   if (!effect) throw new UnknownKindError(`operation ${op.id}: no effect of kind ${op.kind} is defined in this process`);
 
   // 2. Choose the call by the kind's policy. A read-only caller (the sweep) never creates.
-  const call = chooseCall(op, effect.policy, opts.allowCreate === false);
-
   // 3. Recovery point, before the call: count the attempt; a create stamps first_attempted_at (once) and
   //    last_attempted_at now, so the key window is measured from the first send. Fenced: a stale claim
   //    stops here, having called nothing.
-  const attempt = await recordAttempt(db, op.id, fence, call);
+  //    The dispatcher's claim did both in its own statement, choosing by the same rule (callTable).
+  const begun = claimed && opts.begun;
+  const call = begun ? begun.call : chooseCall(op, effect.policy, opts.allowCreate === false);
+  const attempt = begun ? begun.attempt : await recordAttempt(db, op.id, fence, call);
   const { attempts } = attempt;
 
   // 4. The external call. No transaction is open and no connection is held.
@@ -89,28 +97,54 @@ export async function executeOperation(
   log?.info({ orderId: op.order_id, policy: effect.policy, call, attempt: attempts, outcome: outcome.kind, durationMs }, 'gateway call finished');
   if (outcome.kind === 'needs_review') log?.error({ reason: outcome.reason }, 'operation needs review');
 
-  // 5. Record the outcome, fenced, in one short transaction with whatever the caller commits beside it.
-  const operation = await withSpan('outboxd.record_outcome', { ...traced, [ATTR.outcome]: outcome.kind }, (span) => inTransaction(db, async (tx) => {
-    const recorded = await recordOutcome(tx, op, fence, outcome, opts.source ?? 'dispatcher', { call, attempt, durationMs });
-    await opts.onRecorded?.(tx, recorded, outcome);
+  // 5. Record the outcome, fenced: one statement that also ends the lease, committed on its own. An
+  //    outcome that executed nothing is recorded in one short transaction with what the caller commits
+  //    beside it.
+  const made = { call, attempt, durationMs };
+  const source = opts.source ?? 'dispatcher';
+  const beside = executedNothing(outcome) ? opts.onNothingExecuted : undefined;
+  const operation = await withSpan('outboxd.record_outcome', { ...traced, [ATTR.outcome]: outcome.kind }, async (span) => {
+    const recorded = beside
+      ? await inTransaction(db, async (tx) => {
+          const inTx = await recordOutcome(tx, op, fence, outcome, source, made);
+          await beside(tx, inTx, outcome);
+          return inTx;
+        })
+      : await recordOutcome(db, op, fence, outcome, source, made);
     span.setAttribute(ATTR.status, recorded.status);
     return recorded;
-  }));
+  });
   return { from: op.status, operation, policy: effect.policy, call, outcome };
 }
+
+/** The facts of an operation a call is chosen by, in the order the dispatcher's claim indexes them
+ * (claimAttempt: 1 + 2 × external id known + key window passed). */
+const FACTS: readonly CallFacts[] = [
+  { external_id: null, key_window_passed: false },
+  { external_id: null, key_window_passed: true },
+  { external_id: 'known', key_window_passed: false },
+  { external_id: 'known', key_window_passed: true },
+];
+
+/** A kind's policy as the table a claim chooses the call from, by what the row holds when it is claimed. */
+export function callTable(policy: Policy, readOnly = false): EffectCall[] {
+  return FACTS.map((facts) => chooseCall(facts, policy, readOnly));
+}
+
+type CallFacts = Pick<LoadedOperation, 'external_id' | 'key_window_passed'>;
 
 /**
  * The policy decides the call:
  * - idempotent-key: a known object is settled by retrieve, never by another create (invariant 6); past
  *   the key window the key may be gone, so never create: search (invariant 7).
  */
-function chooseCall(op: LoadedOperation, policy: Policy, readOnly: boolean): EffectCall {
+function chooseCall(op: CallFacts, policy: Policy, readOnly: boolean): EffectCall {
   switch (policy) {
     case 'idempotent-key':
       return op.external_id ? 'retrieve' : op.key_window_passed || readOnly ? 'search' : 'create';
     case 'at-least-once':
     case 'reconcile-before-retry':
-      if (readOnly) throw new Error(`operation ${op.id}: a ${policy} kind is never reconciled read-only`);
+      if (readOnly) throw new Error(`a ${policy} kind is never reconciled read-only`);
       return 'create';
   }
 }

@@ -230,6 +230,52 @@ export async function claimOperation(
   });
 }
 
+/** The call a claim chose and counted in its own statement (claimAttempt). */
+export interface BegunAttempt {
+  call: 'create' | 'retrieve' | 'search';
+  attempt: Attempt;
+}
+
+/** What an operation holds, read without a claim. */
+export interface OperationState {
+  fence: number;
+  status: OperationStatus;
+  lease_owner: string | null;
+}
+
+export type ClaimedAttempt =
+  | { lease: Lease & { begun: BegunAttempt | undefined }; current?: undefined }
+  /** current: undefined when there is no such operation. */
+  | { lease?: undefined; current: Pick<OperationState, 'status' | 'lease_owner'> | undefined };
+
+/**
+ * A new claim, and the attempt of the call it leads to, in one statement (the dispatcher's): `calls` is the
+ * kind's policy as a table (src/payments/executor.ts: callTable), so the call is chosen by what the row
+ * holds at the instant of the claim. begun is undefined when the row is of another kind than `kind` (the
+ * executor then chooses and counts as for any claim). Not claimed: what the operation holds instead.
+ */
+export async function claimAttempt(
+  db: Queryable,
+  id: string,
+  owner: string,
+  ttlMs: number,
+  keyWindowSeconds: number,
+  kind: string,
+  calls: readonly BegunAttempt['call'][],
+): Promise<ClaimedAttempt> {
+  return withSpan('outboxd.claim', { [ATTR.operationId]: id, 'outboxd.lease.owner': owner }, async (span) => {
+    const { rows } = await db.query(db.sql.claimAttempt(id, owner, ttlMs, keyWindowSeconds, kind, calls));
+    const row = rows[0];
+    span.setAttribute('outboxd.claimed', row?.id != null);
+    if (!row) return { current: undefined };
+    const { current_status, current_owner, previous_owner, call, prev_first_attempted_at, prev_last_attempted_at, ...operation } = row;
+    if (operation.id === null) return { current: { status: current_status, lease_owner: current_owner } };
+    span.setAttributes({ [ATTR.fence]: operation.fence, 'outboxd.lease.taken_over': previous_owner !== null, ...(call ? { [ATTR.call]: call } : {}) });
+    const attempt: Attempt = { attempts: operation.attempts, first_attempted_at: operation.first_attempted_at, prev_first_attempted_at, prev_last_attempted_at };
+    return { lease: { fence: operation.fence, previousOwner: previous_owner, operation, begun: call ? { call, attempt } : undefined } };
+  });
+}
+
 /** The fencing token of a new claim, or undefined when the operation is settled or leased by someone live. */
 export async function acquireLease(db: Queryable, id: string, owner: string, ttlMs: number): Promise<number | undefined> {
   return (await claimOperation(db, id, owner, ttlMs, 0))?.fence;
@@ -248,10 +294,7 @@ export async function flagFromOutside(db: Queryable, id: string, reason: string)
 }
 
 /** The operation's current fence and status, without a claim. */
-export async function peekOperation(
-  db: Queryable,
-  id: string,
-): Promise<{ fence: number; status: OperationStatus; lease_owner: string | null } | undefined> {
+export async function peekOperation(db: Queryable, id: string): Promise<OperationState | undefined> {
   const { rows } = await db.query(db.sql.fenceOf(id));
   return rows[0];
 }

@@ -241,6 +241,50 @@ function build(schema: string) {
        select * from claimed`,
     ),
 
+    /**
+     * The dispatcher's claim, and the attempt of the call the claim leads to, in ONE statement: a claim as
+     * acquireLease makes, that also counts the call the kind's policy chooses for what the row holds, and
+     * stamps it as recordAttempt does (a create: first_attempted_at once, last_attempted_at now, the stamps
+     * before returned for an undo). $6: the policy's call for each combination of the row's facts, indexed
+     * 1 + 2 × (external_id known) + (key window passed), for kind $5; a row of another kind is claimed
+     * without an attempt (call null) and the executor chooses and counts as for any claim. The timeline
+     * records the claim and the call as sent, in that order. Always a row while the operation exists:
+     * `id` is null when nothing was claimed (settled, or leased by a live claim), and current_* say what
+     * the row holds, so a redelivered job of a settled operation needs no second read.
+     */
+    claimAttempt: statement<[id: string, owner: string, ttlMs: number, keyWindowSeconds: number, kind: string, calls: readonly string[]]>(
+      'outboxd_claim_attempt',
+      `with prev as (
+         select op.id, op.kind, op.status, op.lease_owner, op.first_attempted_at, op.last_attempted_at,
+           w.passed as key_window_passed,
+           case when op.kind = $5 then ($6::text[])[1 + 2 * (op.external_id is not null)::int + w.passed::int] end as call
+         from ${s}.payment_operations op
+         cross join lateral (select coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as passed) w
+         where op.id = $1
+         for update of op
+       ), claimed as (
+         update ${s}.payment_operations op
+         set fence = op.fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
+             updated_at = now(),
+             attempts = op.attempts + (prev.call is not null)::int,
+             first_attempted_at = case when prev.call = 'create' then coalesce(op.first_attempted_at, now()) else op.first_attempted_at end,
+             last_attempted_at = case when prev.call = 'create' then now() else op.last_attempted_at end
+         from prev
+         where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
+         returning op.*, prev.lease_owner as previous_owner, prev.key_window_passed, prev.call,
+           prev.first_attempted_at as prev_first_attempted_at, prev.last_attempted_at as prev_last_attempted_at
+       ), steps as (
+         select id, e.type, fence, e.actor, e.details from claimed cross join lateral (values
+           (1, 'claimed', lease_owner, jsonb_strip_nulls(jsonb_build_object('previous_owner', previous_owner))),
+           (2, 'sent', null, jsonb_build_object('call', call, 'attempt', attempts))
+         ) e(step, type, actor, details)
+         where e.type = 'claimed' or call is not null
+         order by e.step
+       ), ${event('steps', 'id, type, fence, actor, details')}
+       select claimed.*, prev.status as current_status, prev.lease_owner as current_owner
+       from prev left join claimed on true`,
+    ),
+
     renewLease: statement<[id: string, fence: number, ttlMs: number]>(
       'outboxd_renew_lease',
       `update ${s}.payment_operations set lease_expires_at = now() + make_interval(secs => $3 / 1000.0)

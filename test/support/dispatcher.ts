@@ -18,11 +18,12 @@ export async function startDispatcher(
   t: TestDb,
   gateway: PaymentGateway,
   workerId: string,
-  opts: { leaseTtlMs?: number; concurrency?: number; log?: Logger } = {},
+  opts: { leaseTtlMs?: number; concurrency?: number; log?: Logger; beforeStart?: (boss: PgBoss) => void } = {},
 ): Promise<InProcessReplica> {
   const boss = createBoss(t.url, 'worker', 3, t.schema);
   boss.on('error', () => {});
   await boss.start();
+  opts.beforeStart?.(boss);
   const metrics = createMetrics({ db: t.pool, boss });
   const dispatcher = new Dispatcher(
     { boss, pool: t.pool, gateway, log: opts.log ?? createLogger('silent'), metrics },
