@@ -4,7 +4,8 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../src/payments/executor.ts';
 import { AmbiguousOutcome, idempotencyKeyFor, IdempotencyKeyMisuse, type PaymentGateway } from '../src/payments/gateway.ts';
-import { claimAttempt, StaleFenceError } from '../src/payments/operation.ts';
+import { claimAttempt, recordOutcome, StaleFenceError, type Lease, type BegunAttempt } from '../src/payments/operation.ts';
+import { counting } from './support/counting.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { FakeStripe } from './support/fakeStripe.ts';
 import { claim, confirm, operation } from './support/fixtures.ts';
@@ -327,6 +328,44 @@ describe('executeOperation (a charge)', () => {
       expect(await operation(t, id)).toMatchObject({ status: 'succeeded', attempts: 1, fence: 1 });
       expect(await claimWithAttempt(randomUUID())).toEqual({ current: undefined });
       expect(stripe.calls).toHaveLength(1);
+    });
+
+    it('claims made together share one statement, each its own; an operation asked twice in it is claimed once', async () => {
+      const [a, b, c] = await Promise.all([confirm(t), confirm(t), confirm(t)]);
+      const run = counting(t.pool);
+      const claimOn = (id: string) => claimAttempt(run.pool, id, 'worker-a', 60_000, KEY_WINDOW_SECONDS, 'charge', callTable('idempotent-key'));
+      // c goes at once, alone; the three asked while it is in flight go together.
+      const [forC, forA, again, forB] = await Promise.all([claimOn(c), claimOn(a), claimOn(a), claimOn(b)]);
+      expect(run.statements()).toBe(2);
+      for (const claimed of [forC, forA, forB]) expect(claimed.lease).toMatchObject({ fence: 1, begun: { call: 'create', attempt: { attempts: 1 } } });
+      expect(again).toEqual({ current: { status: 'pending', lease_owner: 'worker-a' } });
+      expect(await operation(t, a)).toMatchObject({ fence: 1, attempts: 1 });
+      const { rows } = await t.pool.query(`select type, count(*)::int as n from outboxd.operation_events where operation_id = $1 group by type order by type`, [a]);
+      expect(rows).toEqual([{ type: 'claimed', n: 1 }, { type: 'sent', n: 1 }]);
+    });
+
+    it('outcomes recorded together share one statement, each fenced by its own claim (invariant 8)', async () => {
+      const [a, b, c] = await Promise.all([confirm(t), confirm(t), confirm(t)]);
+      const leases = new Map<string, Lease & { begun: BegunAttempt | undefined }>();
+      for (const id of [a, b, c]) leases.set(id, (await claimWithAttempt(id)).lease!);
+      await expireLease(a);
+      await claimWithAttempt(a, 'worker-b'); // a's first claim is stale now
+      const run = counting(t.pool);
+      const record = (id: string) => {
+        const lease = leases.get(id)!;
+        const outcome = { kind: 'succeeded', externalId: `pi_${id.slice(0, 8)}` } as const;
+        return recordOutcome(run.pool, lease.operation, lease.fence, outcome, 'dispatcher', { call: 'create', attempt: lease.begun!.attempt, durationMs: 1 });
+      };
+      // c goes at once, alone; a (stale) and b go together.
+      const [forC, forA, forB] = await Promise.allSettled([record(c), record(a), record(b)]);
+      expect(run.statements()).toBe(2);
+      expect(forA).toMatchObject({ status: 'rejected', reason: { name: 'StaleFenceError', fence: 1, currentFence: 2, currentStatus: 'pending' } });
+      for (const recorded of [forB, forC]) expect(recorded).toMatchObject({ status: 'fulfilled', value: { status: 'succeeded', lease_owner: null } });
+      expect(await operation(t, a)).toMatchObject({ status: 'pending', fence: 2, lease_owner: 'worker-b', settled_at: null });
+      const events = async (type: string) => (await t.pool.query(`select operation_id from outboxd.operation_events where type = $1 and operation_id = any($2)`, [type, [a, b, c]])).rows.map((r) => r.operation_id).sort();
+      expect(await events('outcome')).toEqual([b, c].sort());
+      const { rows } = await t.pool.query(`select operation_id from outboxd.settlement_outbox where operation_id = any($1)`, [[a, b, c]]);
+      expect(rows.map((r) => r.operation_id).sort()).toEqual([b, c].sort());
     });
 
     it("an operation of another kind than the claim's table is claimed without an attempt: the executor chooses by its own kind", async () => {

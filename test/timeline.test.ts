@@ -15,6 +15,7 @@ import { operationRecord, overview } from '../src/console/queries.ts';
 import { overviewPage } from '../src/console/views/pages.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
+import { counting } from './support/counting.ts';
 import { claim, confirm, operation } from './support/fixtures.ts';
 
 let t: TestDb;
@@ -33,21 +34,6 @@ const claimWithAttempt = async (pool: Pool, op: string, owner: string) =>
 
 const events = async (op: string) =>
   (await t.pool.query(`select type, fence, actor, details from outboxd.operation_events where operation_id = $1 order by id`, [op])).rows;
-
-/** The pool, counting every statement sent on it or on a client checked out of it. */
-function counting(pool: Pool): { pool: Pool; statements: () => number } {
-  let n = 0;
-  const wrapQuery = <T extends object>(target: T) =>
-    new Proxy(target, {
-      get(obj, prop) {
-        if (prop === 'query') return (...args: unknown[]) => (n++, (obj as { query: (...a: unknown[]) => unknown }).query(...args));
-        if (prop === 'connect') return async () => wrapQuery(await (obj as unknown as Pool).connect());
-        const value = Reflect.get(obj, prop);
-        return typeof value === 'function' ? value.bind(obj) : value;
-      },
-    });
-  return { pool: wrapQuery(pool), statements: () => n };
-}
 
 describe('the operation timeline', () => {
   it('records relay, claim, call and outcome with its duration and Stripe request id, in the statements that already run', async () => {

@@ -14,6 +14,7 @@
 //
 // succeeded and failed are terminal: no write touches them again and they cause no external call
 // (invariant 5). "Needs review" is not a status: it is a reason recorded on an unsettled operation.
+import { coalesced } from '../db/coalesce.ts';
 import type { Queryable } from '../db/pool.ts';
 import { ATTR, withSpan } from '../tracing.ts';
 
@@ -166,7 +167,8 @@ export interface CallMade {
 /** Fenced: applies an outcome through the transition table, ends the claim's lease, and returns the
  * updated operation. When a create's outcome proves nothing executed, the attempt's stamps are undone:
  * a 429 (or 401/403, or a connection never opened) does not start the key window. A settling outcome
- * writes its settlement event, and every outcome its timeline entry, in the same statement. */
+ * writes its settlement event, and every outcome its timeline entry, in the same statement. Outcomes
+ * recorded together on one pool share that statement (src/db/coalesce.ts), each fenced by its own claim. */
 export async function recordOutcome(
   db: Queryable,
   op: Operation,
@@ -194,12 +196,48 @@ export async function recordOutcome(
     external_id: externalId,
     error,
   };
-  const { rows } = await db.query(
-    db.sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review, undo,
-      createAttempt?.prev_first_attempted_at ?? null, createAttempt?.prev_last_attempted_at ?? null, source, JSON.stringify(event)),
-  );
-  if (!rows[0]) throw await staleFence(db, op.id, fence);
-  return rows[0];
+  const write: OutcomeRow = {
+    id: op.id,
+    fence,
+    status,
+    external_id: externalId,
+    last_outcome: outcome.kind,
+    last_error: error,
+    review_reason: review,
+    undo,
+    first_attempted_at: createAttempt?.prev_first_attempted_at ?? null,
+    last_attempted_at: createAttempt?.prev_last_attempted_at ?? null,
+    source,
+    event,
+  };
+  const recorded = await coalesced(db, 'recordOutcomes', (writes: OutcomeRow[]) => recordOutcomes(db, writes))(write);
+  if (recorded instanceof StaleFenceError) throw recorded;
+  return recorded;
+}
+
+/** One outcome as recordOutcomes writes it (src/sql/statements.ts). */
+interface OutcomeRow {
+  id: string;
+  fence: number;
+  status: OperationStatus;
+  external_id: string | null;
+  last_outcome: Outcome['kind'];
+  last_error: string | null;
+  review_reason: string | null;
+  undo: boolean;
+  first_attempted_at: Date | null;
+  last_attempted_at: Date | null;
+  source: SettlementSource;
+  event: Record<string, unknown>;
+}
+
+async function recordOutcomes(db: Queryable, writes: OutcomeRow[]): Promise<(Operation | StaleFenceError)[]> {
+  const { rows } = await db.query(db.sql.recordOutcomes(JSON.stringify(writes.map((w, ord) => ({ ord, ...w })))));
+  return rows.map((row, i) => {
+    const { ord: _ord, source: _source, event: _event, current_fence, current_status, ...operation } = row;
+    const w = writes[i]!;
+    return operation.id === null ? new StaleFenceError(w.id, w.fence, current_fence ?? undefined, current_status ?? undefined) : (operation as Operation);
+  });
 }
 
 export type LoadedOperation = Operation & { key_window_passed: boolean };
@@ -253,6 +291,7 @@ export type ClaimedAttempt =
  * kind's policy as a table (src/payments/executor.ts: callTable), so the call is chosen by what the row
  * holds at the instant of the claim. begun is undefined when the row is of another kind than `kind` (the
  * executor then chooses and counts as for any claim). Not claimed: what the operation holds instead.
+ * Claims made together on one pool with the same owner and table share that statement (src/db/coalesce.ts).
  */
 export async function claimAttempt(
   db: Queryable,
@@ -264,13 +303,30 @@ export async function claimAttempt(
   calls: readonly BegunAttempt['call'][],
 ): Promise<ClaimedAttempt> {
   return withSpan('outboxd.claim', { [ATTR.operationId]: id, 'outboxd.lease.owner': owner }, async (span) => {
-    const { rows } = await db.query(db.sql.claimAttempt(id, owner, ttlMs, keyWindowSeconds, kind, calls));
-    const row = rows[0];
-    span.setAttribute('outboxd.claimed', row?.id != null);
-    if (!row) return { current: undefined };
+    const key = JSON.stringify(['claimAttempts', owner, ttlMs, keyWindowSeconds, kind, calls]);
+    const claim = await coalesced(db, key, (ids: string[]) => claimAttempts(db, ids, owner, ttlMs, keyWindowSeconds, kind, calls))(id);
+    span.setAttribute('outboxd.claimed', claim.lease !== undefined);
+    if (claim.lease) {
+      const { fence, previousOwner, begun } = claim.lease;
+      span.setAttributes({ [ATTR.fence]: fence, 'outboxd.lease.taken_over': previousOwner !== null, ...(begun ? { [ATTR.call]: begun.call } : {}) });
+    }
+    return claim;
+  });
+}
+
+async function claimAttempts(
+  db: Queryable,
+  ids: string[],
+  owner: string,
+  ttlMs: number,
+  keyWindowSeconds: number,
+  kind: string,
+  calls: readonly BegunAttempt['call'][],
+): Promise<ClaimedAttempt[]> {
+  const { rows } = await db.query(db.sql.claimAttempts(ids, owner, ttlMs, keyWindowSeconds, kind, calls));
+  return rows.map((row): ClaimedAttempt => {
     const { current_status, current_owner, previous_owner, call, prev_first_attempted_at, prev_last_attempted_at, ...operation } = row;
-    if (operation.id === null) return { current: { status: current_status, lease_owner: current_owner } };
-    span.setAttributes({ [ATTR.fence]: operation.fence, 'outboxd.lease.taken_over': previous_owner !== null, ...(call ? { [ATTR.call]: call } : {}) });
+    if (operation.id === null) return { current: current_status === null ? undefined : { status: current_status, lease_owner: current_owner } };
     const attempt: Attempt = { attempts: operation.attempts, first_attempted_at: operation.first_attempted_at, prev_first_attempted_at, prev_last_attempted_at };
     return { lease: { fence: operation.fence, previousOwner: previous_owner, operation, begun: call ? { call, attempt } : undefined } };
   });

@@ -242,25 +242,30 @@ function build(schema: string) {
     ),
 
     /**
-     * The dispatcher's claim, and the attempt of the call the claim leads to, in ONE statement: a claim as
-     * acquireLease makes, that also counts the call the kind's policy chooses for what the row holds, and
-     * stamps it as recordAttempt does (a create: first_attempted_at once, last_attempted_at now, the stamps
-     * before returned for an undo). $6: the policy's call for each combination of the row's facts, indexed
-     * 1 + 2 × (external_id known) + (key window passed), for kind $5; a row of another kind is claimed
-     * without an attempt (call null) and the executor chooses and counts as for any claim. The timeline
-     * records the claim and the call as sent, in that order. Always a row while the operation exists:
-     * `id` is null when nothing was claimed (settled, or leased by a live claim), and current_* say what
-     * the row holds, so a redelivered job of a settled operation needs no second read.
+     * The dispatcher's claims, each with the attempt of the call it leads to, many operations in ONE
+     * statement: each a claim as acquireLease makes, that also counts the call the kind's policy chooses
+     * for what the row holds, and stamps it as recordAttempt does (a create: first_attempted_at once,
+     * last_attempted_at now, the stamps before returned for an undo). $6: the policy's call for each
+     * combination of the row's facts, indexed 1 + 2 × (external_id known) + (key window passed), for kind
+     * $5; a row of another kind is claimed without an attempt (call null) and the executor chooses and
+     * counts as for any claim. The rows are locked in id order (two replicas' claims never deadlock), and an
+     * id asked twice is claimed for its first request only. The timeline records each claim and its call as
+     * sent, in that order. One row per request, in order: `id` is null when nothing was claimed for it
+     * (settled, leased by a live claim, or no such operation), and current_* say what the row holds.
      */
-    claimAttempt: statement<[id: string, owner: string, ttlMs: number, keyWindowSeconds: number, kind: string, calls: readonly string[]]>(
-      'outboxd_claim_attempt',
-      `with prev as (
+    claimAttempts: statement<[ids: readonly string[], owner: string, ttlMs: number, keyWindowSeconds: number, kind: string, calls: readonly string[]]>(
+      'outboxd_claim_attempts',
+      `with req as (
+         select r.id, r.ord, row_number() over (partition by r.id order by r.ord) = 1 as first
+         from unnest($1::uuid[]) with ordinality r(id, ord)
+       ), prev as (
          select op.id, op.kind, op.status, op.lease_owner, op.first_attempted_at, op.last_attempted_at,
            w.passed as key_window_passed,
            case when op.kind = $5 then ($6::text[])[1 + 2 * (op.external_id is not null)::int + w.passed::int] end as call
          from ${s}.payment_operations op
          cross join lateral (select coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as passed) w
-         where op.id = $1
+         where op.id = any($1::uuid[])
+         order by op.id
          for update of op
        ), claimed as (
          update ${s}.payment_operations op
@@ -279,10 +284,14 @@ function build(schema: string) {
            (2, 'sent', null, jsonb_build_object('call', call, 'attempt', attempts))
          ) e(step, type, actor, details)
          where e.type = 'claimed' or call is not null
-         order by e.step
+         order by id, e.step
        ), ${event('steps', 'id, type, fence, actor, details')}
-       select claimed.*, prev.status as current_status, prev.lease_owner as current_owner
-       from prev left join claimed on true`,
+       select mine.*, prev.status as current_status, coalesce(won.lease_owner, prev.lease_owner) as current_owner
+       from req
+       left join prev on prev.id = req.id
+       left join claimed won on won.id = req.id
+       left join claimed mine on mine.id = req.id and req.first
+       order by req.ord`,
     ),
 
     renewLease: statement<[id: string, fence: number, ttlMs: number]>(
@@ -328,43 +337,44 @@ function build(schema: string) {
        select * from attempt`,
     ),
 
-    /** Writes an outcome and ends the claim's lease. Never touches a settled operation (invariant 5) and
-     * only with the current fence (invariant 8). settled_at is set exactly when the new status is settled,
-     * and then, in the same statement, its settlement event ($11: what settled it).
-     * $8: the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt
-     * stamps go back to $9/$10: a window that only such calls opened is not open. $11: what the timeline
-     * keeps of the call (its outcome, duration, Stripe's request id), written by the same statement. */
-    recordOutcome: statement<
-      [
-        id: string,
-        fence: number,
-        status: string,
-        externalId: string | null,
-        lastOutcome: string,
-        lastError: string | null,
-        reviewReason: string | null,
-        undoAttempt: boolean,
-        firstAttemptedAt: Date | null,
-        lastAttemptedAt: Date | null,
-        source: string,
-        event: string,
-      ]
-    >(
-      'outboxd_record_outcome',
-      `with op as (
-       update ${s}.payment_operations
-       set status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
+    /** Writes outcomes, each ending its claim's lease, many operations in ONE statement ($1: a JSON array,
+     * one object per outcome with the fields below). Never touches a settled operation (invariant 5) and
+     * only with the claim's current fence (invariant 8). settled_at is set exactly when the new status is
+     * settled, and then, in the same statement, its settlement event (`source`: what settled it). `undo`:
+     * the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt stamps
+     * go back to first_attempted_at/last_attempted_at: a window that only such calls opened is not open.
+     * `event`: what the timeline keeps of the call (its outcome, duration, Stripe's request id), written by
+     * the same statement. One row per outcome, in order: `id` is null when the fence moved or the operation
+     * had settled, and current_* say what it holds. */
+    recordOutcomes: statement<[outcomes: string]>(
+      'outboxd_record_outcomes',
+      `with input as (
+         select * from jsonb_to_recordset($1::jsonb) as x(
+           ord int, id uuid, fence bigint, status text, external_id text, last_outcome text, last_error text,
+           review_reason text, undo boolean, first_attempted_at timestamptz, last_attempted_at timestamptz,
+           source text, event jsonb)
+       ), op as (
+       update ${s}.payment_operations o
+       set status = x.status, external_id = coalesce(x.external_id, o.external_id), last_outcome = x.last_outcome,
+           last_error = x.last_error,
            -- a review reason stays until the operation settles (a later ambiguous retry does not clear it)
-           review_reason = case when $3 in ('succeeded', 'failed') then null else coalesce($7, review_reason) end,
-           first_attempted_at = case when $8 then $9::timestamptz else first_attempted_at end,
-           last_attempted_at = case when $8 then $10::timestamptz else last_attempted_at end,
+           review_reason = case when x.status in ('succeeded', 'failed') then null else coalesce(x.review_reason, o.review_reason) end,
+           first_attempted_at = case when x.undo then x.first_attempted_at else o.first_attempted_at end,
+           last_attempted_at = case when x.undo then x.last_attempted_at else o.last_attempted_at end,
            updated_at = now(), lease_owner = null, lease_expires_at = null,
-           settled_at = case when $3 in ('succeeded', 'failed') then now() end
-       where id = $1 and fence = $2 and ${UNSETTLED}
-       returning *
-       ), ${settlementEvent('$11')},
-       ${event('op', `id, 'outcome', $2, null, $12::jsonb`)}
-       select * from op`,
+           settled_at = case when x.status in ('succeeded', 'failed') then now() end
+       from input x
+       where o.id = x.id and o.fence = x.fence and o.${UNSETTLED}
+       returning o.*, x.ord, x.source, x.event
+       ), settled_event as (
+         insert into ${s}.settlement_outbox (operation_id, source)
+         select id, source from op where status in ('succeeded', 'failed') order by ord
+       ), ${event('op', `id, 'outcome', fence, null, event`)}
+       select op.*, cur.fence as current_fence, cur.status as current_status
+       from input
+       left join op on op.ord = input.ord
+       left join ${s}.payment_operations cur on cur.id = input.id
+       order by input.ord`,
     ),
 
     /** Fenced: holds an unsettled operation for a person without changing its status; ends the claim. */

@@ -1,0 +1,64 @@
+// Group commit for outboxd's own writes: the calls of one kind of statement made while such a statement
+// is in flight on a pool are sent together as the next one. Nobody waits for anybody's external call,
+// only for a statement already in flight; on an idle pool a call is sent at once; under load n writes
+// made together cost one round trip and one commit instead of n (measured: PostgreSQL's cost per
+// statement, not per row, bounds a dispatcher at 0 ms Stripe latency). Each call still gets its own
+// answer; a statement that fails fails the calls it carried, as it would have failed each alone.
+
+/** The most calls one statement carries. */
+const MAX_BATCH = 100;
+
+type Run<I, O> = (inputs: I[]) => Promise<O[]>;
+
+interface Waiting<I, O> {
+  input: I;
+  resolve: (output: O) => void;
+  reject: (err: unknown) => void;
+}
+
+class Coalescer<I, O> {
+  private readonly run: Run<I, O>;
+  private waiting: Waiting<I, O>[] = [];
+  private sending = false;
+
+  constructor(run: Run<I, O>) {
+    this.run = run;
+  }
+
+  call(input: I): Promise<O> {
+    return new Promise<O>((resolve, reject) => {
+      this.waiting.push({ input, resolve, reject });
+      if (!this.sending) void this.send();
+    });
+  }
+
+  private async send(): Promise<void> {
+    this.sending = true;
+    while (this.waiting.length > 0) {
+      const batch = this.waiting.splice(0, MAX_BATCH);
+      try {
+        const outputs = await this.run(batch.map((w) => w.input));
+        if (outputs.length !== batch.length) throw new Error(`a coalesced statement answered ${outputs.length} of ${batch.length} calls`);
+        batch.forEach((w, i) => w.resolve(outputs[i]!));
+      } catch (err) {
+        for (const w of batch) w.reject(err);
+      }
+    }
+    this.sending = false;
+  }
+}
+
+const byTarget = new WeakMap<object, Map<string, Coalescer<never, unknown>>>();
+
+/**
+ * The calls of the statement named `key` on `target` (a pool, or a transaction's client: its calls then
+ * share its transaction), coalesced: `run` sends the inputs of one batch in one statement and answers
+ * each, in order. `key` names everything `run` depends on besides the inputs.
+ */
+export function coalesced<I, O>(target: object, key: string, run: Run<I, O>): (input: I) => Promise<O> {
+  let ofTarget = byTarget.get(target);
+  if (!ofTarget) byTarget.set(target, (ofTarget = new Map()));
+  let coalescer = ofTarget.get(key) as Coalescer<I, O> | undefined;
+  if (!coalescer) ofTarget.set(key, (coalescer = new Coalescer(run)) as unknown as Coalescer<never, unknown>);
+  return (input) => coalescer.call(input);
+}
