@@ -157,6 +157,25 @@ describe('dispatcher replicas (OS processes)', () => {
     for (const op of ops) expect(await operation(t, op)).toMatchObject({ status: 'succeeded', lease_owner: null });
   });
 
+  it('SIGTERM: jobs fetched but still waiting for a slot are not claimed; another replica settles them', async () => {
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 1500 }, count: Infinity });
+    const ops = await Promise.all(Array.from({ length: 4 }, () => confirm(t)));
+    await relay(t); // four jobs waiting: the two loops fetch two each, two slots run two calls
+    const a = await replica({ WORKER_CONCURRENCY: '2' });
+    await waitUntil(() => ops.filter((op) => createsFor(op).length === 1).length === 2, 20_000, 'two calls in flight');
+    const { rows: fetched } = await t.pool.query(`select count(*)::int as n from pgboss.job where name = 'charge' and state = 'active'`);
+    expect(fetched[0].n).toBe(4);
+    a.kill('SIGTERM');
+    expect((await a.exited).code).toBe(0);
+    const waited = ops.filter((op) => createsFor(op).length === 0);
+    expect(waited).toHaveLength(2);
+    for (const op of waited) expect(await operation(t, op)).toMatchObject({ status: 'pending', attempts: 0, fence: 0, lease_owner: null });
+    e.emulator.clearFaults();
+    await replica();
+    await waitUntil(async () => (await Promise.all(ops.map(settled))).every(Boolean), 30_000, 'all settled');
+    for (const op of ops) expect(charges(op)).toHaveLength(1);
+  });
+
   it('while calls are in flight no worker session is in a transaction (pg_stat_activity)', async () => {
     const a = await replica({ WORKER_CONCURRENCY: '6' });
     e.emulator.addFault({ fault: { kind: 'latency', ms: 1000 }, count: Infinity });
@@ -226,6 +245,22 @@ describe('dispatcher (in-process)', () => {
       expect(createsFor(op)).toHaveLength(1);
     } finally {
       pg.Client.prototype.query = query;
+      await a.stop();
+    }
+  });
+
+  it('batches are fetched, yet no slot idles behind a slow call: the other slot drains the rest meanwhile', async () => {
+    const slow = await confirm(t);
+    const fast = await Promise.all(Array.from({ length: 4 }, () => confirm(t)));
+    e.emulator.addFault({ match: { operationId: slow }, fault: { kind: 'latency', ms: 8_000 } });
+    await relay(t); // the first loop's batch holds the slow call and a fast one
+    const a = await dispatcher('replica-a', { concurrency: 2, fetchBatch: 2 });
+    try {
+      await waitUntil(async () => (await Promise.all(fast.map(settled))).every(Boolean), 20_000, 'the fast operations');
+      expect(createsFor(slow)).toHaveLength(1);
+      expect(await settled(slow)).toBe(false); // its call is still in flight
+      await waitUntil(() => settled(slow), 20_000, 'the slow operation');
+    } finally {
       await a.stop();
     }
   });

@@ -18,7 +18,7 @@ export async function startDispatcher(
   t: TestDb,
   gateway: PaymentGateway,
   workerId: string,
-  opts: { leaseTtlMs?: number; concurrency?: number; log?: Logger; beforeStart?: (boss: PgBoss) => void } = {},
+  opts: { leaseTtlMs?: number; concurrency?: number; fetchBatch?: number; log?: Logger; beforeStart?: (boss: PgBoss) => void } = {},
 ): Promise<InProcessReplica> {
   const boss = createBoss(t.url, 'worker', 3, t.schema);
   boss.on('error', () => {});
@@ -27,7 +27,7 @@ export async function startDispatcher(
   const metrics = createMetrics({ db: t.pool, boss });
   const dispatcher = new Dispatcher(
     { boss, pool: t.pool, gateway, log: opts.log ?? createLogger('silent'), metrics },
-    { workerId, concurrency: opts.concurrency ?? 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000 },
+    { workerId, concurrency: opts.concurrency ?? 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000, ...(opts.fetchBatch ? { fetchBatch: opts.fetchBatch } : {}) },
   );
   await dispatcher.start();
   // Draining ends the relay loop too: left running, it would keep taking later tests' outbox rows.
