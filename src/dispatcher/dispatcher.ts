@@ -109,7 +109,8 @@ export class Dispatcher {
   }
 
   /**
-   * Each kind has `concurrency` slots (operations executing at once) and as many pg-boss loops, each
+   * Each kind has `concurrency` slots (calls in flight at once: a slot is taken before the claim and given
+   * back when the call returns, its outcome recorded outside it) and as many pg-boss loops, each
    * fetching up to fetchBatch jobs per round trip; pg-boss completes a loop's batch in one statement. A
    * fetched job waits, unclaimed, for a free slot. pg-boss waits out its polling interval after every
    * fetch unless the loop was notified meanwhile, so a loop wakes itself (notifyWorker) once its batch
@@ -134,11 +135,11 @@ export class Dispatcher {
       const slots = new Slots(this.opts.concurrency);
       const batch = Math.min(this.opts.fetchBatch ?? FETCH_BATCH, this.opts.concurrency);
       const handle = (job: Job<ChargeJob>) => traceDispatch(job, async () => {
-        await slots.take();
+        const release = await slots.take();
         try {
-          return await this.handle(job, kind);
+          return await this.handle(job, kind, release);
         } finally {
-          slots.release();
+          release();
         }
       });
       for (let i = 0; i < this.opts.concurrency; i++) await register(queueFor(kind), handle, batch);
@@ -210,7 +211,8 @@ export class Dispatcher {
     return { finished };
   }
 
-  private async handle(job: Job<ChargeJob>, kind: string): Promise<Disposition> {
+  /** `endCall` gives the job's slot back once its call has returned (the outcome is recorded outside it). */
+  private async handle(job: Job<ChargeJob>, kind: string, endCall: () => void): Promise<Disposition> {
     const { pool, gateway, boss, metrics } = this.deps;
     const operationId = job.data?.operationId;
     const log = this.log.child({ jobId: job.id, operationId, kind, jobRetry: job.retryCount });
@@ -252,6 +254,7 @@ export class Dispatcher {
         claimed: lease.operation,
         begun: lease.begun,
         log: opLog,
+        onCallEnded: endCall,
         // Nothing executed, so this was no attempt: it must not spend the job's retries (40 of them would
         // dead-letter an operation that only ever met 429s). The job completes, and a fresh one drives the
         // operation again later, in the transaction that records the outcome.

@@ -1,5 +1,6 @@
-// A replica's slots for one kind: at most `size` operations in hand at once (WORKER_CONCURRENCY). Jobs
-// fetched beyond the free slots wait here, in fetch order, unclaimed.
+// A replica's slots for one kind: at most `size` operations between their claim and the end of their
+// call at once (WORKER_CONCURRENCY). Jobs fetched beyond the free slots wait here, in fetch order,
+// unclaimed.
 export class Slots {
   private free: number;
   private readonly waiting: (() => void)[] = [];
@@ -8,16 +9,19 @@ export class Slots {
     this.free = size;
   }
 
-  /** Resolves once a slot is this caller's; release() gives it back. */
-  async take(): Promise<void> {
-    if (this.free > 0) {
-      this.free--;
-      return;
-    }
-    await new Promise<void>((resolve) => this.waiting.push(resolve));
+  /** Resolves once a slot is this caller's, with the function that gives it back (once, however often
+   * it is called). */
+  async take(): Promise<() => void> {
+    if (this.free > 0) this.free--;
+    else await new Promise<void>((resolve) => this.waiting.push(resolve));
+    let held = true;
+    return () => {
+      if (held) this.release();
+      held = false;
+    };
   }
 
-  release(): void {
+  private release(): void {
     const next = this.waiting.shift();
     if (next) next();
     else this.free++;

@@ -38,6 +38,9 @@ export interface ExecuteOptions {
   allowCreate?: boolean;
   /** Who runs it, for the settlement event: the dispatcher (the default) or the reconcile sweep. */
   source?: 'dispatcher' | 'reconcile';
+  /** The call has returned: the dispatcher gives its slot to the next operation while this outcome is
+   * recorded. */
+  onCallEnded?: () => void;
   /** Runs inside the transaction that records an outcome that executed nothing (the dispatcher replaces
    * its job there). Every other outcome is one statement, committed on its own. */
   onNothingExecuted?: (tx: Tx, op: Operation, outcome: Outcome) => Promise<void>;
@@ -93,6 +96,7 @@ export async function executeOperation(
     return made(op, { attempt: attempts }).catch((err: unknown) => fromError(err, call)).then(outcomeOn(span));
   });
   const durationMs = Math.round(performance.now() - started);
+  opts.onCallEnded?.();
   // The caller's logger names the operation and its kind; this line says what the call did.
   log?.info({ orderId: op.order_id, policy: effect.policy, call, attempt: attempts, outcome: outcome.kind, durationMs }, 'gateway call finished');
   if (outcome.kind === 'needs_review') log?.error({ reason: outcome.reason }, 'operation needs review');
