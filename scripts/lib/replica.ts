@@ -16,8 +16,13 @@ export interface Replica {
   kill(signal: NodeJS.Signals): void;
 }
 
-export async function startReplica(env: Record<string, string>, opts: { onLog?: (entry: Record<string, unknown>) => void } = {}): Promise<Replica> {
-  const proc = spawn(process.execPath, [BIN, 'worker'], {
+/** entry: the JavaScript the worker runs from instead of bin/outboxd.js (the benchmark runs the compiled
+ * dist/cli/main.js, as the image does). */
+export async function startReplica(
+  env: Record<string, string>,
+  opts: { onLog?: (entry: Record<string, unknown>) => void; entry?: string } = {},
+): Promise<Replica> {
+  const proc = spawn(process.execPath, [opts.entry ?? BIN, 'worker'], {
     // The port is read from the 'worker ready' line, so the replica logs at info whatever env asks.
     env: { ...process.env, HTTP_PORT: '0', ...env, LOG_LEVEL: 'info' },
     stdio: ['ignore', 'ignore', 'pipe'],

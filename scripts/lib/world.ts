@@ -38,7 +38,13 @@ export interface World {
   close(): Promise<void>;
 }
 
-export async function startWorld(opts: { name: string; emulator?: EmulatorOptions; replicaEnv?: Record<string, string> }): Promise<World> {
+export async function startWorld(opts: {
+  name: string;
+  emulator?: EmulatorOptions;
+  replicaEnv?: Record<string, string>;
+  /** What replicas run instead of bin/outboxd.js (scripts/lib/replica.ts). */
+  replicaEntry?: string;
+}): Promise<World> {
   const log = createLogger(process.env.LOG_LEVEL ?? 'warn');
   let cluster: EmbeddedCluster | undefined;
   let dataDir: string | undefined;
@@ -72,7 +78,7 @@ export async function startWorld(opts: { name: string; emulator?: EmulatorOption
     async startReplica(env = {}, onLog) {
       const r = await startReplica(
         { DATABASE_URL: url, STRIPE_API_BASE: emulatorUrl, STRIPE_SECRET_KEY: '', NODE_OPTIONS: DEPLOYED_NODE_OPTIONS, ...opts.replicaEnv, ...env },
-        onLog ? { onLog } : {},
+        { ...(onLog ? { onLog } : {}), ...(opts.replicaEntry ? { entry: opts.replicaEntry } : {}) },
       );
       replicas.push(r);
       return r;
