@@ -9,7 +9,7 @@
 import type { PgBoss } from 'pg-boss';
 import type { Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { RECONCILED_KINDS } from '../effects/registry.ts';
+import { RECONCILED_KINDS, type EffectCall } from '../effects/registry.ts';
 import { deadQueueFor, liveJobFor, queueFor } from '../outbox.ts';
 import { bossDb } from '../db/pool.ts';
 import { executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
@@ -22,7 +22,7 @@ export const UNDRIVEN_AFTER_SECONDS = 15 * 60;
 
 export interface SweepDecision {
   operationId: string;
-  call: 'retrieve' | 'search' | null;
+  call: Exclude<EffectCall, 'create'> | null;
   from: string;
   to: string;
   outcome: string | null;
@@ -60,7 +60,7 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
       return;
     }
     traceOperation(lease.operation, lease.fence);
-    const log = opts.log.child({ operationId: id, fence: lease.fence });
+    const log = opts.log.child({ operationId: id, kind: lease.operation.kind, fence: lease.fence });
     try {
       const run = await executeOperation(pool, gateway, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log });
       const op: Operation = run.operation;

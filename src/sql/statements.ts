@@ -180,6 +180,30 @@ function build(schema: string) {
        from spent left join charge on true left join existing on true`,
     ),
 
+    /**
+     * An application's effect of kind $1 under key $3 (unique per kind) and its outbox row, in ONE
+     * statement, with the policy it is requested under ($2). No row: the key already names one
+     * (effectOperationByKey reads it).
+     */
+    insertEffectOperation: statement<[kind: string, policy: string, key: string, payload: string, traceparent: string | null]>(
+      'outboxd_insert_effect_operation',
+      `with op as (
+         insert into ${s}.payment_operations (kind, policy, effect_key, payload, traceparent)
+         values ($1, $2, $3, $4::jsonb, $5)
+         on conflict (kind, effect_key) where kind not in ('charge', 'refund') do nothing
+         returning id, kind, traceparent
+       ), outbox as (
+         insert into ${s}.charge_outbox (operation_id, kind, traceparent) select id, kind, traceparent from op
+       )
+       select id from op`,
+    ),
+
+    /** The effect a kind's key names, and whether it was requested with this payload. */
+    effectOperationByKey: statement<[kind: string, key: string, payload: string]>(
+      'outboxd_effect_operation_by_key',
+      `select id, payload = $3::jsonb as same_payload from ${s}.payment_operations where kind = $1 and effect_key = $2`,
+    ),
+
     /** Every charge operation of an order, newest first. */
     chargeOperationsOfOrder: statement<[orderId: string]>(
       'outboxd_charge_operations_of_order',
@@ -234,17 +258,19 @@ function build(schema: string) {
 
     // ─── the executor's fenced writes ──────────────────────────────────────────────────────────────────
 
-    /** Counts a gateway call before it is made; for a create, records first_attempted_at (the first send,
+    /** Counts a call before it is made; for a create, records first_attempted_at (the first send,
      * invariant 7) and last_attempted_at before the send, returning what they were, so that an outcome that
-     * proves nothing executed can put them back. Zero rows: the fence moved or the operation settled, and
-     * the call must not be made. */
-    recordAttempt: statement<[id: string, fence: number, isCreate: boolean]>(
+     * proves nothing executed can put them back. $4: an at-least-once kind, whose create after one that
+     * may have acted (first_attempted_at already set) is counted as a possible duplicate. Zero rows: the
+     * fence moved or the operation settled, and the call must not be made. */
+    recordAttempt: statement<[id: string, fence: number, isCreate: boolean, atLeastOnce: boolean]>(
       'outboxd_record_attempt',
       `with prev as (select first_attempted_at, last_attempted_at from ${s}.payment_operations where id = $1)
        update ${s}.payment_operations
        set attempts = attempts + 1, updated_at = now(),
            first_attempted_at = case when $3 then coalesce(first_attempted_at, now()) else first_attempted_at end,
-           last_attempted_at = case when $3 then now() else last_attempted_at end
+           last_attempted_at = case when $3 then now() else last_attempted_at end,
+           possible_duplicates = possible_duplicates + case when $3 and $4 and first_attempted_at is not null then 1 else 0 end
        where id = $1 and fence = $2 and ${UNSETTLED}
        returning attempts, first_attempted_at,
          (select first_attempted_at from prev) as prev_first_attempted_at,
@@ -255,7 +281,8 @@ function build(schema: string) {
      * only with the current fence (invariant 8). settled_at is set exactly when the new status is settled,
      * and then, in the same statement, its settlement event ($11: what settled it).
      * $8: the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt
-     * stamps go back to $9/$10: a window that only such calls opened is not open. */
+     * stamps go back to $9/$10: a window that only such calls opened is not open (or a check found that
+     * no earlier execution happened: they go back to null). $12: an application effect's result. */
     recordOutcome: statement<
       [
         id: string,
@@ -269,6 +296,7 @@ function build(schema: string) {
         firstAttemptedAt: Date | null,
         lastAttemptedAt: Date | null,
         source: string,
+        result: string | null,
       ]
     >(
       'outboxd_record_outcome',
@@ -279,6 +307,7 @@ function build(schema: string) {
            review_reason = case when $3 in ('succeeded', 'failed') then null else coalesce($7, review_reason) end,
            first_attempted_at = case when $8 then $9::timestamptz else first_attempted_at end,
            last_attempted_at = case when $8 then $10::timestamptz else last_attempted_at end,
+           result = coalesce($12::jsonb, result),
            updated_at = now(), lease_owner = null, lease_expires_at = null,
            settled_at = case when $3 in ('succeeded', 'failed') then now() end
        where id = $1 and fence = $2 and ${UNSETTLED}
