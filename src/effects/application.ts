@@ -52,7 +52,7 @@ export interface EffectDefinition {
 
 /** Kinds outboxd keeps for itself: its own effects and queues (a kind's name is its queue's). */
 const RESERVED = new Set(['charge', 'refund', 'settled', 'reconcile']);
-export const KIND_NAME = /^[a-z][a-z0-9_]{0,39}$/;
+const KIND_NAME = /^[a-z][a-z0-9_]{0,39}$/;
 
 /** Checks a definition before it is kept: refused with a TypeError that says what is wrong. */
 export function validDefinition(kind: unknown, def: unknown): EffectDefinition {

@@ -20,7 +20,6 @@ import { refundCalls } from '../payments/refund.ts';
 import { applicationCalls, type EffectDefinition } from './application.ts';
 
 export type Policy = 'idempotent-key' | 'at-least-once' | 'reconcile-before-retry';
-export const POLICIES: readonly Policy[] = ['idempotent-key', 'at-least-once', 'reconcile-before-retry'];
 
 /**
  * The calls the executor makes for an operation:

@@ -8,7 +8,7 @@ import { activeTraceparent, ATTR, withSpan } from '../tracing.ts';
 import type { EffectDefinitions } from './registry.ts';
 
 /** A payload is kept in the operation row and handed to every execution: JSON, and not a document. */
-export const MAX_PAYLOAD_BYTES = 64 * 1024;
+const MAX_PAYLOAD_BYTES = 64 * 1024;
 
 /** The key names an effect of the kind requested with another payload. */
 export class EffectConflictError extends Error {

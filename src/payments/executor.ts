@@ -55,6 +55,7 @@ export interface Execution {
   possibleDuplicate: boolean;
 }
 
+/** A job of a kind this process does not define reached it (a worker takes only its kinds' queues). */
 export class UnknownKindError extends Error {
   override name = 'UnknownKindError';
 }
