@@ -309,8 +309,8 @@ describe('the console in a browser', () => {
     }
     // The declined order paid with another card: two operations of one order, each showing the other.
     const declined = await operation(t, ops.declined);
-    const retry = await confirm(t, { orderId: declined.order_id, paymentMethod: 'pm_card_visa' });
-    await page.goto(`${base}/console/search?q=${encodeURIComponent(declined.order_id)}`);
+    const retry = await confirm(t, { orderId: declined.order_id!, paymentMethod: 'pm_card_visa' });
+    await page.goto(`${base}/console/search?q=${encodeURIComponent(declined.order_id!)}`);
     expect((await page.locator('table.data tbody a.row-link').evaluateAll((as) => as.map((a) => a.getAttribute('title')))).sort()).toEqual([ops.declined, retry].sort());
     await b.shot('search-order');
     await page.goto(`${base}/console/operations/${retry}`);

@@ -97,7 +97,7 @@ describe('the operation timeline', () => {
     const op = await confirm(t);
     const first = (await claimOperation(t.pool, op, 'worker-a', 30_000, 82_800))!;
     // worker-a sends and dies mid-call: the attempt is counted, no outcome follows.
-    await t.pool.query(t.pool.sql.recordAttempt(op, first.fence, 'create'));
+    await t.pool.query(t.pool.sql.recordAttempt(op, first.fence, 'create', false));
     await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
     const second = (await claimOperation(t.pool, op, 'worker-b', 30_000, 82_800))!;
     expect(second.previousOwner).toBe('worker-a');

@@ -11,21 +11,28 @@
 //      │   409, processing…)
 //      └─▶ pending  (429, 401/403, connection refused: nothing executed, status unchanged, and the key
 //                    window this attempt opened is closed again)
+//   unknown ──▶ pending  (a reconcile-before-retry kind's check found the earlier execution did not
+//                         happen: the attempt stamps are cleared, so the next claim executes again)
 //
 // succeeded and failed are terminal: no write touches them again and they cause no external call
 // (invariant 5). "Needs review" is not a status: it is a reason recorded on an unsettled operation.
 import type { Queryable } from '../db/pool.ts';
+import type { Policy } from '../effects/registry.ts';
 import { ATTR, withSpan } from '../tracing.ts';
 
 export type OperationStatus = 'pending' | 'unknown' | 'succeeded' | 'failed';
 
 export interface Operation {
   id: string;
-  order_id: string;
-  /** charge, or another kind of src/effects/registry.ts. */
+  /** A charge's and a refund's (null for an application's own kind). */
+  order_id: string | null;
+  /** charge, refund, or a kind the application defines (src/effects/registry.ts). */
   kind: string;
-  amount: number;
-  currency: string;
+  /** The kind's policy when it was requested. */
+  policy: Policy;
+  /** A charge's and a refund's (null for an application's own kind: payment_operations_money_check). */
+  amount: number | null;
+  currency: string | null;
   /** A charge's (null for every other kind). */
   customer_id: string | null;
   payment_method: string | null;
@@ -33,10 +40,14 @@ export interface Operation {
   metadata: Record<string, string>;
   /** A refund's charge operation. */
   parent_operation_id: string | null;
-  /** The caller's key of a refund: unique per charge operation. */
+  /** The caller's key: of a refund (unique per charge operation), of an application's effect (per kind). */
   effect_key: string | null;
-  /** What the kind needs beyond the columns (a refund's: RefundPayload). */
+  /** What the kind needs beyond the columns (a refund's: RefundPayload; an application effect's own). */
   payload: unknown;
+  /** What an application's effect returned (or its check found). */
+  result: unknown;
+  /** Executions of an at-least-once effect after one that may have acted. */
+  possible_duplicates: number;
   status: OperationStatus;
   external_id: string | null;
   attempts: number;
@@ -64,17 +75,21 @@ export const isSettled = (status: OperationStatus): boolean => status === 'succe
 /** What one step of the executor learned, and Stripe's id of the response it learned it from (when
  * one arrived), which the operation's timeline keeps. */
 export type Outcome = (
-  | { kind: 'succeeded'; externalId: string }
+  /** result: what an application's effect returned, to store (JSON). */
+  | { kind: 'succeeded'; externalId: string | null; result?: string }
   | { kind: 'failed'; externalId: string | null; reason: string }
   | { kind: 'ambiguous'; externalId: string | null; reason: string }
   | { kind: 'rate_limited'; reason: string }
   | { kind: 'not_executed'; reason: string }
+  /** A kind's check found that an earlier execution did not happen: it may be executed again. */
+  | { kind: 'not_done'; reason: string }
   /** retry: whether driving it again can help (search may catch up); false holds it for a person now. */
   | { kind: 'needs_review'; externalId: string | null; reason: string; retry: boolean }
 ) & { requestId?: string | undefined };
 
-/** Outcomes that prove the call executed nothing at the provider: not an attempt that may have charged. */
-export const executedNothing = (outcome: Outcome): boolean => outcome.kind === 'rate_limited' || outcome.kind === 'not_executed';
+/** Outcomes that prove nothing was executed: not an attempt that may have acted. */
+export const executedNothing = (outcome: Outcome): boolean =>
+  outcome.kind === 'rate_limited' || outcome.kind === 'not_executed' || outcome.kind === 'not_done';
 
 /** The transition table: the status an outcome moves an unsettled operation to. */
 export function nextStatus(current: OperationStatus, outcome: Outcome): OperationStatus {
@@ -90,6 +105,8 @@ export function nextStatus(current: OperationStatus, outcome: Outcome): Operatio
     case 'rate_limited':
     case 'not_executed':
       return current;
+    case 'not_done':
+      return 'pending';
   }
 }
 
@@ -139,15 +156,17 @@ export interface Attempt {
   prev_last_attempted_at: Date | null;
 }
 
-/** Fenced: counts the gateway call about to be made (and, for a create, stamps first_attempted_at and
- * last_attempted_at now, before the send, so a crash mid-call leaves the window measured). */
+/** Fenced: counts the call about to be made (and, for a create, stamps first_attempted_at and
+ * last_attempted_at now, before the send, so a crash mid-call leaves the window measured). With
+ * `atLeastOnce`, a create after one that may have acted is counted as a possible duplicate. */
 export async function recordAttempt(
   db: Queryable,
   id: string,
   fence: number,
-  call: 'create' | 'retrieve' | 'search',
+  call: 'create' | 'retrieve' | 'search' | 'check',
+  atLeastOnce = false,
 ): Promise<Attempt> {
-  const { rows } = await db.query(db.sql.recordAttempt(id, fence, call));
+  const { rows } = await db.query(db.sql.recordAttempt(id, fence, call, atLeastOnce));
   if (!rows[0]) throw await staleFence(db, id, fence);
   return rows[0];
 }
@@ -158,15 +177,16 @@ export type SettlementSource = 'dispatcher' | 'reconcile' | 'webhook' | 'admin';
 
 /** The gateway call an outcome answers, as recordAttempt counted it. */
 export interface CallMade {
-  call: 'create' | 'retrieve' | 'search';
+  call: 'create' | 'retrieve' | 'search' | 'check';
   attempt: Attempt;
   durationMs: number;
 }
 
 /** Fenced: applies an outcome through the transition table, ends the claim's lease, and returns the
  * updated operation. When a create's outcome proves nothing executed, the attempt's stamps are undone:
- * a 429 (or 401/403, or a connection never opened) does not start the key window. A settling outcome
- * writes its settlement event, and every outcome its timeline entry, in the same statement. */
+ * a 429 (or 401/403, or a connection never opened) does not start the key window; a check that found no
+ * earlier execution clears them, so the next claim executes. A settling outcome writes its settlement
+ * event, and every outcome its timeline entry, in the same statement. */
 export async function recordOutcome(
   db: Queryable,
   op: Operation,
@@ -182,7 +202,8 @@ export async function recordOutcome(
   // (a key misuse, a mismatched charge): their runbook actions differ.
   const review = outcome.kind === 'needs_review' && !(outcome.retry && op.review_reason) ? outcome.reason : null;
   const createAttempt = made.call === 'create' ? made.attempt : undefined;
-  const undo = createAttempt !== undefined && executedNothing(outcome);
+  const undo = outcome.kind === 'not_done' || (createAttempt !== undefined && executedNothing(outcome));
+  const result = outcome.kind === 'succeeded' ? (outcome.result ?? null) : null;
   const event = {
     call: made.call,
     attempt: made.attempt.attempts,
@@ -196,7 +217,7 @@ export async function recordOutcome(
   };
   const { rows } = await db.query(
     db.sql.recordOutcome(op.id, fence, status, externalId, outcome.kind, error, review, undo,
-      createAttempt?.prev_first_attempted_at ?? null, createAttempt?.prev_last_attempted_at ?? null, source, JSON.stringify(event)),
+      createAttempt?.prev_first_attempted_at ?? null, createAttempt?.prev_last_attempted_at ?? null, source, JSON.stringify(event), result),
   );
   if (!rows[0]) throw await staleFence(db, op.id, fence);
   return rows[0];

@@ -207,6 +207,30 @@ function build(schema: string) {
        from spent left join charge on true left join existing on true`,
     ),
 
+    /**
+     * An application's effect of kind $1 under key $3 (unique per kind) and its outbox row, in ONE
+     * statement, with the policy it is requested under ($2). No row: the key already names one
+     * (effectOperationByKey reads it).
+     */
+    insertEffectOperation: statement<[kind: string, policy: string, key: string, payload: string, traceparent: string | null]>(
+      'outboxd_insert_effect_operation',
+      `with op as (
+         insert into ${s}.payment_operations (kind, policy, effect_key, payload, traceparent)
+         values ($1, $2, $3, $4::jsonb, $5)
+         on conflict (kind, effect_key) where kind not in ('charge', 'refund') do nothing
+         returning id, kind, traceparent
+       ), outbox as (
+         insert into ${s}.charge_outbox (operation_id, kind, traceparent) select id, kind, traceparent from op
+       )
+       select id from op`,
+    ),
+
+    /** The effect a kind's key names, and whether it was requested with this payload. */
+    effectOperationByKey: statement<[kind: string, key: string, payload: string]>(
+      'outboxd_effect_operation_by_key',
+      `select id, payload = $3::jsonb as same_payload from ${s}.payment_operations where kind = $1 and effect_key = $2`,
+    ),
+
     /** Every charge operation of an order, newest first. */
     chargeOperationsOfOrder: statement<[orderId: string]>(
       'outboxd_charge_operations_of_order',
@@ -264,18 +288,20 @@ function build(schema: string) {
 
     // ─── the executor's fenced writes ──────────────────────────────────────────────────────────────────
 
-    /** Counts a gateway call before it is made; for a create, records first_attempted_at (the first send,
+    /** Counts a call before it is made; for a create, records first_attempted_at (the first send,
      * invariant 7) and last_attempted_at before the send, returning what they were, so that an outcome that
-     * proves nothing executed can put them back. Zero rows: the fence moved or the operation settled, and
-     * the call must not be made. The timeline records the call as sent: one whose outcome never follows
-     * was in flight when its worker died or lost the lease. */
-    recordAttempt: statement<[id: string, fence: number, call: string]>(
+     * proves nothing executed can put them back. $4: an at-least-once kind, whose create after one that
+     * may have acted (first_attempted_at already set) is counted as a possible duplicate. Zero rows: the
+     * fence moved or the operation settled, and the call must not be made. The timeline records the call
+     * as sent: one whose outcome never follows was in flight when its worker died or lost the lease. */
+    recordAttempt: statement<[id: string, fence: number, call: string, atLeastOnce: boolean]>(
       'outboxd_record_attempt',
       `with prev as (select first_attempted_at, last_attempted_at from ${s}.payment_operations where id = $1), attempt as (
        update ${s}.payment_operations
        set attempts = attempts + 1, updated_at = now(),
            first_attempted_at = case when $3 = 'create' then coalesce(first_attempted_at, now()) else first_attempted_at end,
-           last_attempted_at = case when $3 = 'create' then now() else last_attempted_at end
+           last_attempted_at = case when $3 = 'create' then now() else last_attempted_at end,
+           possible_duplicates = possible_duplicates + case when $3 = 'create' and $4 and first_attempted_at is not null then 1 else 0 end
        where id = $1 and fence = $2 and ${UNSETTLED}
        returning attempts, first_attempted_at,
          (select first_attempted_at from prev) as prev_first_attempted_at,
@@ -288,8 +314,10 @@ function build(schema: string) {
      * only with the current fence (invariant 8). settled_at is set exactly when the new status is settled,
      * and then, in the same statement, its settlement event ($11: what settled it).
      * $8: the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt
-     * stamps go back to $9/$10: a window that only such calls opened is not open. $11: what the timeline
-     * keeps of the call (its outcome, duration, Stripe's request id), written by the same statement. */
+     * stamps go back to $9/$10: a window that only such calls opened is not open (or a check found that
+     * no earlier execution happened: they go back to null). $12: what the timeline keeps of the call (its
+     * outcome, duration, Stripe's request id), written by the same statement. $13: an application
+     * effect's result. */
     recordOutcome: statement<
       [
         id: string,
@@ -304,6 +332,7 @@ function build(schema: string) {
         lastAttemptedAt: Date | null,
         source: string,
         event: string,
+        result: string | null,
       ]
     >(
       'outboxd_record_outcome',
@@ -314,6 +343,7 @@ function build(schema: string) {
            review_reason = case when $3 in ('succeeded', 'failed') then null else coalesce($7, review_reason) end,
            first_attempted_at = case when $8 then $9::timestamptz else first_attempted_at end,
            last_attempted_at = case when $8 then $10::timestamptz else last_attempted_at end,
+           result = coalesce($13::jsonb, result),
            updated_at = now(), lease_owner = null, lease_expires_at = null,
            settled_at = case when $3 in ('succeeded', 'failed') then now() end
        where id = $1 and fence = $2 and ${UNSETTLED}

@@ -43,7 +43,7 @@ ${op.review_reason ? html`<div class="held" role="note"><strong>Held for review.
     <section aria-labelledby="fields-title" class="panel">
       <h2 id="fields-title">Fields</h2>
       <dl class="fields">
-        ${field('Order', html`<a class="mono" href="/console/search?q=${encodeURIComponent(op.order_id)}">${op.order_id}</a>`)}
+        ${field('Order', op.order_id === null ? 'none (an application effect)' : html`<a class="mono" href="/console/search?q=${encodeURIComponent(op.order_id)}">${op.order_id}</a>`)}
         ${field('Kind', op.kind)}
         ${field('Amount', html`${amount(op)} <span class="muted">(${op.amount} ${op.currency} in minor units)</span>`)}
         ${field('Customer', html`<span class="mono">${op.customer_id}</span>`)}
