@@ -341,6 +341,24 @@ describe('a person’s resolution of an effect of the application’s', () => {
 });
 
 describe('startWorker: the dispatcher inside the application’s process', () => {
+  it("on the application's pool, the shared Stripe budget takes its tokens through that pool", async () => {
+    process.env.STRIPE_RATE_LIMIT = '50';
+    const o = new Outboxd({ pool: appPool });
+    apps.push(o);
+    try {
+      const heard: string[] = [];
+      await o.onSettled((event) => void heard.push(event.operationId));
+      const worker = await o.startWorker({ concurrency: 2 });
+      const charge = (await inTx((c) => o.requestCharge(c, { orderId: `budgeted-${Date.now()}`, amount: 990, currency: 'eur', customer: 'cus_b', paymentMethod: 'pm_card_visa' }))).operationId;
+      await waitUntil(async () => heard.includes(charge), 30_000, 'the charge settled');
+      expect((await t.pool.query(`select name from outboxd.rate_budgets where name = 'stripe'`)).rows).toHaveLength(1);
+      expect(await worker.metrics()).toMatch(/outboxd_stripe_budget_granted_total\{[^}]*budget="stripe"[^}]*\} [1-9]/);
+    } finally {
+      delete process.env.STRIPE_RATE_LIMIT;
+      await o.stop();
+    }
+  });
+
   it('carries out the built-in kinds and the defined ones; settlements reach onSettled; metrics carry the policy', async () => {
     const { sent, def } = receipts(1);
     const o = new Outboxd({ pool: appPool }); // on the application's own pool

@@ -34,13 +34,18 @@ export async function startInProcessWorker(opts: {
   const log = createLogger(config.logLevel, { component: 'outboxd-worker', workerId });
   const { connection, schema, concurrency } = opts;
   const url = typeof connection === 'string' ? connection : undefined;
-  const gateway = await openGateway(config, log, { url: url ?? '', schema, embedded: false, close: async () => {} });
   // Calls hold no connection, so outboxd's own pool only needs room for the short statements around them.
   const pool: Pool = url ? createPool(url, { schema, max: Math.min(concurrency, 16) + 2, applicationName: 'outboxd-worker' }) : onApplicationPool(connection as pg.Pool, opts.sql);
+  // On the application's pool there is no URL: the Stripe budget shares that pool too.
+  const gateway = await openGateway(config, log, { url: url ?? '', schema, embedded: false, close: async () => {}, ...(url ? {} : { pool }) }).catch(async (err: unknown) => {
+    if (url) await pool.end();
+    throw err;
+  });
   const boss = createBoss(connection, 'worker', concurrency + 3, schema);
   boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
   const metrics = createMetrics({ db: pool, boss, kinds: [...BUILT_IN_KINDS, ...opts.effects.keys()] });
   registerStripeMode(metrics.registry, gateway.mode);
+  gateway.gateway.registerMetrics(metrics.registry);
   const dispatcher = new Dispatcher(
     { boss, pool, gateway: gateway.gateway, log, metrics, effects: opts.effects },
     {
