@@ -194,13 +194,13 @@ describe('the console in a browser', () => {
     await b.shot('operation-resolve-refused');
 
     const paidPi = (await operation(t, ops.paid)).external_id!;
-    await page.getByLabel('Stripe object that charged').fill(paidPi);
+    await page.getByLabel('PaymentIntent that charged').fill(paidPi);
     await page.getByRole('button', { name: 'Resolve as succeeded' }).click();
     await expect.poll(() => page.getByRole('alert').textContent()).toContain(`${paidPi} belongs to operation ${ops.paid}, not ${ops.misuse}`);
     expect((await operation(t, ops.misuse)).status).toBe('unknown');
     expect(await audit(ops.misuse)).toEqual([]);
 
-    await page.getByLabel('Stripe object that charged').fill(ops.misusePi);
+    await page.getByLabel('PaymentIntent that charged').fill(ops.misusePi);
     await page.getByRole('button', { name: 'Resolve as succeeded' }).click();
     await page.waitForURL(`${base}/console/operations/${ops.misuse}?done=resolved`);
     expect(await page.getByRole('status').textContent()).toContain('Resolved');

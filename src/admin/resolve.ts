@@ -122,8 +122,8 @@ async function refuseWhileDriven(pool: Pool, boss: PgBoss, op: Operation): Promi
   }
 }
 
-/** What names the effect at Stripe, per kind. */
-const EXTERNAL_ID: Record<string, { pattern: RegExp; what: string }> = {
+/** What names the effect at Stripe, per kind; an application's kind names any reference of its own. */
+export const EXTERNAL_ID: Record<string, { pattern: RegExp; what: string }> = {
   charge: { pattern: /^pi_\w+$/, what: 'a PaymentIntent id (pi_…)' },
   refund: { pattern: /^re_\w+$/, what: 'a Refund id (re_…)' },
 };
