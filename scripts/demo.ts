@@ -89,7 +89,7 @@ try {
   say('operation  order              status     att  fence  charges  emulator saw');
   for (const op of operations.filter((o) => ops.includes(o.id))) {
     say(
-      `${op.id.slice(0, 8)}   ${op.order_id.padEnd(18)} ${op.status.padEnd(10)} ${String(op.attempts).padStart(3)}  ${String(op.fence).padStart(5)}  ${String(paid.get(op.id) ?? 0).padStart(7)}  ${pathOf(emulator, op.id)}`,
+      `${op.id.slice(0, 8)}   ${(op.order_id ?? "-").padEnd(18)} ${op.status.padEnd(10)} ${String(op.attempts).padStart(3)}  ${String(op.fence).padStart(5)}  ${String(paid.get(op.id) ?? 0).padStart(7)}  ${pathOf(emulator, op.id)}`,
     );
   }
   say(`\n${operations.length} operations, ${emulator.ledger().length} PaymentIntents in the ledger, ${violations.length} disagreement(s)`);

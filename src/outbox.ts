@@ -62,6 +62,19 @@ export async function createKindQueues(boss: PgBoss, kind: string): Promise<void
   await boss.createQueue(queueFor(kind), queueOptionsFor(kind));
 }
 
+/** The kinds whose queues a pg-boss instance has seen exist (the built-in ones: created by migrate). */
+const knownQueues = new WeakMap<PgBoss, Set<string>>();
+
+/** An application's kind may be requested before any replica that defines it has started: its first
+ * relayed row creates its queues (once per process), so the job waits there for such a replica. */
+async function ensureKindQueues(boss: PgBoss, kind: string): Promise<void> {
+  if (BUILT_IN_KINDS.includes(kind)) return;
+  const known = knownQueues.get(boss) ?? knownQueues.set(boss, new Set()).get(boss)!;
+  if (known.has(kind)) return;
+  await createKindQueues(boss, kind);
+  known.add(kind);
+}
+
 /**
  * `migrator` installs or upgrades pg-boss's schema; `worker` also supervises (heartbeat and expiry
  * checks every few seconds, so a lost job comes back fast) and listens for NOTIFY; `subscriber` (an
@@ -133,7 +146,10 @@ async function relayOperations(db: Pool, boss: PgBoss, limit: number): Promise<n
         const jobs = byKind.get(r.kind) ?? byKind.set(r.kind, []).get(r.kind)!;
         jobs.push({ data: { operationId: r.operation_id, traceparent: traceparents[i] } });
       });
-      for (const [kind, jobs] of byKind) await untraced(() => boss.insert(queueFor(kind), jobs, { db: bossDb(tx) }));
+      for (const [kind, jobs] of byKind) {
+        await ensureKindQueues(boss, kind);
+        await untraced(() => boss.insert(queueFor(kind), jobs, { db: bossDb(tx) }));
+      }
     });
     return rows.length;
   });

@@ -1,5 +1,6 @@
-// The library: what an application embedding outboxd calls. Its charge requests join the
-// application's own transaction; `outboxd worker` replicas (or the CLI) do the rest.
+// The library: what an application embedding outboxd calls. Its requests (charges, refunds, its own
+// kinds of effect) join the application's own transaction; `outboxd worker` replicas, or a worker
+// started in the application's process (startWorker), do the rest.
 import type pg from 'pg';
 import type { PgBoss } from 'pg-boss';
 import { schemaFromEnv } from './config.ts';
@@ -10,6 +11,10 @@ import { isOperationId, type Operation, type OperationStatus } from './payments/
 import { requestCharge, type ChargeRequested } from './payments/request.ts';
 import { requestRefund, type RefundRequested } from './payments/refund.ts';
 import type { RefundReason } from './payments/gateway.ts';
+import { validDefinition, type EffectDefinition } from './effects/application.ts';
+import type { Policy } from './effects/registry.ts';
+import { requestEffect, type EffectRequested } from './effects/request.ts';
+import { startInProcessWorker, type EffectWorker } from './dispatcher/inProcess.ts';
 import { createBoss } from './outbox.ts';
 import { SETTLED_QUEUE, workSettlements, type SettlementEvent } from './settlements.ts';
 import { SCHEMA_NAME, statementsFor } from './sql/statements.ts';
@@ -56,22 +61,40 @@ export interface RefundRequest {
   reason?: RefundReason;
 }
 
-/** A payment operation as getOperation returns it. */
+/** What requestEffect takes. */
+export interface EffectRequest {
+  /** The application's name for this effect: the same key of the same kind is the same operation. */
+  key: string;
+  /** What execute (and check) receive; JSON, at most 64 KiB. */
+  payload?: unknown;
+}
+
+/** An operation as getOperation returns it. */
 export interface PaymentOperation {
   id: string;
-  orderId: string;
-  /** `charge`, or another kind of effect (the README's table of kinds). */
+  /** A charge's or a refund's (null for an application's own kind). */
+  orderId: string | null;
+  /** `charge`, `refund`, or a kind the application defines. */
   kind: string;
-  amount: number;
-  currency: string;
+  /** Its policy on an ambiguous outcome: idempotent-key, at-least-once or reconcile-before-retry. */
+  policy: Policy;
+  /** A charge's or a refund's, in minor units (null for an application's own kind). */
+  amount: number | null;
+  currency: string | null;
   /** A charge's customer and payment method (null for every other kind). */
   customer: string | null;
   paymentMethod: string | null;
   metadata: Record<string, string>;
   /** A refund's charge operation. */
   parentOperationId: string | null;
-  /** A refund's key (unique per charge operation). */
+  /** A refund's key (unique per charge operation), or an application effect's (unique per kind). */
   key: string | null;
+  /** An application effect's payload. */
+  payload: unknown;
+  /** What an application's effect returned (or its check found). */
+  result: unknown;
+  /** Executions of an at-least-once effect after one that may have acted. */
+  possibleDuplicates: number;
   status: OperationStatus;
   /** The PaymentIntent (pi_…) or Refund (re_…), once known. */
   externalId: string | null;
@@ -94,7 +117,9 @@ export class Outboxd {
   readonly #ownPool: Pool | undefined;
   readonly #onError: (err: Error) => void;
   readonly #handlers: SettlementHandler[] = [];
+  readonly #effects = new Map<string, EffectDefinition>();
   #subscription: Promise<PgBoss> | undefined;
+  #worker: Promise<EffectWorker> | undefined;
   #stopped = false;
 
   constructor(options: OutboxdOptions) {
@@ -142,6 +167,46 @@ export class Outboxd {
     return requestRefund(callerTransaction(tx, this.#db.sql), request);
   }
 
+  /**
+   * Defines a kind of effect of the application's, with its policy on an outcome nobody knows:
+   * `at-least-once` (executed again; a duplicate is tolerated and counted) or `reconcile-before-retry`
+   * (`check` establishes whether an earlier execution happened before any other; when it cannot tell, a
+   * person decides). `execute({ operationId, key, payload, attempt, signal })` returns a result to
+   * record (JSON) or throws EffectFailed when the effect definitively did not happen; anything else is
+   * ambiguous. Define a kind in every process that requests it or runs it, before startWorker.
+   */
+  defineEffect(kind: string, definition: EffectDefinition): void {
+    if (this.#worker) throw new Error('define every effect before startWorker');
+    this.#effects.set(kind, validDefinition(kind, definition));
+  }
+
+  /**
+   * Requests an effect of a defined kind inside the caller's transaction `tx` (as requestCharge): the
+   * operation and its outbox row commit or roll back with it. The same key of the same kind again
+   * returns the same operation (created: false). Throws ValidationError (an undefined kind, a bad key or
+   * payload) or EffectConflictError (the key names an effect requested with another payload).
+   */
+  async requestEffect(tx: object, kind: string, request: EffectRequest): Promise<EffectRequested> {
+    return requestEffect(callerTransaction(tx, this.#db.sql), this.#effects, kind, request);
+  }
+
+  /**
+   * Runs a dispatcher in this process: it carries out the built-in kinds (Stripe, as configured by
+   * STRIPE_SECRET_KEY and the other variables `outboxd worker` reads) and the kinds defined here, up to
+   * `concurrency` operations of each at once, with the same leases, fences, retries, review and metrics
+   * as `outboxd worker` replicas, beside which it may run. stop() ends it.
+   */
+  async startWorker(options: { concurrency: number }): Promise<EffectWorker> {
+    if (this.#stopped) throw new Error('this Outboxd is stopped');
+    const concurrency = options?.concurrency;
+    if (!Number.isSafeInteger(concurrency) || concurrency < 1 || concurrency > 256) throw new TypeError('startWorker({ concurrency }): an integer from 1 to 256');
+    if (this.#worker) throw new Error('this Outboxd already runs a worker');
+    const effects = new Map(this.#effects);
+    this.#worker = startInProcessWorker({ connection: this.#connection, schema: this.schema, sql: this.#db.sql, concurrency, effects });
+    this.#worker.catch(() => (this.#worker = undefined));
+    return this.#worker;
+  }
+
   /** The operation, or undefined when there is none with this id. */
   async getOperation(id: string): Promise<PaymentOperation | undefined> {
     if (typeof id !== 'string' || !isOperationId(id)) return undefined;
@@ -175,11 +240,12 @@ export class Outboxd {
     return boss;
   }
 
-  /** Stops the subscription (a handler running finishes first) and releases what this instance holds
-   * (its own pool; never an application's). */
+  /** Stops the worker (calls in flight finish first) and the subscription (a handler running finishes
+   * first), and releases what this instance holds (its own pool; never an application's). */
   async stop(): Promise<void> {
     if (this.#stopped) return;
     this.#stopped = true;
+    await (await this.#worker?.catch(() => undefined))?.stop();
     const boss = await this.#subscription?.catch(() => undefined);
     await boss?.offWork(SETTLED_QUEUE, { wait: true });
     await boss?.stop({ graceful: true, timeout: 10_000 });
@@ -192,6 +258,7 @@ function toPaymentOperation(op: Operation): PaymentOperation {
     id: op.id,
     orderId: op.order_id,
     kind: op.kind,
+    policy: op.policy,
     amount: op.amount,
     currency: op.currency,
     customer: op.customer_id,
@@ -199,6 +266,9 @@ function toPaymentOperation(op: Operation): PaymentOperation {
     metadata: op.metadata,
     parentOperationId: op.parent_operation_id,
     key: op.effect_key,
+    payload: op.payload,
+    result: op.result,
+    possibleDuplicates: op.possible_duplicates,
     status: op.status,
     externalId: op.external_id,
     attempts: op.attempts,

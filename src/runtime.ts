@@ -5,7 +5,7 @@
 import { ConfigError, type Config, type StripeMode } from './config.ts';
 import { startEmbeddedPostgres } from './db/embedded.ts';
 import { migrate } from './db/migrate.ts';
-import { createPool, type Pool } from './db/pool.ts';
+import { createPool, type Pool, type Queryable } from './db/pool.ts';
 import type { Logger } from './log.ts';
 import type { PaymentGateway } from './payments/gateway.ts';
 import { Budget, budgetMetrics } from './stripe/budget.ts';
@@ -19,6 +19,9 @@ export interface Database {
   url: string;
   /** outboxd's schema in it (OUTBOXD_SCHEMA). */
   schema: string;
+  /** An application's own pool (startWorker on `{ pool }`, url then empty): what needs a pool (the
+   * Stripe budget) uses it rather than opening one of its own. */
+  pool?: Queryable;
   embedded: boolean;
   /** Leaves the embedded cluster (the last process using it stops it). */
   close(): Promise<void>;
@@ -103,7 +106,9 @@ export async function openGateway(config: Config, log: Logger, db: Database, opt
  */
 function withBudget(handle: Omit<GatewayHandle, 'gateway'> & { gateway: PaymentGateway }, config: Config, db: Database, log: Logger): GatewayHandle {
   const { rateLimit, searchRateLimit, timeoutMs } = config.stripe;
-  const pool = rateLimit !== undefined || searchRateLimit !== undefined ? openPool(db, 'outboxd-budget', 2) : undefined;
+  const budgeted = rateLimit !== undefined || searchRateLimit !== undefined;
+  const own = budgeted && !db.pool ? openPool(db, 'outboxd-budget', 2) : undefined;
+  const pool = budgeted ? (db.pool ?? own) : undefined;
   const metrics = budgetMetrics();
   const budget = (name: string, rate: number | undefined) => (pool && rate !== undefined ? new Budget(pool, { name, rate, log, metrics }) : undefined);
   const gateway = new BudgetedGateway(handle.gateway, {
@@ -117,7 +122,7 @@ function withBudget(handle: Omit<GatewayHandle, 'gateway'> & { gateway: PaymentG
     gateway,
     close: async () => {
       gateway.close();
-      await pool?.end();
+      await own?.end();
       await handle.close();
     },
   };

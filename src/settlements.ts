@@ -15,16 +15,18 @@ export const SETTLED_DEAD_QUEUE = 'settled_dead';
 /** What onSettled handlers receive, once per settled operation (at least once). */
 export interface SettlementEvent {
   operationId: string;
-  orderId: string;
-  /** `charge`, `refund`, or another kind of effect. */
+  /** A charge's or a refund's order (null for an application's own kind). */
+  orderId: string | null;
+  /** `charge`, `refund`, or a kind the application defines. */
   kind: string;
-  /** A refund's key (null for a charge). */
+  /** A refund's or an application effect's key (null for a charge). */
   key: string | null;
   status: 'succeeded' | 'failed';
   /** The PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund; null when Stripe made none. */
   externalId: string | null;
-  amount: number;
-  currency: string;
+  /** A charge's or a refund's (null for an application's own kind). */
+  amount: number | null;
+  currency: string | null;
   settledAt: Date;
   source: SettlementSource;
 }

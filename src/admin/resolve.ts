@@ -8,7 +8,9 @@
 // and currency and has succeeded. --failed is refused while any charge (refund) Stripe shows for the
 // operation is not definitively failed, and while the known one is anything but failed; for a charge
 // also while the last create that may have executed is younger than the search-freshness horizon
-// (Search is not read-after-write; a PaymentIntent's list of refunds is).
+// (Search is not read-after-write; a PaymentIntent's list of refunds is). An effect of the application's
+// own kind has no provider outboxd could ask: the person's word (any reference of theirs as the external
+// id) is recorded as the evidence, after the same lease and refusals.
 import type { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
 import { ValidationError } from '../orders/validate.ts';
@@ -120,8 +122,8 @@ async function refuseWhileDriven(pool: Pool, boss: PgBoss, op: Operation): Promi
   }
 }
 
-/** What names the effect at Stripe, per kind. */
-const EXTERNAL_ID: Record<string, { pattern: RegExp; what: string }> = {
+/** What names the effect at Stripe, per kind; an application's kind names any reference of its own. */
+export const EXTERNAL_ID: Record<string, { pattern: RegExp; what: string }> = {
   charge: { pattern: /^pi_\w+$/, what: 'a PaymentIntent id (pi_…)' },
   refund: { pattern: /^re_\w+$/, what: 'a Refund id (re_…)' },
 };
@@ -137,7 +139,8 @@ async function evidenceOfSuccess(gateway: PaymentGateway, op: Operation, externa
     if (refund.status !== 'succeeded') throw new ResolutionRefused(`${refund.id} is ${refund.status}, not succeeded; try again when it has settled in Stripe`);
     return { refund };
   }
-  return evidenceOfCharge(gateway, op, externalId);
+  if (op.kind === 'charge') return evidenceOfCharge(gateway, op, externalId);
+  return { reference: externalId, checked: `nothing: outboxd cannot check an effect of kind ${op.kind}` };
 }
 
 async function evidenceOfCharge(gateway: PaymentGateway, op: Operation, externalId: string): Promise<Record<string, unknown>> {
@@ -158,6 +161,7 @@ async function evidenceOfFailure(
   horizonSeconds: number,
 ): Promise<Record<string, unknown>> {
   if (op.kind === 'refund') return evidenceOfNoRefund(gateway, op, reason);
+  if (op.kind !== 'charge') return { reason, checked: `nothing: outboxd cannot check an effect of kind ${op.kind}` };
   const { rows } = await pool.query(pool.sql.lastAttemptAge(op.id));
   const age: number | null = rows[0]?.age_seconds ?? null;
   if (age !== null && age < horizonSeconds) {

@@ -16,7 +16,7 @@ import type { PgBoss } from 'pg-boss';
 import { openDatabase, openGateway, openPool, serveEmulator, type Database } from '../runtime.ts';
 import { findOperation, listOperations, showOperation } from '../admin/operations.ts';
 import { listAudit } from '../admin/audit.ts';
-import { runWorker } from '../dispatcher/worker.ts';
+import { loadEffects, runWorker } from '../dispatcher/worker.ts';
 import { userInfo } from 'node:os';
 import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
 import { resolveOperation, type Resolution } from '../admin/resolve.ts';
@@ -121,8 +121,9 @@ program
 program
   .command('worker')
   .description('one dispatcher replica, until SIGTERM/SIGINT')
-  .action(async () => {
-    await runWorker(config, log!);
+  .option('--effects <module>', "the application's kinds of effect: a module whose default export maps each kind to { policy, execute, check? }")
+  .action(async (o) => {
+    await runWorker(config, log!, o.effects ? await loadEffects(o.effects) : undefined);
   });
 
 const order = program.command('order').description('orders');
@@ -229,7 +230,7 @@ ops
   .description('settle an operation held for review, after checking Stripe (verified again, audited)')
   .argument('<op-id>')
   .option('--succeeded', 'the effect happened: name it with --external-id')
-  .addOption(new Option('--external-id <id>', 'what settles it: the PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund').conflicts('failed'))
+  .addOption(new Option('--external-id <id>', 'what settles it: the PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund, your reference for an effect of your own').conflicts('failed'))
   .option('--failed', 'the effect did not happen: say why with --reason')
   .addOption(new Option('--reason <text>').conflicts('succeeded'))
   .option('--actor <name>', 'who resolves (audit trail)', defaultActor())

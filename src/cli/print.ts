@@ -8,9 +8,9 @@ export function printOperations(rows: Operation[], json: boolean): void {
     rows.map((r) => ({
       id: r.id,
       kind: r.kind,
-      order: r.order_id,
+      order: r.order_id ?? '-',
       status: r.status,
-      amount: `${r.amount} ${r.currency}`,
+      amount: r.amount === null ? '-' : `${r.amount} ${r.currency}`,
       attempts: String(r.attempts),
       external: r.external_id ?? '-',
       // Only an operation held for a person has a review reason; its last error is in `ops show`.

@@ -134,7 +134,7 @@ export async function operationRecord(pool: Pool, op: Operation): Promise<Operat
     pool.query(pool.sql.operationEvents(op.id, HISTORY_LIMIT)),
     pool.query(pool.sql.webhookEventsOf(op.id, HISTORY_LIMIT)),
     listAudit(pool, { operationId: op.id, limit: HISTORY_LIMIT }),
-    pool.query(pool.sql.operationsOfOrder(op.order_id, 50)),
+    op.order_id === null ? { rows: [] } : pool.query(pool.sql.operationsOfOrder(op.order_id, 50)),
     pool.query(pool.sql.settlementEventsOf(op.id, [SETTLED_QUEUE, SETTLED_DEAD_QUEUE], HISTORY_LIMIT)),
   ]);
   return {

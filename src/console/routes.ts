@@ -268,8 +268,10 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     const kept = { externalId, reason };
     let resolution: Resolution;
     if (outcome === 'succeeded') {
-      if (!/^(pi|re)_[A-Za-z0-9_]+$/.test(externalId)) {
-        return renderOperation(r.res, session, id, 422, { ...kept, notice: { kind: 'refused', text: 'Name the Stripe object that charged: pi_… (or re_… for a refund).' } });
+      // What it must name depends on the kind (a pi_, a re_, or an application's own reference):
+      // resolveOperation checks it and its refusal is shown like any other.
+      if (!externalId || externalId.length > 255) {
+        return renderOperation(r.res, session, id, 422, { ...kept, notice: { kind: 'refused', text: 'Name what carried it out: pi_… for a charge, re_… for a refund, your own reference for an effect of your application.' } });
       }
       resolution = { outcome, externalId };
     } else if (outcome === 'failed') {

@@ -28,18 +28,23 @@ export const orders = outboxd.table(
 );
 
 export const OPERATION_STATUSES = ['pending', 'unknown', 'succeeded', 'failed'] as const;
+const POLICIES = ['idempotent-key', 'at-least-once', 'reconcile-before-retry'] as const;
 
 export const paymentOperations = outboxd.table(
   'payment_operations',
   {
     id: uuid('id').primaryKey().defaultRandom(),
     /** The application's order (any table of its own, or the example orders below): not a foreign key.
-     * A refund's is its charge's. */
-    orderId: text('order_id').notNull(),
+     * A refund's is its charge's; an application's own kind of effect has none. */
+    orderId: text('order_id'),
     /** What the effect is, and so its policy on an ambiguous outcome (src/effects/registry.ts). */
     kind: text('kind').notNull().default('charge'),
-    amount: bigint('amount', { mode: 'number' }).notNull(),
-    currency: text('currency').notNull(),
+    /** The kind's policy when the operation was requested; a worker that defines the kind otherwise
+     * holds it for a person rather than apply another. */
+    policy: text('policy', { enum: POLICIES }).notNull().default('idempotent-key'),
+    /** A charge's or a refund's (minor units); an application's effect has none. */
+    amount: bigint('amount', { mode: 'number' }),
+    currency: text('currency'),
     /** A charge's; no other kind has one. */
     customerId: text('customer_id'),
     paymentMethod: text('payment_method'),
@@ -70,10 +75,16 @@ export const paymentOperations = outboxd.table(
     traceparent: text('traceparent'),
     /** A refund's charge operation. */
     parentOperationId: uuid('parent_operation_id').references((): AnyPgColumn => paymentOperations.id),
-    /** The caller's key of a refund (unique per charge operation): the same key is the same operation. */
+    /** The caller's key: of a refund, unique per charge operation; of an application's effect, unique per
+     * kind. The same key is the same operation. */
     effectKey: text('effect_key'),
-    /** What the kind needs beyond the columns: a refund's PaymentIntent and reason. */
+    /** What the kind needs beyond the columns: a refund's PaymentIntent and reason, an application
+     * effect's payload. */
     payload: jsonb('payload'),
+    /** What an application's effect returned (or its check found), as JSON. */
+    result: jsonb('result'),
+    /** Executions of an at-least-once effect after one that may have acted: possible duplicates. */
+    possibleDuplicates: integer('possible_duplicates').notNull().default(0),
     ...timestamps,
   },
   (t) => [
@@ -87,9 +98,17 @@ export const paymentOperations = outboxd.table(
     uniqueIndex('payment_operations_refund_key_idx')
       .on(t.parentOperationId, t.effectKey)
       .where(sql`${t.kind} = 'refund'`),
-    check('payment_operations_kind_check', sql`${t.kind} in ('charge', 'refund')`),
+    // An application's effect of a kind under a key: requesting it again with the key returns it.
+    uniqueIndex('payment_operations_effect_key_idx')
+      .on(t.kind, t.effectKey)
+      .where(sql`${t.kind} not in ('charge', 'refund')`),
+    // Any kind's name is its queue's (src/outbox.ts), and `<kind>_dead` its dead letter's.
+    check('payment_operations_kind_check', sql`${t.kind} ~ '^[a-z][a-z0-9_]{0,39}$'`),
+    check('payment_operations_policy_check', sql`${t.policy} in ('idempotent-key', 'at-least-once', 'reconcile-before-retry')`),
+    check('payment_operations_money_check', sql`${t.kind} not in ('charge', 'refund') or (${t.orderId} is not null and ${t.amount} is not null and ${t.currency} is not null)`),
     check('payment_operations_charge_check', sql`${t.kind} <> 'charge' or (${t.customerId} is not null and ${t.paymentMethod} is not null)`),
     check('payment_operations_refund_check', sql`${t.kind} <> 'refund' or (${t.parentOperationId} is not null and ${t.effectKey} is not null)`),
+    check('payment_operations_effect_check', sql`${t.kind} in ('charge', 'refund') or ${t.effectKey} is not null`),
     check('payment_operations_status_check', sql`${t.status} in ('pending', 'unknown', 'succeeded', 'failed')`),
     check('payment_operations_amount_check', sql`${t.amount} > 0`),
     check(

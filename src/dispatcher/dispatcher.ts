@@ -12,8 +12,8 @@
 //              settled and completes at once)
 //           ─▶ unsettled (ambiguous, search not caught up): lease released, the job fails → retried
 //              with backoff
-//           ─▶ nothing executed (429, 401/403): in one transaction with the outcome, the job completes and
-//              a fresh one drives the operation later
+//           ─▶ nothing executed (429, 401/403, a check that found nothing done): in one transaction with
+//              the outcome, the job completes and a fresh one drives the operation later
 //           ─▶ held for a person (key misuse, a charge that is not this operation's, two charges):
 //              dead-lettered at once, not retried 40 times
 //           ─▶ leased by a live claim: retried later, never dropped
@@ -21,8 +21,8 @@
 import type { Job, JobResult, PgBoss } from 'pg-boss';
 import { bossDb, type Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { BUILT_IN_KINDS, effectFor, type EffectCall } from '../effects/registry.ts';
-import { chargeQueueOptions, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
+import { BUILT_IN_KINDS, effectFor, type EffectCall, type EffectDefinitions, type Policy } from '../effects/registry.ts';
+import { chargeQueueOptions, createKindQueues, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
 import { pruneWebhookEvents } from '../webhooks/inbox.ts';
 import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
@@ -71,13 +71,17 @@ export interface DispatcherDeps {
   gateway: PaymentGateway;
   log: Logger;
   metrics: Metrics;
+  /** The application's kinds this replica carries out too (outboxd.startWorker, `worker --effects`). */
+  effects?: EffectDefinitions;
 }
 
 type Disposition = Omit<JobResult, 'id'>;
 
-/** When a call that executed nothing is tried again: soon after a 429 (jittered, so replicas do not
- * return together), later after a refused key or connection (an operator has something to fix). */
+/** When a call that executed nothing is tried again: at once after a check found the earlier execution
+ * did not happen, soon after a 429 (jittered, so replicas do not return together), later after a refused
+ * key or connection (an operator has something to fix). */
 function notAnAttemptDelaySeconds(outcome: Outcome): number {
+  if (outcome.kind === 'not_done') return 0;
   return outcome.kind === 'rate_limited' ? 1 + Math.floor(Math.random() * 5) : 30;
 }
 const completed: Disposition = { status: 'completed' };
@@ -90,8 +94,10 @@ export class Dispatcher {
   private draining = false;
   private relaying: Promise<void> | undefined;
   private wakeRelay: (() => void) | undefined;
-  /** Each kind's policy as the table its claims choose the call from (callTable). */
-  private readonly callTables = new Map<string, EffectCall[]>();
+  /** Each kind's policy, and the table its claims choose the call from (callTable). */
+  private readonly policies = new Map<string, { policy: Policy; calls: EffectCall[] }>();
+  /** One per operation in hand: aborted when its lease is lost, or all of them when the drain gives up. */
+  private readonly calls = new Set<AbortController>();
 
   constructor(deps: DispatcherDeps, opts: DispatcherOptions) {
     this.deps = deps;
@@ -105,7 +111,7 @@ export class Dispatcher {
 
   /** The kinds whose queues this replica works. */
   get kinds(): readonly string[] {
-    return BUILT_IN_KINDS;
+    return [...BUILT_IN_KINDS, ...(this.deps.effects?.keys() ?? [])];
   }
 
   /**
@@ -131,7 +137,9 @@ export class Dispatcher {
       });
     };
     for (const kind of this.kinds) {
-      this.callTables.set(kind, callTable(effectFor(kind, this.deps.gateway)!.policy));
+      if (!BUILT_IN_KINDS.includes(kind)) await createKindQueues(boss, kind); // the built-in ones: by migrate
+      const { policy } = effectFor(kind, this.deps.gateway, this.deps.effects)!;
+      this.policies.set(kind, { policy, calls: callTable(policy) });
       const slots = new Slots(this.opts.concurrency);
       const batch = Math.min(this.opts.fetchBatch ?? FETCH_BATCH, this.opts.concurrency);
       const handle = (job: Job<ChargeJob>) => traceDispatch(job, async () => {
@@ -203,6 +211,8 @@ export class Dispatcher {
       new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), reachable ? graceMs : 0))),
     ]);
     clearTimeout(timer);
+    // Calls still running are abandoned: an application's effect is told so through its signal.
+    for (const call of this.calls) call.abort(new Error('the worker is shutting down'));
     const released = await pool.query(pool.sql.releaseLeasesOf(this.opts.workerId)).then(
       ({ rows }) => rows.length,
       (err: Error) => this.log.warn({ err }, 'could not release leases: they expire by themselves'),
@@ -225,7 +235,8 @@ export class Dispatcher {
     if (this.draining) return retryLater('this replica is shutting down');
 
     const keyWindowSeconds = this.opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
-    const claim = await claimAttempt(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, keyWindowSeconds, kind, this.callTables.get(kind)!);
+    const { policy, calls } = this.policies.get(kind)!;
+    const claim = await claimAttempt(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, keyWindowSeconds, kind, policy, calls);
     if (!claim.lease) return this.notClaimed(claim.current, log);
     const { lease } = claim;
     const { fence } = lease;
@@ -238,12 +249,15 @@ export class Dispatcher {
 
     metrics.inFlight.inc();
     const started = performance.now();
+    const call = new AbortController();
+    this.calls.add(call);
     let leaseLost = false;
     const renewal = setInterval(() => {
       renewLease(pool, operationId, fence, this.opts.leaseTtlMs)
         .then((held) => {
           if (!held && !leaseLost) opLog.warn('lease taken over during the call: its outcome will be fenced out');
           leaseLost ||= !held;
+          if (leaseLost) call.abort(new Error('the lease on this operation was lost'));
         })
         .catch((err: Error) => opLog.warn({ err }, 'lease renewal failed'));
     }, Math.max(250, Math.floor(this.opts.leaseTtlMs / 3)));
@@ -254,6 +268,8 @@ export class Dispatcher {
         claimed: lease.operation,
         begun: lease.begun,
         log: opLog,
+        effects: this.deps.effects,
+        signal: call.signal,
         onCallEnded: endCall,
         // Nothing executed, so this was no attempt: it must not spend the job's retries (40 of them would
         // dead-letter an operation that only ever met 429s). The job completes, and a fresh one drives the
@@ -267,9 +283,10 @@ export class Dispatcher {
           else await untraced(() => enqueueOperation(boss, bossDb(tx), op, notAnAttemptDelaySeconds(outcome)));
         },
       });
-      const { operation: op, policy, call, outcome } = run;
-      released = call !== null; // a recorded (committed) outcome ended the lease
-      if (call && outcome && policy) metrics.gatewayOutcomes.inc({ call, outcome: outcome.kind, kind: op.kind, policy });
+      const { operation: op, policy, outcome } = run;
+      released = outcome !== null; // a recorded (committed) outcome, or a flag for review, ended the lease
+      if (run.call && outcome && policy) metrics.gatewayOutcomes.inc({ call: run.call, outcome: outcome.kind, kind: op.kind, policy });
+      if (run.possibleDuplicate) metrics.possibleDuplicates.inc({ kind: op.kind });
       if (run.from !== op.status) metrics.transitions.inc({ from: run.from, to: op.status });
       opLog.debug({ durationMs: Math.round(performance.now() - started), status: op.status }, 'job handled');
       if (isSettled(op.status)) {
@@ -299,6 +316,7 @@ export class Dispatcher {
       return retryLater(String(err));
     } finally {
       clearInterval(renewal);
+      this.calls.delete(call);
       metrics.inFlight.dec();
       if (!released) await releaseLease(pool, operationId, fence).catch(() => {});
     }

@@ -33,6 +33,12 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
       labelNames: ['call', 'outcome', 'kind', 'policy'],
       registers: r,
     }),
+    possibleDuplicates: new Counter({
+      name: 'outboxd_effect_possible_duplicates_total',
+      help: 'Executions of an at-least-once effect after an execution that may have acted: possible duplicates, by kind',
+      labelNames: ['kind'],
+      registers: r,
+    }),
     fencedOut: new Counter({
       name: 'outboxd_fenced_out_writes_total',
       help: 'Writes rejected because another claim took the operation over (a stale worker stopped)',

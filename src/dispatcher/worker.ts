@@ -1,7 +1,12 @@
-// `outboxd worker`: one dispatcher replica, until SIGTERM/SIGINT (invariant 9).
+// `outboxd worker`: one dispatcher replica, until SIGTERM/SIGINT (invariant 9). With `--effects`, it
+// carries out the application's own kinds of effect too (loadEffects).
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
-import type { Config } from '../config.ts';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { ConfigError, type Config } from '../config.ts';
+import { validDefinition, type EffectDefinition } from '../effects/application.ts';
+import { BUILT_IN_KINDS, type EffectDefinitions } from '../effects/registry.ts';
 import { consoleRoutes } from '../console/routes.ts';
 import { checkDatabase } from '../db/check.ts';
 import { adminRoutes } from '../http/admin.ts';
@@ -16,12 +21,40 @@ import { createMetrics, registerStripeMode } from './metrics.ts';
 /** What a replica serves for its platform: deploy/ manifests are checked against these (test/deploy). */
 export const PROBES = { liveness: '/healthz', readiness: '/readyz', metrics: '/metrics' } as const;
 
-export async function runWorker(config: Config, baseLog: Logger): Promise<void> {
+/**
+ * The application's kinds of effect from a module (`outboxd worker --effects ./effects.js`): its default
+ * export (or its export `effects`) maps each kind to its definition, `{ policy, execute, check? }`, as
+ * outboxd.defineEffect takes it. A module that cannot be loaded or defines nothing valid stops the worker.
+ */
+export async function loadEffects(file: string): Promise<EffectDefinitions> {
+  let mod: { default?: unknown; effects?: unknown };
+  try {
+    mod = await import(pathToFileURL(path.resolve(file)).href);
+  } catch (err) {
+    throw new ConfigError(`--effects ${file}: cannot load it: ${(err as Error).message}`, { cause: err });
+  }
+  const table = mod.effects ?? mod.default;
+  if (table === null || typeof table !== 'object') {
+    throw new ConfigError(`--effects ${file}: export default (or export effects) an object of { kind: { policy, execute, check? } }`);
+  }
+  const effects = new Map<string, EffectDefinition>();
+  for (const [kind, def] of Object.entries(table)) {
+    try {
+      effects.set(kind, validDefinition(kind, def));
+    } catch (err) {
+      throw new ConfigError(`--effects ${file}: ${(err as Error).message}`);
+    }
+  }
+  if (effects.size === 0) throw new ConfigError(`--effects ${file}: defines no effect`);
+  return effects;
+}
+
+export async function runWorker(config: Config, baseLog: Logger, effects?: EffectDefinitions): Promise<void> {
   const workerId = `${hostname()}:${process.pid}:${randomBytes(2).toString('hex')}`;
   const log = baseLog.child({ workerId });
-  const { db, gateway, pool, boss, dispatcher, http, adminHttp } = await openReplica(config, log, workerId);
+  const { db, gateway, pool, boss, dispatcher, http, adminHttp } = await openReplica(config, log, workerId, effects);
   log.info(
-    { httpPort: http.port, adminHttpPort: adminHttp?.port, concurrency: config.worker.concurrency, embeddedDatabase: db.embedded },
+    { httpPort: http.port, adminHttpPort: adminHttp?.port, concurrency: config.worker.concurrency, embeddedDatabase: db.embedded, kinds: dispatcher.kinds },
     'worker ready',
   );
 
@@ -48,7 +81,7 @@ export async function runWorker(config: Config, baseLog: Logger): Promise<void> 
  * dispatch). A failure closes what was opened, so the process exits at once, and says in one sentence
  * what is wrong.
  */
-async function openReplica(config: Config, log: Logger, workerId: string) {
+async function openReplica(config: Config, log: Logger, workerId: string, effects: EffectDefinitions | undefined) {
   const opened: (() => Promise<unknown>)[] = [];
   try {
     const db = await openDatabase(config, log);
@@ -62,11 +95,11 @@ async function openReplica(config: Config, log: Logger, workerId: string) {
     // Every loop fetches and completes its jobs through pg-boss's own pool (plus heartbeats, supervision).
     const boss = createBoss(db.url, 'worker', config.worker.concurrency + 3, db.schema);
     boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
-    const metrics = createMetrics({ db: pool, boss });
+    const metrics = createMetrics({ db: pool, boss, kinds: [...BUILT_IN_KINDS, ...(effects?.keys() ?? [])] });
     registerStripeMode(metrics.registry, gateway.mode);
     gateway.gateway.registerMetrics(metrics.registry);
     const dispatcher = new Dispatcher(
-      { boss, pool, gateway: gateway.gateway, log, metrics },
+      { boss, pool, gateway: gateway.gateway, log, metrics, effects },
       {
         workerId,
         concurrency: config.worker.concurrency,

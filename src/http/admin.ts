@@ -57,7 +57,8 @@ async function jsonBody<T>(req: IncomingMessage, schema: z.ZodType<T>): Promise<
 }
 
 const resolveBody = z.discriminatedUnion('outcome', [
-  z.strictObject({ outcome: z.literal('succeeded'), externalId: z.string().regex(/^(pi|re)_\w+$/, 'a PaymentIntent (pi_…) or Refund (re_…) id') }),
+  // Checked against the operation's kind by the resolution (pi_… for a charge, re_… for a refund).
+  z.strictObject({ outcome: z.literal('succeeded'), externalId: z.string().trim().min(1).max(255) }),
   z.strictObject({ outcome: z.literal('failed'), reason: z.string().trim().min(1).max(1000) }),
 ]);
 const requeueBody = z.strictObject({ dryRun: z.boolean().optional() });

@@ -12,9 +12,9 @@ export function chargeCalls(gateway: PaymentGateway): EffectCalls {
         op,
         await gateway.createCharge({
           operationId: op.id,
-          amount: op.amount,
-          currency: op.currency,
-          // A charge has both (payment_operations_charge_check).
+          // A charge has them all (payment_operations_money_check, payment_operations_charge_check).
+          amount: op.amount!,
+          currency: op.currency!,
           customer: op.customer_id!,
           paymentMethod: op.payment_method!,
           metadata: op.metadata,

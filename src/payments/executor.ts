@@ -2,15 +2,18 @@
 // step is its own short, fenced, committed statement; the external call sits between them with no
 // transaction open (invariant 3), so a crash at any line leaves a recovery point the next claim
 // continues from. On the dispatcher's path the claim, the load, the choice of the call and its attempt
-// are one statement, and the outcome another: two round trips around the call. What differs per kind (its policy on an ambiguous outcome, and the calls that carry
-// it out and read what happened) comes from the registry (src/effects/registry.ts).
-import { effectFor, type EffectCall, type Policy } from '../effects/registry.ts';
+// are one statement, and the outcome another: two round trips around the call. What differs per kind
+// (its policy on an ambiguous outcome, and the calls that carry it out and read what happened) comes from
+// the registry (src/effects/registry.ts).
+import { isEffectFailed } from '../effects/application.ts';
+import { effectFor, type EffectCall, type EffectDefinitions, type Policy } from '../effects/registry.ts';
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
 import { ATTR, operationAttributes, outcomeOn, withSpan } from '../tracing.ts';
 import { GatewayError, type PaymentGateway } from './gateway.ts';
 import {
   executedNothing,
+  flagForReview,
   isSettled,
   loadOperation,
   recordAttempt,
@@ -27,7 +30,7 @@ export const KEY_WINDOW_SECONDS = 23 * 60 * 60;
 
 export interface ExecuteOptions {
   keyWindowSeconds?: number;
-  /** Bound by the caller to the operation (ids, fence, attempt). */
+  /** Bound by the caller to the operation (its id, kind and fence). */
   log?: Logger;
   /** The operation as the caller's claim just returned it, with this fence: saves reading it again. */
   claimed?: LoadedOperation;
@@ -44,6 +47,10 @@ export interface ExecuteOptions {
   /** Runs inside the transaction that records an outcome that executed nothing (the dispatcher replaces
    * its job there). Every other outcome is one statement, committed on its own. */
   onNothingExecuted?: (tx: Tx, op: Operation, outcome: Outcome) => Promise<void>;
+  /** The application's kinds this process can carry out, beside the built-in ones. */
+  effects?: EffectDefinitions;
+  /** Passed to an application effect's calls: aborted when the claim is lost or the worker stops. */
+  signal?: AbortSignal;
 }
 
 export interface Execution {
@@ -52,11 +59,14 @@ export interface Execution {
   operation: Operation;
   /** The kind's policy on an ambiguous outcome (null when the operation was already settled). */
   policy: Policy | null;
-  /** Which call was made, or null when the operation was already settled. */
+  /** Which call was made, or null when none was (settled, or held for a person before any call). */
   call: EffectCall | null;
   outcome: Outcome | null;
+  /** An at-least-once kind executed again after an execution that may have acted. */
+  possibleDuplicate: boolean;
 }
 
+/** A job of a kind this process does not define reached it (a worker takes only its kinds' queues). */
 export class UnknownKindError extends Error {
   override name = 'UnknownKindError';
 }
@@ -73,19 +83,30 @@ export async function executeOperation(
   // 1. Load. A settled operation is never overwritten and causes no external call (invariant 5).
   const claimed = opts.claimed?.id === operationId && opts.claimed.fence === fence ? opts.claimed : undefined;
   const op = claimed ?? (await loadOperation(db, operationId, opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS));
-  if (isSettled(op.status)) return { from: op.status, operation: op, policy: null, call: null, outcome: null };
-  const effect = effectFor(op.kind, gateway);
+  if (isSettled(op.status)) return { from: op.status, operation: op, policy: null, call: null, outcome: null, possibleDuplicate: false };
+  const effect = effectFor(op.kind, gateway, opts.effects);
   if (!effect) throw new UnknownKindError(`operation ${op.id}: no effect of kind ${op.kind} is defined in this process`);
+  if (effect.policy !== op.policy) {
+    // Never carry an operation out under a policy other than the one it was requested under.
+    const reason = `requested under policy ${op.policy}, but this worker defines ${op.kind} as ${effect.policy}: deploy one definition everywhere, then requeue it`;
+    log?.error({ reason }, 'operation needs review');
+    const operation = await flagForReview(db, op.id, fence, reason);
+    return { from: op.status, operation, policy: effect.policy, call: null, outcome: { kind: 'needs_review', externalId: null, reason, retry: false }, possibleDuplicate: false };
+  }
 
   // 2. Choose the call by the kind's policy. A read-only caller (the sweep) never creates.
   // 3. Recovery point, before the call: count the attempt; a create stamps first_attempted_at (once) and
-  //    last_attempted_at now, so the key window is measured from the first send. Fenced: a stale claim
+  //    last_attempted_at now, so the key window is measured from the first send (and an at-least-once
+  //    create after one that may have acted is counted as a possible duplicate). Fenced: a stale claim
   //    stops here, having called nothing.
   //    The dispatcher's claim did both in its own statement, choosing by the same rule (callTable).
   const begun = claimed && opts.begun;
   const call = begun ? begun.call : chooseCall(op, effect.policy, opts.allowCreate === false);
-  const attempt = begun ? begun.attempt : await recordAttempt(db, op.id, fence, call);
+  const atLeastOnce = effect.policy === 'at-least-once';
+  const attempt = begun ? begun.attempt : await recordAttempt(db, op.id, fence, call, atLeastOnce);
   const { attempts } = attempt;
+  const possibleDuplicate = atLeastOnce && call === 'create' && attempt.prev_first_attempted_at !== null;
+  if (possibleDuplicate) log?.warn({ policy: effect.policy, attempt: attempts }, 'executing again after an execution that may have acted: a possible duplicate');
 
   // 4. The external call. No transaction is open and no connection is held.
   const started = performance.now();
@@ -93,7 +114,7 @@ export async function executeOperation(
   const outcome = await withSpan('outboxd.gateway', traced, (span) => {
     const made = effect.calls[call];
     if (!made) throw new Error(`kind ${op.kind} has no ${call} call`);
-    return made(op, { attempt: attempts }).catch((err: unknown) => fromError(err, call)).then(outcomeOn(span));
+    return made(op, { attempt: attempts, signal: opts.signal ?? new AbortController().signal }).catch((err: unknown) => fromError(err, call)).then(outcomeOn(span));
   });
   const durationMs = Math.round(performance.now() - started);
   opts.onCallEnded?.();
@@ -118,42 +139,45 @@ export async function executeOperation(
     span.setAttribute(ATTR.status, recorded.status);
     return recorded;
   });
-  return { from: op.status, operation, policy: effect.policy, call, outcome };
+  return { from: op.status, operation, policy: effect.policy, call, outcome, possibleDuplicate };
 }
 
 /** The facts of an operation a call is chosen by, in the order the dispatcher's claim indexes them
- * (claimAttempt: 1 + 2 × external id known + key window passed). */
-const FACTS: readonly CallFacts[] = [
-  { external_id: null, key_window_passed: false },
-  { external_id: null, key_window_passed: true },
-  { external_id: 'known', key_window_passed: false },
-  { external_id: 'known', key_window_passed: true },
-];
+ * (claimAttempts: 1 + 4 × external id known + 2 × key window passed + attempted before). */
+const FACTS: readonly CallFacts[] = [null, 'known'].flatMap((external_id) =>
+  [false, true].flatMap((key_window_passed) =>
+    [null, new Date(0)].map((first_attempted_at) => ({ external_id, key_window_passed, first_attempted_at }))));
 
 /** A kind's policy as the table a claim chooses the call from, by what the row holds when it is claimed. */
 export function callTable(policy: Policy, readOnly = false): EffectCall[] {
   return FACTS.map((facts) => chooseCall(facts, policy, readOnly));
 }
 
-type CallFacts = Pick<LoadedOperation, 'external_id' | 'key_window_passed'>;
+type CallFacts = Pick<LoadedOperation, 'external_id' | 'key_window_passed' | 'first_attempted_at'>;
 
 /**
  * The policy decides the call:
  * - idempotent-key: a known object is settled by retrieve, never by another create (invariant 6); past
  *   the key window the key may be gone, so never create: search (invariant 7).
+ * - reconcile-before-retry: once a create may have acted (its stamp is written before it runs), the
+ *   kind's check establishes whether it did before anything runs again.
+ * - at-least-once: create, whatever came before.
  */
 function chooseCall(op: CallFacts, policy: Policy, readOnly: boolean): EffectCall {
   switch (policy) {
     case 'idempotent-key':
       return op.external_id ? 'retrieve' : op.key_window_passed || readOnly ? 'search' : 'create';
-    case 'at-least-once':
     case 'reconcile-before-retry':
+      if (op.first_attempted_at) return 'check';
+    // falls through: never attempted
+    case 'at-least-once':
       if (readOnly) throw new Error(`a ${policy} kind is never reconciled read-only`);
       return 'create';
   }
 }
 
 function fromError(err: unknown, call: EffectCall): Outcome {
+  if (isEffectFailed(err)) return { kind: 'failed', externalId: null, reason: `${err.name}: ${err.message}` };
   if (!(err instanceof GatewayError)) {
     // Whatever failed, we cannot tell whether the request reached the provider: ambiguous.
     return { kind: 'ambiguous', externalId: null, reason: `unexpected ${call} error: ${String(err)}` };

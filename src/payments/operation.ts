@@ -11,22 +11,29 @@
 //      │   409, processing…)
 //      └─▶ pending  (429, 401/403, connection refused: nothing executed, status unchanged, and the key
 //                    window this attempt opened is closed again)
+//   unknown ──▶ pending  (a reconcile-before-retry kind's check found the earlier execution did not
+//                         happen: the attempt stamps are cleared, so the next claim executes again)
 //
 // succeeded and failed are terminal: no write touches them again and they cause no external call
 // (invariant 5). "Needs review" is not a status: it is a reason recorded on an unsettled operation.
 import { coalesced } from '../db/coalesce.ts';
 import type { Queryable } from '../db/pool.ts';
+import type { Policy } from '../effects/registry.ts';
 import { ATTR, withSpan } from '../tracing.ts';
 
 export type OperationStatus = 'pending' | 'unknown' | 'succeeded' | 'failed';
 
 export interface Operation {
   id: string;
-  order_id: string;
-  /** charge, or another kind of src/effects/registry.ts. */
+  /** A charge's and a refund's (null for an application's own kind). */
+  order_id: string | null;
+  /** charge, refund, or a kind the application defines (src/effects/registry.ts). */
   kind: string;
-  amount: number;
-  currency: string;
+  /** The kind's policy when it was requested. */
+  policy: Policy;
+  /** A charge's and a refund's (null for an application's own kind: payment_operations_money_check). */
+  amount: number | null;
+  currency: string | null;
   /** A charge's (null for every other kind). */
   customer_id: string | null;
   payment_method: string | null;
@@ -34,10 +41,14 @@ export interface Operation {
   metadata: Record<string, string>;
   /** A refund's charge operation. */
   parent_operation_id: string | null;
-  /** The caller's key of a refund: unique per charge operation. */
+  /** The caller's key: of a refund (unique per charge operation), of an application's effect (per kind). */
   effect_key: string | null;
-  /** What the kind needs beyond the columns (a refund's: RefundPayload). */
+  /** What the kind needs beyond the columns (a refund's: RefundPayload; an application effect's own). */
   payload: unknown;
+  /** What an application's effect returned (or its check found). */
+  result: unknown;
+  /** Executions of an at-least-once effect after one that may have acted. */
+  possible_duplicates: number;
   status: OperationStatus;
   external_id: string | null;
   attempts: number;
@@ -65,17 +76,21 @@ export const isSettled = (status: OperationStatus): boolean => status === 'succe
 /** What one step of the executor learned, and Stripe's id of the response it learned it from (when
  * one arrived), which the operation's timeline keeps. */
 export type Outcome = (
-  | { kind: 'succeeded'; externalId: string }
+  /** result: what an application's effect returned, to store (JSON). */
+  | { kind: 'succeeded'; externalId: string | null; result?: string }
   | { kind: 'failed'; externalId: string | null; reason: string }
   | { kind: 'ambiguous'; externalId: string | null; reason: string }
   | { kind: 'rate_limited'; reason: string }
   | { kind: 'not_executed'; reason: string }
+  /** A kind's check found that an earlier execution did not happen: it may be executed again. */
+  | { kind: 'not_done'; reason: string }
   /** retry: whether driving it again can help (search may catch up); false holds it for a person now. */
   | { kind: 'needs_review'; externalId: string | null; reason: string; retry: boolean }
 ) & { requestId?: string | undefined };
 
-/** Outcomes that prove the call executed nothing at the provider: not an attempt that may have charged. */
-export const executedNothing = (outcome: Outcome): boolean => outcome.kind === 'rate_limited' || outcome.kind === 'not_executed';
+/** Outcomes that prove nothing was executed: not an attempt that may have acted. */
+export const executedNothing = (outcome: Outcome): boolean =>
+  outcome.kind === 'rate_limited' || outcome.kind === 'not_executed' || outcome.kind === 'not_done';
 
 /** The transition table: the status an outcome moves an unsettled operation to. */
 export function nextStatus(current: OperationStatus, outcome: Outcome): OperationStatus {
@@ -91,6 +106,8 @@ export function nextStatus(current: OperationStatus, outcome: Outcome): Operatio
     case 'rate_limited':
     case 'not_executed':
       return current;
+    case 'not_done':
+      return 'pending';
   }
 }
 
@@ -140,15 +157,17 @@ export interface Attempt {
   prev_last_attempted_at: Date | null;
 }
 
-/** Fenced: counts the gateway call about to be made (and, for a create, stamps first_attempted_at and
- * last_attempted_at now, before the send, so a crash mid-call leaves the window measured). */
+/** Fenced: counts the call about to be made (and, for a create, stamps first_attempted_at and
+ * last_attempted_at now, before the send, so a crash mid-call leaves the window measured). With
+ * `atLeastOnce`, a create after one that may have acted is counted as a possible duplicate. */
 export async function recordAttempt(
   db: Queryable,
   id: string,
   fence: number,
-  call: 'create' | 'retrieve' | 'search',
+  call: 'create' | 'retrieve' | 'search' | 'check',
+  atLeastOnce = false,
 ): Promise<Attempt> {
-  const { rows } = await db.query(db.sql.recordAttempt(id, fence, call));
+  const { rows } = await db.query(db.sql.recordAttempt(id, fence, call, atLeastOnce));
   if (!rows[0]) throw await staleFence(db, id, fence);
   return rows[0];
 }
@@ -159,16 +178,17 @@ export type SettlementSource = 'dispatcher' | 'reconcile' | 'webhook' | 'admin';
 
 /** The gateway call an outcome answers, as recordAttempt counted it. */
 export interface CallMade {
-  call: 'create' | 'retrieve' | 'search';
+  call: 'create' | 'retrieve' | 'search' | 'check';
   attempt: Attempt;
   durationMs: number;
 }
 
 /** Fenced: applies an outcome through the transition table, ends the claim's lease, and returns the
  * updated operation. When a create's outcome proves nothing executed, the attempt's stamps are undone:
- * a 429 (or 401/403, or a connection never opened) does not start the key window. A settling outcome
- * writes its settlement event, and every outcome its timeline entry, in the same statement. Outcomes
- * recorded together on one pool share that statement (src/db/coalesce.ts), each fenced by its own claim. */
+ * a 429 (or 401/403, or a connection never opened) does not start the key window; a check that found no
+ * earlier execution clears them, so the next claim executes. A settling outcome writes its settlement
+ * event, and every outcome its timeline entry, in the same statement. Outcomes recorded together on one
+ * pool share that statement (src/db/coalesce.ts), each fenced by its own claim. */
 export async function recordOutcome(
   db: Queryable,
   op: Operation,
@@ -184,7 +204,8 @@ export async function recordOutcome(
   // (a key misuse, a mismatched charge): their runbook actions differ.
   const review = outcome.kind === 'needs_review' && !(outcome.retry && op.review_reason) ? outcome.reason : null;
   const createAttempt = made.call === 'create' ? made.attempt : undefined;
-  const undo = createAttempt !== undefined && executedNothing(outcome);
+  const undo = outcome.kind === 'not_done' || (createAttempt !== undefined && executedNothing(outcome));
+  const result = outcome.kind === 'succeeded' ? (outcome.result ?? null) : null;
   const event = {
     call: made.call,
     attempt: made.attempt.attempts,
@@ -209,6 +230,7 @@ export async function recordOutcome(
     last_attempted_at: createAttempt?.prev_last_attempted_at ?? null,
     source,
     event,
+    result,
   };
   const recorded = await coalesced(db, 'recordOutcomes', (writes: OutcomeRow[]) => recordOutcomes(db, writes))(write);
   if (recorded instanceof StaleFenceError) throw recorded;
@@ -229,6 +251,8 @@ interface OutcomeRow {
   last_attempted_at: Date | null;
   source: SettlementSource;
   event: Record<string, unknown>;
+  /** An application effect's result, JSON. */
+  result: string | null;
 }
 
 async function recordOutcomes(db: Queryable, writes: OutcomeRow[]): Promise<(Operation | StaleFenceError)[]> {
@@ -270,7 +294,7 @@ export async function claimOperation(
 
 /** The call a claim chose and counted in its own statement (claimAttempt). */
 export interface BegunAttempt {
-  call: 'create' | 'retrieve' | 'search';
+  call: CallMade['call'];
   attempt: Attempt;
 }
 
@@ -287,11 +311,12 @@ export type ClaimedAttempt =
   | { lease?: undefined; current: Pick<OperationState, 'status' | 'lease_owner'> | undefined };
 
 /**
- * A new claim, and the attempt of the call it leads to, in one statement (the dispatcher's): `calls` is the
- * kind's policy as a table (src/payments/executor.ts: callTable), so the call is chosen by what the row
- * holds at the instant of the claim. begun is undefined when the row is of another kind than `kind` (the
- * executor then chooses and counts as for any claim). Not claimed: what the operation holds instead.
- * Claims made together on one pool with the same owner and table share that statement (src/db/coalesce.ts).
+ * A new claim, and the attempt of the call it leads to, in one statement (the dispatcher's): `calls` is
+ * `policy` as a table (src/payments/executor.ts: callTable), so the call is chosen by what the row holds
+ * at the instant of the claim. begun is undefined when the row is of another kind than `kind` or was
+ * requested under another policy (the executor then chooses and counts, or holds it for a person, as for
+ * any claim). Not claimed: what the operation holds instead. Claims made together on one pool with the
+ * same owner and table share that statement (src/db/coalesce.ts).
  */
 export async function claimAttempt(
   db: Queryable,
@@ -300,11 +325,12 @@ export async function claimAttempt(
   ttlMs: number,
   keyWindowSeconds: number,
   kind: string,
+  policy: Policy,
   calls: readonly BegunAttempt['call'][],
 ): Promise<ClaimedAttempt> {
   return withSpan('outboxd.claim', { [ATTR.operationId]: id, 'outboxd.lease.owner': owner }, async (span) => {
-    const key = JSON.stringify(['claimAttempts', owner, ttlMs, keyWindowSeconds, kind, calls]);
-    const claim = await coalesced(db, key, (ids: string[]) => claimAttempts(db, ids, owner, ttlMs, keyWindowSeconds, kind, calls))(id);
+    const key = JSON.stringify(['claimAttempts', owner, ttlMs, keyWindowSeconds, kind, policy, calls]);
+    const claim = await coalesced(db, key, (ids: string[]) => claimAttempts(db, ids, owner, ttlMs, keyWindowSeconds, kind, policy, calls))(id);
     span.setAttribute('outboxd.claimed', claim.lease !== undefined);
     if (claim.lease) {
       const { fence, previousOwner, begun } = claim.lease;
@@ -321,9 +347,10 @@ async function claimAttempts(
   ttlMs: number,
   keyWindowSeconds: number,
   kind: string,
+  policy: Policy,
   calls: readonly BegunAttempt['call'][],
 ): Promise<ClaimedAttempt[]> {
-  const { rows } = await db.query(db.sql.claimAttempts(ids, owner, ttlMs, keyWindowSeconds, kind, calls));
+  const { rows } = await db.query(db.sql.claimAttempts(ids, owner, ttlMs, keyWindowSeconds, kind, policy, calls));
   return rows.map((row): ClaimedAttempt => {
     const { current_status, current_owner, previous_owner, call, prev_first_attempted_at, prev_last_attempted_at, ...operation } = row;
     if (operation.id === null) return { current: current_status === null ? undefined : { status: current_status, lease_owner: current_owner } };

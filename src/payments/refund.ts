@@ -121,7 +121,7 @@ export function refundCalls(gateway: PaymentGateway): EffectCalls {
       const refund = await gateway.createRefund({
         operationId: op.id,
         paymentIntent: payment_intent,
-        amount: op.amount,
+        amount: op.amount!, // a refund has one (payment_operations_money_check)
         reason,
         idempotencyKey: refundIdempotencyKeyFor(op.id),
       });

@@ -9,7 +9,7 @@
 import type { PgBoss } from 'pg-boss';
 import type { Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
-import { RECONCILED_KINDS } from '../effects/registry.ts';
+import { RECONCILED_KINDS, type EffectCall } from '../effects/registry.ts';
 import { deadQueueFor, liveJobFor, queueFor } from '../outbox.ts';
 import { bossDb } from '../db/pool.ts';
 import { executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
@@ -23,7 +23,7 @@ export const UNDRIVEN_AFTER_SECONDS = 15 * 60;
 
 export interface SweepDecision {
   operationId: string;
-  call: 'retrieve' | 'search' | null;
+  call: Exclude<EffectCall, 'create'> | null;
   from: string;
   to: string;
   outcome: string | null;

@@ -207,6 +207,30 @@ function build(schema: string) {
        from spent left join charge on true left join existing on true`,
     ),
 
+    /**
+     * An application's effect of kind $1 under key $3 (unique per kind) and its outbox row, in ONE
+     * statement, with the policy it is requested under ($2). No row: the key already names one
+     * (effectOperationByKey reads it).
+     */
+    insertEffectOperation: statement<[kind: string, policy: string, key: string, payload: string, traceparent: string | null]>(
+      'outboxd_insert_effect_operation',
+      `with op as (
+         insert into ${s}.payment_operations (kind, policy, effect_key, payload, traceparent)
+         values ($1, $2, $3, $4::jsonb, $5)
+         on conflict (kind, effect_key) where kind not in ('charge', 'refund') do nothing
+         returning id, kind, traceparent
+       ), outbox as (
+         insert into ${s}.charge_outbox (operation_id, kind, traceparent) select id, kind, traceparent from op
+       )
+       select id from op`,
+    ),
+
+    /** The effect a kind's key names, and whether it was requested with this payload. */
+    effectOperationByKey: statement<[kind: string, key: string, payload: string]>(
+      'outboxd_effect_operation_by_key',
+      `select id, payload = $3::jsonb as same_payload from ${s}.payment_operations where kind = $1 and effect_key = $2`,
+    ),
+
     /** Every charge operation of an order, newest first. */
     chargeOperationsOfOrder: statement<[orderId: string]>(
       'outboxd_charge_operations_of_order',
@@ -245,15 +269,19 @@ function build(schema: string) {
      * The dispatcher's claims, each with the attempt of the call it leads to, many operations in ONE
      * statement: each a claim as acquireLease makes, that also counts the call the kind's policy chooses
      * for what the row holds, and stamps it as recordAttempt does (a create: first_attempted_at once,
-     * last_attempted_at now, the stamps before returned for an undo). $6: the policy's call for each
-     * combination of the row's facts, indexed 1 + 2 × (external_id known) + (key window passed), for kind
-     * $5; a row of another kind is claimed without an attempt (call null) and the executor chooses and
-     * counts as for any claim. The rows are locked in id order (two replicas' claims never deadlock), and an
+     * last_attempted_at now, the stamps before returned for an undo; an at-least-once create after one that
+     * may have acted counted as a possible duplicate). $7: the policy's call for each combination of the
+     * row's facts, indexed 1 + 4 × (external_id known) + 2 × (key window passed) + (attempted before), for
+     * kind $5 under policy $6; a row of another kind or requested under another policy is claimed without
+     * an attempt (call null), and the executor chooses and counts, or holds it for a person, as for any
+     * claim. The rows are locked in id order (two replicas' claims never deadlock), and an
      * id asked twice is claimed for its first request only. The timeline records each claim and its call as
      * sent, in that order. One row per request, in order: `id` is null when nothing was claimed for it
      * (settled, leased by a live claim, or no such operation), and current_* say what the row holds.
      */
-    claimAttempts: statement<[ids: readonly string[], owner: string, ttlMs: number, keyWindowSeconds: number, kind: string, calls: readonly string[]]>(
+    claimAttempts: statement<
+      [ids: readonly string[], owner: string, ttlMs: number, keyWindowSeconds: number, kind: string, policy: string, calls: readonly string[]]
+    >(
       'outboxd_claim_attempts',
       `with req as (
          select r.id, r.ord, row_number() over (partition by r.id order by r.ord) = 1 as first
@@ -261,7 +289,9 @@ function build(schema: string) {
        ), prev as (
          select op.id, op.kind, op.status, op.lease_owner, op.first_attempted_at, op.last_attempted_at,
            w.passed as key_window_passed,
-           case when op.kind = $5 then ($6::text[])[1 + 2 * (op.external_id is not null)::int + w.passed::int] end as call
+           case when op.kind = $5 and op.policy = $6 then
+             ($7::text[])[1 + 4 * (op.external_id is not null)::int + 2 * w.passed::int + (op.first_attempted_at is not null)::int]
+           end as call
          from ${s}.payment_operations op
          cross join lateral (select coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as passed) w
          where op.id = any($1::uuid[])
@@ -273,7 +303,9 @@ function build(schema: string) {
              updated_at = now(),
              attempts = op.attempts + (prev.call is not null)::int,
              first_attempted_at = case when prev.call = 'create' then coalesce(op.first_attempted_at, now()) else op.first_attempted_at end,
-             last_attempted_at = case when prev.call = 'create' then now() else op.last_attempted_at end
+             last_attempted_at = case when prev.call = 'create' then now() else op.last_attempted_at end,
+             possible_duplicates = op.possible_duplicates
+               + coalesce(prev.call = 'create' and $6 = 'at-least-once' and op.first_attempted_at is not null, false)::int
          from prev
          where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
          returning op.*, prev.lease_owner as previous_owner, prev.key_window_passed, prev.call,
@@ -317,18 +349,20 @@ function build(schema: string) {
 
     // ─── the executor's fenced writes ──────────────────────────────────────────────────────────────────
 
-    /** Counts a gateway call before it is made; for a create, records first_attempted_at (the first send,
+    /** Counts a call before it is made; for a create, records first_attempted_at (the first send,
      * invariant 7) and last_attempted_at before the send, returning what they were, so that an outcome that
-     * proves nothing executed can put them back. Zero rows: the fence moved or the operation settled, and
-     * the call must not be made. The timeline records the call as sent: one whose outcome never follows
-     * was in flight when its worker died or lost the lease. */
-    recordAttempt: statement<[id: string, fence: number, call: string]>(
+     * proves nothing executed can put them back. $4: an at-least-once kind, whose create after one that
+     * may have acted (first_attempted_at already set) is counted as a possible duplicate. Zero rows: the
+     * fence moved or the operation settled, and the call must not be made. The timeline records the call
+     * as sent: one whose outcome never follows was in flight when its worker died or lost the lease. */
+    recordAttempt: statement<[id: string, fence: number, call: string, atLeastOnce: boolean]>(
       'outboxd_record_attempt',
       `with prev as (select first_attempted_at, last_attempted_at from ${s}.payment_operations where id = $1), attempt as (
        update ${s}.payment_operations
        set attempts = attempts + 1, updated_at = now(),
            first_attempted_at = case when $3 = 'create' then coalesce(first_attempted_at, now()) else first_attempted_at end,
-           last_attempted_at = case when $3 = 'create' then now() else last_attempted_at end
+           last_attempted_at = case when $3 = 'create' then now() else last_attempted_at end,
+           possible_duplicates = possible_duplicates + case when $3 = 'create' and $4 and first_attempted_at is not null then 1 else 0 end
        where id = $1 and fence = $2 and ${UNSETTLED}
        returning attempts, first_attempted_at,
          (select first_attempted_at from prev) as prev_first_attempted_at,
@@ -342,17 +376,18 @@ function build(schema: string) {
      * only with the claim's current fence (invariant 8). settled_at is set exactly when the new status is
      * settled, and then, in the same statement, its settlement event (`source`: what settled it). `undo`:
      * the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt stamps
-     * go back to first_attempted_at/last_attempted_at: a window that only such calls opened is not open.
-     * `event`: what the timeline keeps of the call (its outcome, duration, Stripe's request id), written by
-     * the same statement. One row per outcome, in order: `id` is null when the fence moved or the operation
-     * had settled, and current_* say what it holds. */
+     * go back to first_attempted_at/last_attempted_at: a window that only such calls opened is not open (or
+     * a check found that no earlier execution happened: they go back to null). `event`: what the timeline
+     * keeps of the call (its outcome, duration, Stripe's request id), written by the same statement.
+     * `result`: an application effect's (JSON). One row per outcome, in order: `id` is null when the fence
+     * moved or the operation had settled, and current_* say what it holds. */
     recordOutcomes: statement<[outcomes: string]>(
       'outboxd_record_outcomes',
       `with input as (
          select * from jsonb_to_recordset($1::jsonb) as x(
            ord int, id uuid, fence bigint, status text, external_id text, last_outcome text, last_error text,
            review_reason text, undo boolean, first_attempted_at timestamptz, last_attempted_at timestamptz,
-           source text, event jsonb)
+           source text, event jsonb, result text)
        ), op as (
        update ${s}.payment_operations o
        set status = x.status, external_id = coalesce(x.external_id, o.external_id), last_outcome = x.last_outcome,
@@ -361,6 +396,7 @@ function build(schema: string) {
            review_reason = case when x.status in ('succeeded', 'failed') then null else coalesce(x.review_reason, o.review_reason) end,
            first_attempted_at = case when x.undo then x.first_attempted_at else o.first_attempted_at end,
            last_attempted_at = case when x.undo then x.last_attempted_at else o.last_attempted_at end,
+           result = coalesce(x.result::jsonb, o.result),
            updated_at = now(), lease_owner = null, lease_expires_at = null,
            settled_at = case when x.status in ('succeeded', 'failed') then now() end
        from input x

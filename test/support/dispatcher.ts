@@ -1,6 +1,7 @@
 import type { PgBoss } from 'pg-boss';
 import { Dispatcher } from '../../src/dispatcher/dispatcher.ts';
 import { createMetrics, type Metrics } from '../../src/dispatcher/metrics.ts';
+import type { EffectDefinitions } from '../../src/effects/registry.ts';
 import { createLogger, type Logger } from '../../src/log.ts';
 import { createBoss } from '../../src/outbox.ts';
 import type { PaymentGateway } from '../../src/payments/gateway.ts';
@@ -18,7 +19,7 @@ export async function startDispatcher(
   t: TestDb,
   gateway: PaymentGateway,
   workerId: string,
-  opts: { leaseTtlMs?: number; concurrency?: number; fetchBatch?: number; log?: Logger; beforeStart?: (boss: PgBoss) => void } = {},
+  opts: { leaseTtlMs?: number; concurrency?: number; fetchBatch?: number; log?: Logger; effects?: EffectDefinitions; beforeStart?: (boss: PgBoss) => void } = {},
 ): Promise<InProcessReplica> {
   const boss = createBoss(t.url, 'worker', 3, t.schema);
   boss.on('error', () => {});
@@ -26,7 +27,7 @@ export async function startDispatcher(
   opts.beforeStart?.(boss);
   const metrics = createMetrics({ db: t.pool, boss });
   const dispatcher = new Dispatcher(
-    { boss, pool: t.pool, gateway, log: opts.log ?? createLogger('silent'), metrics },
+    { boss, pool: t.pool, gateway, log: opts.log ?? createLogger('silent'), metrics, ...(opts.effects ? { effects: opts.effects } : {}) },
     { workerId, concurrency: opts.concurrency ?? 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000, ...(opts.fetchBatch ? { fetchBatch: opts.fetchBatch } : {}) },
   );
   await dispatcher.start();

@@ -1,7 +1,8 @@
 // An operation's page: every field, its timeline, the operations of the same order, and what a person
 // may do with it (resolve with evidence, requeue).
 import { KEY_WINDOW_SECONDS } from '../../payments/executor.ts';
-import { idempotencyKeyFor } from '../../payments/gateway.ts';
+import { EXTERNAL_ID } from '../../admin/resolve.ts';
+import { idempotencyKeyFor, refundIdempotencyKeyFor } from '../../payments/gateway.ts';
 import { isSettled, type Operation } from '../../payments/operation.ts';
 import { ago, html, nothing, span, utc, when, type Fragment, type Safe } from '../html.ts';
 import type { OperationRecord } from '../queries.ts';
@@ -43,17 +44,17 @@ ${op.review_reason ? html`<div class="held" role="note"><strong>Held for review.
     <section aria-labelledby="fields-title" class="panel">
       <h2 id="fields-title">Fields</h2>
       <dl class="fields">
-        ${field('Order', html`<a class="mono" href="/console/search?q=${encodeURIComponent(op.order_id)}">${op.order_id}</a>`)}
+        ${field('Order', op.order_id === null ? 'none (an application effect)' : html`<a class="mono" href="/console/search?q=${encodeURIComponent(op.order_id)}">${op.order_id}</a>`)}
         ${field('Kind', op.kind)}
         ${field('Amount', html`${amount(op)} <span class="muted">(${op.amount} ${op.currency} in minor units)</span>`)}
         ${field('Customer', html`<span class="mono">${op.customer_id}</span>`)}
         ${field('Payment method', html`<span class="mono">${op.payment_method}</span>`)}
         ${field('Status', html`${statusPill(op.status)} ${op.settled_at ? html`settled ${when(op.settled_at, now)}` : nothing}`)}
         ${field('Stripe object', stripeLink(op.external_id, opts.dashboard))}
-        ${field('Idempotency key', html`<span class="mono">${idempotencyKeyFor(op.id)}</span>`)}
+        ${field('Idempotency key', KEY_OF[op.kind] ? html`<span class="mono">${KEY_OF[op.kind]!(op.id)}</span>` : html`<span class="muted">none: policy ${op.policy ?? '—'}</span>`)}
         ${field('Gateway calls', String(op.attempts))}
         ${field('First create sent', when(op.first_attempted_at, now))}
-        ${field('Key window', keyWindow(op, now), true)}
+        ${KEY_OF[op.kind] ? field('Key window', keyWindow(op, now), true) : nothing}
         ${field('Last create sent', when(op.last_attempted_at, now))}
         ${field('Last outcome', op.last_outcome ?? '—')}
         ${field('Last error', op.last_error ? html`<span class="error-text">${op.last_error}</span>` : '—', true)}
@@ -101,6 +102,17 @@ function metadata(m: Record<string, string> | null): Fragment {
   return html`<ul class="kv">${entries.map(([k, v]) => html`<li><span class="mono">${k}</span> = <span class="mono">${v}</span></li>`)}</ul>`;
 }
 
+/** Each Stripe kind's idempotency key; an application's kinds have none of ours. */
+const KEY_OF: Record<string, (operationId: string) => string> = { charge: idempotencyKeyFor, refund: refundIdempotencyKeyFor };
+
+function resolveSucceededField(op: Operation, value: string): Safe {
+  const expected = EXTERNAL_ID[op.kind];
+  const label = op.kind === 'charge' ? 'PaymentIntent that charged' : op.kind === 'refund' ? 'Refund that returned the money' : 'Your reference for the effect';
+  const help = expected ? `${expected.what}, carrying this operation's id, amount and currency` : 'checked by nobody but you: outboxd cannot ask your service';
+  return html`<label for="external_id">${label} <span class="help">${help}</span></label>
+    <input id="external_id" name="external_id" type="text" required maxlength="255" ${expected ? html`pattern="${expected.pattern.source.replace(/^\^|\$$/g, '')}"` : nothing} spellcheck="false" autocomplete="off" class="mono" value="${value}">`;
+}
+
 function keyWindow(op: Operation, now: Date): Fragment {
   if (!op.first_attempted_at) return html`<span class="muted">not started (no create sent)</span>`;
   const ends = new Date(op.first_attempted_at.getTime() + KEY_WINDOW_SECONDS * 1000);
@@ -134,8 +146,7 @@ function actions(op: Operation, state: ActionState, csrf: string): Safe {
     <input type="hidden" name="csrf" value="${csrf}">
     <input type="hidden" name="outcome" value="succeeded">
     <h3>Resolve as succeeded</h3>
-    <label for="external_id">Stripe object that charged <span class="help">pi_… (a refund: re_…) carrying this operation's id, amount and currency</span></label>
-    <input id="external_id" name="external_id" type="text" required pattern="(pi|re)_[A-Za-z0-9_]+" spellcheck="false" autocomplete="off" class="mono" value="${state.externalId ?? op.external_id ?? ''}">
+    ${resolveSucceededField(op, state.externalId ?? op.external_id ?? '')}
     <button type="submit" class="good">Resolve as succeeded</button>
   </form>
   <form method="post" action="${base}/resolve" class="stack">

@@ -125,7 +125,7 @@ ${rows.length === 0
     <td>${kindTag(op.kind)}</td>
     <td>${statusPill(op.status)}</td>
     <td class="num">${amount(op)}</td>
-    <td class="evidence"><a href="/console/operations/${op.id}#timeline">timeline</a> · <a href="/console/search?q=${encodeURIComponent(op.order_id)}">order</a>${op.external_id ? html` · <span class="mono">${op.external_id}</span>` : nothing}</td>
+    <td class="evidence"><a href="/console/operations/${op.id}#timeline">timeline</a>${op.order_id === null ? nothing : html` · <a href="/console/search?q=${encodeURIComponent(op.order_id)}">order</a>`}${op.external_id ? html` · <span class="mono">${op.external_id}</span>` : nothing}</td>
   </tr>`,
   )}</tbody></table></div>`}`;
 }

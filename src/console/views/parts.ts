@@ -17,6 +17,7 @@ export function kindTag(kind: string): Safe {
 }
 
 export function amount(op: Pick<Operation, 'amount' | 'currency'>): Safe {
+  if (op.amount === null || op.currency === null) return html`<span class="amount muted">—</span>`;
   return html`<span class="amount" title="${op.amount} ${op.currency} (minor units)">${money(Number(op.amount), op.currency)}</span>`;
 }
 

@@ -1,0 +1,85 @@
+// outboxd.startWorker: a dispatcher replica inside the application's process, carrying out the built-in
+// kinds and the application's own, with the same leases, fences, retries, review and metrics as an
+// `outboxd worker`. It reads the worker's settings from the environment, as `outboxd worker` does
+// (STRIPE_SECRET_KEY, LEASE_TTL_MS, RECONCILE_CRON, …); it serves no HTTP: metrics() gives their text.
+import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
+import type pg from 'pg';
+import { loadConfig } from '../config.ts';
+import { createPool, type Pool } from '../db/pool.ts';
+import { BUILT_IN_KINDS, type EffectDefinitions } from '../effects/registry.ts';
+import { createLogger } from '../log.ts';
+import { createBoss } from '../outbox.ts';
+import { openGateway } from '../runtime.ts';
+import type { Statements } from '../sql/statements.ts';
+import { Dispatcher } from './dispatcher.ts';
+import { createMetrics, registerStripeMode } from './metrics.ts';
+
+export interface EffectWorker {
+  /** Prometheus text of this worker's metrics, for the application to serve. */
+  metrics(): Promise<string>;
+  /** Stops claiming, lets calls in flight finish within SHUTDOWN_GRACE_MS, gives its leases back. */
+  stop(): Promise<void>;
+}
+
+export async function startInProcessWorker(opts: {
+  connection: string | pg.Pool;
+  schema: string;
+  sql: Statements;
+  concurrency: number;
+  effects: EffectDefinitions;
+}): Promise<EffectWorker> {
+  const config = loadConfig();
+  const workerId = `${hostname()}:${process.pid}:${randomBytes(2).toString('hex')}`;
+  const log = createLogger(config.logLevel, { component: 'outboxd-worker', workerId });
+  const { connection, schema, concurrency } = opts;
+  const url = typeof connection === 'string' ? connection : undefined;
+  // Calls hold no connection, so outboxd's own pool only needs room for the short statements around them.
+  const pool: Pool = url ? createPool(url, { schema, max: Math.min(concurrency, 16) + 2, applicationName: 'outboxd-worker' }) : onApplicationPool(connection as pg.Pool, opts.sql);
+  // On the application's pool there is no URL: the Stripe budget shares that pool too.
+  const gateway = await openGateway(config, log, { url: url ?? '', schema, embedded: false, close: async () => {}, ...(url ? {} : { pool }) }).catch(async (err: unknown) => {
+    if (url) await pool.end();
+    throw err;
+  });
+  const boss = createBoss(connection, 'worker', concurrency + 3, schema);
+  boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
+  const metrics = createMetrics({ db: pool, boss, kinds: [...BUILT_IN_KINDS, ...opts.effects.keys()] });
+  registerStripeMode(metrics.registry, gateway.mode);
+  gateway.gateway.registerMetrics(metrics.registry);
+  const dispatcher = new Dispatcher(
+    { boss, pool, gateway: gateway.gateway, log, metrics, effects: opts.effects },
+    {
+      workerId,
+      concurrency,
+      leaseTtlMs: config.worker.leaseTtlMs,
+      reconcileCron: config.worker.reconcileCron,
+      webhookRetentionDays: config.webhookRetentionDays,
+    },
+  );
+  try {
+    await boss.start();
+    await dispatcher.start();
+  } catch (err) {
+    await boss.stop({ graceful: false }).catch(() => {});
+    if (url) await pool.end();
+    await gateway.close();
+    throw err;
+  }
+  log.info({ concurrency, kinds: dispatcher.kinds }, 'worker started in the application');
+  return {
+    metrics: () => metrics.registry.metrics(),
+    async stop() {
+      await dispatcher.drain(config.worker.shutdownGraceMs);
+      await boss.stop({ graceful: true, timeout: 2_000 });
+      if (url) await pool.end();
+      await gateway.close();
+      log.info('worker stopped');
+    },
+  };
+}
+
+/** The application's own pool, with outboxd's statements beside it: what outboxd needs of a pool (query
+ * and connect), never end(), which is the application's to call. */
+function onApplicationPool(pool: pg.Pool, sql: Statements): Pool {
+  return { sql, query: pool.query.bind(pool), connect: pool.connect.bind(pool) } as unknown as Pool;
+}
