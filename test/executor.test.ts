@@ -24,7 +24,7 @@ const expireLease = (id: string) => t.pool.query(`update outboxd.payment_operati
 
 /** The dispatcher's claim: the lease, the choice of the call and its attempt, in one statement. */
 const claimWithAttempt = (id: string, owner = 'worker-a', kind = 'charge') =>
-  claimAttempt(t.pool, id, owner, 60_000, KEY_WINDOW_SECONDS, kind, callTable('idempotent-key'));
+  claimAttempt(t.pool, id, owner, 60_000, KEY_WINDOW_SECONDS, kind, 'idempotent-key', callTable('idempotent-key'));
 /** The dispatcher's path: claimWithAttempt, then the executor from the attempt that claim began. */
 async function runClaimed(stripe: PaymentGateway, id: string, owner = 'worker-a') {
   const { lease } = await claimWithAttempt(id, owner);
@@ -333,7 +333,7 @@ describe('executeOperation (a charge)', () => {
     it('claims made together share one statement, each its own; an operation asked twice in it is claimed once', async () => {
       const [a, b, c] = await Promise.all([confirm(t), confirm(t), confirm(t)]);
       const run = counting(t.pool);
-      const claimOn = (id: string) => claimAttempt(run.pool, id, 'worker-a', 60_000, KEY_WINDOW_SECONDS, 'charge', callTable('idempotent-key'));
+      const claimOn = (id: string) => claimAttempt(run.pool, id, 'worker-a', 60_000, KEY_WINDOW_SECONDS, 'charge', 'idempotent-key', callTable('idempotent-key'));
       // Asked in one turn of the event loop: one statement.
       const [forC, forA, again, forB] = await Promise.all([claimOn(c), claimOn(a), claimOn(a), claimOn(b)]);
       expect(run.statements()).toBe(1);
@@ -376,6 +376,13 @@ describe('executeOperation (a charge)', () => {
       expect(await operation(t, id)).toMatchObject({ attempts: 0, first_attempted_at: null });
       const run = await executeOperation(t.pool, stripe, id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
       expect(run).toMatchObject({ call: 'create', operation: { status: 'succeeded', attempts: 1 } });
+    });
+
+    it('an operation requested under another policy than the claim\'s is claimed without an attempt, never counted under it', async () => {
+      const id = await confirm(t);
+      const { lease } = await claimAttempt(t.pool, id, 'worker-a', 60_000, KEY_WINDOW_SECONDS, 'charge', 'at-least-once', callTable('at-least-once'));
+      expect(lease!.begun).toBeUndefined();
+      expect(await operation(t, id)).toMatchObject({ attempts: 0, first_attempted_at: null, possible_duplicates: 0, lease_owner: 'worker-a' });
     });
   });
 
