@@ -142,7 +142,9 @@ describe('with an SDK registered', () => {
     const outcome = one(payment, 'outboxd.record_outcome');
     expect(parentOf(relay)).toBe(spanId);
     expect(parentOf(dispatch)).toBe(relay.spanContext().spanId);
-    // pg-boss's own `process` span, a trace of its own, stays one link away.
+    // pg-boss's own `process` span, a trace of its own, stays one link away (it ends once pg-boss has
+    // the batch's results, a moment after the dispatch span).
+    await waitUntil(() => named(exporter.getFinishedSpans(), 'process charge').length === 1, 5_000, 'the process span to end');
     const process = one(exporter.getFinishedSpans(), 'process charge');
     expect(dispatch.links.map((l) => [l.context.spanId, l.attributes?.['outboxd.link']])).toEqual([[process.spanContext().spanId, 'delivery']]);
     for (const child of [claim, gatewayCall, outcome]) expect(parentOf(child)).toBe(dispatch.spanContext().spanId);
@@ -245,7 +247,9 @@ describe('with an SDK registered', () => {
     const dispatch = one(ofOperation(operationId), 'outboxd.dispatch');
     expect(dispatch.spanContext().traceId).toBe(requeue.spanContext().traceId);
     expect(dispatch.links.map((l) => l.context.traceId)).toContain(traceId);
-    const inRequeue = exporter.getFinishedSpans().filter((s) => s.spanContext().traceId === requeue.spanContext().traceId);
+    const inTrace = () => exporter.getFinishedSpans().filter((s) => s.spanContext().traceId === requeue.spanContext().traceId);
+    await waitUntil(() => named(inTrace(), 'process charge').length === 1, 5_000, 'the process span to end');
+    const inRequeue = inTrace();
     const send = one(inRequeue, 'send charge');
     expect(parentOf(send)).toBe(requeue.spanContext().spanId);
     expect(parentOf(one(inRequeue, 'process charge'))).toBe(send.spanContext().spanId);
