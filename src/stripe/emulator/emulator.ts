@@ -347,20 +347,11 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
     const faults = await this.state.takeFaults('list_refunds', null, customer);
     if (await this.preflight(faults, res, entry)) return;
     await this.latency(faults);
-    const limit = Math.min(Math.max(Number(url.searchParams.get('limit') ?? 10) || 10, 1), 100);
-    const gte = Number(url.searchParams.get('created[gte]') ?? 0);
     const all: Refund[] = [];
     for (const e of await this.state.refunds()) {
-      if ((paymentIntent === null || e.refund.payment_intent === paymentIntent) && e.refund.created >= gte) all.push(await this.currentRefund(e));
+      if (paymentIntent === null || e.refund.payment_intent === paymentIntent) all.push(await this.currentRefund(e));
     }
-    all.sort((a, b) => b.created - a.created || (a.id < b.id ? -1 : 1));
-    const after = url.searchParams.get('starting_after');
-    const start = after ? all.findIndex((r) => r.id === after) + 1 : 0;
-    const data = all.slice(start, start + limit);
-    return this.deliver(res, entry, {
-      status: 200,
-      body: json({ object: 'list', data, has_more: start + limit < all.length, url: '/v1/refunds' }),
-    }, faults);
+    return this.deliver(res, entry, { status: 200, body: json(listPage(all, url, '/v1/refunds')) }, faults);
   }
 
   private async retrieve(piId: string, res: ServerResponse, entry: RequestLogEntry) {
@@ -405,18 +396,8 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
 
   /** GET /v1/payment_intents: newest first, `created[gte]`, `limit`, `starting_after` (a list, not a search: read-after-write). */
   private async list(url: URL, res: ServerResponse, entry: RequestLogEntry) {
-    const limit = Math.min(Math.max(Number(url.searchParams.get('limit') ?? 10) || 10, 1), 100);
-    const gte = Number(url.searchParams.get('created[gte]') ?? 0);
-    const all = (await this.currentAll(await this.state.intents()))
-      .filter((pi) => pi.created >= gte)
-      .sort((a, b) => b.created - a.created || (a.id < b.id ? -1 : 1));
-    const after = url.searchParams.get('starting_after');
-    const start = after ? all.findIndex((pi) => pi.id === after) + 1 : 0;
-    const data = all.slice(start, start + limit);
-    return this.deliver(res, entry, {
-      status: 200,
-      body: json({ object: 'list', data, has_more: start + limit < all.length, url: '/v1/payment_intents' }),
-    }, []);
+    const all = await this.currentAll(await this.state.intents());
+    return this.deliver(res, entry, { status: 200, body: json(listPage(all, url, '/v1/payment_intents')) }, []);
   }
 
   // ─── faults ──────────────────────────────────────────────────────────────────────────────────────
@@ -879,6 +860,16 @@ function tooManyRequests(code: RateLimitCode) {
 function nonNegative(v: unknown, name: string): number {
   if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new Error(`${name} must be a number ≥ 0`);
   return v;
+}
+
+/** A Stripe list page: newest first, `created[gte]`, `limit` (1–100, default 10), `starting_after`. */
+function listPage<T extends { id: string; created: number }>(items: T[], url: URL, path: string) {
+  const limit = Math.min(Math.max(Number(url.searchParams.get('limit') ?? 10) || 10, 1), 100);
+  const gte = Number(url.searchParams.get('created[gte]') ?? 0);
+  const all = items.filter((x) => x.created >= gte).sort((a, b) => b.created - a.created || (a.id < b.id ? -1 : 1));
+  const after = url.searchParams.get('starting_after');
+  const start = after ? all.findIndex((x) => x.id === after) + 1 : 0;
+  return { object: 'list', data: all.slice(start, start + limit), has_more: start + limit < all.length, url: path };
 }
 
 function error(type: string, message: string, extra: Record<string, unknown> = {}) {
