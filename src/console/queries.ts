@@ -5,7 +5,7 @@ import { SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../settlements.ts';
 import type { PgBoss } from 'pg-boss';
 import { listAudit, type AuditRow } from '../admin/audit.ts';
 import type { Pool } from '../db/pool.ts';
-import { OPERATION_STATUSES } from '../db/schema.ts';
+import { OPERATION_STATUSES } from '../payments/status.ts';
 import { CHARGE_QUEUE } from '../outbox.ts';
 import { isOperationId, type Operation } from '../payments/operation.ts';
 

@@ -4,6 +4,7 @@
 // to whichever schema OUTBOXD_SCHEMA names.
 import { sql } from 'drizzle-orm';
 import { bigint, boolean, check, doublePrecision, index, integer, jsonb, pgSchema, text, timestamp, uniqueIndex, uuid, type AnyPgColumn } from 'drizzle-orm/pg-core';
+import { OPERATION_STATUSES, POLICIES } from '../payments/status.ts';
 
 const outboxd = pgSchema('outboxd');
 
@@ -26,9 +27,6 @@ export const orders = outboxd.table(
   },
   (t) => [check('orders_status_check', sql`${t.status} in ('confirmed')`)],
 );
-
-export const OPERATION_STATUSES = ['pending', 'unknown', 'succeeded', 'failed'] as const;
-const POLICIES = ['idempotent-key', 'at-least-once', 'reconcile-before-retry'] as const;
 
 export const paymentOperations = outboxd.table(
   'payment_operations',

@@ -19,7 +19,9 @@ import { chargeCalls } from '../payments/charge.ts';
 import { refundCalls } from '../payments/refund.ts';
 import { applicationCalls, type EffectDefinition } from './application.ts';
 
-export type Policy = 'idempotent-key' | 'at-least-once' | 'reconcile-before-retry';
+import type { Policy } from '../payments/status.ts';
+
+export type { Policy };
 
 /**
  * The calls the executor makes for an operation:

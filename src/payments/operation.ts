@@ -18,10 +18,10 @@
 // (invariant 5). "Needs review" is not a status: it is a reason recorded on an unsettled operation.
 import { coalesced } from '../db/coalesce.ts';
 import type { Queryable } from '../db/pool.ts';
-import type { Policy } from '../effects/registry.ts';
+import type { OperationStatus, Policy } from './status.ts';
 import { ATTR, withSpan } from '../tracing.ts';
 
-export type OperationStatus = 'pending' | 'unknown' | 'succeeded' | 'failed';
+export type { OperationStatus };
 
 export interface Operation {
   id: string;
