@@ -3,6 +3,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import { freePort } from '../../src/db/embedded.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/outboxd.js', import.meta.url));
 
@@ -22,9 +23,13 @@ export async function startReplica(
   env: Record<string, string>,
   opts: { onLog?: (entry: Record<string, unknown>) => void; entry?: string } = {},
 ): Promise<Replica> {
+  // The port is read from the 'worker ready' line, logged at info. A replica asked to be quieter (the
+  // benchmark's: a line per call would be work it measures, which the peer does not do) is given a free
+  // port instead and awaited on its readiness probe.
+  const quiet = env.LOG_LEVEL !== undefined && !['info', 'debug', 'trace'].includes(env.LOG_LEVEL);
+  const fixedPort = quiet ? await freePort() : undefined;
   const proc = spawn(process.execPath, [opts.entry ?? BIN, 'worker'], {
-    // The port is read from the 'worker ready' line, so the replica logs at info whatever env asks.
-    env: { ...process.env, HTTP_PORT: '0', ...env, LOG_LEVEL: 'info' },
+    env: { ...process.env, HTTP_PORT: String(fixedPort ?? 0), ...env, LOG_LEVEL: quiet ? env.LOG_LEVEL! : 'info' },
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   const logs: Record<string, unknown>[] = [];
@@ -33,19 +38,26 @@ export async function startReplica(
   );
   const port = await new Promise<number>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`replica did not start: ${JSON.stringify(logs.slice(-5))}`)), 30_000);
+    const ready = (port: number) => {
+      clearTimeout(timer);
+      resolve(port);
+    };
     createInterface({ input: proc.stderr! }).on('line', (line) => {
       try {
         const entry = JSON.parse(line);
         logs.push(entry);
         opts.onLog?.(entry);
-        if (entry.msg === 'worker ready') {
-          clearTimeout(timer);
-          resolve(entry.httpPort);
-        }
+        if (entry.msg === 'worker ready') ready(entry.httpPort);
       } catch {
         logs.push({ raw: line });
       }
     });
+    if (fixedPort !== undefined) {
+      void waitUntil(() => fetch(`http://127.0.0.1:${fixedPort}/readyz`).then((r) => r.ok, () => false), 30_000, 'the replica to be ready').then(
+        () => ready(fixedPort),
+        () => {},
+      );
+    }
     void exited.then(({ code }) => reject(new Error(`replica exited with ${code} before it was ready: ${JSON.stringify(logs.slice(-5))}`)));
   });
   const get = async (path: string) => {
