@@ -21,7 +21,7 @@ import { withSpan } from '../src/tracing.ts';
 import { runFleet } from './lib/budget.ts';
 import { PEER_QUEUE, startPeer, type Peer, type PeerJob } from './lib/peer.ts';
 import { waitUntil } from './lib/replica.ts';
-import { DEPLOYED_NODE_OPTIONS, startWorld, type World } from './lib/world.ts';
+import { DEPLOYED_NODE_ARGS, DEPLOYED_NODE_OPTIONS, startWorld, type World } from './lib/world.ts';
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
 const BACKLOG = Number(process.env.BENCH_BACKLOG ?? 1500);
@@ -128,7 +128,7 @@ const peer = (batch: number): Fleet => ({
   },
   settled: (db) => count(db, `select count(*)::int as n from pgboss.job where name = '${PEER_QUEUE}' and state = 'completed'`),
   async start(w, env) {
-    const p = await startPeer({ DATABASE_URL: w.url, STRIPE_API_BASE: w.emulatorUrl, STRIPE_SECRET_KEY: EMULATOR_KEY, PEER_SLOTS: String(CONCURRENCY), PEER_BATCH: String(batch), ...env });
+    const p = await startPeer({ DATABASE_URL: w.url, STRIPE_API_BASE: w.emulatorUrl, STRIPE_SECRET_KEY: EMULATOR_KEY, PEER_SLOTS: String(CONCURRENCY), PEER_BATCH: String(batch), ...env }, DEPLOYED_NODE_ARGS);
     peers.add(p);
     const stop = async () => {
       p.kill('SIGTERM');
@@ -287,7 +287,7 @@ async function tracingSection(w: World) {
 }
 
 /** At 100 ms a call, against slots ÷ latency; the peer alike, for what the harness itself costs. */
-async function latencySection(w: World, peerBatch: number): Promise<Drained> {
+async function latencySection(w: World, peerBatch: number): Promise<{ ours: Drained; theirs: Drained }> {
   await sleep(500);
   w.emulator.clearFaults();
   w.emulator.addFault({ fault: { kind: 'latency', ms: 100 }, count: Infinity });
@@ -300,7 +300,7 @@ async function latencySection(w: World, peerBatch: number): Promise<Drained> {
   rows.push({ section: '5. resources', measure: "worker sessions 'idle in transaction' for > 50 ms while 100 ms calls are in flight (max sampled)", value: String(res.heldDuringCalls), reference: '0', ratio: '' });
   results.latencyBound = { outboxd: res, peer: theirs, ideal };
   w.emulator.clearFaults();
-  return res;
+  return { ours: res, theirs };
 }
 
 async function pickupSection(w: World) {
@@ -379,6 +379,8 @@ try {
 
   const dispatch: Record<string, unknown> = {};
   let rss: number[] = [];
+  /** The peer's processes, with the same NODE_OPTIONS: what the same libraries take without outboxd. */
+  let peerRss: number[] = [];
   let peak = 0;
   // The peer at each batch size on one process; the faster is the reference from here on.
   let peerBatch = PEER_BATCHES[0]!;
@@ -395,6 +397,7 @@ try {
     const theirs = peers.get(peerBatch)!;
     dispatch[processes] = { outboxd: ours, peers: Object.fromEntries(peers), peerBatch, ratio: ours.rate / theirs.rate };
     rss = rss.concat(ours.rssMb);
+    peerRss = peerRss.concat(...[...peers.values()].map((d) => d.rssMb));
     peak = Math.max(peak, ours.peakConnections);
     rows.push({ section: '2. dispatch', measure: `settled/s, ${processes} process(es) × ${CONCURRENCY} slots, emulator at 0 ms`, value: fmt(ours.rate), reference: `${fmt(theirs.rate)}: ${peerName(peerBatch)} (goal ≥ 80 %)`, ratio: pct(ours.rate, theirs.rate) });
     for (const [batch, other] of peers) {
@@ -417,12 +420,16 @@ try {
     rows.push({ section: '2. dispatch', measure: `context: pg-boss no-op worker, ${CONCURRENCY} self-waking loops + NOTIFY (jobs/s)`, value: fmt(noopBest), reference: '', ratio: '' });
   }
   if (ONLY.has('tracing')) await tracingSection(world);
-  if (ONLY.has('latency')) rss = rss.concat((await latencySection(world, peerBatch)).rssMb);
+  if (ONLY.has('latency')) {
+    const { ours, theirs } = await latencySection(world, peerBatch);
+    rss = rss.concat(ours.rssMb);
+    peerRss = peerRss.concat(theirs.rssMb);
+  }
   if (ONLY.has('pickup')) await pickupSection(world);
   if (ONLY.has('budget')) await budgetSection(world);
-  if (rss.length) rows.push({ section: '5. resources', measure: `peak RSS per replica (MB), NODE_OPTIONS=${DEPLOYED_NODE_OPTIONS}`, value: fmt(Math.max(...rss)), reference: '120 (goal)', ratio: '' });
+  if (rss.length) rows.push({ section: '5. resources', measure: `peak RSS per replica (MB), node ${DEPLOYED_NODE_ARGS.join(' ')}, NODE_OPTIONS=${DEPLOYED_NODE_OPTIONS}`, value: fmt(Math.max(...rss)), reference: `120 (goal); the peer: ${fmt(Math.max(...peerRss))}`, ratio: '' });
   if (rss.length) rows.push({ section: '5. resources', measure: 'peak DB connections (bench database, all replicas)', value: String(peak), reference: '', ratio: '' });
-  results.resources = { peakRssMb: Math.max(...rss), peakConnections: peak };
+  results.resources = { peakRssMb: Math.max(...rss), rssMb: rss, peerRssMb: peerRss, peakConnections: peak };
 } finally {
   for (const p of peers) p.kill('SIGKILL');
   await world.close();

@@ -16,7 +16,7 @@ import { envSchema, loadConfig } from '../src/config.ts';
 import { PROBES } from '../src/dispatcher/worker.ts';
 import { webhookRoutes } from '../src/http/webhooks.ts';
 import { createLogger } from '../src/log.ts';
-import { DEPLOYED_NODE_OPTIONS } from '../scripts/lib/world.ts';
+import { DEPLOYED_NODE_ARGS, DEPLOYED_NODE_OPTIONS } from '../scripts/lib/world.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const read = (p: string) => readFileSync(path.join(ROOT, p), 'utf8');
@@ -150,7 +150,7 @@ describe('deploy manifests', () => {
     expect(dockerfile).toMatch(/^RUN npm run build$/m);
     expect(dockerfile).toMatch(/^COPY --from=build \/app\/dist \.\/dist$/m);
     expect(dockerfile).toMatch(/^USER node$/m);
-    expect(dockerfile).toMatch(/^ENTRYPOINT \["\/usr\/bin\/tini", "--", "node", "bin\/outboxd.js"\]$/m);
+    expect(dockerfile).toContain(`ENTRYPOINT ["/usr/bin/tini", "--", "node", ${DEPLOYED_NODE_ARGS.map((a) => `"${a}", `).join('')}"bin/outboxd.js"]`);
     expect(dockerfile).toMatch(/^CMD \["worker"\]$/m);
     expect(dockerfile).toContain(`NODE_OPTIONS="${DEPLOYED_NODE_OPTIONS}"`);
     expect(worker.env.find((e: { name: string }) => e.name === 'NODE_OPTIONS').value).toBe(DEPLOYED_NODE_OPTIONS);

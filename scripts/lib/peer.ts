@@ -30,9 +30,9 @@ export interface Peer {
   kill(signal: NodeJS.Signals): void;
 }
 
-/** Starts the peer as an OS process; resolves once its loops are registered. */
-export async function startPeer(env: Record<string, string>): Promise<Peer> {
-  const proc = spawn(process.execPath, [fileURLToPath(import.meta.url)], { env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] });
+/** Starts the peer as an OS process (node's own flags: `nodeArgs`); resolves once its loops are registered. */
+export async function startPeer(env: Record<string, string>, nodeArgs: readonly string[] = []): Promise<Peer> {
+  const proc = spawn(process.execPath, [...nodeArgs, fileURLToPath(import.meta.url)], { env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] });
   const exited = new Promise<number | null>((resolve) => proc.once('exit', (code) => resolve(code)));
   const lines: string[] = [];
   await new Promise<void>((resolve, reject) => {

@@ -18,17 +18,17 @@ export interface Replica {
 }
 
 /** entry: the JavaScript the worker runs from instead of bin/outboxd.js (the benchmark runs the compiled
- * dist/cli/main.js, as the image does). */
+ * dist/cli/main.js, as the image does); nodeArgs: node's own flags before it, as the image's command line. */
 export async function startReplica(
   env: Record<string, string>,
-  opts: { onLog?: (entry: Record<string, unknown>) => void; entry?: string } = {},
+  opts: { onLog?: (entry: Record<string, unknown>) => void; entry?: string; nodeArgs?: readonly string[] } = {},
 ): Promise<Replica> {
   // The port is read from the 'worker ready' line, logged at info. A replica asked to be quieter (the
   // benchmark's: a line per call would be work it measures, which the peer does not do) is given a free
   // port instead and awaited on its readiness probe.
   const quiet = env.LOG_LEVEL !== undefined && !['info', 'debug', 'trace'].includes(env.LOG_LEVEL);
   const fixedPort = quiet ? await freePort() : undefined;
-  const proc = spawn(process.execPath, [opts.entry ?? BIN, 'worker'], {
+  const proc = spawn(process.execPath, [...(opts.nodeArgs ?? []), opts.entry ?? BIN, 'worker'], {
     env: { ...process.env, HTTP_PORT: String(fixedPort ?? 0), ...env, LOG_LEVEL: quiet ? env.LOG_LEVEL! : 'info' },
     stdio: ['ignore', 'ignore', 'pipe'],
   });
