@@ -26,9 +26,11 @@ import { DEPLOYED_NODE_ARGS, DEPLOYED_NODE_OPTIONS, startWorld, type World } fro
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
 const BACKLOG = Number(process.env.BENCH_BACKLOG ?? 1500);
 const CONCURRENCY = 8;
-/** The peer's jobs per fetch, tried in this run (its loops: CONCURRENCY / batch): one job per round trip
- * as the issue's peer, and a whole batch of slots, pg-boss's fastest here; the faster is the reference. */
+/** The peer's jobs per fetch, each tried in this run (its loops: CONCURRENCY / batch). The goal's reference
+ * is issue 14's peer, which fetches and completes one job per round trip; a whole batch of slots, pg-boss's
+ * fastest here, is measured beside it, a harder comparison than the issue's goal asks for. */
 const PEER_BATCHES = [1, CONCURRENCY];
+const REFERENCE_BATCH = 1;
 /** BENCH_ONLY=confirm,dispatch,noop,latency,pickup,tracing,budget runs a subset (while tuning one figure). */
 const ONLY = new Set((process.env.BENCH_ONLY ?? 'confirm,dispatch,noop,latency,pickup,tracing,budget').split(','));
 /** Counts each worker process's statements (round trips), preloaded beside the image's NODE_OPTIONS. */
@@ -382,26 +384,23 @@ try {
   /** The peer's processes, with the same NODE_OPTIONS: what the same libraries take without outboxd. */
   let peerRss: number[] = [];
   let peak = 0;
-  // The peer at each batch size on one process; the faster is the reference from here on.
-  let peerBatch = PEER_BATCHES[0]!;
   for (const processes of ONLY.has('dispatch') ? [1, 2] : []) {
     const peers = new Map<number, Drained>();
     const runPeers = async () => {
-      for (const batch of processes === 1 ? PEER_BATCHES : [peerBatch]) peers.set(batch, await drain(world, peer(batch), processes, BACKLOG));
+      for (const batch of PEER_BATCHES) peers.set(batch, await drain(world, peer(batch), processes, BACKLOG));
     };
     // Alternated, so that neither always runs on the warmer (or more bloated) database.
     if (processes === 2) await runPeers();
     const ours = await drain(world, outboxd, processes, BACKLOG);
     if (processes === 1) await runPeers();
-    if (processes === 1) peerBatch = [...peers].sort((a, b) => b[1].rate - a[1].rate)[0]![0];
-    const theirs = peers.get(peerBatch)!;
-    dispatch[processes] = { outboxd: ours, peers: Object.fromEntries(peers), peerBatch, ratio: ours.rate / theirs.rate };
+    const theirs = peers.get(REFERENCE_BATCH)!;
+    dispatch[processes] = { outboxd: ours, peers: Object.fromEntries(peers), referenceBatch: REFERENCE_BATCH, ratio: ours.rate / theirs.rate };
     rss = rss.concat(ours.rssMb);
     peerRss = peerRss.concat(...[...peers.values()].map((d) => d.rssMb));
     peak = Math.max(peak, ours.peakConnections);
-    rows.push({ section: '2. dispatch', measure: `settled/s, ${processes} process(es) × ${CONCURRENCY} slots, emulator at 0 ms`, value: fmt(ours.rate), reference: `${fmt(theirs.rate)}: ${peerName(peerBatch)} (goal ≥ 80 %)`, ratio: pct(ours.rate, theirs.rate) });
+    rows.push({ section: '2. dispatch', measure: `settled/s, ${processes} process(es) × ${CONCURRENCY} slots, emulator at 0 ms`, value: fmt(ours.rate), reference: `${fmt(theirs.rate)}: ${peerName(REFERENCE_BATCH)}, issue 14's peer (goal ≥ 80 %)`, ratio: pct(ours.rate, theirs.rate) });
     for (const [batch, other] of peers) {
-      if (batch !== peerBatch) rows.push({ section: '2. dispatch', measure: `context: against ${peerName(batch)}`, value: fmt(ours.rate), reference: fmt(other.rate), ratio: pct(ours.rate, other.rate) });
+      if (batch !== REFERENCE_BATCH) rows.push({ section: '2. dispatch', measure: `context: against ${peerName(batch)}, beyond the goal`, value: fmt(ours.rate), reference: fmt(other.rate), ratio: pct(ours.rate, other.rate) });
     }
     if (processes === 1) {
       const each = (f: (d: Drained) => number) => [...peers].map(([batch, d]) => `${f(d).toFixed(2)} (peer, batch ${batch})`).join('; ');
@@ -421,7 +420,7 @@ try {
   }
   if (ONLY.has('tracing')) await tracingSection(world);
   if (ONLY.has('latency')) {
-    const { ours, theirs } = await latencySection(world, peerBatch);
+    const { ours, theirs } = await latencySection(world, REFERENCE_BATCH);
     rss = rss.concat(ours.rssMb);
     peerRss = peerRss.concat(theirs.rssMb);
   }
