@@ -13,7 +13,7 @@ if (!existsSync(source)) {
 } else if (process.features.typescript) {
   await import(source.href);
 } else {
-  const child = spawn(process.execPath, ['--experimental-strip-types', '--no-warnings', fileURLToPath(source), ...process.argv.slice(2)], { stdio: 'inherit' });
+  const child = spawn(process.execPath, [...process.execArgv, '--experimental-strip-types', '--no-warnings', fileURLToPath(source), ...process.argv.slice(2)], { stdio: 'inherit' });
   for (const signal of ['SIGINT', 'SIGTERM']) process.on(signal, () => child.kill(signal));
   child.on('exit', (code, signal) => process.exit(code ?? (signal ? 128 : 1)));
 }

@@ -1,6 +1,7 @@
 // deploy/ kept honest without a Docker engine: every manifest parses and validates against the
 // Kubernetes schemas, and what it names (probe paths, port, env vars, CLI commands) is what the code
 // serves and reads.
+import { execFileSync } from 'node:child_process';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { parseEnv } from 'node:util';
@@ -151,6 +152,8 @@ describe('deploy manifests', () => {
     expect(dockerfile).toMatch(/^COPY --from=build \/app\/dist \.\/dist$/m);
     expect(dockerfile).toMatch(/^USER node$/m);
     expect(dockerfile).toContain(`ENTRYPOINT ["/usr/bin/tini", "--", "node", ${DEPLOYED_NODE_ARGS.map((a) => `"${a}", `).join('')}"bin/outboxd.js"]`);
+    // node refuses to start on a flag its V8 no longer knows: every container would crash-loop.
+    expect(() => execFileSync(process.execPath, [...DEPLOYED_NODE_ARGS, '-e', '0'], { stdio: 'pipe' })).not.toThrow();
     expect(dockerfile).toMatch(/^CMD \["worker"\]$/m);
     expect(dockerfile).toContain(`NODE_OPTIONS="${DEPLOYED_NODE_OPTIONS}"`);
     expect(worker.env.find((e: { name: string }) => e.name === 'NODE_OPTIONS').value).toBe(DEPLOYED_NODE_OPTIONS);

@@ -25,11 +25,11 @@ export async function startReplica(
 ): Promise<Replica> {
   // The port is read from the 'worker ready' line, logged at info. A replica asked to be quieter (the
   // benchmark's: a line per call would be work it measures, which the peer does not do) is given a free
-  // port instead and awaited on its readiness probe.
+  // port (unless env names one) and awaited on its readiness probe.
   const quiet = env.LOG_LEVEL !== undefined && !['info', 'debug', 'trace'].includes(env.LOG_LEVEL);
-  const fixedPort = quiet ? await freePort() : undefined;
+  const fixedPort = quiet ? Number(env.HTTP_PORT ?? 0) || (await freePort()) : undefined;
   const proc = spawn(process.execPath, [...(opts.nodeArgs ?? []), opts.entry ?? BIN, 'worker'], {
-    env: { ...process.env, HTTP_PORT: String(fixedPort ?? 0), ...env, LOG_LEVEL: quiet ? env.LOG_LEVEL! : 'info' },
+    env: { ...process.env, HTTP_PORT: '0', ...env, ...(fixedPort ? { HTTP_PORT: String(fixedPort) } : {}), LOG_LEVEL: quiet ? env.LOG_LEVEL! : 'info' },
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   const logs: Record<string, unknown>[] = [];
