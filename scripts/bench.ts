@@ -403,6 +403,11 @@ try {
       if (batch !== REFERENCE_BATCH) rows.push({ section: '2. dispatch', measure: `context: against ${peerName(batch)}, beyond the goal`, value: fmt(ours.rate), reference: fmt(other.rate), ratio: pct(ours.rate, other.rate) });
     }
     if (processes === 1) {
+      // The image's default LOG_LEVEL is info: one line per call, which the peer does not write (the
+      // lines are read and parsed by this harness, on the same cores). Its memory counts as ours.
+      const loud = await drain(world, outboxd, 1, BACKLOG, { LOG_LEVEL: 'info' });
+      rss = rss.concat(loud.rssMb);
+      rows.push({ section: '2. dispatch', measure: 'context: settled/s, 1 process at LOG_LEVEL=info (a log line per call; the rows above: warn)', value: fmt(loud.rate), reference: fmt(ours.rate), ratio: pct(loud.rate, ours.rate) });
       const each = (f: (d: Drained) => number) => [...peers].map(([batch, d]) => `${f(d).toFixed(2)} (peer, batch ${batch})`).join('; ');
       rows.push({ section: '2. dispatch', measure: 'round trips per settled operation (statements the process sent, start to exit)', value: ours.roundTripsPerOp.toFixed(2), reference: each((d) => d.roundTripsPerOp), ratio: '' });
       rows.push({ section: '2. dispatch', measure: 'commits per settled operation (pg_stat_database.xact_commit, start to exit)', value: ours.commitsPerOp.toFixed(2), reference: each((d) => d.commitsPerOp), ratio: '' });
