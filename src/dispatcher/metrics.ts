@@ -15,7 +15,7 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
   const registry = new Registry();
   collectDefaultMetrics({ register: registry, prefix: 'outboxd_' });
   const r = [registry];
-  let health: Promise<{ needs_review: number; unsettled: number; oldest_unsettled_seconds: number }> | undefined;
+  let health: Promise<{ needs_review: number; oldest_unsettled_seconds: number }> | undefined;
   // One query per scrape feeds the three gauges that come from it.
   const readHealth = () => (health ??= source.db.query(source.db.sql.operationHealth()).then((x) => x.rows[0]).finally(() => setTimeout(() => (health = undefined), 500)));
 
