@@ -8,7 +8,7 @@ import type { Pool } from '../src/db/pool.ts';
 import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../src/payments/executor.ts';
 import { claimAttempt, flagFromOutside, releaseLease, settleFromOutside } from '../src/payments/operation.ts';
 import { createLogger } from '../src/log.ts';
-import { relayOutbox } from '../src/outbox.ts';
+import { createKindQueues, relayOutbox } from '../src/outbox.ts';
 import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
 import { timeline } from '../src/console/timeline.ts';
 import { operationRecord, overview } from '../src/console/queries.ts';
@@ -168,6 +168,18 @@ describe('the operation timeline', () => {
     expect(await render({ rateLimit: 25, searchRateLimit: 20 })).toMatch(/room to spare[\s\S]*25 requests\/s, search 20\/s/);
     await t.pool.query(`update outboxd.rate_budgets set short_at = now() - interval '5 seconds' where name = 'bench-account'`);
     expect(await render({ rateLimit: 25, searchRateLimit: 20 })).toMatch(/in full use[\s\S]*waited for a token [56] s ago/);
+  });
+
+  it("the console's overview counts every kind's queue, not only the charges'", async () => {
+    const render = async () => String(overviewPage(await overview(t.pool, t.boss, { rateLimit: undefined, searchRateLimit: undefined }), new Date()));
+    await confirm(t);
+    await t.pool.query(
+      `insert into outboxd.payment_operations (kind, policy, effect_key, payload) values ('welcome_mail', 'at-least-once', 'k-' || gen_random_uuid(), '{}')`,
+    );
+    await createKindQueues(t.boss, 'welcome_mail');
+    const html = await render();
+    expect(html).toContain('Jobs queued');
+    expect(html).toMatch(/charge \d+ · (\w+ \d+ · )*welcome_mail \d+; \d+ active, \d+ failed retained/);
   });
 
   it("the operation page names each kind's own idempotency key and what a resolution must name", async () => {

@@ -6,7 +6,7 @@ import type { PgBoss } from 'pg-boss';
 import { listAudit, type AuditRow } from '../admin/audit.ts';
 import type { Pool } from '../db/pool.ts';
 import { OPERATION_STATUSES } from '../payments/status.ts';
-import { CHARGE_QUEUE } from '../outbox.ts';
+import { queueFor } from '../outbox.ts';
 import { isOperationId, type Operation } from '../payments/operation.ts';
 
 export type Listed = Operation & { cursor_at: string };
@@ -82,8 +82,9 @@ export interface Overview {
   needsReview: number;
   oldestUnsettledSeconds: number | null;
   outboxRows: number;
-  /** pg-boss's counts of the charge queue (as its last monitor pass saw them). */
-  queue: { queued: number; active: number; failed: number } | null;
+  /** pg-boss's counts of each kind's queue, for every kind with operations (as its last monitor pass
+   * saw them); null when pg-boss did not answer. */
+  queues: { kind: string; queued: number; active: number; failed: number }[] | null;
   review: (Operation & { flagged_at: Date | null })[];
   recent: Operation[];
   /** The fleet's Stripe budget: requests/s configured (undefined: none), and each bucket's state. */
@@ -91,11 +92,11 @@ export interface Overview {
 }
 
 export async function overview(pool: Pool, boss: PgBoss, limits: { rateLimit: number | undefined; searchRateLimit: number | undefined }): Promise<Overview> {
-  const [figures, review, recent, queue, buckets] = await Promise.all([
+  const [figures, review, recent, queues, buckets] = await Promise.all([
     pool.query(pool.sql.consoleOverview()),
     reviewQueue(pool, 5),
     pool.query(pool.sql.recentSettlements(10)),
-    boss.getQueue(CHARGE_QUEUE).catch(() => null),
+    queuesOfKinds(pool, boss).catch(() => null),
     pool.query(pool.sql.rateBudgetStates()),
   ]);
   const f = figures.rows[0];
@@ -105,11 +106,20 @@ export async function overview(pool: Pool, boss: PgBoss, limits: { rateLimit: nu
     needsReview: f.needs_review,
     oldestUnsettledSeconds: f.oldest_unsettled_seconds,
     outboxRows: f.outbox_rows,
-    queue: queue ? { queued: queue.queuedCount, active: queue.activeCount, failed: queue.failedCount } : null,
+    queues,
     review,
     recent: recent.rows,
     budget: { limit: limits.rateLimit, searchLimit: limits.searchRateLimit, buckets: buckets.rows },
   };
+}
+
+async function queuesOfKinds(pool: Pool, boss: PgBoss): Promise<Overview['queues']> {
+  const kinds = await operationKinds(pool);
+  const queues = await boss.getQueues(kinds.map(queueFor));
+  return kinds.flatMap((kind) => {
+    const q = queues.find((x) => x.name === queueFor(kind));
+    return q ? [{ kind, queued: q.queuedCount, active: q.activeCount, failed: q.failedCount }] : [];
+  });
 }
 
 export async function reviewQueue(pool: Pool, limit: number): Promise<(Listed & { flagged_at: Date | null })[]> {

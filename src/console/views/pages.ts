@@ -53,7 +53,7 @@ export function overviewPage(o: Overview, now: Date): Safe {
   ${card('Needs review', String(o.needsReview), o.needsReview > 0 ? 'bad' : 'good', o.needsReview > 0 ? html`<a href="/console/review">Open the review queue</a>` : 'nothing waits for a person')}
   ${card('Oldest unsettled', oldest === null ? 'none' : span(oldest), oldest !== null && oldest > 900 ? 'warn' : 'good', 'pending or unknown, review included')}
   ${card('Outbox depth', String(o.outboxRows), o.outboxRows > 0 ? 'info' : 'good', 'rows waiting to become jobs')}
-  ${card('Charge jobs queued', o.queue ? String(o.queue.queued) : '—', 'neutral', o.queue ? `${o.queue.active} active, ${o.queue.failed} failed retained` : 'pg-boss did not answer')}
+  ${queuesCard(o.queues)}
   ${budgetCard(o.budget)}
   ${card('Operations', `${o.total.exact ? '' : '≈ '}${o.total.n.toLocaleString('en')}`, 'neutral', o.total.exact ? 'all kinds' : 'all kinds, as PostgreSQL estimates')}
 </section>
@@ -86,6 +86,14 @@ export function overviewPage(o: Overview, now: Date): Safe {
   <h2 id="recent-title">Recent settlements</h2>
   ${recentTable(o.recent, now)}
 </section>`;
+}
+
+/** Every kind's queue in one card: the jobs waiting in all of them, each kind's share, and what runs. */
+function queuesCard(queues: Overview['queues']): Safe {
+  if (!queues) return card('Jobs queued', '—', 'neutral', 'pg-boss did not answer');
+  const sum = (f: (q: NonNullable<Overview['queues']>[number]) => number) => queues.reduce((n, q) => n + f(q), 0);
+  const each = queues.map((q) => `${q.kind} ${q.queued}`).join(' · ');
+  return card('Jobs queued', String(sum((q) => q.queued)), 'neutral', `${each ? `${each}; ` : ''}${sum((q) => q.active)} active, ${sum((q) => q.failed)} failed retained`);
 }
 
 function card(label: string, value: string, tone: string, note: Fragment): Safe {
