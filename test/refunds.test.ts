@@ -7,6 +7,10 @@ import type Stripe from 'stripe';
 import pg from 'pg';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { requeueOperation } from '../src/admin/requeue.ts';
+import { operationRecord } from '../src/console/queries.ts';
+import { timeline } from '../src/console/timeline.ts';
+import { operationPage } from '../src/console/views/operation.ts';
+import { opHref } from '../src/console/views/parts.ts';
 import { ResolutionRefused, resolveOperation } from '../src/admin/resolve.ts';
 import { inTransaction } from '../src/db/pool.ts';
 import { createLogger } from '../src/log.ts';
@@ -367,6 +371,13 @@ describe('a person’s resolution, webhooks and the drift report', () => {
     e.emulator.settleRefund(pending.external_id!, 'succeeded');
     expect(await receive(event('refund.updated', pending.external_id!))).toBe('settled');
     expect(await operation(t, op)).toMatchObject({ status: 'succeeded', external_id: pending.external_id });
+    // The console shows the refund Stripe was asked about, and the charge operation it refunds.
+    const settled = await operation(t, op);
+    const record = await operationRecord(t.pool, settled);
+    const hooks = timeline(settled, record).filter((x) => x.kind === 'webhook');
+    expect(hooks.map((x) => x.facts)).toContainEqual(expect.arrayContaining([['Stripe object', pending.external_id], ['its status', 'succeeded']]));
+    const page = String(operationPage(settled, record, timeline(settled, record), {}, { csrfToken: 'x', now: new Date(), dashboard: undefined }));
+    expect(page).toMatch(new RegExp(`<dt>Refund of</dt><dd><a [^>]*href="${opHref(charge)}"`));
 
     const unsettled = await requested(charge, 10);
     const { pi } = await paidCharge();

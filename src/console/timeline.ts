@@ -112,13 +112,16 @@ const history: Source = (op, record, now) => {
 
 const webhooks: Source = (_op, record) =>
   record.webhooks.map((w) => {
-    const pi = (w.payload as { payment_intent?: { id?: string; status?: string } | null }).payment_intent;
+    // The inbox keeps the object it retrieved: a PaymentIntent for a charge, a Refund for a refund.
+    type Retrieved = { id?: string; status?: string } | null | undefined;
+    const { payment_intent: pi, refund } = w.payload as { payment_intent?: Retrieved; refund?: Retrieved };
+    const object = pi ?? refund;
     return {
       at: w.received_at,
       kind: 'webhook',
       title: `Stripe event ${w.type} → ${w.result}`,
       tone: w.result === 'settled' ? 'good' : w.result === 'mismatch' || w.result === 'contradiction' ? 'bad' : 'info',
-      facts: [['event', w.id], ['Stripe object', pi?.id], ['its status', pi?.status]],
+      facts: [['event', w.id], ['Stripe object', object?.id], ['its status', object?.status]],
     };
   });
 

@@ -22,7 +22,7 @@ export interface ActionState {
 const KNOWN = new Set([
   'id', 'kind', 'order_id', 'amount', 'currency', 'customer_id', 'payment_method', 'metadata', 'status', 'external_id',
   'attempts', 'first_attempted_at', 'last_attempted_at', 'last_outcome', 'last_error', 'review_reason', 'needs_review',
-  'settled_at', 'fence', 'lease_owner', 'lease_expires_at', 'created_at', 'updated_at',
+  'settled_at', 'fence', 'lease_owner', 'lease_expires_at', 'created_at', 'updated_at', 'parent_operation_id',
 ]);
 
 export function operationPage(
@@ -46,6 +46,7 @@ ${op.review_reason ? html`<div class="held" role="note"><strong>Held for review.
       <dl class="fields">
         ${field('Order', op.order_id === null ? 'none (an application effect)' : html`<a class="mono" href="/console/search?q=${encodeURIComponent(op.order_id)}">${op.order_id}</a>`)}
         ${field('Kind', op.kind)}
+        ${op.parent_operation_id ? field('Refund of', opLink(op.parent_operation_id)) : nothing}
         ${field('Amount', html`${amount(op)} <span class="muted">(${op.amount} ${op.currency} in minor units)</span>`)}
         ${field('Customer', html`<span class="mono">${op.customer_id}</span>`)}
         ${field('Payment method', html`<span class="mono">${op.payment_method}</span>`)}
