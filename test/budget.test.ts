@@ -225,6 +225,49 @@ describe('the budgeted gateway', () => {
     const waitedRequests = (await bm.waited.get()).values.find((v) => v.metricName === 'outboxd_stripe_budget_wait_seconds_count' && v.labels.budget === requests.name);
     expect(waitedRequests?.value).toBe(3);
   });
+
+  it('a read that spans pages takes its tokens page by page: a search both kinds, a list the account kind', async () => {
+    const bm = budgetMetrics();
+    const requests = budget(replicaA, 1000, undefined, bm);
+    const search = budget(replicaA, 1000, undefined, bm);
+    const { gateway: g } = gateway({ requests, search });
+    const takes = async (b: Budget) =>
+      (await bm.waited.get()).values.find((v) => v.metricName === 'outboxd_stripe_budget_wait_seconds_count' && v.labels.budget === b.name)?.value ?? 0;
+    const operationId = randomUUID();
+    const stripe = e.client();
+    for (let i = 0; i < 205; i++) {
+      await stripe.paymentIntents.create({ amount: 10, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: operationId } });
+    }
+    const sent = (endpoint: string) => e.emulator.requests().filter((r) => r.endpoint === endpoint).length;
+
+    expect(await g.findCharges(operationId)).toHaveLength(205);
+    expect(sent('search')).toBe(3);
+    expect(await takes(search)).toBe(3);
+    expect(await takes(requests)).toBe(3);
+
+    expect(await g.listCharges(new Date(0))).toHaveLength(205);
+    expect(sent('list')).toBe(3);
+    expect(await takes(search)).toBe(3);
+    expect(await takes(requests)).toBe(6);
+  });
+
+  it('a page that got no token in time was not sent: the read fails as RetryLater, no resend, no back-off', async () => {
+    const bm = budgetMetrics();
+    const stripe = e.client();
+    for (let i = 0; i < 101; i++) await stripe.paymentIntents.create({ amount: 10, currency: 'eur', payment_method: 'pm_card_visa', confirm: true });
+    // The real gateway, its second page's wait for a token running out (as tokens() fails it).
+    const real = e.gateway();
+    const starved: PaymentGateway = Object.assign(Object.create(real) as PaymentGateway, {
+      listCharges: (since: Date) => real.listCharges(since, async () => {
+        throw new RetryLater('not sent: no token by the deadline', undefined, undefined, { code: 'budget' });
+      }),
+    });
+    const { gateway: g, metrics } = gateway({ requests: budget(replicaA, 1000, undefined, bm) }, 5_000, starved);
+    await expect(g.listCharges(new Date(0))).rejects.toMatchObject({ name: 'RetryLater', code: 'budget' });
+    expect(e.emulator.requests().filter((r) => r.endpoint === 'list')).toHaveLength(1);
+    expect(await value(metrics.rateLimited)).toBe(0);
+    expect(await value(bm.backOffs)).toBe(0);
+  });
 });
 
 describe('waiting for a token holds the operation safely', () => {

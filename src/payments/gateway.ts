@@ -61,19 +61,23 @@ export interface Refund {
 /** Refund statuses that are final and returned nothing. */
 export const FAILED_REFUND_STATUSES: ReadonlySet<string> = new Set(['failed', 'canceled']);
 
+/** Awaited before each page after the first of a read that spans pages: every page is a request to
+ * Stripe, and the fleet's budget (src/stripe/budgetedGateway.ts) takes a token for it there. */
+export type BeforeNextPage = () => Promise<void>;
+
 export interface PaymentGateway {
   createCharge(req: ChargeRequest): Promise<Charge>;
   retrieveCharge(externalId: string): Promise<Charge>;
   /** Every charge whose metadata carries this operation id, all pages. Not read-after-write. */
-  findCharges(operationId: string): Promise<Charge[]>;
+  findCharges(operationId: string, beforeNextPage?: BeforeNextPage): Promise<Charge[]>;
   /** Every charge created at or after `since`, all pages (the drift report reads them). */
-  listCharges(since: Date): Promise<Charge[]>;
+  listCharges(since: Date, beforeNextPage?: BeforeNextPage): Promise<Charge[]>;
   createRefund(req: RefundRequest): Promise<Refund>;
   retrieveRefund(externalId: string): Promise<Refund>;
   /** Every refund of a PaymentIntent, all pages: a list, so read-after-write (unlike Search). */
-  findRefunds(paymentIntent: string): Promise<Refund[]>;
+  findRefunds(paymentIntent: string, beforeNextPage?: BeforeNextPage): Promise<Refund[]>;
   /** Every refund created at or after `since`, all pages (the drift report reads them). */
-  listRefunds(since: Date): Promise<Refund[]>;
+  listRefunds(since: Date, beforeNextPage?: BeforeNextPage): Promise<Refund[]>;
 }
 
 export abstract class GatewayError extends Error {

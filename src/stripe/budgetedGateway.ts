@@ -3,7 +3,10 @@
 // account's as well), then is sent. Waiting is bounded by the call's deadline, so a call holds no lease
 // past its TTL waiting (the dispatcher renews its lease meanwhile; the reconcile sweep does not, and its
 // wait is bounded well inside the lease); a call that got no token in time is not sent and fails as
-// RetryLater, which the executor records as not an attempt.
+// RetryLater, which the executor records as not an attempt. A read that spans pages takes tokens for
+// every page, each page waiting at most as long again: the drift report's lists (no lease held) go at the
+// budget's pace however long they are; a search of one operation runs past a page only with more than
+// 100 matches.
 //
 // A 429 from Stripe:
 //   - `lock_timeout`: another request holds that one object. Not the account's budget: the call is sent
@@ -12,7 +15,7 @@
 //     takes nothing for a moment; the call then waits for a token and is sent again, within its deadline.
 // Neither was an attempt: nothing executed at Stripe.
 import { Counter, type Registry } from 'prom-client';
-import { RetryLater, type Charge, type ChargeRequest, type PaymentGateway, type Refund, type RefundRequest } from '../payments/gateway.ts';
+import { RetryLater, type BeforeNextPage, type Charge, type ChargeRequest, type PaymentGateway, type Refund, type RefundRequest } from '../payments/gateway.ts';
 import { BudgetTimeout, type Budget, type BudgetMetrics, type Priority } from './budget.ts';
 
 /** Sends of one call, 429s included. */
@@ -61,11 +64,11 @@ export class BudgetedGateway implements PaymentGateway {
   }
 
   findCharges(operationId: string): Promise<Charge[]> {
-    return this.budgeted('search', () => this.inner.findCharges(operationId));
+    return this.budgeted('search', (nextPage) => this.inner.findCharges(operationId, nextPage));
   }
 
   listCharges(since: Date): Promise<Charge[]> {
-    return this.budgeted('request', () => this.inner.listCharges(since));
+    return this.budgeted('request', (nextPage) => this.inner.listCharges(since, nextPage));
   }
 
   createRefund(req: RefundRequest): Promise<Refund> {
@@ -78,11 +81,11 @@ export class BudgetedGateway implements PaymentGateway {
 
   // A list, not a Search: the account budget only.
   findRefunds(paymentIntent: string): Promise<Refund[]> {
-    return this.budgeted('request', () => this.inner.findRefunds(paymentIntent));
+    return this.budgeted('request', (nextPage) => this.inner.findRefunds(paymentIntent, nextPage));
   }
 
   listRefunds(since: Date): Promise<Refund[]> {
-    return this.budgeted('request', () => this.inner.listRefunds(since));
+    return this.budgeted('request', (nextPage) => this.inner.listRefunds(since, nextPage));
   }
 
   /** Metrics of this gateway and its budgets, onto a replica's registry. */
@@ -95,14 +98,17 @@ export class BudgetedGateway implements PaymentGateway {
     this.opts.budgets.search?.close();
   }
 
-  private async budgeted<T>(kind: Kind, send: () => Promise<T>): Promise<T> {
+  /** `send` gets what paces its further pages: each waits for its own tokens, as long as a call may. */
+  private async budgeted<T>(kind: Kind, send: (beforeNextPage: BeforeNextPage) => Promise<T>): Promise<T> {
     const deadline = Date.now() + this.opts.maxWaitMs;
+    const beforeNextPage = () => this.tokens(kind, Date.now() + this.opts.maxWaitMs);
     for (let sends = 1; ; sends++) {
       await this.tokens(kind, deadline);
       try {
-        return await send();
+        return await send(beforeNextPage);
       } catch (err) {
-        if (!(err instanceof RetryLater)) throw err;
+        // A 429 answered a send; a page that got no token in time was never sent, and goes back as it is.
+        if (!(err instanceof RetryLater) || err.code === 'budget') throw err;
         const code = err.code ?? 'unknown';
         this.metrics.rateLimited.inc({ code });
         const lockTimeout = code === 'lock_timeout';

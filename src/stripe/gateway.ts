@@ -11,6 +11,7 @@ import {
   Rejected,
   RetryLater,
   type Charge,
+  type BeforeNextPage,
   type ChargeRequest,
   type PaymentGateway,
   type Refund,
@@ -46,6 +47,8 @@ export function stripeClient(opts: StripeGatewayOptions): Stripe {
 }
 
 const SEARCH_PAGE = 100;
+/** Stripe's largest list page. */
+const LIST_PAGE = 100;
 
 export class StripeGateway implements PaymentGateway {
   private readonly stripe: Stripe;
@@ -123,11 +126,11 @@ export class StripeGateway implements PaymentGateway {
     }
   }
 
-  async findCharges(operationId: string): Promise<Charge[]> {
+  async findCharges(operationId: string, beforeNextPage?: BeforeNextPage): Promise<Charge[]> {
     const found: Charge[] = [];
     let page: string | undefined;
     try {
-      do {
+      for (;;) {
         const result = await this.stripe.paymentIntents.search({
           query: `metadata['operation_id']:'${operationId.replaceAll("'", "\\'")}'`,
           limit: SEARCH_PAGE,
@@ -135,22 +138,17 @@ export class StripeGateway implements PaymentGateway {
         });
         found.push(...result.data.map(toCharge));
         page = result.has_more && result.next_page ? result.next_page : undefined;
-      } while (page);
+        if (!page) return found;
+        await beforeNextPage?.();
+      }
     } catch (err) {
       throw classify(err);
     }
-    return found;
   }
 
-  async listCharges(since: Date): Promise<Charge[]> {
-    const found: Charge[] = [];
-    try {
-      const created = { gte: Math.floor(since.getTime() / 1000) };
-      for await (const pi of this.stripe.paymentIntents.list({ created, limit: 100 })) found.push(toCharge(pi));
-    } catch (err) {
-      throw classify(err);
-    }
-    return found;
+  async listCharges(since: Date, beforeNextPage?: BeforeNextPage): Promise<Charge[]> {
+    const created = { gte: Math.floor(since.getTime() / 1000) };
+    return (await this.pages((after) => this.stripe.paymentIntents.list({ created, limit: LIST_PAGE, ...after }), beforeNextPage)).map(toCharge);
   }
 
   async retrieveRefund(externalId: string): Promise<Refund> {
@@ -161,22 +159,33 @@ export class StripeGateway implements PaymentGateway {
     }
   }
 
-  async findRefunds(paymentIntent: string): Promise<Refund[]> {
-    return this.refunds({ payment_intent: paymentIntent, limit: 100 });
+  async findRefunds(paymentIntent: string, beforeNextPage?: BeforeNextPage): Promise<Refund[]> {
+    return this.refunds({ payment_intent: paymentIntent }, beforeNextPage);
   }
 
-  async listRefunds(since: Date): Promise<Refund[]> {
-    return this.refunds({ created: { gte: Math.floor(since.getTime() / 1000) }, limit: 100 });
+  async listRefunds(since: Date, beforeNextPage?: BeforeNextPage): Promise<Refund[]> {
+    return this.refunds({ created: { gte: Math.floor(since.getTime() / 1000) } }, beforeNextPage);
   }
 
-  private async refunds(params: Stripe.RefundListParams): Promise<Refund[]> {
-    const found: Refund[] = [];
+  private async refunds(params: Stripe.RefundListParams, beforeNextPage?: BeforeNextPage): Promise<Refund[]> {
+    return (await this.pages((after) => this.stripe.refunds.list({ ...params, limit: LIST_PAGE, ...after }), beforeNextPage)).map(toRefund);
+  }
+
+  /** Every item of a Stripe list, page by page (`starting_after` the last item of the page before), so
+   * that each further page is a request the caller can pace (the SDK's auto-paging sends them unasked). */
+  private async pages<T extends { id: string }>(list: (after: { starting_after?: string }) => Promise<Stripe.ApiList<T>>, beforeNextPage?: BeforeNextPage): Promise<T[]> {
+    const found: T[] = [];
     try {
-      for await (const refund of this.stripe.refunds.list(params)) found.push(toRefund(refund));
+      for (let page = await list({}); ; ) {
+        found.push(...page.data);
+        const last = page.data.at(-1);
+        if (!page.has_more || !last) return found;
+        await beforeNextPage?.();
+        page = await list({ starting_after: last.id });
+      }
     } catch (err) {
       throw classify(err);
     }
-    return found;
   }
 }
 
@@ -192,6 +201,8 @@ function toRefund(r: Stripe.Refund & { lastResponse?: { requestId?: string } }):
 
 /** docs/architecture.md §2.4, by HTTP status (what stripe@23 itself decides the class by) and raw type. */
 function classify(err: unknown): GatewayError {
+  // Already classified: a page's wait for its budget token (RetryLater, nothing sent).
+  if (err instanceof GatewayError) return err;
   if (!(err instanceof Stripe.errors.StripeError)) return new AmbiguousOutcome(String(err), undefined, undefined, { cause: err });
   const status = err.statusCode;
   const pi = (err.payment_intent as { id?: string } | undefined)?.id;
