@@ -4,9 +4,8 @@
 // past its TTL waiting (the dispatcher renews its lease meanwhile; the reconcile sweep does not, and its
 // wait is bounded well inside the lease); a call that got no token in time is not sent and fails as
 // RetryLater, which the executor records as not an attempt. A read that spans pages takes tokens for
-// every page, each page waiting at most as long again: the drift report's lists (no lease held) go at the
-// budget's pace however long they are; a search of one operation runs past a page only with more than
-// 100 matches.
+// every page: an operation's search or refund list within the call's deadline, the drift report's lists
+// (no lease held) each page as long again, at the budget's pace however long they are.
 //
 // A 429 from Stripe:
 //   - `lock_timeout`: another request holds that one object. Not the account's budget: the call is sent
@@ -64,11 +63,11 @@ export class BudgetedGateway implements PaymentGateway {
   }
 
   findCharges(operationId: string): Promise<Charge[]> {
-    return this.budgeted('search', (nextPage) => this.inner.findCharges(operationId, nextPage));
+    return this.budgeted('search', (nextPage) => this.inner.findCharges(operationId, nextPage), 'call');
   }
 
   listCharges(since: Date): Promise<Charge[]> {
-    return this.budgeted('request', (nextPage) => this.inner.listCharges(since, nextPage));
+    return this.budgeted('request', (nextPage) => this.inner.listCharges(since, nextPage), 'page');
   }
 
   createRefund(req: RefundRequest): Promise<Refund> {
@@ -81,11 +80,11 @@ export class BudgetedGateway implements PaymentGateway {
 
   // A list, not a Search: the account budget only.
   findRefunds(paymentIntent: string): Promise<Refund[]> {
-    return this.budgeted('request', (nextPage) => this.inner.findRefunds(paymentIntent, nextPage));
+    return this.budgeted('request', (nextPage) => this.inner.findRefunds(paymentIntent, nextPage), 'call');
   }
 
   listRefunds(since: Date): Promise<Refund[]> {
-    return this.budgeted('request', (nextPage) => this.inner.listRefunds(since, nextPage));
+    return this.budgeted('request', (nextPage) => this.inner.listRefunds(since, nextPage), 'page');
   }
 
   /** Metrics of this gateway and its budgets, onto a replica's registry. */
@@ -98,17 +97,27 @@ export class BudgetedGateway implements PaymentGateway {
     this.opts.budgets.search?.close();
   }
 
-  /** `send` gets what paces its further pages: each waits for its own tokens, as long as a call may. */
-  private async budgeted<T>(kind: Kind, send: (beforeNextPage: BeforeNextPage) => Promise<T>): Promise<T> {
+  /**
+   * `send` gets what paces its further pages. `pages`: how long they may wait for their tokens: within
+   * the call's deadline (`call`: the reads of one operation, made under a lease the sweep does not
+   * renew), or each as long as a call may (`page`: the drift report's lists, under no lease, at the
+   * budget's pace however many pages they run to).
+   */
+  private async budgeted<T>(kind: Kind, send: (beforeNextPage: BeforeNextPage) => Promise<T>, pages: 'call' | 'page' = 'call'): Promise<T> {
     const deadline = Date.now() + this.opts.maxWaitMs;
-    const beforeNextPage = () => this.tokens(kind, Date.now() + this.opts.maxWaitMs);
+    let starved: unknown;
+    const beforeNextPage = () =>
+      this.tokens(kind, pages === 'call' ? deadline : Date.now() + this.opts.maxWaitMs).catch((err: unknown) => {
+        starved = err;
+        throw err;
+      });
     for (let sends = 1; ; sends++) {
       await this.tokens(kind, deadline);
       try {
         return await send(beforeNextPage);
       } catch (err) {
         // A 429 answered a send; a page that got no token in time was never sent, and goes back as it is.
-        if (!(err instanceof RetryLater) || err.code === 'budget') throw err;
+        if (!(err instanceof RetryLater) || err === starved) throw err;
         const code = err.code ?? 'unknown';
         this.metrics.rateLimited.inc({ code });
         const lockTimeout = code === 'lock_timeout';

@@ -137,8 +137,10 @@ export class StripeGateway implements PaymentGateway {
           ...(page ? { page } : {}),
         });
         found.push(...result.data.map(toCharge));
-        page = result.has_more && result.next_page ? result.next_page : undefined;
-        if (!page) return found;
+        if (!result.has_more) return found;
+        // More matches, and no way to them: an answer cut short is no evidence of what is not there.
+        if (!result.next_page) throw new AmbiguousOutcome('a search page said has_more without next_page');
+        page = result.next_page;
         await beforeNextPage?.();
       }
     } catch (err) {
@@ -178,8 +180,10 @@ export class StripeGateway implements PaymentGateway {
     try {
       for (let page = await list({}); ; ) {
         found.push(...page.data);
+        if (!page.has_more) return found;
+        // More items, and no last one to continue after: a list cut short is no evidence of what is not there.
         const last = page.data.at(-1);
-        if (!page.has_more || !last) return found;
+        if (!last) throw new AmbiguousOutcome('a list page said has_more with no items');
         await beforeNextPage?.();
         page = await list({ starting_after: last.id });
       }
