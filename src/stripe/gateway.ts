@@ -10,8 +10,8 @@ import {
   NotExecuted,
   Rejected,
   RetryLater,
-  type Charge,
   type BeforeNextPage,
+  type Charge,
   type ChargeRequest,
   type PaymentGateway,
   type Refund,
@@ -205,7 +205,7 @@ function toRefund(r: Stripe.Refund & { lastResponse?: { requestId?: string } }):
 
 /** docs/architecture.md §2.4, by HTTP status (what stripe@23 itself decides the class by) and raw type. */
 function classify(err: unknown): GatewayError {
-  // Already classified: a page's wait for its budget token (RetryLater, nothing sent).
+  // Already classified: a page that got no budget token (RetryLater: not sent), a page cut short.
   if (err instanceof GatewayError) return err;
   if (!(err instanceof Stripe.errors.StripeError)) return new AmbiguousOutcome(String(err), undefined, undefined, { cause: err });
   const status = err.statusCode;
