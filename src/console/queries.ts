@@ -83,7 +83,7 @@ export interface Overview {
   oldestUnsettledSeconds: number | null;
   outboxRows: number;
   /** pg-boss's counts of each kind's queue, for every kind with operations (as its last monitor pass
-   * saw them); null when pg-boss did not answer. */
+   * saw them); null when they could not be read. */
   queues: { kind: string; queued: number; active: number; failed: number }[] | null;
   review: (Operation & { flagged_at: Date | null })[];
   recent: Operation[];

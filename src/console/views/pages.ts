@@ -90,7 +90,7 @@ export function overviewPage(o: Overview, now: Date): Safe {
 
 /** Every kind's queue in one card: the jobs waiting in all of them, each kind's share, and what runs. */
 function queuesCard(queues: Overview['queues']): Safe {
-  if (!queues) return card('Jobs queued', '—', 'neutral', 'pg-boss did not answer');
+  if (!queues) return card('Jobs queued', '—', 'neutral', 'the queues could not be read');
   const sum = (f: (q: NonNullable<Overview['queues']>[number]) => number) => queues.reduce((n, q) => n + f(q), 0);
   const each = queues.map((q) => `${q.kind} ${q.queued}`).join(' · ');
   return card('Jobs queued', String(sum((q) => q.queued)), 'neutral', `${each ? `${each}; ` : ''}${sum((q) => q.active)} active, ${sum((q) => q.failed)} failed retained`);
