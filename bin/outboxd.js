@@ -6,6 +6,9 @@
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { requireSupportedNode } from './node-version.js';
+
+requireSupportedNode('outboxd');
 
 const source = new URL('../src/cli/main.ts', import.meta.url);
 if (!existsSync(source)) {

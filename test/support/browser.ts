@@ -1,4 +1,4 @@
-// A real browser for the console's tests: Debian's chromium (installed by .ci/run when absent) driven by
+// A real browser for the console's tests: Debian's chromium (installed by npm test when absent) driven by
 // playwright-core, which brings no browser of its own. Each launch gets a fresh profile directory.
 import { existsSync } from 'node:fs';
 import { mkdir, mkdtemp, rm } from 'node:fs/promises';
@@ -19,7 +19,7 @@ export interface Browser {
 }
 
 export async function launchBrowser(viewport = { width: 1400, height: 900 }): Promise<Browser> {
-  if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium), as .ci/run does`);
+  if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium), as npm test does`);
   const profile = await mkdtemp(path.join(tmpdir(), 'outboxd-chromium-'));
   const context = await chromium.launchPersistentContext(profile, {
     executablePath: CHROMIUM,
