@@ -17,7 +17,7 @@ import {
   MemoryState,
   RATE_LIMIT_CODES,
   REFUND_STATUSES,
-  refundsHold,
+  heldByRefunds,
   type EmulatedEvent,
   type EmulatorState,
   type Endpoint,
@@ -305,7 +305,7 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
     try {
       await this.latency(faults);
       const now = await this.clock();
-      const held = (await this.state.refunds()).filter((e) => e.refund.payment_intent === pi!.id && refundsHold(e.refund)).reduce((sum, e) => sum + e.refund.amount, 0);
+      const held = heldByRefunds(await this.state.refunds(), pi!.id);
       const status = faults.find((f) => f.kind === 'refund_status')?.status ?? 'succeeded';
       const refund = newRefund(params, pi!, metadata, status, pi!.amount_received - held, now);
       const afterCommit = faults.find((f) => f.kind === 'error_after_commit');

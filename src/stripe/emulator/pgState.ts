@@ -8,6 +8,7 @@ import { createPool, inTransaction, type Pool } from '../../db/pool.ts';
 import {
   endpointOf,
   pickFaults,
+  setIntentStatus,
   type ActiveRule,
   type EmulatedEvent,
   type EmulatorState,
@@ -267,15 +268,18 @@ export class PgState implements EmulatorState {
     return (await this.pool.query('select * from stripe_emulator.payment_intents order by seq')).rows.map(toEntry);
   }
 
-  async setStatus(id: string, status: string): Promise<PaymentIntent | undefined> {
+  setStatus(id: string, status: string): Promise<PaymentIntent | undefined> {
+    return this.changeBody<PaymentIntent>('payment_intents', id, (pi) => setIntentStatus(pi, status));
+  }
+
+  /** One stored object's body, changed under its row's lock; undefined when there is no such object. */
+  private changeBody<T>(table: 'payment_intents' | 'refunds', id: string, change: (body: T) => T): Promise<T | undefined> {
     return inTransaction(this.pool, async (tx) => {
-      const { rows } = await tx.query('select body from stripe_emulator.payment_intents where id = $1 for update', [id]);
+      const { rows } = await tx.query(`select body from stripe_emulator.${table} where id = $1 for update`, [id]);
       if (!rows[0]) return undefined;
-      const pi: PaymentIntent = JSON.parse(rows[0].body);
-      pi.status = status;
-      pi.amount_received = status === 'succeeded' ? pi.amount : 0;
-      await tx.query('update stripe_emulator.payment_intents set body = $2 where id = $1', [id, JSON.stringify(pi)]);
-      return pi;
+      const body = change(JSON.parse(rows[0].body));
+      await tx.query(`update stripe_emulator.${table} set body = $2 where id = $1`, [id, JSON.stringify(body)]);
+      return body;
     });
   }
 
@@ -318,14 +322,8 @@ export class PgState implements EmulatorState {
     return (await this.pool.query('select * from stripe_emulator.refunds order by seq')).rows.map(toRefundEntry);
   }
 
-  async setRefundStatus(id: string, status: RefundStatus): Promise<Refund | undefined> {
-    return inTransaction(this.pool, async (tx) => {
-      const { rows } = await tx.query('select body from stripe_emulator.refunds where id = $1 for update', [id]);
-      if (!rows[0]) return undefined;
-      const refund: Refund = { ...JSON.parse(rows[0].body), status };
-      await tx.query('update stripe_emulator.refunds set body = $2 where id = $1', [id, JSON.stringify(refund)]);
-      return refund;
-    });
+  setRefundStatus(id: string, status: RefundStatus): Promise<Refund | undefined> {
+    return this.changeBody<Refund>('refunds', id, (refund) => ({ ...refund, status }));
   }
 
   async addEvent(event: EmulatedEvent): Promise<void> {

@@ -95,7 +95,18 @@ export interface RefundEntry {
 }
 
 /** Money taken back from a PaymentIntent: every refund of it but the failed and canceled ones. */
-export const refundsHold = (r: Refund): boolean => r.status !== 'failed' && r.status !== 'canceled';
+const refundsHold = (r: Refund): boolean => r.status !== 'failed' && r.status !== 'canceled';
+
+/** What the refunds among `entries` hold of PaymentIntent `paymentIntent`. */
+export const heldByRefunds = (entries: RefundEntry[], paymentIntent: string): number =>
+  entries.filter((e) => e.refund.payment_intent === paymentIntent && refundsHold(e.refund)).reduce((sum, e) => sum + e.refund.amount, 0);
+
+/** A PaymentIntent moved to `status` (the control API's settle): only a succeeded one has received its amount. */
+export function setIntentStatus(pi: PaymentIntent, status: string): PaymentIntent {
+  pi.status = status;
+  pi.amount_received = status === 'succeeded' ? pi.amount : 0;
+  return pi;
+}
 
 export interface EmulatedEvent {
   id: string;
@@ -332,15 +343,12 @@ export class MemoryState implements EmulatorState {
 
   setStatus(id: string, status: string): PaymentIntent | undefined {
     const entry = this.entries.get(id);
-    if (!entry) return undefined;
-    entry.paymentIntent.status = status;
-    entry.paymentIntent.amount_received = status === 'succeeded' ? entry.paymentIntent.amount : 0;
-    return entry.paymentIntent;
+    return entry && setIntentStatus(entry.paymentIntent, status);
   }
 
   commitRefund(entry: RefundEntry, key: { storeKey: string; response: StoredResponse } | null): { committed: true } | { committed: false; remaining: number } {
     const pi = this.entries.get(entry.refund.payment_intent)?.paymentIntent;
-    const remaining = (pi?.amount_received ?? 0) - this.refunds().filter((e) => e.refund.payment_intent === pi?.id && refundsHold(e.refund)).reduce((sum, e) => sum + e.refund.amount, 0);
+    const remaining = (pi?.amount_received ?? 0) - (pi ? heldByRefunds(this.refunds(), pi.id) : 0);
     if (!pi || pi.status !== 'succeeded' || entry.refund.amount > remaining) return { committed: false, remaining: Math.max(remaining, 0) };
     this.refundEntries.set(entry.refund.id, entry);
     if (key) this.keys.set(key.storeKey, { ...this.keys.get(key.storeKey)!, state: 'done', response: key.response });
