@@ -132,50 +132,49 @@ describe('requesting a refund: refused before anything is written', () => {
     expect((await refund({ chargeOperationId: charge, amount: 1599, key: 'after-a-failed' })).created).toBe(true);
   });
 
-  it('two concurrent requests that each fit but not together: exactly one is made, the other refused', async () => {
-    const { charge } = await paidCharge(2000);
+  /**
+   * Two requests of 1500 each against `charge`, in two sessions' transactions at `isolation`: b's snapshot
+   * is taken before a's refund commits, and b's request waits on the charge until a commits. What each
+   * request came to, and how many refunds of the charge exist afterwards.
+   */
+  async function raceTwoRefunds(charge: string, isolation: string): Promise<{ first: unknown; second: unknown; made: number }> {
     const a = await t.pool.connect();
     const b = await t.pool.connect();
+    const tx = (c: pg.PoolClient) => ({ query: c.query.bind(c), sql: t.pool.sql }) as Parameters<typeof requestRefund>[0];
+    let first: unknown;
+    let second: unknown;
     try {
-      await a.query('begin');
-      await b.query('begin');
-      const tx = (c: pg.PoolClient) => ({ query: c.query.bind(c), sql: t.pool.sql }) as Parameters<typeof requestRefund>[0];
-      expect((await requestRefund(tx(a), { chargeOperationId: charge, amount: 1500, key: 'a' })).created).toBe(true);
-      // b waits for a's transaction on the charge, then sees a's refund.
-      const second = requestRefund(tx(b), { chargeOperationId: charge, amount: 1500, key: 'b' }).catch((x: unknown) => x);
+      await a.query(`begin isolation level ${isolation}`);
+      await b.query(`begin isolation level ${isolation}`);
+      await b.query('select 1');
+      first = await requestRefund(tx(a), { chargeOperationId: charge, amount: 1500, key: 'a' });
+      const waiting = requestRefund(tx(b), { chargeOperationId: charge, amount: 1500, key: 'b' }).catch((x: unknown) => x);
       await new Promise((r) => setTimeout(r, 200));
       await a.query('commit');
-      expect(await second).toMatchObject({ name: 'RefundRefused', code: 'exceeds_remaining' });
+      second = await waiting;
       await b.query('rollback');
     } finally {
       a.release();
       b.release();
     }
     const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where parent_operation_id = $1`, [charge]);
-    expect(rows[0].n).toBe(1);
+    return { first, second, made: rows[0].n };
+  }
+
+  it('two concurrent requests that each fit but not together: exactly one is made, the other refused', async () => {
+    const { charge } = await paidCharge(2000);
+    // b waits for a's transaction on the charge, then sees a's refund.
+    const { first, second, made } = await raceTwoRefunds(charge, 'read committed');
+    expect(first).toMatchObject({ created: true });
+    expect(second).toMatchObject({ name: 'RefundRefused', code: 'exceeds_remaining' });
+    expect(made).toBe(1);
   });
 
   it('under REPEATABLE READ too: the request that waited fails instead of reading refunds from before', async () => {
     const { charge } = await paidCharge(2000);
-    const a = await t.pool.connect();
-    const b = await t.pool.connect();
-    try {
-      await a.query('begin isolation level repeatable read');
-      await b.query('begin isolation level repeatable read');
-      await b.query('select 1'); // b's snapshot is taken now, before a's refund commits
-      const tx = (c: pg.PoolClient) => ({ query: c.query.bind(c), sql: t.pool.sql }) as Parameters<typeof requestRefund>[0];
-      await requestRefund(tx(a), { chargeOperationId: charge, amount: 1500, key: 'a' });
-      const second = requestRefund(tx(b), { chargeOperationId: charge, amount: 1500, key: 'b' }).catch((x: unknown) => x);
-      await new Promise((r) => setTimeout(r, 200));
-      await a.query('commit');
-      expect(await second).toMatchObject({ code: '40001' }); // could not serialize: the application retries
-      await b.query('rollback');
-    } finally {
-      a.release();
-      b.release();
-    }
-    const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where parent_operation_id = $1`, [charge]);
-    expect(rows[0].n).toBe(1);
+    const { second, made } = await raceTwoRefunds(charge, 'repeatable read');
+    expect(second).toMatchObject({ code: '40001' }); // could not serialize: the application retries
+    expect(made).toBe(1);
   });
 
   it('rolled back with the caller’s transaction', async () => {
