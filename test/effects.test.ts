@@ -15,7 +15,7 @@ import { createLogger } from '../src/log.ts';
 import { executeOperation } from '../src/payments/executor.ts';
 import { reconcileSweep } from '../src/reconcile/sweep.ts';
 import { Outboxd, ValidationError, type SettlementEvent } from '../src/index.ts';
-import { createTestDatabase, type TestDb } from './support/db.ts';
+import { createTestDatabase, inAppTransaction, type TestDb } from './support/db.ts';
 import { startDispatcher } from './support/dispatcher.ts';
 import { FakeStripe } from './support/fakeStripe.ts';
 import { acquireLease } from '../src/payments/operation.ts';
@@ -39,20 +39,7 @@ afterAll(async () => {
   await t.close();
 });
 
-async function inTx<T>(fn: (client: pg.PoolClient) => Promise<T>, commit = true): Promise<T> {
-  const client = await appPool.connect();
-  try {
-    await client.query('begin');
-    const result = await fn(client);
-    await client.query(commit ? 'commit' : 'rollback');
-    return result;
-  } catch (err) {
-    await client.query('rollback');
-    throw err;
-  } finally {
-    client.release();
-  }
-}
+const inTx = <T>(fn: (client: pg.PoolClient) => Promise<T>, commit = true) => inAppTransaction(appPool, fn, commit);
 
 /** A receipt e-mail: at least once. `failAfterSending`: the first sends of each operation whose answer is
  * lost (they were sent). */

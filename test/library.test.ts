@@ -8,7 +8,7 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { executeOperation } from '../src/payments/executor.ts';
 import { Outboxd, OrderConflictError, RefundRefused, TransactionTypeError, ValidationError, type ChargeRequest } from '../src/index.ts';
-import { createTestDatabase, type TestDb } from './support/db.ts';
+import { createTestDatabase, inAppTransaction, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
 import { claim, counts, operation, outboxRows } from './support/fixtures.ts';
 
@@ -46,20 +46,7 @@ const charge = (over: Partial<ChargeRequest> = {}): ChargeRequest => ({
   ...over,
 });
 
-async function inPgTransaction<T>(fn: (client: pg.PoolClient) => Promise<T>, commit = true): Promise<T> {
-  const client = await appPool.connect();
-  try {
-    await client.query('begin');
-    const result = await fn(client);
-    await client.query(commit ? 'commit' : 'rollback');
-    return result;
-  } catch (err) {
-    await client.query('rollback');
-    throw err;
-  } finally {
-    client.release();
-  }
-}
+const inPgTransaction = <T>(fn: (client: pg.PoolClient) => Promise<T>, commit = true) => inAppTransaction(appPool, fn, commit);
 
 const fail = (id: string) => t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where id = $1`, [id]);
 

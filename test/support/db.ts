@@ -1,4 +1,5 @@
 // A fresh, migrated database per test file, so files run in parallel without seeing each other.
+import type pg from 'pg';
 import type { PgBoss } from 'pg-boss';
 import { inject } from 'vitest';
 import { createPool, type Pool } from '../../src/db/pool.ts';
@@ -31,4 +32,21 @@ export async function createTestDatabase(schema = DEFAULT_SCHEMA): Promise<TestD
       await pool.end();
     },
   };
+}
+
+/** `fn` in a transaction on a client of the application's own pool (not outboxd's), as an application
+ * runs its business transaction: committed, or rolled back when `commit` is false or `fn` throws. */
+export async function inAppTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>, commit = true): Promise<T> {
+  const client = await pool.connect();
+  try {
+    await client.query('begin');
+    const result = await fn(client);
+    await client.query(commit ? 'commit' : 'rollback');
+    return result;
+  } catch (err) {
+    await client.query('rollback');
+    throw err;
+  } finally {
+    client.release();
+  }
 }
