@@ -329,15 +329,25 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
 
   private async retrieveRefund(refundId: string, res: ServerResponse, entry: RequestLogEntry) {
     const found = await this.state.refund(refundId);
-    entry.operationId = found?.refund.metadata.operation_id ?? null;
     const customer = found ? ((await this.state.intent(found.refund.payment_intent))?.paymentIntent.customer ?? null) : null;
-    const faults = await this.state.takeFaults('retrieve_refund', entry.operationId, customer);
+    const object = found && { operationId: found.refund.metadata.operation_id ?? null, customer, current: () => this.currentRefund(found) };
+    return this.retrieveOne('retrieve_refund', object, res, entry, { message: `No such refund: '${refundId}'`, param: 'id' });
+  }
+
+  /** A GET of one object: its faults and latency, then the object as it is now, or Stripe's 404. */
+  private async retrieveOne(
+    endpoint: 'retrieve' | 'retrieve_refund',
+    found: { operationId: string | null; customer: string | null; current: () => Promise<object> } | undefined,
+    res: ServerResponse,
+    entry: RequestLogEntry,
+    missing: { message: string; param: string },
+  ) {
+    entry.operationId = found?.operationId ?? null;
+    const faults = await this.state.takeFaults(endpoint, entry.operationId, found?.customer ?? null);
     if (await this.preflight(faults, res, entry)) return;
     await this.latency(faults);
-    if (!found) {
-      return this.respond(res, entry, 404, error('invalid_request_error', `No such refund: '${refundId}'`, { code: 'resource_missing', param: 'id' }));
-    }
-    return this.deliver(res, entry, { status: 200, body: json(await this.currentRefund(found)) }, faults);
+    if (!found) return this.respond(res, entry, 404, error('invalid_request_error', missing.message, { code: 'resource_missing', param: missing.param }));
+    return this.deliver(res, entry, { status: 200, body: json(await found.current()) }, faults);
   }
 
   /** GET /v1/refunds: newest first; `payment_intent`, `created[gte]`, `limit`, `starting_after` (a list: read-after-write). */
@@ -356,14 +366,8 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
 
   private async retrieve(piId: string, res: ServerResponse, entry: RequestLogEntry) {
     const found = await this.state.intent(piId);
-    entry.operationId = found?.paymentIntent.metadata.operation_id ?? null;
-    const faults = await this.state.takeFaults('retrieve', entry.operationId, found?.paymentIntent.customer ?? null);
-    if (await this.preflight(faults, res, entry)) return;
-    await this.latency(faults);
-    if (!found) {
-      return this.respond(res, entry, 404, error('invalid_request_error', `No such payment_intent: '${piId}'`, { code: 'resource_missing', param: 'intent' }));
-    }
-    return this.deliver(res, entry, { status: 200, body: json(await this.current(found)) }, faults);
+    const object = found && { operationId: found.paymentIntent.metadata.operation_id ?? null, customer: found.paymentIntent.customer ?? null, current: () => this.current(found) };
+    return this.retrieveOne('retrieve', object, res, entry, { message: `No such payment_intent: '${piId}'`, param: 'intent' });
   }
 
   private async search(url: URL, res: ServerResponse, entry: RequestLogEntry) {
