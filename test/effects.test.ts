@@ -165,7 +165,10 @@ describe('requestEffect: in the caller’s transaction, unique per kind and key'
 describe('at-least-once: a receipt whose answer is lost', () => {
   it('runs again, and the duplicate is counted (column, metric) and settled with the result', async () => {
     const { sent, def } = receipts(1);
-    const op = await request(app({ lost_receipt: def }), 'lost_receipt', { email: 'd@example.com' });
+    const o = app({ lost_receipt: def });
+    const events: SettlementEvent[] = [];
+    await o.onSettled((event) => void events.push(event));
+    const op = await request(o, 'lost_receipt', { email: 'd@example.com' }, 'order-2:receipt');
     const replica = await startDispatcher(t, new FakeStripe(), 'receipt-worker', { effects: new Map([['lost_receipt', def]]) });
     try {
       await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 30_000, 'settled');
@@ -178,11 +181,12 @@ describe('at-least-once: a receipt whose answer is lost', () => {
         { call: 'create', outcome: 'ambiguous', kind: 'lost_receipt', policy: 'at-least-once' },
         { call: 'create', outcome: 'succeeded', kind: 'lost_receipt', policy: 'at-least-once' },
       ]));
-      // settled like any operation: its event says which effect and key
-      const { rows } = await t.pool.query(`select source from outboxd.settlement_outbox where operation_id = $1`, [op]);
-      expect(rows).toEqual([{ source: 'dispatcher' }]);
+      // settled like any operation: its event reaches onSettled and says which effect and key
+      await waitUntil(() => events.some((e) => e.operationId === op), 30_000, 'the settlement event');
+      expect(events.find((e) => e.operationId === op)).toMatchObject({ kind: 'lost_receipt', key: 'order-2:receipt', status: 'succeeded', source: 'dispatcher' });
     } finally {
       await replica.stop();
+      await o.stop(); // its onSettled would take later tests' events
     }
   });
 
