@@ -193,7 +193,7 @@ export class Outboxd {
   /**
    * Runs a dispatcher in this process: it carries out the built-in kinds (Stripe, as configured by
    * STRIPE_SECRET_KEY and the other variables `outboxd worker` reads) and the kinds defined here, up to
-   * `concurrency` operations of each at once, with the same leases, fences, retries, review and metrics
+   * `concurrency` operations at once whatever their kind, with the same leases, fences, retries, review and metrics
    * as `outboxd worker` replicas, beside which it may run. stop() ends it.
    */
   async startWorker(options: { concurrency: number }): Promise<EffectWorker> {

@@ -331,6 +331,45 @@ describe('a person’s resolution of an effect of the application’s', () => {
   });
 });
 
+describe('WORKER_CONCURRENCY: calls in flight per replica, whatever their kind', () => {
+  it('two kinds with a backlog each share the replica’s slots: never more calls at once than slots', async () => {
+    let inFlight = 0;
+    let most = 0;
+    let finish!: () => void;
+    const finished = new Promise<void>((resolve) => (finish = resolve));
+    const slow: EffectDefinition = {
+      policy: 'at-least-once',
+      async execute() {
+        most = Math.max(most, ++inFlight);
+        try {
+          await finished;
+          return {};
+        } finally {
+          inFlight--;
+        }
+      },
+    };
+    const defs = { slow_mail: slow, slow_sms: slow };
+    const o = app(defs);
+    const ops: string[] = [];
+    for (const kind of Object.keys(defs)) for (let i = 0; i < 3; i++) ops.push(await request(o, kind, { i }));
+    const replica = await startDispatcher(t, new FakeStripe(), 'shared-slots', { concurrency: 2, effects: new Map(Object.entries(defs)) });
+    try {
+      // Every job fetched (each kind has its own loops), two of them running: with slots per kind, four would.
+      const active = async () => (await t.pool.query(`select count(*)::int as n from pgboss.job where name = any($1) and state = 'active'`, [Object.keys(defs)])).rows[0].n;
+      await waitUntil(async () => (await active()) === ops.length && inFlight >= 2, 20_000, 'all six fetched, calls running');
+      await new Promise((resolve) => setTimeout(resolve, 300)); // a third call would have started by now
+      expect(inFlight).toBe(2);
+      finish();
+      await waitUntil(async () => (await Promise.all(ops.map((op) => operation(t, op)))).every((row) => row.status === 'succeeded'), 20_000, 'all settled');
+      expect(most).toBe(2);
+    } finally {
+      finish();
+      await replica.stop();
+    }
+  });
+});
+
 describe('startWorker: the dispatcher inside the application’s process', () => {
   it("on the application's pool, the shared Stripe budget takes its tokens through that pool", async () => {
     process.env.STRIPE_RATE_LIMIT = '50';

@@ -46,7 +46,7 @@ import { Slots } from './slots.ts';
 
 export interface DispatcherOptions {
   workerId: string;
-  /** Operations executing at once in this replica, per kind. */
+  /** Operations executing at once in this replica, whatever their kind (one set of slots). */
   concurrency: number;
   leaseTtlMs: number;
   keyWindowSeconds?: number;
@@ -116,8 +116,9 @@ export class Dispatcher {
   }
 
   /**
-   * Each kind has `concurrency` slots (calls in flight at once: a slot is taken before the claim and given
-   * back when the call returns, its outcome recorded outside it) and as many pg-boss loops, each
+   * The replica has `concurrency` slots, shared by its kinds (calls in flight at once: a slot is taken
+   * before the claim and given back when the call returns, its outcome recorded outside it; waiting jobs
+   * take them in fetch order, whatever their kind). Each kind has as many pg-boss loops as slots, each
    * fetching up to fetchBatch jobs per round trip; pg-boss completes a loop's batch in one statement,
    * once all of it is done. A fetched job waits, unclaimed, for a free slot. pg-boss waits out its
    * polling interval after every fetch unless the loop was notified meanwhile, so a loop wakes itself
@@ -126,7 +127,7 @@ export class Dispatcher {
    * loop held up by a slow call holds that call's slot only, so while a slot is free some loop is free to
    * fetch for it, and no slot idles behind a slow call (fewer loops of bigger batches were measured
    * faster at 0 ms, but k slow calls in k loops would idle slots). At most concurrency × fetchBatch jobs
-   * of a kind are in hand.
+   * of each kind are in hand.
    */
   async start(): Promise<void> {
     const { boss } = this.deps;
@@ -139,11 +140,11 @@ export class Dispatcher {
         return results;
       });
     };
+    const slots = new Slots(this.opts.concurrency);
     for (const kind of this.kinds) {
       if (!BUILT_IN_KINDS.includes(kind)) await createKindQueues(boss, kind); // the built-in ones: by migrate
       const { policy } = effectFor(kind, this.deps.gateway, this.deps.effects)!;
       this.policies.set(kind, { policy, calls: callTable(policy) });
-      const slots = new Slots(this.opts.concurrency);
       const batch = Math.min(this.opts.fetchBatch ?? FETCH_BATCH, this.opts.concurrency);
       const handle = (job: Job<ChargeJob>) => traceDispatch(job, async () => {
         const release = await slots.take();

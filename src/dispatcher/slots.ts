@@ -1,6 +1,6 @@
-// A replica's slots for one kind: at most `size` operations between their claim and the end of their
-// call at once (WORKER_CONCURRENCY). Jobs fetched beyond the free slots wait here, in fetch order,
-// unclaimed.
+// A replica's slots, shared by every kind it carries out: at most `size` operations between their claim
+// and the end of their call at once (WORKER_CONCURRENCY), whatever their kind. Jobs fetched beyond the
+// free slots wait here, in fetch order, unclaimed.
 export class Slots {
   private free: number;
   private readonly waiting: (() => void)[] = [];
