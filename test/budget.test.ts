@@ -284,14 +284,14 @@ describe('waiting for a token holds the operation safely', () => {
 
   it('the dispatcher renews its lease while a call waits: no other claim can take it, and it settles once', async () => {
     const name = `lease_${randomUUID().slice(0, 8)}`;
-    // The bucket starts empty: the first token comes after 4 s, far past the 1.5 s lease.
-    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: budget(replicaA, 0.25, name) }, maxWaitMs: 10_000 });
+    // The bucket starts empty: the first token comes after 8 s, far past the 3 s lease.
+    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: budget(replicaA, 0.125, name) }, maxWaitMs: 10_000 });
     await leaveNothingBehind();
-    const replica = await startDispatcher(t, g, 'waiting-replica', { leaseTtlMs: 1_500, concurrency: 1 });
+    const replica = await startDispatcher(t, g, 'waiting-replica', { leaseTtlMs: 3_000, concurrency: 1 });
     try {
       const id = await confirm(t);
       await waitUntil(async () => (await operation(t, id)).lease_owner, 10_000, 'the claim');
-      await sleep(2_200);
+      await sleep(4_500);
       expect(await acquireLease(t.pool, id, 'intruder', 1_000)).toBeUndefined();
       expect(e.emulator.requests()).toHaveLength(0);
       const settled = await waitUntil(async () => {

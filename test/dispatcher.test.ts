@@ -52,7 +52,8 @@ const settled = async (op: string) => ['succeeded', 'failed'].includes((await op
 
 describe('dispatcher replicas (OS processes)', () => {
   it('two replicas, many orders: every operation settles with exactly one charge', async () => {
-    const [a, b] = await Promise.all([replica(), replica()]);
+    // A generous timeout: 60 concurrent calls on a loaded machine must not turn into ambiguous outcomes.
+    const [a, b] = await Promise.all([replica({ STRIPE_TIMEOUT_MS: '10000', LEASE_TTL_MS: '12000' }), replica({ STRIPE_TIMEOUT_MS: '10000', LEASE_TTL_MS: '12000' })]);
     const ops = await Promise.all(Array.from({ length: 60 }, (_, i) => confirm(t, { paymentMethod: i % 10 === 0 ? 'pm_card_chargeDeclined' : 'pm_card_visa' })));
     await waitUntil(async () => (await Promise.all(ops.map(settled))).every(Boolean), 60_000, 'all settled');
     for (const op of ops) {
@@ -61,17 +62,17 @@ describe('dispatcher replicas (OS processes)', () => {
     }
     const { rows } = await t.pool.query(`select status, count(*)::int as n from outboxd.payment_operations where id = any($1) group by status`, [ops]);
     expect(Object.fromEntries(rows.map((r) => [r.status, r.n]))).toEqual({ succeeded: 54, failed: 6 });
-    expect((await a.metric('outboxd_jobs_total')) + (await b.metric('outboxd_jobs_total'))).toBe(60);
     const sum = async (name: string) => (await a.metric(name)) + (await b.metric(name));
+    // A job is counted once its handler returns, a moment after the outcome it wrote is visible.
+    await waitUntil(async () => (await sum('outboxd_jobs_total')) === 60 && (await a.metric('outboxd_in_flight')) === 0, 10_000, 'every job counted');
     expect(await sum('outboxd_operation_transitions_total{from="pending",to="succeeded"}')).toBe(54);
     expect(await sum('outboxd_operation_transitions_total{from="pending",to="failed"}')).toBe(6);
     expect(await sum('outboxd_gateway_outcomes_total{call="create"')).toBe(60);
-    expect(await a.metric('outboxd_in_flight')).toBe(0);
   });
 
   it('a second signal during the drain exits at once, without waiting for the calls', async () => {
-    const a = await replica({ SHUTDOWN_GRACE_MS: '20000' });
-    e.emulator.addFault({ fault: { kind: 'latency', ms: 1800 }, count: Infinity });
+    const a = await replica({ SHUTDOWN_GRACE_MS: '20000', STRIPE_TIMEOUT_MS: '6000', LEASE_TTL_MS: '8000' });
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 5000 }, count: Infinity });
     const op = await confirm(t);
     await waitUntil(() => createsFor(op).length === 1, 20_000, 'a call in flight');
     a.kill('SIGTERM');
@@ -143,7 +144,7 @@ describe('dispatcher replicas (OS processes)', () => {
   });
 
   it('SIGTERM during in-flight calls: /readyz turns unready, the calls finish, exit 0, nothing left leased', async () => {
-    const a = await replica();
+    const a = await replica({ STRIPE_TIMEOUT_MS: '6000', LEASE_TTL_MS: '8000' });
     e.emulator.addFault({ fault: { kind: 'latency', ms: 1500 }, count: Infinity });
     const ops = await Promise.all(Array.from({ length: 4 }, () => confirm(t)));
     await waitUntil(() => ops.every((op) => createsFor(op).length === 1), 20_000, 'four calls in flight');
@@ -161,10 +162,10 @@ describe('dispatcher replicas (OS processes)', () => {
     e.emulator.addFault({ fault: { kind: 'latency', ms: 1500 }, count: Infinity });
     const ops = await Promise.all(Array.from({ length: 4 }, () => confirm(t)));
     await relay(t); // four jobs waiting: the two loops fetch two each, two slots run two calls
-    const a = await replica({ WORKER_CONCURRENCY: '2' });
+    const a = await replica({ WORKER_CONCURRENCY: '2', STRIPE_TIMEOUT_MS: '6000', LEASE_TTL_MS: '8000' });
     await waitUntil(() => ops.filter((op) => createsFor(op).length === 1).length === 2, 20_000, 'two calls in flight');
-    const { rows: fetched } = await t.pool.query(`select count(*)::int as n from pgboss.job where name = 'charge' and state = 'active'`);
-    expect(fetched[0].n).toBe(4);
+    const fetched = async () => (await t.pool.query(`select count(*)::int as n from pgboss.job where name = 'charge' and state = 'active'`)).rows[0].n;
+    await waitUntil(async () => (await fetched()) === 4, 5_000, 'the second loop to fetch its two');
     a.kill('SIGTERM');
     expect((await a.exited).code).toBe(0);
     const waited = ops.filter((op) => createsFor(op).length === 0);
@@ -177,8 +178,8 @@ describe('dispatcher replicas (OS processes)', () => {
   });
 
   it('while calls are in flight no worker session is in a transaction (pg_stat_activity)', async () => {
-    const a = await replica({ WORKER_CONCURRENCY: '6' });
-    e.emulator.addFault({ fault: { kind: 'latency', ms: 1000 }, count: Infinity });
+    const a = await replica({ WORKER_CONCURRENCY: '6', STRIPE_TIMEOUT_MS: '10000', LEASE_TTL_MS: '12000' });
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 3000 }, count: Infinity });
     const ops = await Promise.all(Array.from({ length: 6 }, () => confirm(t)));
     await waitUntil(() => ops.every((op) => createsFor(op).length === 1), 20_000, 'six calls in flight');
     const observer = new pg.Client({ connectionString: t.url });
@@ -188,7 +189,8 @@ describe('dispatcher replicas (OS processes)', () => {
     );
     await observer.end();
     expect(await a.metric('outboxd_in_flight')).toBe(6);
-    expect(rows.filter((r) => r.state !== 'idle')).toEqual([]);
+    // The relay and lease renewals run meanwhile and may be caught 'active'; none may hold a transaction open.
+    expect(rows.filter((r) => String(r.state).startsWith('idle in transaction'))).toEqual([]);
     await waitUntil(async () => (await Promise.all(ops.map(settled))).every(Boolean), 20_000, 'settled');
   });
 });
@@ -270,15 +272,17 @@ describe('dispatcher (in-process)', () => {
     await relay(t);
     // Shorten this job's expiry so pg-boss's own supervisor hands it out again mid-call.
     await t.pool.query(`update pgboss.job set expire_seconds = 1 where name = 'charge' and data->>'operationId' = $1`, [op]);
-    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 9_000 } });
-    const a = await dispatcher('replica-a');
-    await waitUntil(() => createsFor(op).length === 1, 10_000, 'the first create');
-    const b = await dispatcher('replica-b');
+    // The call outlasts pg-boss's expiry, its monitor pass and the retry backoff by a wide margin.
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 15_000 } });
+    const a = await startDispatcher(t, e.gateway({ timeoutMs: 30_000 }), 'replica-a');
+    let b: Awaited<ReturnType<typeof dispatcher>> | undefined;
     try {
-      const busy = async () => (await a.metrics.leaseBusy.get()).values[0]!.value + (await b.metrics.leaseBusy.get()).values[0]!.value;
+      await waitUntil(() => createsFor(op).length === 1, 10_000, 'the first create');
+      b = await dispatcher('replica-b');
+      const busy = async () => (await a.metrics.leaseBusy.get()).values[0]!.value + (await b!.metrics.leaseBusy.get()).values[0]!.value;
       await waitUntil(async () => (await busy()) >= 1, 20_000, 'the redelivered job to meet the lease');
       expect(await settled(op)).toBe(false);
-      await waitUntil(() => settled(op), 30_000, 'settled');
+      await waitUntil(() => settled(op), 40_000, 'settled');
       expect(charges(op)).toHaveLength(1);
       expect(createsFor(op)).toHaveLength(1);
       // The redelivery is the same job: it completes, and no second job was ever made.
@@ -287,9 +291,9 @@ describe('dispatcher (in-process)', () => {
       await waitUntil(async () => (await jobStates()).every((j) => j.state === 'completed'), 20_000, 'the job to complete');
       expect(await jobStates()).toHaveLength(1);
     } finally {
-      await Promise.all([a.stop(), b.stop()]);
+      await Promise.all([a.stop(), b?.stop()]);
     }
-  });
+  }, 90_000);
 
   it('unknown operations are re-driven with the same key until settled', async () => {
     const op = await confirm(t);

@@ -244,7 +244,8 @@ describe('reconcile-before-retry: a stock reservation whose answer is lost', () 
     const op = await request(app({ held_reservation: r.def }), 'held_reservation', { sku: 'sku-3' });
     const replica = await startDispatcher(t, new FakeStripe(), 'reservation-worker', { effects: new Map([['held_reservation', r.def]]) });
     try {
-      await waitUntil(async () => (await operation(t, op)).needs_review, 30_000, 'held for review');
+      // The dead-letter handler takes the lease for a moment after the flag is set: wait for it to let go.
+      await waitUntil(async () => { const o = await operation(t, op); return o.needs_review && o.lease_owner === null; }, 30_000, 'held for review');
       const held = await operation(t, op);
       expect(held).toMatchObject({ status: 'unknown', lease_owner: null });
       expect(held.review_reason).toMatch(/check could not tell whether held_reservation .* happened: the stock service is in maintenance/);

@@ -17,7 +17,7 @@ let e: RunningEmulator;
 let stripe: Stripe;
 beforeAll(async () => {
   e = await startEmulator();
-  stripe = e.client();
+  stripe = e.client({ timeoutMs: 10_000 }); // outlasts the latency faults that hold a key mid-request
 });
 afterAll(() => e.close());
 beforeEach(() => e.emulator.reset());
@@ -115,10 +115,10 @@ describe('idempotency layer', () => {
   });
 
   it('the same key while its first request still executes → 409 idempotency_key_in_use (a StripeAPIError)', async () => {
-    e.emulator.addFault({ fault: { kind: 'latency', ms: 300 } });
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 2_000 } });
     const p = params();
     const first = stripe.paymentIntents.create(p, { idempotencyKey: 'k3' });
-    await new Promise((r) => setTimeout(r, 50));
+    await new Promise((r) => setTimeout(r, 300));
     const err = await stripe.paymentIntents.create(p, { idempotencyKey: 'k3' }).catch((x) => x);
     expect(err).toBeInstanceOf(Stripe.errors.StripeAPIError);
     expect(err.statusCode).toBe(409);
@@ -290,9 +290,9 @@ describe('refunds', () => {
     await expect(refund(pi.id, { ...p, amount: 101 }, 'refund-op:r')).rejects.toBeInstanceOf(Stripe.errors.StripeIdempotencyError);
     await stripe.paymentIntents.create(params(), { idempotencyKey: 'shared-key' });
     await expect(refund(pi.id, p, 'shared-key')).rejects.toBeInstanceOf(Stripe.errors.StripeIdempotencyError);
-    e.emulator.addFault({ endpoint: 'create_refund', fault: { kind: 'latency', ms: 300 } });
+    e.emulator.addFault({ endpoint: 'create_refund', fault: { kind: 'latency', ms: 2_000 } });
     const slow = refund(pi.id, { ...p, amount: 5 }, 'refund-op:slow');
-    await new Promise((r) => setTimeout(r, 100));
+    await new Promise((r) => setTimeout(r, 300));
     await expect(refund(pi.id, { ...p, amount: 5 }, 'refund-op:slow')).rejects.toMatchObject({ statusCode: 409 });
     await slow;
     expect(e.emulator.refundLedger().filter((r) => r.refund.payment_intent === pi.id)).toHaveLength(2);
@@ -430,10 +430,10 @@ describe('in PostgreSQL: one emulator for every process on a data directory', ()
 
   it('a key still executing in one process is a 409 in another; faults and the clock are shared', async () => {
     const [a, b] = [await serve(), await serve()];
-    expect((await control(b.url, 'faults', { fault: { kind: 'latency', ms: 400 } })).status).toBe(200);
+    expect((await control(b.url, 'faults', { fault: { kind: 'latency', ms: 2_000 } })).status).toBe(200);
     const p = params();
     const first = a.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k2' });
-    await new Promise((r) => setTimeout(r, 150));
+    await new Promise((r) => setTimeout(r, 400));
     const err = await b.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k2' }).catch((x) => x);
     expect(err).toMatchObject({ statusCode: 409, code: 'idempotency_key_in_use' });
     await first;

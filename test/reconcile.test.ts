@@ -217,8 +217,8 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
 
   it('holds its own lease for the whole evidence check: no claim can start meanwhile', async () => {
     const op = await heldForReview('2 hours');
-    e.emulator.addFault({ endpoint: 'search', fault: { kind: 'latency', ms: 800 } });
-    const resolving = resolve(op, { outcome: 'failed', reason: 'declined by the bank, checked' });
+    e.emulator.addFault({ endpoint: 'search', fault: { kind: 'latency', ms: 3_000 } });
+    const resolving = resolve(op, { outcome: 'failed', reason: 'declined by the bank, checked' }, 'alice', e.gateway({ timeoutMs: 10_000 }));
     await waitUntil(async () => (await operation(t, op)).lease_owner === 'resolve:alice', 5_000, 'the resolution holds the lease');
     expect(await claimOperation(t.pool, op, 'worker-x', 10_000, 0)).toBeUndefined();
     expect(await resolving).toMatchObject({ status: 'failed', lease_owner: null });

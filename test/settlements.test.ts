@@ -143,8 +143,11 @@ describe('onSettled', () => {
     await failing.onSettled(() => {
       throw new Error('a bug in the handler');
     });
-    await waitUntil(async () => (await jobs(SETTLED_DEAD_QUEUE, op)).length === 1, 30_000, 'dead-lettered');
-    await failing.stop();
+    try {
+      await waitUntil(async () => (await jobs(SETTLED_DEAD_QUEUE, op)).length === 1, 30_000, 'dead-lettered');
+    } finally {
+      await failing.stop(); // a timeout here must not leave it taking the events later tests wait for
+    }
 
     // A worker's /metrics (its pg-boss supervises, which refreshes the queue counts).
     const boss = createBoss(t.url, 'worker', 2, t.schema);

@@ -73,9 +73,9 @@ describe('executeOperation over HTTP with the real SDK', () => {
   it('409 while the same key executes (a takeover mid-call) → unknown; the stale writer is fenced; one charge', async () => {
     const op = await confirm(t);
     const staleFence = await claim(t, op, 'replica-a');
-    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 400 } });
-    const slow = executeOperation(t.pool, gateway, op, staleFence);
-    await new Promise((r) => setTimeout(r, 100));
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 2_000 } });
+    const slow = executeOperation(t.pool, e.gateway({ timeoutMs: 10_000 }), op, staleFence);
+    await new Promise((r) => setTimeout(r, 300));
     await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
     const fence = await claim(t, op, 'replica-b');
     const during = await executeOperation(t.pool, gateway, op, fence);
