@@ -3,7 +3,11 @@
 // Nobody waits for anybody's external call, only for the end of the current turn or a statement already
 // in flight; n writes made together cost one round trip and one commit instead of n (measured:
 // PostgreSQL's cost per statement, not per row, bounds a dispatcher at 0 ms Stripe latency). Each call
-// still gets its own answer; a statement that fails fails the calls it carried, as it would each alone.
+// still gets its own answer. A statement the server refused (one poison input, a deadlock) committed
+// nothing, so its calls are sent again one by one: each fails or succeeds as it would have alone, and
+// one bad input never fails the other calls it happened to travel with.
+
+import pg from 'pg';
 
 /** The most calls one statement carries. */
 const MAX_BATCH = 100;
@@ -38,14 +42,21 @@ class Coalescer<I, O> {
     while (this.waiting.length > 0) {
       const batch = this.waiting.splice(0, MAX_BATCH);
       try {
-        const outputs = await this.run(batch.map((w) => w.input));
-        if (outputs.length !== batch.length) throw new Error(`a coalesced statement answered ${outputs.length} of ${batch.length} calls`);
-        batch.forEach((w, i) => w.resolve(outputs[i]!));
+        await this.answer(batch);
       } catch (err) {
-        for (const w of batch) w.reject(err);
+        // Only an ERROR answered for the statement proves it committed nothing. A connection lost (or
+        // ended by the server: FATAL) mid-statement may have committed it, and its calls fail as they are.
+        if (batch.length === 1 || !(err instanceof pg.DatabaseError && err.severity === 'ERROR')) for (const w of batch) w.reject(err);
+        else await Promise.all(batch.map((w) => this.answer([w]).catch((alone: unknown) => w.reject(alone))));
       }
     }
     this.sending = false;
+  }
+
+  private async answer(batch: Waiting<I, O>[]): Promise<void> {
+    const outputs = await this.run(batch.map((w) => w.input));
+    if (outputs.length !== batch.length) throw new Error(`a coalesced statement answered ${outputs.length} of ${batch.length} calls`);
+    batch.forEach((w, i) => w.resolve(outputs[i]!));
   }
 }
 
