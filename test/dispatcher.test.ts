@@ -251,6 +251,24 @@ describe('dispatcher (in-process)', () => {
     }
   });
 
+  it('a malformed job fetched with good ones is dead-lettered alone: the others settle at their first try', async () => {
+    const ops = await Promise.all(Array.from({ length: 3 }, () => confirm(t)));
+    await relay(t);
+    for (const operationId of ['not-a-uuid', 42]) await t.boss.send('charge', { operationId });
+    const jobs = async () =>
+      (await t.pool.query(`select name, state, retry_count, data->>'operationId' as op from pgboss.job where name in ('charge', 'charge_dead') order by created_on`)).rows;
+    const a = await dispatcher('replica-a', { concurrency: 5, fetchBatch: 5 }); // one fetch, one claim statement
+    try {
+      await waitUntil(async () => (await jobs()).filter((j) => j.name === 'charge_dead' && j.state === 'completed').length === 2, 20_000, 'both dead-lettered');
+      for (const op of ops) expect(await operation(t, op)).toMatchObject({ status: 'succeeded', attempts: 1 });
+      const all = await jobs();
+      expect(all.filter((j) => j.name === 'charge' && ops.includes(j.op))).toEqual(ops.map(() => expect.objectContaining({ state: 'completed', retry_count: 0 })));
+      expect(all.filter((j) => j.name === 'charge' && !ops.includes(j.op)).map((j) => j.state)).toEqual(['failed', 'failed']);
+    } finally {
+      await a.stop();
+    }
+  });
+
   it('batches are fetched, yet no slot idles behind a slow call: the other slot drains the rest meanwhile', async () => {
     const slow = await confirm(t);
     const fast = await Promise.all(Array.from({ length: 4 }, () => confirm(t)));

@@ -36,6 +36,7 @@ import {
   peekOperation,
   releaseLease,
   renewLease,
+  isOperationId,
   StaleFenceError,
   type OperationState,
   type Outcome,
@@ -87,6 +88,11 @@ function notAnAttemptDelaySeconds(outcome: Outcome): number {
 }
 const completed: Disposition = { status: 'completed' };
 const retryLater = (reason: string): Disposition => ({ status: 'failed', output: { reason } });
+/** The operation a job drives, when its payload names one: anything else is a malformed job. */
+const operationIdOf = (job: Job<ChargeJob>): string | undefined => {
+  const id: unknown = job.data?.operationId;
+  return typeof id === 'string' && isOperationId(id) ? id : undefined;
+};
 
 export class Dispatcher {
   private readonly deps: DispatcherDeps;
@@ -228,9 +234,9 @@ export class Dispatcher {
   /** `endCall` gives the job's slot back once its call has returned (the outcome is recorded outside it). */
   private async handle(job: Job<ChargeJob>, kind: string, endCall: () => void): Promise<Disposition> {
     const { pool, gateway, boss, metrics } = this.deps;
-    const operationId = job.data?.operationId;
+    const operationId = operationIdOf(job);
     const log = this.log.child({ jobId: job.id, operationId, kind, jobRetry: job.retryCount });
-    if (typeof operationId !== 'string') {
+    if (operationId === undefined) {
       log.error({ data: job.data }, 'malformed job');
       return { status: 'deadletter', output: { reason: 'malformed job' } };
     }
@@ -343,9 +349,9 @@ export class Dispatcher {
    * failing, the reconcile sweep flags any unsettled operation that no job drives. */
   private async handleDeadLetter(job: Job<ChargeJob>, kind: string): Promise<Disposition> {
     const { pool } = this.deps;
-    const operationId = job.data?.operationId;
+    const operationId = operationIdOf(job);
     const log = this.log.child({ jobId: job.id, operationId, queue: deadQueueFor(kind) });
-    if (typeof operationId !== 'string') return completed;
+    if (operationId === undefined) return completed; // malformed: no operation to hold for a person
     const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, 0);
     if (!lease) return this.notClaimed(await peekOperation(pool, operationId), log);
     const op = lease.operation;
