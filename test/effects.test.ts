@@ -214,6 +214,27 @@ describe('at-least-once: a receipt whose answer is lost', () => {
   });
 });
 
+describe('an outcome PostgreSQL cannot store as given (U+0000 in a result or an error)', () => {
+  it('is stored with U+FFFD in its place: recorded at the first execution, never executed again', async () => {
+    const runs = { result: 0, error: 0 };
+    const defs: Record<string, EffectDefinition> = {
+      nul_result: { policy: 'at-least-once', execute: async () => (runs.result++, { note: 'a\u0000b', 'k\u0000': '\\u0000 stays' }) },
+      nul_error: { policy: 'at-least-once', execute: async () => { runs.error++; throw new EffectFailed('bad\u0000input'); } },
+    };
+    const o = app(defs);
+    const [ok, bad, plain] = [await request(o, 'nul_result', {}), await request(o, 'nul_error', {}), await request(o, 'nul_result', {})];
+    const fences = [await claim(t, ok), await claim(t, bad), await claim(t, plain)];
+    // Executed together, their outcomes may share one statement: none may fail the others.
+    const runsOf = await Promise.all([ok, bad, plain].map((op, i) => execute(op, defs, fences[i])));
+    expect(runsOf.map((r) => r.operation)).toEqual([
+      expect.objectContaining({ status: 'succeeded', result: { note: 'a\uFFFDb', 'k\uFFFD': '\\u0000 stays' } }),
+      expect.objectContaining({ status: 'failed', last_error: 'EffectFailed: bad\uFFFDinput' }),
+      expect.objectContaining({ status: 'succeeded' }),
+    ]);
+    expect(runs).toEqual({ result: 2, error: 1 });
+  });
+});
+
 describe('reconcile-before-retry: a stock reservation whose answer is lost', () => {
   it('is checked, not run again: the check finds it done and settles it with what it found', async () => {
     const r = reservations({ loseAnswer: 1 });

@@ -237,6 +237,14 @@ export async function recordOutcome(
   return recorded;
 }
 
+/** U+0000 escaped in JSON text (an escaped backslash before "u0000" is not one). */
+const NUL_ESCAPE = /(?<!\\)((?:\\\\)*)\\u0000/g;
+
+/** PostgreSQL's text and jsonb cannot hold U+0000, yet an effect's result or an error's message may: it
+ * is stored as U+FFFD (what a decoder puts for what it could not keep). Refusing it instead would leave
+ * an effect that ran with an outcome that can never be recorded, to be executed again and again. */
+const storableJson = (json: string): string => json.replace(NUL_ESCAPE, '$1\\ufffd');
+
 /** One outcome as recordOutcomes writes it (src/sql/statements.ts). */
 interface OutcomeRow {
   id: string;
@@ -256,7 +264,8 @@ interface OutcomeRow {
 }
 
 async function recordOutcomes(db: Queryable, writes: OutcomeRow[]): Promise<(Operation | StaleFenceError)[]> {
-  const { rows } = await db.query(db.sql.recordOutcomes(JSON.stringify(writes.map((w, ord) => ({ ord, ...w })))));
+  const rowsOf = writes.map((w, ord) => ({ ord, ...w, result: w.result === null ? null : storableJson(w.result) }));
+  const { rows } = await db.query(db.sql.recordOutcomes(storableJson(JSON.stringify(rowsOf))));
   return rows.map((row, i) => {
     const { ord: _ord, source: _source, event: _event, current_fence, current_status, ...operation } = row;
     const w = writes[i]!;
