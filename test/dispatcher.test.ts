@@ -5,6 +5,7 @@ import pg from 'pg';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { inTransaction } from '../src/db/pool.ts';
 import { idempotencyKeyFor, refundIdempotencyKeyFor } from '../src/payments/gateway.ts';
+import { acquireLease, releaseLease } from '../src/payments/operation.ts';
 import { requestRefund } from '../src/payments/refund.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startDispatcher } from './support/dispatcher.ts';
@@ -312,6 +313,25 @@ describe('dispatcher (in-process)', () => {
       await Promise.all([a.stop(), b?.stop()]);
     }
   }, 90_000);
+
+  it('fenced out while the operation stays unsettled (a resolution claimed it and let go): the job is retried, not completed', async () => {
+    const op = await confirm(t);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 2_000 } });
+    const a = await dispatcher('replica-a');
+    try {
+      await waitUntil(() => createsFor(op).length === 1, 20_000, 'the first create');
+      // A's lease lapses (its renewals failed); an operator's resolution claims the operation, finds its
+      // job live, refuses and lets go: the fence has moved, nothing settled it.
+      await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
+      await releaseLease(t.pool, op, (await acquireLease(t.pool, op, 'resolve:alice', 10_000))!);
+      await waitUntil(async () => (await a.metrics.fencedOut.get()).values[0]?.value === 1, 20_000, "A's outcome fenced out");
+      await waitUntil(() => settled(op), 30_000, 'settled by the job, driven again');
+      expect(charges(op)).toHaveLength(1);
+      expect(createsFor(op).map((r) => r.idempotencyKey)).toEqual([idempotencyKeyFor(op), idempotencyKeyFor(op)]);
+    } finally {
+      await a.stop();
+    }
+  });
 
   it('unknown operations are re-driven with the same key until settled', async () => {
     const op = await confirm(t);

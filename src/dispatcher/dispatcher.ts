@@ -317,8 +317,15 @@ export class Dispatcher {
       if (err instanceof StaleFenceError) {
         metrics.fencedOut.inc();
         released = true; // the lease is someone else's now
-        opLog.warn({ fence: err.fence, currentFence: err.currentFence, currentStatus: err.currentStatus }, 'fenced out: another claim owns this operation; abandoning the job');
         metrics.jobs.inc({ result: 'fenced_out' });
+        const stale = { fence: err.fence, currentFence: err.currentFence, currentStatus: err.currentStatus };
+        // The claim that fenced this one out may let go without settling (an operator's resolution that
+        // was refused): the job must go on driving it. Its redelivery waits while another claim is live.
+        if (err.currentStatus !== undefined && !isSettled(err.currentStatus)) {
+          opLog.warn(stale, 'fenced out: another claim owns this unsettled operation; the job will be retried');
+          return retryLater(`fenced out by fence ${err.currentFence}`);
+        }
+        opLog.warn(stale, 'fenced out: another claim owns this operation; abandoning the job');
         return completed;
       }
       opLog.error({ err }, 'job failed; it will be retried');
