@@ -310,6 +310,34 @@ describe('every kind keeps the lease, the fence and the review queue', () => {
     }
   });
 
+  it('a call still running when its replica stops keeps its lease until it expires: no claim checks or runs it meanwhile', async () => {
+    const runs = { started: 0, finished: 0, checks: 0 };
+    const def: EffectDefinition = {
+      policy: 'reconcile-before-retry',
+      // Ignores its signal, as an effect may: the stock service call goes on after the replica gave up on it.
+      execute: async () => {
+        runs.started++;
+        await new Promise((resolve) => setTimeout(resolve, 3_000));
+        runs.finished++;
+        return { reserved: true };
+      },
+      check: async () => (runs.checks++, runs.finished ? { status: 'done' } : { status: 'not_done' }),
+    };
+    const op = await request(app({ slow_hold: def }), 'slow_hold', { sku: 'sku-9' });
+    const replica = await startDispatcher(t, new FakeStripe(), 'stopping', { effects: new Map([['slow_hold', def]]), leaseTtlMs: 8_000 });
+    try {
+      await waitUntil(() => runs.started === 1, 20_000, 'the execution under way');
+      await replica.dispatcher.drain(0); // the grace is over, the call still runs
+      // Given back now, a claim would check (not done yet) and execute again.
+      expect(await acquireLease(t.pool, op, 'next-replica', 1_000)).toBeUndefined();
+      expect(await operation(t, op)).toMatchObject({ lease_owner: 'stopping' });
+      await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 10_000, 'the call to land');
+      expect(runs).toEqual({ started: 1, finished: 1, checks: 0 });
+    } finally {
+      await replica.stop();
+    }
+  });
+
   it('a worker that defines the kind with another policy than it was requested under holds it for a person', async () => {
     const op = await request(app({ parcel: receipts().def }), 'parcel', { to: 'h' });
     const r = reservations();

@@ -104,7 +104,8 @@ export class Dispatcher {
   /** Each kind's policy, and the table its claims choose the call from (callTable). */
   private readonly policies = new Map<string, { policy: Policy; calls: EffectCall[] }>();
   /** One per operation in hand: aborted when its lease is lost, or all of them when the drain gives up. */
-  private readonly calls = new Set<AbortController>();
+  /** Claims under way, by the operation each drives: their calls can be aborted, their leases kept. */
+  private readonly calls = new Map<AbortController, string>();
 
   constructor(deps: DispatcherDeps, opts: DispatcherOptions) {
     this.deps = deps;
@@ -203,7 +204,8 @@ export class Dispatcher {
     }
   }
 
-  /** Stops claiming, lets in-flight operations finish within graceMs, then gives back this replica's leases. */
+  /** Stops claiming, lets in-flight operations finish within graceMs, then gives back this replica's
+   * leases, but those of calls still running. */
   async drain(graceMs: number): Promise<{ finished: boolean }> {
     this.draining = true;
     this.wakeRelay?.();
@@ -221,9 +223,12 @@ export class Dispatcher {
       new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), reachable ? graceMs : 0))),
     ]);
     clearTimeout(timer);
-    // Calls still running are abandoned: an application's effect is told so through its signal.
-    for (const call of this.calls) call.abort(new Error('the worker is shutting down'));
-    const released = await pool.query(pool.sql.releaseLeasesOf(this.opts.workerId)).then(
+    // Calls still running are abandoned: an application's effect is told so through its signal. Their
+    // leases are kept, to expire as after kill -9: the request may still be on its way, and a claim made
+    // before it lands would resend it, or check an effect not done yet and execute it again.
+    const inFlight = [...this.calls.values()];
+    for (const call of this.calls.keys()) call.abort(new Error('the worker is shutting down'));
+    const released = await pool.query(pool.sql.releaseLeasesOf(this.opts.workerId, inFlight)).then(
       ({ rows }) => rows.length,
       (err: Error) => this.log.warn({ err }, 'could not release leases: they expire by themselves'),
     );
@@ -260,7 +265,7 @@ export class Dispatcher {
     metrics.inFlight.inc();
     const started = performance.now();
     const call = new AbortController();
-    this.calls.add(call);
+    this.calls.set(call, operationId);
     let leaseLost = false;
     const renewal = setInterval(() => {
       renewLease(pool, operationId, fence, this.opts.leaseTtlMs)

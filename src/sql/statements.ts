@@ -339,11 +339,12 @@ function build(schema: string) {
        where id = $1 and fence = $2 and lease_owner is not null`,
     ),
 
-    /** At shutdown: gives back every lease this replica still holds, so others need not wait for expiry. */
-    releaseLeasesOf: statement<[owner: string]>(
+    /** At shutdown: gives back every lease this replica still holds but those of calls still in flight
+     * ($2), so others need not wait for expiry. */
+    releaseLeasesOf: statement<[owner: string, inFlight: readonly string[]]>(
       'outboxd_release_leases_of',
       `update ${s}.payment_operations set lease_owner = null, lease_expires_at = null
-       where lease_owner = $1
+       where lease_owner = $1 and id <> all($2::uuid[])
        returning id`,
     ),
 
