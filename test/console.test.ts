@@ -36,6 +36,9 @@ beforeAll(async () => {
     ADMIN_HTTP_PORT: '0',
     HTTP_HOST: '127.0.0.1',
     WORKER_CONCURRENCY: '2',
+    // The sweep (every 5 minutes by default) would settle the operations held for review here, through
+    // the charge their key's earlier request made, whenever this file's run spans a 5-minute mark.
+    RECONCILE_CRON: '0 0 1 1 *',
   });
   const ready = replica.logs.find((l) => l.msg === 'worker ready') as { adminHttpPort: number };
   base = `http://127.0.0.1:${ready.adminHttpPort}`;
