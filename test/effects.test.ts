@@ -338,6 +338,31 @@ describe('every kind keeps the lease, the fence and the review queue', () => {
     }
   });
 
+  it('one that heeds its signal and stops at shutdown has no outcome recorded: its lease is kept, to expire', async () => {
+    const runs = { started: 0, checks: 0 };
+    const def: EffectDefinition = {
+      policy: 'reconcile-before-retry',
+      execute: (ctx) =>
+        new Promise((_resolve, reject) => {
+          runs.started++;
+          ctx.signal.addEventListener('abort', () => reject(ctx.signal.reason)); // its request may still land
+        }),
+      check: async () => (runs.checks++, { status: 'unknown', reason: 'still landing' }),
+    };
+    const op = await request(app({ heeding_hold: def }), 'heeding_hold', { sku: 'sku-10' });
+    const replica = await startDispatcher(t, new FakeStripe(), 'heeding', { effects: new Map([['heeding_hold', def]]), leaseTtlMs: 8_000 });
+    try {
+      await waitUntil(() => runs.started === 1, 20_000, 'the execution under way');
+      await replica.dispatcher.drain(0);
+      await waitUntil(async () => (await replica.metrics.inFlight.get()).values[0]!.value === 0, 5_000, 'the call given up');
+      expect(await operation(t, op)).toMatchObject({ status: 'pending', last_outcome: null, lease_owner: 'heeding' });
+      expect(await acquireLease(t.pool, op, 'next-replica', 1_000)).toBeUndefined();
+      expect(runs).toEqual({ started: 1, checks: 0 });
+    } finally {
+      await replica.stop();
+    }
+  });
+
   it('a worker that defines the kind with another policy than it was requested under holds it for a person', async () => {
     const op = await request(app({ parcel: receipts().def }), 'parcel', { to: 'h' });
     const r = reservations();

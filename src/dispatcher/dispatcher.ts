@@ -17,7 +17,9 @@
 //           ─▶ held for a person (key misuse, a charge that is not this operation's, two charges):
 //              dead-lettered at once, not retried 40 times
 //           ─▶ leased by a live claim: retried later, never dropped
-//           ─▶ fenced out: this claim changes nothing and abandons the job
+//           ─▶ fenced out: this claim changes nothing; the job completes if the operation settled,
+//              and is retried otherwise
+//           ─▶ abandoned at shutdown and then failed: nothing recorded, the lease left to expire
 import type { Job, JobResult, PgBoss } from 'pg-boss';
 import { bossDb, type Pool } from '../db/pool.ts';
 import type { Logger } from '../log.ts';
@@ -25,7 +27,7 @@ import { BUILT_IN_KINDS, effectFor, type EffectCall, type EffectDefinitions, typ
 import { chargeQueueOptions, createKindQueues, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
 import { pruneWebhookEvents } from '../webhooks/inbox.ts';
-import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
+import { CallAbandoned, callTable, executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import {
   claimAttempt,
@@ -227,7 +229,7 @@ export class Dispatcher {
     // leases are kept, to expire as after kill -9: the request may still be on its way, and a claim made
     // before it lands would resend it, or check an effect not done yet and execute it again.
     const inFlight = [...this.calls.values()];
-    for (const call of this.calls.keys()) call.abort(new Error('the worker is shutting down'));
+    for (const call of this.calls.keys()) call.abort(new CallAbandoned('the worker is shutting down'));
     const released = await pool.query(pool.sql.releaseLeasesOf(this.opts.workerId, inFlight)).then(
       ({ rows }) => rows.length,
       (err: Error) => this.log.warn({ err }, 'could not release leases: they expire by themselves'),
@@ -319,6 +321,12 @@ export class Dispatcher {
       metrics.jobs.inc({ result: 'retry' });
       return retryLater(`${op.status}: ${op.last_error ?? outcome?.kind}`);
     } catch (err) {
+      if (err instanceof CallAbandoned) {
+        released = true; // kept, to expire
+        opLog.warn('call abandoned at shutdown: no outcome recorded; its lease expires before another claim');
+        metrics.jobs.inc({ result: 'abandoned' });
+        return retryLater(err.message);
+      }
       if (err instanceof StaleFenceError) {
         metrics.fencedOut.inc();
         released = true; // the lease is someone else's now

@@ -49,7 +49,8 @@ export interface ExecuteOptions {
   onNothingExecuted?: (tx: Tx, op: Operation, outcome: Outcome) => Promise<void>;
   /** The application's kinds this process can carry out, beside the built-in ones. */
   effects?: EffectDefinitions;
-  /** Passed to an application effect's calls: aborted when the claim is lost or the worker stops. */
+  /** Passed to an application effect's calls: aborted when the claim is lost or the worker stops (with
+   * a CallAbandoned reason: a call that then fails has no outcome recorded). */
   signal?: AbortSignal;
 }
 
@@ -69,6 +70,13 @@ export interface Execution {
 /** A job of a kind this process does not define reached it (a worker takes only its kinds' queues). */
 export class UnknownKindError extends Error {
   override name = 'UnknownKindError';
+}
+
+/** The worker gave the call up (it is shutting down past its grace period). A call that fails after
+ * that has no outcome recorded and keeps its lease, left to expire: its request may still land, and a
+ * claim made before it does would resend it, or check an effect not yet done and execute it again. */
+export class CallAbandoned extends Error {
+  override name = 'CallAbandoned';
 }
 
 export async function executeOperation(
@@ -114,7 +122,13 @@ export async function executeOperation(
   const outcome = await withSpan('outboxd.gateway', traced, (span) => {
     const made = effect.calls[call];
     if (!made) throw new Error(`kind ${op.kind} has no ${call} call`);
-    return made(op, { attempt: attempts, signal: opts.signal ?? new AbortController().signal }).catch((err: unknown) => fromError(err, call)).then(outcomeOn(span));
+    const signal = opts.signal ?? new AbortController().signal;
+    return made(op, { attempt: attempts, signal })
+      .catch((err: unknown) => {
+        if (signal.reason instanceof CallAbandoned) throw signal.reason;
+        return fromError(err, call);
+      })
+      .then(outcomeOn(span));
   });
   const durationMs = Math.round(performance.now() - started);
   opts.onCallEnded?.();
