@@ -214,11 +214,12 @@ describe('at-least-once: a receipt whose answer is lost', () => {
   });
 });
 
-describe('an outcome PostgreSQL cannot store as given (U+0000 in a result or an error)', () => {
+describe('an outcome PostgreSQL cannot store as given (U+0000 or half an emoji in a result or an error)', () => {
   it('is stored with U+FFFD in its place: recorded at the first execution, never executed again', async () => {
     const runs = { result: 0, error: 0 };
     const defs: Record<string, EffectDefinition> = {
-      nul_result: { policy: 'at-least-once', execute: async () => (runs.result++, { note: 'a\u0000b', 'k\u0000': '\\u0000 stays' }) },
+      // A string cut through an emoji (slice) keeps a lone surrogate, which jsonb refuses as it does U+0000.
+      nul_result: { policy: 'at-least-once', execute: async () => (runs.result++, { note: 'a\u0000b', 'k\u0000': '\\u0000 stays', cut: '😀'.slice(0, 1), whole: '😀' }) },
       nul_error: { policy: 'at-least-once', execute: async () => { runs.error++; throw new EffectFailed('bad\u0000input'); } },
     };
     const o = app(defs);
@@ -227,7 +228,7 @@ describe('an outcome PostgreSQL cannot store as given (U+0000 in a result or an 
     // Executed together, their outcomes may share one statement: none may fail the others.
     const runsOf = await Promise.all([ok, bad, plain].map((op, i) => execute(op, defs, fences[i])));
     expect(runsOf.map((r) => r.operation)).toEqual([
-      expect.objectContaining({ status: 'succeeded', result: { note: 'a\uFFFDb', 'k\uFFFD': '\\u0000 stays' } }),
+      expect.objectContaining({ status: 'succeeded', result: { note: 'a\uFFFDb', 'k\uFFFD': '\\u0000 stays', cut: '\uFFFD', whole: '😀' } }),
       expect.objectContaining({ status: 'failed', last_error: 'EffectFailed: bad\uFFFDinput' }),
       expect.objectContaining({ status: 'succeeded' }),
     ]);
