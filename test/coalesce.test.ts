@@ -48,7 +48,7 @@ it('a call the server refuses fails alone: the others, sent again one by one, ge
   expect(sent).toEqual([[a, 'not-a-uuid', b], [a], ['not-a-uuid'], [b]]);
 });
 
-it('a statement whose connection the server ended (FATAL) is not sent again: it may have committed', async () => {
+it('a statement whose connection the server ended (57P01) is not sent again: it may have committed', async () => {
   const ids = [randomUUID(), randomUUID()];
   const calls = Promise.allSettled(ids.map(cast('terminated', 2)));
   const terminate = async () =>

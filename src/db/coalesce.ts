@@ -44,9 +44,7 @@ class Coalescer<I, O> {
       try {
         await this.answer(batch);
       } catch (err) {
-        // Only an ERROR answered for the statement proves it committed nothing. A connection lost (or
-        // ended by the server: FATAL) mid-statement may have committed it, and its calls fail as they are.
-        if (batch.length === 1 || !(err instanceof pg.DatabaseError && err.severity === 'ERROR')) for (const w of batch) w.reject(err);
+        if (batch.length === 1 || !refusedStatement(err)) for (const w of batch) w.reject(err);
         else await Promise.all(batch.map((w) => this.answer([w]).catch((alone: unknown) => w.reject(alone))));
       }
     }
@@ -59,6 +57,11 @@ class Coalescer<I, O> {
     batch.forEach((w, i) => w.resolve(outputs[i]!));
   }
 }
+
+/** An error the server answered for the statement itself, which then committed nothing. A connection
+ * lost, or ended by the server (SQLSTATE class 08, 57P: an administrator, a shutdown; XX: internal),
+ * may have followed a commit. By SQLSTATE: the severity's text is in the server's language. */
+const refusedStatement = (err: unknown): boolean => err instanceof pg.DatabaseError && !/^(08|57P|XX)/.test(err.code ?? '');
 
 const byTarget = new WeakMap<object, Map<string, Coalescer<never, unknown>>>();
 
