@@ -322,8 +322,11 @@ describe('dispatcher (in-process)', () => {
       await waitUntil(() => createsFor(op).length === 1, 20_000, 'the first create');
       // A's lease lapses (its renewals failed); an operator's resolution claims the operation, finds its
       // job live, refuses and lets go: the fence has moved, nothing settled it.
-      await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
-      await releaseLease(t.pool, op, (await acquireLease(t.pool, op, 'resolve:alice', 10_000))!);
+      const resolver = await waitUntil(async () => {
+        await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
+        return acquireLease(t.pool, op, 'resolve:alice', 10_000); // undefined if A's renewal came in between
+      }, 5_000, 'the resolution’s claim');
+      await releaseLease(t.pool, op, resolver);
       await waitUntil(async () => (await a.metrics.fencedOut.get()).values[0]?.value === 1, 20_000, "A's outcome fenced out");
       await waitUntil(() => settled(op), 30_000, 'settled by the job, driven again');
       expect(charges(op)).toHaveLength(1);
