@@ -34,11 +34,11 @@ import {
   claimOperation,
   executedNothing,
   flagForReview,
+  isOperationId,
   isSettled,
   peekOperation,
   releaseLease,
   renewLease,
-  isOperationId,
   StaleFenceError,
   type OperationState,
   type Outcome,
@@ -105,8 +105,8 @@ export class Dispatcher {
   private wakeRelay: (() => void) | undefined;
   /** Each kind's policy, and the table its claims choose the call from (callTable). */
   private readonly policies = new Map<string, { policy: Policy; calls: EffectCall[] }>();
-  /** One per operation in hand: aborted when its lease is lost, or all of them when the drain gives up. */
-  /** Claims under way, by the operation each drives: their calls can be aborted, their leases kept. */
+  /** One per operation in hand, with its id: aborted when its lease is lost, or all of them when the drain
+   * gives up (whose leases it then keeps). */
   private readonly calls = new Map<AbortController, string>();
 
   constructor(deps: DispatcherDeps, opts: DispatcherOptions) {
