@@ -51,6 +51,10 @@ export const envSchema = z.object({
   ADMIN_TOKEN: z.string().min(16, 'ADMIN_TOKEN must be at least 16 characters').optional(),
   /** Who the admin token acts as in the audit trail. */
   ADMIN_TOKEN_NAME: z.string().min(1).default('admin-api'),
+  /** A token for the admin API and the console that reads everything and changes nothing. */
+  ADMIN_READONLY_TOKEN: z.string().min(16, 'ADMIN_READONLY_TOKEN must be at least 16 characters').optional(),
+  /** A console session ends after this long without a page view (and after 8 hours whatever happens). */
+  CONSOLE_IDLE_MINUTES: intInRange(1, 480, 30),
   /** Stripe webhook signing secret; unset: POST /webhooks/stripe is off. */
   STRIPE_WEBHOOK_SECRET: optionalString,
   /** Days a received webhook event's (trimmed) payload is kept. */
@@ -99,7 +103,15 @@ export interface Config {
   };
   worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number; httpHost: string; reconcileCron: string };
   /** httpPort unset: the admin routes are served on the main listener (worker.httpPort). */
-  admin: { token: string | undefined; tokenName: string; httpPort: number | undefined; httpHost: string };
+  admin: {
+    token: string | undefined;
+    tokenName: string;
+    /** Reads only: every route that changes something refuses it, on the server. */
+    readonlyToken: string | undefined;
+    consoleIdleSeconds: number;
+    httpPort: number | undefined;
+    httpHost: string;
+  };
   webhookSecret: string | undefined;
   webhookRetentionDays: number;
   searchFreshnessSeconds: number;
@@ -141,6 +153,9 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   if (e.ADMIN_HTTP_PORT !== undefined && e.ADMIN_HTTP_PORT !== 0 && e.ADMIN_HTTP_PORT === e.HTTP_PORT) {
     throw new ConfigError(`ADMIN_HTTP_PORT and HTTP_PORT are both ${e.HTTP_PORT}: the admin listener needs a port of its own`);
   }
+  if (e.ADMIN_READONLY_TOKEN !== undefined && e.ADMIN_READONLY_TOKEN === e.ADMIN_TOKEN) {
+    throw new ConfigError('ADMIN_READONLY_TOKEN is the same as ADMIN_TOKEN: a read-only operator would be able to act');
+  }
   const mode = stripeMode(e);
   return {
     // Node's own variable, not outboxd's: production requires DATABASE_URL and STRIPE_SECRET_KEY.
@@ -164,7 +179,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       httpHost: e.HTTP_HOST,
       reconcileCron: e.RECONCILE_CRON,
     },
-    admin: { token: e.ADMIN_TOKEN, tokenName: e.ADMIN_TOKEN_NAME, httpPort: e.ADMIN_HTTP_PORT, httpHost: e.ADMIN_HTTP_HOST ?? '127.0.0.1' },
+    admin: {
+      token: e.ADMIN_TOKEN,
+      tokenName: e.ADMIN_TOKEN_NAME,
+      readonlyToken: e.ADMIN_READONLY_TOKEN,
+      consoleIdleSeconds: e.CONSOLE_IDLE_MINUTES * 60,
+      httpPort: e.ADMIN_HTTP_PORT,
+      httpHost: e.ADMIN_HTTP_HOST ?? '127.0.0.1',
+    },
     webhookSecret: e.STRIPE_WEBHOOK_SECRET,
     webhookRetentionDays: e.WEBHOOK_RETENTION_DAYS,
     searchFreshnessSeconds: e.SEARCH_FRESHNESS_SECONDS,

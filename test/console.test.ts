@@ -160,6 +160,46 @@ describe('the console in a browser', () => {
     await b.shot('overview');
   });
 
+  it('overview charts: drawn from the data, within the CSP; no section overlaps another from 1024 to 1920 px', async () => {
+    const page = await b.context.newPage();
+    const refused: string[] = [];
+    page.on('console', (m) => {
+      if (/Content Security Policy|Refused/.test(m.text())) refused.push(m.text());
+    });
+    for (const width of [1024, 1280, 1440, 1920]) {
+      await page.setViewportSize({ width, height: 900 });
+      await page.goto(`${base}/console/`);
+      const charts = page.locator('figure.chart');
+      await expect.poll(() => charts.count()).toBe(4);
+      const settled = charts.filter({ hasText: 'Settlements per minute' });
+      expect(await settled.locator('rect.s-good').count()).toBeGreaterThan(0); // the paid charge
+      expect(await settled.locator('rect.s-bad').count()).toBeGreaterThan(0); // the declined one
+      expect(await charts.filter({ hasText: 'Confirm → settled' }).locator('path.line').count()).toBe(2);
+      expect(await charts.filter({ hasText: 'Stripe calls per minute' }).locator('rect.s-info').count()).toBeGreaterThan(0);
+      // In the page (a string: this file is not compiled with the DOM's types).
+      const overlaps = (await page.evaluate(`(() => {
+        const boxes = [...document.querySelectorAll('main h1, main > section, main .cards > .card, main .columns > section, main .charts > figure, main section > h2, main .table-wrap')]
+          .map((el) => ({ el, r: el.getBoundingClientRect() }))
+          .filter(({ r }) => r.width > 0 && r.height > 0);
+        const found = [];
+        for (const a of boxes) {
+          for (const b of boxes) {
+            if (a === b || a.el.contains(b.el) || b.el.contains(a.el)) continue;
+            const x = Math.min(a.r.right, b.r.right) - Math.max(a.r.left, b.r.left);
+            const y = Math.min(a.r.bottom, b.r.bottom) - Math.max(a.r.top, b.r.top);
+            if (x > 0.5 && y > 0.5) found.push(a.el.tagName + '.' + a.el.className + ' ∩ ' + b.el.tagName + '.' + b.el.className);
+          }
+        }
+        return found;
+      })()`)) as string[];
+      expect(overlaps, `at ${width} px`).toEqual([]);
+      expect(await page.evaluate('document.documentElement.scrollWidth'), `at ${width} px`).toBeLessThanOrEqual(width);
+      if (width === 1024 || width === 1440) await b.shot(`overview-${width}`, page);
+    }
+    expect(refused).toEqual([]);
+    await page.close();
+  });
+
   it('review queue → operation: every field and the timeline of claims, calls and the flag', async () => {
     const { page } = b;
     await page.goto(`${base}/console/`);
@@ -183,6 +223,11 @@ describe('the console in a browser', () => {
     expect(text).toMatch(/Stripe request\s*req_/);
     expect(text).toContain('held for review');
     expect(await page.locator('dl.fields').textContent()).toContain(`payment-op:${ops.misuse}`);
+    // The attempts on a line of time: the create sent, and its outcome (held for review).
+    const attempts = page.locator('figure.chart-small');
+    expect(await attempts.locator('circle.s-bad').count()).toBe(1);
+    expect(await attempts.locator('line.s-p50').count()).toBeGreaterThanOrEqual(1);
+    expect(await attempts.locator('title').allTextContents()).toContainEqual(expect.stringMatching(/UTC: needs_review$/));
     await b.shot('operation-in-review');
   });
 
@@ -343,7 +388,7 @@ describe('the console in a browser', () => {
     const { page } = b;
     const [cookie] = await b.context.cookies(`${base}/console/`);
     await page.goto(`${base}/console/`);
-    await page.getByRole('button', { name: 'Sign out' }).click();
+    await page.getByRole('button', { name: 'Sign out', exact: true }).click();
     await page.waitForURL(`${base}/console/sign-in?signed_out=1`);
     expect(await page.getByRole('status').textContent()).toContain('Signed out.');
     await b.shot('signed-out');
@@ -371,23 +416,27 @@ describe('the console in a browser', () => {
 describe('console sessions', () => {
   const request = (cookie: string) => ({ headers: { cookie: cookie.split(';')[0] } }) as IncomingMessage;
 
+  const ACT: [string, 'act'] = [TOKEN, 'act'];
+  const IDLE = { idleSeconds: 1800 };
+
   it('end at sign-out, at expiry, and when ADMIN_TOKEN changes; only a hash of the secret is stored', async () => {
-    const { cookie } = await startSession(t.pool, TOKEN, 'carol', false);
+    const { cookie } = await startSession(t.pool, ACT, 'carol', false, IDLE);
     expect(cookie).toMatch(/^outboxd_console=[\w-]{43}; Path=\/console; Max-Age=28800; HttpOnly; SameSite=Strict$/);
-    const session = await sessionOf(t.pool, TOKEN, request(cookie));
+    const session = await sessionOf(t.pool, [ACT], request(cookie), IDLE);
     expect(session?.operator).toBe('carol');
+    expect(session?.access).toBe('act');
     const secret = cookie.split(';')[0]!.split('=')[1]!;
     expect((await t.pool.query(`select count(*)::int as n from outboxd.console_sessions where id = $1 or csrf_token = $1`, [secret])).rows[0].n).toBe(0);
 
-    expect(await sessionOf(t.pool, 'a-rotated-admin-token-0123', request(cookie))).toBeUndefined();
+    expect(await sessionOf(t.pool, [['a-rotated-admin-token-0123', 'act']], request(cookie), IDLE)).toBeUndefined();
     await t.pool.query(`update outboxd.console_sessions set expires_at = now() - interval '1 second' where id = $1`, [session!.id]);
-    expect(await sessionOf(t.pool, TOKEN, request(cookie))).toBeUndefined();
+    expect(await sessionOf(t.pool, [ACT], request(cookie), IDLE)).toBeUndefined();
 
-    const again = await startSession(t.pool, TOKEN, 'carol', true);
+    const again = await startSession(t.pool, ACT, 'carol', true, IDLE);
     expect(again.cookie).toMatch(/; Secure$/);
-    const live = (await sessionOf(t.pool, TOKEN, request(again.cookie)))!;
+    const live = (await sessionOf(t.pool, [ACT], request(again.cookie), IDLE))!;
     await endSession(t.pool, live);
-    expect(await sessionOf(t.pool, TOKEN, request(again.cookie))).toBeUndefined();
+    expect(await sessionOf(t.pool, [ACT], request(again.cookie), IDLE)).toBeUndefined();
   });
 
   it('takes a printable name of one line', () => {

@@ -11,7 +11,7 @@ import { createLogger } from '../src/log.ts';
 import { createKindQueues, relayOutbox } from '../src/outbox.ts';
 import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
 import { timeline } from '../src/console/timeline.ts';
-import { operationRecord, overview } from '../src/console/queries.ts';
+import { operationRecord, overview, overviewCharts } from '../src/console/queries.ts';
 import { overviewPage } from '../src/console/views/pages.ts';
 import { operationPage } from '../src/console/views/operation.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
@@ -162,7 +162,7 @@ describe('the operation timeline', () => {
 
   it("the console's overview shows the fleet's Stripe budget: off, room to spare, or in full use", async () => {
     const render = async (limits: { rateLimit: number | undefined; searchRateLimit: number | undefined }) =>
-      String(overviewPage(await overview(t.pool, t.boss, limits), new Date()));
+      String(overviewPage(await overview(t.pool, t.boss, limits), new Date(), await overviewCharts(t.pool, new Date())));
     expect(await render({ rateLimit: undefined, searchRateLimit: undefined })).toContain('not limited');
     await t.pool.query(`insert into outboxd.rate_budgets (name, tokens, short_at) values ('bench-account', 3, now() - interval '10 minutes')`);
     expect(await render({ rateLimit: 25, searchRateLimit: 20 })).toMatch(/room to spare[\s\S]*25 requests\/s, search 20\/s/);
@@ -171,7 +171,8 @@ describe('the operation timeline', () => {
   });
 
   it("the console's overview counts every kind's queue, not only the charges'", async () => {
-    const render = async () => String(overviewPage(await overview(t.pool, t.boss, { rateLimit: undefined, searchRateLimit: undefined }), new Date()));
+    const render = async () =>
+      String(overviewPage(await overview(t.pool, t.boss, { rateLimit: undefined, searchRateLimit: undefined }), new Date(), await overviewCharts(t.pool, new Date())));
     await confirm(t);
     await t.pool.query(
       `insert into outboxd.payment_operations (kind, policy, effect_key, payload) values ('welcome_mail', 'at-least-once', 'k-' || gen_random_uuid(), '{}')`,

@@ -113,6 +113,61 @@ export async function overview(pool: Pool, boss: PgBoss, limits: { rateLimit: nu
   };
 }
 
+/** The overview's charts: a value a minute, oldest first, over the last `hours`. */
+export interface Charts {
+  from: Date;
+  succeeded: number[];
+  failed: number[];
+  p50Ms: (number | null)[];
+  p95Ms: (number | null)[];
+  /** Seconds; 0 where nothing was unsettled. */
+  oldestUnsettled: number[];
+  stripeCalls: number[];
+  rateLimited: number[];
+}
+
+export const CHART_HOURS = 3;
+
+export async function overviewCharts(pool: Pool, now: Date, hours = CHART_HOURS): Promise<Charts> {
+  const minutes = hours * 60;
+  const from = new Date(Math.floor(now.getTime() / 60_000) * 60_000 - (minutes - 1) * 60_000);
+  const [settled, oldest, calls] = await Promise.all([
+    pool.query(pool.sql.settlementsByMinute(from)),
+    pool.query(pool.sql.oldestUnsettledByMinute(from)),
+    pool.query(pool.sql.stripeCallsByMinute(from)),
+  ]);
+  const series = <T>(fill: T) => Array.from({ length: minutes }, () => fill);
+  const charts: Charts = {
+    from,
+    succeeded: series(0),
+    failed: series(0),
+    p50Ms: series(null),
+    p95Ms: series(null),
+    oldestUnsettled: series(0),
+    stripeCalls: series(0),
+    rateLimited: series(0),
+  };
+  /** Each row's minute as an index into the series; rows outside the window (clocks apart) are left out. */
+  const each = (rows: { minute: Date }[], put: (i: number, row: any) => void) => {
+    for (const row of rows) {
+      const i = Math.round((row.minute.getTime() - from.getTime()) / 60_000);
+      if (i >= 0 && i < minutes) put(i, row);
+    }
+  };
+  each(settled.rows, (i, r) => {
+    charts.succeeded[i] = r.succeeded;
+    charts.failed[i] = r.failed;
+    charts.p50Ms[i] = r.p50_ms;
+    charts.p95Ms[i] = r.p95_ms;
+  });
+  each(oldest.rows, (i, r) => (charts.oldestUnsettled[i] = r.age_seconds));
+  each(calls.rows, (i, r) => {
+    charts.stripeCalls[i] = r.calls;
+    charts.rateLimited[i] = r.rate_limited;
+  });
+  return charts;
+}
+
 async function queuesOfKinds(pool: Pool, boss: PgBoss): Promise<Overview['queues']> {
   const kinds = await operationKinds(pool);
   const queues = await boss.getQueues(kinds.map(queueFor));

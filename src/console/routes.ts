@@ -6,14 +6,16 @@
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import type { ServerResponse } from 'node:http';
-import { NO_EVIDENCE, type AdminDeps } from '../http/admin.ts';
+import { accessOf, accessTokens, NO_EVIDENCE, type AdminDeps } from '../http/admin.ts';
+import { recordAudit } from '../admin/audit.ts';
+import { inTransaction } from '../db/pool.ts';
 import { HttpError, readBody, type Request, type Route } from '../http/server.ts';
 import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
 import { ResolutionRefused, resolveOperation, type Resolution } from '../admin/resolve.ts';
 import { ValidationError } from '../orders/validate.ts';
 import { isOperationId, OperationNotFoundError } from '../payments/operation.ts';
 import { driftReport } from '../reconcile/drift.ts';
-import { type Fragment } from './html.ts';
+import { span, type Fragment } from './html.ts';
 import { layout, notice, type Assets, type Frame, type Section } from './views/layout.ts';
 import { operationPage, type ActionState } from './views/operation.ts';
 import {
@@ -28,19 +30,20 @@ import {
   signInPage,
   stuckPage,
 } from './views/pages.ts';
-import { listPage, operationKinds, operationRecord, overview, parseCursor, reviewQueue, search, STATUSES } from './queries.ts';
+import { listPage, operationKinds, operationRecord, overview, overviewCharts, parseCursor, reviewQueue, search, STATUSES } from './queries.ts';
 import {
   clearedCookie,
   crossSite,
   csrfMatches,
+  endAllSessions,
   endSession,
   isHttps,
   parseOperatorName,
-  sameSecret,
   sessionOf,
   startSession,
   type Session,
 } from './session.ts';
+import { clearSignInFailures, recordSignInFailure, signInSubjects, signInWait } from './throttle.ts';
 import { timeline } from './timeline.ts';
 
 /** No script or style but our own files, no framing, no form posting anywhere else. */
@@ -80,15 +83,18 @@ const DONE: Record<string, string> = {
 };
 
 export function consoleRoutes(deps: AdminDeps): Route[] {
-  const adminToken = deps.config.admin.token;
-  if (!adminToken) return [];
+  const tokens = accessTokens(deps.config);
+  if (tokens.length === 0) return [];
   const { pool, boss, gateway, log, config } = deps;
+  const times = { idleSeconds: config.admin.consoleIdleSeconds };
   const { assets, byPath } = loadAssets();
   const resolveOptions = { leaseTtlMs: config.worker.leaseTtlMs, searchFreshnessSeconds: config.searchFreshnessSeconds };
   // Links to Stripe's dashboard only when the gateway is Stripe itself.
   const key = config.stripe.secretKey;
   const dashboard = key && !config.stripe.apiBase ? `https://dashboard.stripe.com${/^[sr]k_test_/.test(key) ? '/test' : ''}` : undefined;
   const actorOf = (s: Session) => `console:${s.operator}`;
+  /** The forms' token for a session that may act; none for a read-only one (its pages show no form). */
+  const formToken = (s: Session) => (s.access === 'act' ? s.csrfToken : undefined);
 
   function send(res: ServerResponse, status: number, body: string, headers: Record<string, string> = {}): void {
     res.writeHead(status, {
@@ -133,7 +139,7 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
   const view =
     (handler: (r: Request, session: Session) => Promise<void>) =>
     async (r: Request): Promise<void> => {
-      const session = await sessionOf(pool, adminToken, r.req);
+      const session = await sessionOf(pool, tokens, r.req, times);
       if (!session) return redirect(r.res, `/console/sign-in?next=${encodeURIComponent(r.url.pathname + r.url.search)}`);
       try {
         await handler(r, session);
@@ -142,14 +148,19 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
       }
     };
 
-  /** A form that changes something: a session, a same-site request and the session's CSRF token. */
+  /** A form that changes something: a session that may act (`read` only for signing out), a same-site
+   * request and the session's CSRF token. */
   const action =
-    (handler: (r: Request, session: Session, form: URLSearchParams) => Promise<void>) =>
+    (handler: (r: Request, session: Session, form: URLSearchParams) => Promise<void>, needs: 'act' | 'read' = 'act') =>
     async (r: Request): Promise<void> => {
-      const session = await sessionOf(pool, adminToken, r.req);
+      const session = await sessionOf(pool, tokens, r.req, times);
       if (!session) return page(r.res, 401, undefined, 'Sign in', 'none', errorPage(401, 'No session: sign in, then try again.'));
       try {
         if (crossSite(r.req)) throw new HttpError(403, 'forbidden', 'a request from another site may not change anything here');
+        if (needs === 'act' && session.access === 'read') {
+          log.warn({ operator: session.operator, path: r.url.pathname }, 'console action refused: read-only session');
+          throw new HttpError(403, 'read_only', 'you signed in with the read-only token: it may look at everything and change nothing');
+        }
         const form = await readForm(r);
         if (!csrfMatches(session, form.get('csrf'))) {
           log.warn({ operator: session.operator, path: r.url.pathname }, 'console action refused: CSRF token missing or wrong');
@@ -174,7 +185,7 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
   const safeNext = (next: string | null) => (next && /^\/console\/[\w\-./?=&%~+]*$/.test(next) && !next.includes('//') ? next : undefined);
 
   async function signInForm({ url, req, res }: Request): Promise<void> {
-    if (await sessionOf(pool, adminToken!, req)) return redirect(res, '/console/');
+    if (await sessionOf(pool, tokens, req, times)) return redirect(res, '/console/');
     const signedOut = url.searchParams.get('signed_out') === '1';
     const body = signInPage({ next: safeNext(url.searchParams.get('next')) });
     await page(res, 200, undefined, 'Sign in', 'none', signedOut ? [notice('done', 'Signed out.'), body] : body);
@@ -190,16 +201,44 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
       if (!name) {
         return page(r.res, 422, undefined, 'Sign in', 'none', signInPage({ error: 'Give your name: 1 to 64 printable characters.', next }));
       }
-      if (!sameSecret(token, adminToken!)) {
-        log.warn({ operator: name }, 'console sign-in refused: wrong admin token');
+      const subjects = signInSubjects(r.req, name);
+      // Looked at before the token: while a subject waits, the right token is refused too.
+      const wait = await signInWait(pool, subjects);
+      if (wait > 0) return throttled(r, name, next, wait, 'console sign-in refused: too many wrong tokens, waiting');
+      const access = accessOf(token, tokens);
+      if (!access) {
+        const waitNow = await recordSignInFailure(pool, subjects);
+        if (waitNow > 0) return throttled(r, name, next, waitNow, 'console sign-in refused: wrong admin token, now waiting');
+        deps.metrics?.consoleSignInRefusals.inc({ reason: 'wrong_token' });
+        log.warn({ operator: name, client: r.req.socket.remoteAddress }, 'console sign-in refused: wrong admin token');
         return page(r.res, 401, undefined, 'Sign in', 'none', signInPage({ error: 'The admin token is not accepted.', name, next }));
       }
-      const { cookie } = await startSession(pool, adminToken!, name, isHttps(r.req));
-      log.info({ operator: name }, 'console sign-in');
+      await clearSignInFailures(pool, subjects);
+      const signedInWith = tokens.find(([, a]) => a === access)!;
+      const { cookie } = await startSession(pool, signedInWith, name, isHttps(r.req), times);
+      log.info({ operator: name, access }, 'console sign-in');
       redirect(r.res, next ?? '/console/', { 'Set-Cookie': cookie });
     } catch (err) {
       await failed(r, undefined, err);
     }
+  }
+
+  async function throttled(r: Request, name: string, next: string | undefined, wait: number, message: string): Promise<void> {
+    deps.metrics?.consoleSignInRefusals.inc({ reason: 'throttled' });
+    log.warn({ operator: name, client: r.req.socket.remoteAddress, waitSeconds: wait }, message);
+    const error = `Too many wrong tokens from here or for this name: try again in ${span(wait)}.`;
+    send(r.res, 429, layout(await frame(undefined, 'Sign in', 'none'), signInPage({ error, name, next })).markup, { 'Retry-After': String(wait) });
+  }
+
+  /** Ends every console session, this one included; audited, as every action is. */
+  async function signOutEverywhere({ req, res }: Request, session: Session): Promise<void> {
+    const ended = await inTransaction(pool, async (tx) => {
+      const n = await endAllSessions(tx);
+      await recordAudit(tx, { actor: actorOf(session), action: 'sign-out-everywhere', operationId: null, details: { sessions: n } });
+      return n;
+    });
+    log.info({ operator: session.operator, sessions: ended }, 'console: every session ended');
+    redirect(res, '/console/sign-in?signed_out=1', { 'Set-Cookie': clearedCookie(isHttps(req)) });
   }
 
   async function signOut({ req, res }: Request, session: Session): Promise<void> {
@@ -211,7 +250,9 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
   // ─── pages ───────────────────────────────────────────────────────────────────────────────────────
 
   async function overviewView({ res }: Request, session: Session): Promise<void> {
-    await page(res, 200, session, 'Overview', 'overview', overviewPage(await overview(pool, boss, deps.config.stripe), new Date()));
+    const now = new Date();
+    const [figures, charts] = await Promise.all([overview(pool, boss, deps.config.stripe), overviewCharts(pool, now)]);
+    await page(res, 200, session, 'Overview', 'overview', overviewPage(figures, now, charts));
   }
 
   const REVIEW_LIMIT = 500;
@@ -242,7 +283,7 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     const op = rows[0];
     const now = new Date();
     const record = await operationRecord(pool, op);
-    const body = operationPage(op, record, timeline(op, record, now), state, { csrfToken: session.csrfToken, now, dashboard });
+    const body = operationPage(op, record, timeline(op, record, now), state, { csrfToken: formToken(session), now, dashboard });
     await page(res, status, session, `Operation ${op.id.slice(0, 8)}`, 'operations', body);
   }
 
@@ -315,7 +356,7 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     const minutes = raw === null ? 10 : Number(raw);
     if (!Number.isInteger(minutes) || minutes < 0 || minutes > MAX_MINUTES) throw new HttpError(422, 'invalid_input', `minutes must be a whole number from 0 to ${MAX_MINUTES}`);
     const dryRun = raw === null ? undefined : await requeueStuck(pool, boss, { actor: actorOf(session), olderThanSeconds: minutes * 60, dryRun: true });
-    await page(res, 200, session, 'Requeue stuck', 'stuck', stuckPage({ olderThanMinutes: minutes, dryRun, done: undefined, csrfToken: session.csrfToken }));
+    await page(res, 200, session, 'Requeue stuck', 'stuck', stuckPage({ olderThanMinutes: minutes, dryRun, done: undefined, csrfToken: formToken(session) }));
   }
 
   async function stuckAction({ res }: Request, session: Session, form: URLSearchParams): Promise<void> {
@@ -358,7 +399,8 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     ['GET', '/console', ({ res }) => redirect(res, '/console/')],
     ['GET', '/console/sign-in', signInForm],
     ['POST', '/console/sign-in', signIn],
-    ['POST', '/console/sign-out', action(signOut)],
+    ['POST', '/console/sign-out', action(signOut, 'read')],
+    ['POST', '/console/sign-out-everywhere', action(signOutEverywhere)],
     ['GET', /^\/console\/assets\/[\w.-]+$/, assetView],
     ['GET', '/console/', view(overviewView)],
     ['GET', '/console/review', view(reviewView)],

@@ -3,13 +3,18 @@
 // cookie scoped to /console. Server-side rather than a signed cookie, because:
 //   - sign-out ends the session for real (a copied cookie is dead too), which a stateless cookie cannot;
 //   - every replica sees every session, so a console behind a load-balanced admin Service keeps working;
-//   - changing ADMIN_TOKEN ends every session (each row carries an HMAC of the token it began with).
+//   - changing ADMIN_TOKEN ends every session (each row carries an HMAC of the token it began with);
+//   - an idle session ends: every page view moves its end to now + CONSOLE_IDLE_MINUTES, never past
+//     8 hours from sign-in; "sign out everywhere" ends them all.
+// A session begun with ADMIN_READONLY_TOKEN carries that token's HMAC, under another label: what it
+// may do is read from the row, never from anything the browser sends.
 // Only the SHA-256 of the cookie's secret is stored. Every form that changes something carries the
 // session's CSRF token, compared in constant time; SameSite=Strict and a Sec-Fetch-Site check stand
 // in front of it.
 import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
-import type { Pool } from '../db/pool.ts';
+import type { Pool, Queryable } from '../db/pool.ts';
+import type { Access } from '../http/admin.ts';
 
 export const SESSION_COOKIE = 'outboxd_console';
 /** A working day: an operator signs in again the next morning. */
@@ -20,6 +25,8 @@ export interface Session {
   /** The stored id: SHA-256 of the cookie's secret. */
   id: string;
   operator: string;
+  /** `read`: signed in with ADMIN_READONLY_TOKEN; every action is refused. */
+  access: Access;
   csrfToken: string;
   expiresAt: Date;
 }
@@ -31,8 +38,15 @@ export function sameSecret(given: string, expected: string): boolean {
   return timingSafeEqual(sha256(given), sha256(expected));
 }
 
-/** What ties a session to the ADMIN_TOKEN it began with, without storing anything that reveals the token. */
-const fingerprint = (adminToken: string) => createHmac('sha256', adminToken).update('outboxd console session').digest('hex');
+/** What ties a session to the token it began with and what that token grants, without storing anything
+ * that reveals the token. */
+const fingerprint = (token: string, access: Access) =>
+  createHmac('sha256', token).update(access === 'act' ? 'outboxd console session' : 'outboxd console session: read only').digest('hex');
+
+/** How long sessions last: idle, and in all. */
+export interface SessionTimes {
+  idleSeconds: number;
+}
 
 /** An operator's name as the audit trail shows it: printable, one line, at most 64 characters. */
 export function parseOperatorName(raw: string): string | undefined {
@@ -44,31 +58,43 @@ export function parseOperatorName(raw: string): string | undefined {
 /** A new session for `operator`, and the Set-Cookie header that hands it to the browser. */
 export async function startSession(
   pool: Pool,
-  adminToken: string,
+  signedInWith: [token: string, access: Access],
   operator: string,
   secure: boolean,
+  times: SessionTimes,
 ): Promise<{ session: Session; cookie: string }> {
   await pool.query(pool.sql.pruneConsoleSessions());
   const secret = randomBytes(32).toString('base64url');
   const id = sha256(secret).toString('hex');
   const csrfToken = randomBytes(32).toString('base64url');
-  const { rows } = await pool.query(pool.sql.insertConsoleSession(id, operator, csrfToken, fingerprint(adminToken), SESSION_TTL_SECONDS));
-  const session = { id, operator, csrfToken, expiresAt: rows[0].expires_at as Date };
+  const [token, access] = signedInWith;
+  const { rows } = await pool.query(
+    pool.sql.insertConsoleSession(id, operator, csrfToken, fingerprint(token, access), SESSION_TTL_SECONDS, times.idleSeconds),
+  );
+  const session = { id, operator, access, csrfToken, expiresAt: rows[0].expires_at as Date };
+  // The cookie may outlive an idle session: the server's row decides, the cookie only carries the secret.
   return { session, cookie: cookie(secret, SESSION_TTL_SECONDS, secure) };
 }
 
-/** The live session the request's cookie names, if any. */
-export async function sessionOf(pool: Pool, adminToken: string, req: IncomingMessage): Promise<Session | undefined> {
+/** The live session the request's cookie names, if any; viewing a page keeps it from going idle. */
+export async function sessionOf(pool: Pool, tokens: [string, Access][], req: IncomingMessage, times: SessionTimes): Promise<Session | undefined> {
   const secret = cookieValue(req, SESSION_COOKIE);
   if (!secret || !/^[A-Za-z0-9_-]{43}$/.test(secret)) return undefined;
   const id = sha256(secret).toString('hex');
-  const { rows } = await pool.query(pool.sql.consoleSession(id, fingerprint(adminToken)));
-  if (!rows[0]) return undefined;
-  return { id, operator: rows[0].operator, csrfToken: rows[0].csrf_token, expiresAt: rows[0].expires_at };
+  const prints = new Map(tokens.map(([token, access]) => [fingerprint(token, access), access]));
+  const { rows } = await pool.query(pool.sql.touchConsoleSession(id, [...prints.keys()], SESSION_TTL_SECONDS, times.idleSeconds));
+  const access = rows[0] && prints.get(rows[0].token_fingerprint);
+  if (!access) return undefined;
+  return { id, operator: rows[0].operator, access, csrfToken: rows[0].csrf_token, expiresAt: rows[0].expires_at };
 }
 
 export async function endSession(pool: Pool, session: Session): Promise<void> {
   await pool.query(pool.sql.deleteConsoleSession(session.id));
+}
+
+/** Ends every console session, of every operator ("sign out everywhere"): how many there were. */
+export async function endAllSessions(db: Queryable): Promise<number> {
+  return (await db.query(db.sql.deleteAllConsoleSessions())).rowCount ?? 0;
 }
 
 /** The Set-Cookie header that removes the session cookie. */

@@ -60,6 +60,12 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
       labelNames: ['result'],
       registers: r,
     }),
+    consoleSignInRefusals: new Counter({
+      name: 'outboxd_console_sign_in_refusals_total',
+      help: "Console sign-ins refused by this replica: a wrong token, or a client or operator name that must wait after too many (throttled)",
+      labelNames: ['reason'],
+      registers: r,
+    }),
     jobs: new Counter({ name: 'outboxd_jobs_total', help: 'Jobs handled, by result', labelNames: ['result'], registers: r }),
     inFlight: new Gauge({ name: 'outboxd_in_flight', help: 'Operations being executed by this replica', registers: r }),
     queueDepth: new Gauge({

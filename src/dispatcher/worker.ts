@@ -110,7 +110,7 @@ async function openReplica(config: Config, log: Logger, workerId: string, effect
     );
     let dispatching = false;
 
-    const adminDeps = { pool, boss, gateway: gateway.evidence ? gateway.gateway : undefined, log, config, workerId };
+    const adminDeps = { pool, boss, gateway: gateway.evidence ? gateway.gateway : undefined, log, config, workerId, metrics };
     const admin = [...adminRoutes(adminDeps), ...consoleRoutes(adminDeps)];
     // ADMIN_HTTP_PORT moves the admin API and the console off the listener that Stripe (and so anyone) can reach.
     const ownAdminListener = config.admin.httpPort !== undefined;

@@ -9,6 +9,7 @@ import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
 import { ResolutionRefused, resolveOperation } from '../admin/resolve.ts';
 import type { Config } from '../config.ts';
 import type { Pool } from '../db/pool.ts';
+import type { Metrics } from '../dispatcher/metrics.ts';
 import type { Logger } from '../log.ts';
 import { ValidationError } from '../orders/validate.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
@@ -25,6 +26,8 @@ export interface AdminDeps {
   log: Logger;
   config: Config;
   workerId: string;
+  /** The replica's metrics, where the console counts refused sign-ins. */
+  metrics?: Pick<Metrics, 'consoleSignInRefusals'>;
 }
 
 /** Why resolve, reconcile and the drift report refuse on a replica without Stripe evidence. */
@@ -33,11 +36,31 @@ export const NO_EVIDENCE =
 
 const digest = (s: string) => createHash('sha256').update(s).digest();
 
-function authorize(req: IncomingMessage, token: string): void {
+/** What a token may do: `act` (ADMIN_TOKEN) or only `read` (ADMIN_READONLY_TOKEN). */
+export type Access = 'act' | 'read';
+
+/** The tokens a deployment accepts; none: the admin API and the console do not exist. */
+export function accessTokens(config: Config): [token: string, access: Access][] {
+  const { token, readonlyToken } = config.admin;
+  return [
+    ...(token ? [[token, 'act'] as [string, Access]] : []),
+    ...(readonlyToken ? [[readonlyToken, 'read'] as [string, Access]] : []),
+  ];
+}
+
+/** The access `given` grants, compared with every token in constant time (equal-length digests). */
+export function accessOf(given: string, tokens: [string, Access][]): Access | undefined {
+  let access: Access | undefined;
+  for (const [token, grants] of tokens) if (timingSafeEqual(digest(given), digest(token))) access = grants;
+  return access;
+}
+
+function authorize(req: IncomingMessage, tokens: [string, Access][], needs: Access): void {
   const m = /^Bearer (\S+)$/.exec(String(req.headers.authorization ?? ''));
   if (!m) throw new HttpError(401, 'unauthorized', 'Authorization: Bearer <ADMIN_TOKEN> is required');
-  // Equal-length digests, so the comparison takes the same time whatever the guess.
-  if (!timingSafeEqual(digest(m[1]!), digest(token))) throw new HttpError(403, 'forbidden', 'token not accepted');
+  const access = accessOf(m[1]!, tokens);
+  if (!access) throw new HttpError(403, 'forbidden', 'token not accepted');
+  if (needs === 'act' && access === 'read') throw new HttpError(403, 'read_only', 'this token reads only: it may not change anything');
 }
 
 async function jsonBody<T>(req: IncomingMessage, schema: z.ZodType<T>): Promise<T> {
@@ -76,15 +99,15 @@ const OP = /^\/admin\/operations\/([^/]+)$/;
 const OP_ACTION = (action: string) => new RegExp(`^/admin/operations/([^/]+)/${action}$`);
 
 export function adminRoutes(deps: AdminDeps): Route[] {
-  const token = deps.config.admin.token;
-  if (!token) return [];
+  const tokens = accessTokens(deps.config);
+  if (tokens.length === 0) return [];
   const actor = `token:${deps.config.admin.tokenName}`;
 
-  /** Auth first, then the domain's errors as HTTP statuses. */
+  /** Auth first (a read, or an action: only ADMIN_TOKEN acts), then the domain's errors as HTTP statuses. */
   const guarded =
-    (handler: Handler): Handler =>
+    (handler: Handler, needs: Access = 'act'): Handler =>
     async (r) => {
-      authorize(r.req, token);
+      authorize(r.req, tokens, needs);
       try {
         await handler(r);
       } catch (err) {
@@ -111,9 +134,9 @@ export function adminRoutes(deps: AdminDeps): Route[] {
         if (!q.success) throw new HttpError(422, 'invalid_input', q.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; '));
         const rows = await listOperations(deps.pool, { status: q.data.status, needsReview: q.data.needs_review === 'true', limit: q.data.limit });
         sendJson(res, 200, { operations: rows });
-      }),
+      }, 'read'),
     ],
-    ['GET', OP, guarded(async ({ res, params }) => sendJson(res, 200, await showOperation(deps.pool, params[0]!)))],
+    ['GET', OP, guarded(async ({ res, params }) => sendJson(res, 200, await showOperation(deps.pool, params[0]!)), 'read')],
     [
       'POST',
       OP_ACTION('resolve'),

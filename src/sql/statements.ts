@@ -581,18 +581,21 @@ function build(schema: string) {
 
     // ─── the console (src/console/): sessions, and the reads behind its pages ─────────────────────────
 
-    insertConsoleSession: statement<[id: string, operator: string, csrfToken: string, fingerprint: string, ttlSeconds: number]>(
+    /** A session ends when idle for idleSeconds, and ttlSeconds after it began at the latest. */
+    insertConsoleSession: statement<[id: string, operator: string, csrfToken: string, fingerprint: string, ttlSeconds: number, idleSeconds: number]>(
       'outboxd_insert_console_session',
       `insert into ${s}.console_sessions (id, operator, csrf_token, token_fingerprint, expires_at)
-       values ($1, $2, $3, $4, now() + make_interval(secs => $5))
+       values ($1, $2, $3, $4, now() + make_interval(secs => least($5::float8, $6::float8)))
        returning expires_at`,
     ),
 
-    /** A live session: not expired, and begun with the ADMIN_TOKEN in force now. */
-    consoleSession: statement<[id: string, fingerprint: string]>(
-      'outboxd_console_session',
-      `select operator, csrf_token, expires_at from ${s}.console_sessions
-       where id = $1 and token_fingerprint = $2 and expires_at > now()`,
+    /** A live session begun with a token in force now (one of `fingerprints`): its idle end moves on. */
+    touchConsoleSession: statement<[id: string, fingerprints: string[], ttlSeconds: number, idleSeconds: number]>(
+      'outboxd_touch_console_session',
+      `update ${s}.console_sessions
+       set expires_at = least(created_at + make_interval(secs => $3), now() + make_interval(secs => $4))
+       where id = $1 and token_fingerprint = any($2::text[]) and expires_at > now()
+       returning operator, csrf_token, token_fingerprint, expires_at`,
     ),
 
     deleteConsoleSession: statement<[id: string]>(
@@ -600,9 +603,104 @@ function build(schema: string) {
       `delete from ${s}.console_sessions where id = $1`,
     ),
 
+    deleteAllConsoleSessions: statement<[]>(
+      'outboxd_delete_all_console_sessions',
+      `delete from ${s}.console_sessions`,
+    ),
+
+    /** How long the subjects must still wait before a token is looked at (null: they need not). */
+    signInWait: statement<[subjects: string[]]>(
+      'outboxd_sign_in_wait',
+      `select ceil(extract(epoch from max(blocked_until) - now()))::int as wait_seconds
+       from ${s}.console_sign_in_failures where subject = any($1::text[]) and blocked_until > now()`,
+    ),
+
+    /**
+     * A wrong token, counted for each subject within a window of windowSeconds; from the limit-th on,
+     * the subject waits blockSeconds, doubled with each further failure, up to maxBlockSeconds.
+     */
+    recordSignInFailure: statement<[subjects: string[], limit: number, windowSeconds: number, blockSeconds: number, maxBlockSeconds: number]>(
+      'outboxd_record_sign_in_failure',
+      (() => {
+        const fresh = `f.first_failed_at > now() - make_interval(secs => $3)`;
+        const failures = `(case when ${fresh} then f.failures + 1 else 1 end)`;
+        return `insert into ${s}.console_sign_in_failures as f (subject, failures)
+       select unnest($1::text[]), 1
+       on conflict (subject) do update set
+         failures = ${failures},
+         first_failed_at = case when ${fresh} then f.first_failed_at else now() end,
+         blocked_until = case when ${failures} >= $2::int
+           then now() + make_interval(secs => least($4::float8 * power(2, ${failures} - $2::int), $5::float8))
+           else f.blocked_until end
+       returning subject, failures, blocked_until`;
+      })(),
+    ),
+
+    clearSignInFailures: statement<[subjects: string[]]>(
+      'outboxd_clear_sign_in_failures',
+      `delete from ${s}.console_sign_in_failures where subject = any($1::text[])`,
+    ),
+
+    /** Failures outside their window and no longer waiting: they count for nothing any more. */
+    pruneSignInFailures: statement<[windowSeconds: number]>(
+      'outboxd_prune_sign_in_failures',
+      `delete from ${s}.console_sign_in_failures
+       where first_failed_at < now() - make_interval(secs => $1) and (blocked_until is null or blocked_until < now())`,
+    ),
+
     pruneConsoleSessions: statement<[]>(
       'outboxd_prune_console_sessions',
       `delete from ${s}.console_sessions where expires_at <= now()`,
+    ),
+
+    // The overview's charts: one row a minute since $1. Each reads only the window (the settled index,
+    // the unsettled index, the timeline's BRIN index), so they cost what the window holds, not the table.
+
+    /** Settlements by outcome, and confirm → settled latency, a minute at a time. */
+    settlementsByMinute: statement<[from: Date]>(
+      'outboxd_settlements_by_minute',
+      `select date_trunc('minute', settled_at) as minute,
+         count(*) filter (where status = 'succeeded')::int as succeeded,
+         count(*) filter (where status = 'failed')::int as failed,
+         percentile_cont(0.5) within group (order by extract(epoch from settled_at - created_at)) * 1000 as p50_ms,
+         percentile_cont(0.95) within group (order by extract(epoch from settled_at - created_at)) * 1000 as p95_ms
+       from ${s}.payment_operations where settled_at >= $1
+       group by 1`,
+    ),
+
+    /**
+     * The age of the oldest unsettled operation at each minute's start. Of all that were unsettled in
+     * the window (settled since $1, or unsettled now: of those only the oldest can be the oldest), an
+     * operation is the oldest from its creation, or from when every older one had settled, until it
+     * settles: an empty range for one that settled before some older one. Minutes are generated per
+     * range, so this costs a sort of the window, not a scan of it per minute.
+     */
+    oldestUnsettledByMinute: statement<[from: Date]>(
+      'outboxd_oldest_unsettled_by_minute',
+      `with spans as (
+         select created_at, settled_at as ended_at from ${s}.payment_operations where settled_at >= $1
+         union all
+         (select created_at, 'infinity'::timestamptz from ${s}.payment_operations where ${UNSETTLED} order by created_at limit 1)
+       ), ordered as (
+         select created_at, ended_at,
+           coalesce(max(ended_at) over (order by created_at, ended_at rows between unbounded preceding and 1 preceding), '-infinity') as before
+         from spans
+       )
+       select minute, extract(epoch from minute - created_at)::float8 as age_seconds
+       from ordered cross join lateral generate_series(
+         date_trunc('minute', greatest(created_at, before, $1) + interval '59.999999 seconds'),
+         least(ended_at - interval '1 microsecond', now()),
+         interval '1 minute') as minute`,
+    ),
+
+    /** Calls sent to Stripe (any kind, any call) and the 429s that answered them, from the timeline. */
+    stripeCallsByMinute: statement<[from: Date]>(
+      'outboxd_stripe_calls_by_minute',
+      `select date_trunc('minute', at) as minute,
+         count(*) filter (where type = 'sent')::int as calls,
+         count(*) filter (where type = 'outcome' and details->>'outcome' = 'rate_limited')::int as rate_limited
+       from ${s}.operation_events where at >= $1 and type in ('sent', 'outcome')
+       group by 1`,
     ),
 
     /** The kinds that exist: one probe of the list index per kind (a loose index scan), not a scan. */

@@ -60,10 +60,17 @@ export function layout(frame: Frame, body: Fragment): Safe {
     </form>
     <div class="who">
       <span class="operator" title="Actions are audited as console:${s.operator}">${s.operator}</span>
+      ${s.access === 'read' ? html`<span class="pill read-only" title="Signed in with ADMIN_READONLY_TOKEN">read-only</span>` : nothing}
       <form action="/console/sign-out" method="post">
         <input type="hidden" name="csrf" value="${s.csrfToken}">
         <button type="submit" class="link">Sign out</button>
       </form>
+      ${s.access === 'act'
+        ? html`<form action="/console/sign-out-everywhere" method="post">
+        <input type="hidden" name="csrf" value="${s.csrfToken}">
+        <button type="submit" class="link" title="Ends every console session, every operator's">Sign out everywhere</button>
+      </form>`
+        : nothing}
     </div>`
     : nothing}
 </header>

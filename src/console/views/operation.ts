@@ -7,7 +7,9 @@ import { isSettled, type Operation } from '../../payments/operation.ts';
 import { ago, html, nothing, span, utc, when, type Fragment, type Safe } from '../html.ts';
 import type { OperationRecord } from '../queries.ts';
 import type { Entry } from '../timeline.ts';
+import { attemptsChart } from './charts.ts';
 import { notice } from './layout.ts';
+import { readOnlyNote } from './pages.ts';
 import { amount, kindTag, opLink, reviewBadge, statusPill, stripeLink } from './parts.ts';
 
 export interface ActionState {
@@ -30,7 +32,8 @@ export function operationPage(
   record: OperationRecord,
   entries: Entry[],
   state: ActionState,
-  opts: { csrfToken: string; now: Date; dashboard: string | undefined },
+  /** csrfToken undefined: a read-only session, shown no form that changes anything. */
+  opts: { csrfToken: string | undefined; now: Date; dashboard: string | undefined },
 ): Safe {
   const { now } = opts;
   return html`<div class="op-head">
@@ -48,7 +51,7 @@ ${op.review_reason ? html`<div class="held" role="note"><strong>Held for review.
         ${field('Kind', op.kind)}
         ${op.parent_operation_id ? field('Refund of', opLink(op.parent_operation_id)) : nothing}
         ${field('Amount', html`${amount(op)} <span class="muted">(${op.amount} ${op.currency} in minor units)</span>`)}
-        ${field('Customer', html`<span class="mono">${op.customer_id}</span>`)}
+        ${field('Customer', op.customer_id ? stripeLink(op.customer_id, opts.dashboard) : '—')}
         ${field('Payment method', html`<span class="mono">${op.payment_method}</span>`)}
         ${field('Status', html`${statusPill(op.status)} ${op.settled_at ? html`settled ${when(op.settled_at, now)}` : nothing}`)}
         ${field('Stripe object', stripeLink(op.external_id, opts.dashboard))}
@@ -72,6 +75,7 @@ ${op.review_reason ? html`<div class="held" role="note"><strong>Held for review.
     </section>
     <section aria-labelledby="timeline-title" class="panel" id="timeline">
       <h2 id="timeline-title">Timeline</h2>
+      ${attemptsChart(op, record.events, now)}
       ${timelineList(entries, now)}
       ${record.events.length === 0 && op.attempts > 0 ? html`<p class="muted small">This operation ran before outboxd kept a timeline: its claims and calls are not recorded.</p>` : nothing}
     </section>
@@ -79,6 +83,8 @@ ${op.review_reason ? html`<div class="held" role="note"><strong>Held for review.
   <aside class="op-side">
     ${isSettled(op.status)
       ? html`<section class="panel" aria-labelledby="actions-title"><h2 id="actions-title">Actions</h2><p class="muted">A settled operation is never changed, and never causes another call to Stripe.</p></section>`
+      : opts.csrfToken === undefined
+      ? html`<section class="panel" aria-labelledby="actions-title"><h2 id="actions-title">Actions</h2>${readOnlyNote}</section>`
       : actions(op, state, opts.csrfToken)}
     <section class="panel" aria-labelledby="related-title">
       <h2 id="related-title">Same order</h2>

@@ -4,9 +4,13 @@ import type { RequeueResult } from '../../admin/requeue.ts';
 import type { Operation } from '../../payments/operation.ts';
 import type { DriftReport } from '../../reconcile/drift.ts';
 import { ago, html, nothing, span, type Fragment, type Safe } from '../html.ts';
-import type { ListFilter, Listed, Overview, Page, SearchResult } from '../queries.ts';
+import type { Charts, ListFilter, Listed, Overview, Page, SearchResult } from '../queries.ts';
+import { timeChart } from './charts.ts';
 import { amount, kindTag, opLink, operationsTable, statusPill } from './parts.ts';
 import { notice } from './layout.ts';
+
+/** What a read-only session sees where the forms would be. */
+export const readOnlyNote = html`<p class="muted small read-only-note">You signed in with the read-only token: you see everything, and change nothing.</p>`;
 
 export function signInPage(opts: { error?: string | undefined; name?: string; next?: string | undefined }): Safe {
   return html`<section class="signin" aria-labelledby="signin-title">
@@ -43,7 +47,31 @@ function budgetCard(b: Overview['budget']): Safe {
   );
 }
 
-export function overviewPage(o: Overview, now: Date): Safe {
+const count = (n: number) => (Number.isInteger(n) ? n.toLocaleString('en') : n.toFixed(1));
+const age = (s: number) => (s < 10 ? `${Math.round(s * 10) / 10} s` : span(s));
+const millis = (ms: number) => (ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(ms < 10_000 ? 1 : 0)} s`);
+
+/** The last hours a minute at a time: what settled, how long it took, what waited, what Stripe was asked. */
+function chartsSection(c: Charts, budget: Overview['budget']): Safe {
+  const hours = Math.round(c.succeeded.length / 60);
+  const perMinute = budget.limit === undefined ? undefined : budget.limit * 60;
+  return html`<section aria-labelledby="charts-title" class="charts-section">
+  <h2 id="charts-title">The last ${hours} hours <span class="sub">by minute, UTC</span></h2>
+  <div class="charts">
+    ${timeChart({ title: 'Settlements per minute', from: c.from, format: count, empty: 'nothing settled',
+      bars: [{ name: 'succeeded', cls: 's-good', values: c.succeeded }, { name: 'failed', cls: 's-bad', values: c.failed }] })}
+    ${timeChart({ title: 'Confirm → settled', from: c.from, format: millis, empty: 'nothing settled',
+      lines: [{ name: 'p50', cls: 's-p50', values: c.p50Ms }, { name: 'p95', cls: 's-p95', values: c.p95Ms }] })}
+    ${timeChart({ title: 'Oldest unsettled operation', from: c.from, format: age, empty: 'nothing waited a minute',
+      lines: [{ name: 'age', cls: 's-warn', values: c.oldestUnsettled }] })}
+    ${timeChart({ title: 'Stripe calls per minute', from: c.from, format: count, empty: 'no call to Stripe',
+      bars: [{ name: 'answered', cls: 's-info', values: c.stripeCalls.map((n, i) => n - c.rateLimited[i]!) }, { name: '429', cls: 's-bad', values: c.rateLimited }],
+      limit: perMinute === undefined ? undefined : { value: perMinute, label: `budget ${count(perMinute)}/min` } })}
+  </div>
+</section>`;
+}
+
+export function overviewPage(o: Overview, now: Date, charts: Charts): Safe {
   const kinds = [...new Set(o.counts.map((c) => c.kind))];
   const count = (kind: string, status: string) => o.counts.find((c) => c.kind === kind && c.status === status)?.n ?? 0;
   const columns = ['pending', 'unknown', 'succeeded', 'failed'];
@@ -57,6 +85,7 @@ export function overviewPage(o: Overview, now: Date): Safe {
   ${budgetCard(o.budget)}
   ${card('Operations', `${o.total.exact ? '' : '≈ '}${o.total.n.toLocaleString('en')}`, 'neutral', o.total.exact ? 'all kinds' : 'all kinds, as PostgreSQL estimates')}
 </section>
+${chartsSection(charts, o.budget)}
 <div class="columns">
 <section aria-labelledby="counts-title">
   <h2 id="counts-title">By kind and status</h2>
@@ -182,7 +211,8 @@ export function stuckPage(opts: {
   olderThanMinutes: number;
   dryRun: RequeueResult[] | undefined;
   done: RequeueResult[] | undefined;
-  csrfToken: string;
+  /** Undefined: a read-only session, shown no form that changes anything. */
+  csrfToken: string | undefined;
 }): Safe {
   return html`<h1>Requeue stuck operations</h1>
 <p class="lede">Unsettled operations untouched for a while that no job drives (no live job, no lease, nothing in the outbox) get a new job for the <strong>same</strong> operation: the same idempotency key, so never a second charge. First a dry run shows what would be requeued; nothing changes until you confirm.</p>
@@ -195,13 +225,15 @@ ${opts.done ? resultsTable('Requeued', opts.done) : nothing}
 ${opts.dryRun ? dryRunForm(opts.dryRun, opts.olderThanMinutes, opts.csrfToken) : nothing}`;
 }
 
-function dryRunForm(results: RequeueResult[], minutes: number, csrf: string): Safe {
+function dryRunForm(results: RequeueResult[], minutes: number, csrf: string | undefined): Safe {
   const would = results.filter((r) => r.result === 'would_requeue');
   const other = results.filter((r) => r.result !== 'would_requeue');
   return html`<section aria-labelledby="dry-title" class="panel">
   <h2 id="dry-title">Dry run: ${would.length} would be requeued${other.length ? html`, ${other.length} skipped` : nothing}</h2>
   ${would.length === 0
     ? html`<p class="empty">Nothing untouched for ${minutes} minutes lacks a job.</p>`
+    : csrf === undefined
+    ? html`<ul class="brief">${would.map((r) => html`<li>${opLink(r.operationId)}</li>`)}</ul>${readOnlyNote}`
     : html`<form method="post" action="/console/requeue-stuck">
     <input type="hidden" name="csrf" value="${csrf}">
     <fieldset><legend>Operations to requeue (uncheck any to leave alone)</legend>

@@ -26,13 +26,33 @@ export function opLink(id: string, cls = 'row-link'): Safe {
   return html`<a class="${cls} mono" href="${opHref(id)}" title="${id}">${shortId(id)}</a>`;
 }
 
-/** A link to the operation's Stripe object in the dashboard, when a real account is configured. */
-export function stripeLink(externalId: string | null, dashboard: string | undefined): Fragment {
-  if (!externalId) return html`<span class="muted">—</span>`;
-  const path = externalId.startsWith('re_') ? 'refunds' : 'payments';
-  return dashboard
-    ? html`<a class="mono" href="${dashboard}/${path}/${encodeURIComponent(externalId)}" rel="noreferrer noopener" target="_blank">${externalId}</a>`
-    : html`<span class="mono">${externalId}</span>`;
+/** Where each kind of Stripe object has its page in the dashboard, by its id's prefix. */
+const DASHBOARD_PATHS: [prefix: string, path: string][] = [
+  ['pi_', 'payments'],
+  ['re_', 'refunds'],
+  ['cus_', 'customers'],
+  ['acct_', 'connect/accounts'],
+];
+
+/**
+ * The dashboard's page of a Stripe object: `dashboard` is the account's dashboard (with `/test` in
+ * test mode); an object of a connected account lives under that account's path.
+ */
+export function dashboardUrl(dashboard: string, id: string, account?: string | null): string | undefined {
+  const path = DASHBOARD_PATHS.find(([prefix]) => id.startsWith(prefix))?.[1];
+  if (!path) return undefined;
+  const base = new URL(dashboard);
+  const scope = account ? `/${encodeURIComponent(account)}` : '';
+  return `${base.origin}${scope}${base.pathname.replace(/\/$/, '')}/${path}/${encodeURIComponent(id)}`;
+}
+
+/** A Stripe object's id, linking to its page in the dashboard (a new tab) when a real account is configured. */
+export function stripeLink(id: string | null, dashboard: string | undefined, account?: string | null): Fragment {
+  if (!id) return html`<span class="muted">—</span>`;
+  const href = dashboard ? dashboardUrl(dashboard, id, account) : undefined;
+  return href
+    ? html`<a class="mono" href="${href}" rel="noopener noreferrer" target="_blank" title="Open in Stripe's dashboard (a new tab)">${id}</a>`
+    : html`<span class="mono">${id}</span>`;
 }
 
 /** Operations as a table: the columns an operator scans a list by. */
