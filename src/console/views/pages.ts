@@ -25,7 +25,7 @@ export function signInPage(opts: { error?: string | undefined; name?: string; ne
     <input id="token" name="token" type="password" required autocomplete="current-password">
     <button type="submit" class="primary">Sign in</button>
   </form>
-  <p class="muted small">The session lasts 8 hours, or until you sign out or the admin token changes.</p>
+  <p class="muted small">The session ends after a while without a page view, 8 hours after sign-in at the latest, or when you sign out or the token changes.</p>
 </section>`;
 }
 
