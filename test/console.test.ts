@@ -175,7 +175,7 @@ describe('the console in a browser', () => {
       expect(await settled.locator('rect.s-good').count()).toBeGreaterThan(0); // the paid charge
       expect(await settled.locator('rect.s-bad').count()).toBeGreaterThan(0); // the declined one
       expect(await charts.filter({ hasText: 'Confirm → settled' }).locator('path.line').count()).toBe(2);
-      expect(await charts.filter({ hasText: 'Stripe calls per minute' }).locator('rect.s-info').count()).toBeGreaterThan(0);
+      expect(await charts.filter({ hasText: 'Gateway calls per minute' }).locator('rect.s-info').count()).toBeGreaterThan(0);
       // In the page (a string: this file is not compiled with the DOM's types).
       const overlaps = (await page.evaluate(`(() => {
         const boxes = [...document.querySelectorAll('main h1, main > section, main .cards > .card, main .columns > section, main .charts > figure, main section > h2, main .table-wrap')]

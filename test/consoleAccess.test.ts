@@ -1,10 +1,11 @@
 // Who may use the console and the admin API, against a real worker process over HTTP: the read-only
-// token sees everything and the server refuses its every action; wrong tokens at sign-in are throttled
-// per client address and per operator name (429 + Retry-After, counted), and the right token works
-// again once the wait is over; sessions end when idle, and all at once with "sign out everywhere".
+// token sees everything and the server refuses its every action; wrong tokens are throttled, at the
+// sign-in per client address and per operator name and on the admin API per client (429 + Retry-After,
+// counted), a burst no better than a sequence, and the right token works again once the wait is over;
+// sessions end when idle, and all at once with "sign out everywhere".
 import { request as httpRequest } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { SIGN_IN_THROTTLE } from '../src/console/throttle.ts';
+import { SIGN_IN_THROTTLE } from '../src/http/tokens.ts';
 import { startReplica, waitUntil, type Replica } from '../scripts/lib/replica.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
@@ -164,10 +165,54 @@ describe('sign-in throttling', () => {
     const again = await signIn('guess-again', wrong, from);
     expect(again.status).toBe(429);
     expect(Number(again.headers['retry-after'])).toBeGreaterThan(2 * SIGN_IN_THROTTLE.blockSeconds - 3);
-    // The wait passes (as if its time had gone by): the right token works again, and clears the count.
+    // The wait passes (as if its time had gone by): the right token works again; it clears no count.
     await t.pool.query(`update outboxd.console_sign_in_failures set blocked_until = now() - interval '1 second' where subject = 'client:127.0.0.2'`);
     expect((await signIn('alice', TOKEN, from)).status).toBe(303);
-    expect((await t.pool.query(`select count(*)::int as n from outboxd.console_sign_in_failures where subject = 'client:127.0.0.2'`)).rows[0].n).toBe(0);
+    expect((await t.pool.query(`select failures from outboxd.console_sign_in_failures where subject = 'client:127.0.0.2'`)).rows[0].failures).toBe(SIGN_IN_THROTTLE.limit + 1);
+  });
+
+  it('judges a burst of simultaneous wrong tokens one at a time: one more failure starts the wait, none slips past it', async () => {
+    const from = '127.0.0.4';
+    const subject = `client:${from}`;
+    await t.pool.query(`insert into outboxd.console_sign_in_failures (subject, failures) values ($1, $2)`, [subject, SIGN_IN_THROTTLE.limit - 1]);
+    // The burst lines up behind a lock this test holds on the client's row, so its checks overlap for sure.
+    const held = await t.pool.connect();
+    let answers: Answer[];
+    try {
+      await held.query('begin');
+      await held.query('select 1 from outboxd.console_sign_in_failures where subject = $1 for update', [subject]);
+      const burst = Promise.all(Array.from({ length: 10 }, (_, i) => signIn(`burst-${i}`, wrong, from)));
+      await new Promise((r) => setTimeout(r, 1500));
+      await held.query('commit');
+      answers = await burst;
+    } finally {
+      held.release();
+    }
+    expect(answers.map((a) => a.status)).toEqual(Array(10).fill(429));
+    const { rows } = await t.pool.query(`select failures from outboxd.console_sign_in_failures where subject = $1`, [subject]);
+    expect(rows[0].failures).toBe(SIGN_IN_THROTTLE.limit);
+  });
+
+  it('a read-only sign-in resets nothing: guesses at the admin token keep counting', async () => {
+    const from = '127.0.0.5';
+    for (let round = 0; round < 2; round++) {
+      for (let i = 1; i < SIGN_IN_THROTTLE.limit; i++) await signIn(`reader-${round}`, wrong, from);
+      expect((await signIn(`reader-${round}`, READONLY, from)).status).toBe(round === 0 ? 303 : 429);
+    }
+  });
+
+  it('on the admin API too: per client, 429 throttled with Retry-After, the right token refused while it waits', async () => {
+    const from = '127.0.0.6';
+    const list = (token: string) => send('GET', '/admin/operations?limit=1', { from, headers: bearer(token) });
+    for (let i = 1; i < SIGN_IN_THROTTLE.limit; i++) expect((await list(wrong)).status).toBe(403);
+    const limited = await list(wrong);
+    expect(limited.status).toBe(429);
+    expect(JSON.parse(limited.body).error).toBe('throttled');
+    expect(Number(limited.headers['retry-after'])).toBeGreaterThan(0);
+    expect((await list(TOKEN)).status).toBe(429);
+    expect((await send('GET', '/admin/operations?limit=1', { from: '127.0.0.7', headers: bearer(TOKEN) })).status).toBe(200);
+    await t.pool.query(`update outboxd.console_sign_in_failures set blocked_until = now() - interval '1 second' where subject = 'client:127.0.0.6'`);
+    expect((await list(TOKEN)).status).toBe(200);
   });
 
   it('holds an operator name guessed at from many clients, without holding the clients for other names', async () => {
@@ -179,8 +224,9 @@ describe('sign-in throttling', () => {
   });
 
   it('is logged and counted in /metrics', async () => {
-    expect(await replica.metric('outboxd_console_sign_in_refusals_total{reason="throttled"}')).toBeGreaterThanOrEqual(3);
-    expect(await replica.metric('outboxd_console_sign_in_refusals_total{reason="wrong_token"}')).toBeGreaterThanOrEqual(2 * (SIGN_IN_THROTTLE.limit - 1));
+    expect(await replica.metric('outboxd_token_refusals_total{reason="throttled",where="console"}')).toBeGreaterThanOrEqual(3);
+    expect(await replica.metric('outboxd_token_refusals_total{reason="wrong_token",where="console"}')).toBeGreaterThanOrEqual(2 * SIGN_IN_THROTTLE.limit);
+    expect(await replica.metric('outboxd_token_refusals_total{reason="throttled",where="admin_api"}')).toBeGreaterThanOrEqual(1);
     expect(replica.logs.some((l) => String(l.msg).startsWith('console sign-in refused: too many wrong tokens'))).toBe(true);
   });
 });
@@ -205,8 +251,10 @@ describe('console sessions', () => {
     expect((await send('GET', '/console/review', { headers: { Cookie: s.cookie } })).status).toBe(303);
     // Busy all day: it ends 8 hours after sign-in all the same.
     const busy = await session('busy-bea', TOKEN);
-    await t.pool.query(`update outboxd.console_sessions set created_at = now() - interval '8 hours' where operator = 'busy-bea'`);
+    await t.pool.query(`update outboxd.console_sessions set created_at = now() - interval '8 hours' + interval '1 minute' where operator = 'busy-bea'`);
     expect((await send('GET', '/console/review', { headers: { Cookie: busy.cookie } })).status).toBe(200);
+    expect(await expiresIn('busy-bea')).toBeLessThanOrEqual(60);
+    await t.pool.query(`update outboxd.console_sessions set created_at = now() - interval '8 hours' where operator = 'busy-bea'`);
     expect((await send('GET', '/console/review', { headers: { Cookie: busy.cookie } })).status).toBe(303);
   });
 

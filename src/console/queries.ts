@@ -122,9 +122,13 @@ export interface Charts {
   p95Ms: (number | null)[];
   /** Seconds; 0 where nothing was unsettled. */
   oldestUnsettled: number[];
-  stripeCalls: number[];
+  gatewayCalls: number[];
   rateLimited: number[];
 }
+
+/** A call the budget refused (src/stripe/budgetedGateway.ts) as the executor records its error
+ * (`<error class>[ <HTTP status>]: <message>`, src/payments/executor.ts): never sent, so no call. */
+const NOT_SENT = 'RetryLater: not sent:%';
 
 export const CHART_HOURS = 3;
 
@@ -134,7 +138,7 @@ export async function overviewCharts(pool: Pool, now: Date, hours = CHART_HOURS)
   const [settled, oldest, calls] = await Promise.all([
     pool.query(pool.sql.settlementsByMinute(from)),
     pool.query(pool.sql.oldestUnsettledByMinute(from)),
-    pool.query(pool.sql.stripeCallsByMinute(from)),
+    pool.query(pool.sql.gatewayCallsByMinute(from, NOT_SENT)),
   ]);
   const series = <T>(fill: T) => Array.from({ length: minutes }, () => fill);
   const charts: Charts = {
@@ -144,7 +148,7 @@ export async function overviewCharts(pool: Pool, now: Date, hours = CHART_HOURS)
     p50Ms: series(null),
     p95Ms: series(null),
     oldestUnsettled: series(0),
-    stripeCalls: series(0),
+    gatewayCalls: series(0),
     rateLimited: series(0),
   };
   /** Each row's minute as an index into the series; rows outside the window (clocks apart) are left out. */
@@ -162,7 +166,7 @@ export async function overviewCharts(pool: Pool, now: Date, hours = CHART_HOURS)
   });
   each(oldest.rows, (i, r) => (charts.oldestUnsettled[i] = r.age_seconds));
   each(calls.rows, (i, r) => {
-    charts.stripeCalls[i] = r.calls;
+    charts.gatewayCalls[i] = r.calls;
     charts.rateLimited[i] = r.rate_limited;
   });
   return charts;

@@ -1,12 +1,13 @@
 // The operator console under /console/, served beside the admin API (same listener, same rule: only
-// with ADMIN_TOKEN set, on ADMIN_HTTP_PORT when that is set). Server-rendered HTML; a small script only
+// with ADMIN_TOKEN or ADMIN_READONLY_TOKEN set, on ADMIN_HTTP_PORT when that is set). Server-rendered HTML; a small script only
 // adds keyboard shortcuts. Without a session nothing but the sign-in page and the static assets is
 // served: every data page redirects to sign-in, every action answers 401. Every action also needs the
 // session's CSRF token and a same-site request, and is audited as `console:<operator>`.
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import type { ServerResponse } from 'node:http';
-import { accessOf, accessTokens, NO_EVIDENCE, type AdminDeps } from '../http/admin.ts';
+import { NO_EVIDENCE, type AdminDeps } from '../http/admin.ts';
+import { accessTokens, checkToken, tokenSubjects } from '../http/tokens.ts';
 import { recordAudit } from '../admin/audit.ts';
 import { inTransaction } from '../db/pool.ts';
 import { HttpError, readBody, type Request, type Route } from '../http/server.ts';
@@ -30,7 +31,7 @@ import {
   signInPage,
   stuckPage,
 } from './views/pages.ts';
-import { listPage, operationKinds, operationRecord, overview, overviewCharts, parseCursor, reviewQueue, search, STATUSES } from './queries.ts';
+import { listPage, operationKinds, operationRecord, overview, overviewCharts, parseCursor, reviewQueue, search, STATUSES, type Charts } from './queries.ts';
 import {
   clearedCookie,
   crossSite,
@@ -43,7 +44,6 @@ import {
   startSession,
   type Session,
 } from './session.ts';
-import { clearSignInFailures, recordSignInFailure, signInSubjects, signInWait } from './throttle.ts';
 import { timeline } from './timeline.ts';
 
 /** No script or style but our own files, no framing, no form posting anywhere else. */
@@ -201,19 +201,21 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
       if (!name) {
         return page(r.res, 422, undefined, 'Sign in', 'none', signInPage({ error: 'Give your name: 1 to 64 printable characters.', next }));
       }
-      const subjects = signInSubjects(r.req, name);
-      // Looked at before the token: while a subject waits, the right token is refused too.
-      const wait = await signInWait(pool, subjects);
-      if (wait > 0) return throttled(r, name, next, wait, 'console sign-in refused: too many wrong tokens, waiting');
-      const access = accessOf(token, tokens);
-      if (!access) {
-        const waitNow = await recordSignInFailure(pool, subjects);
-        if (waitNow > 0) return throttled(r, name, next, waitNow, 'console sign-in refused: wrong admin token, now waiting');
-        deps.metrics?.consoleSignInRefusals.inc({ reason: 'wrong_token' });
-        log.warn({ operator: name, client: r.req.socket.remoteAddress }, 'console sign-in refused: wrong admin token');
+      // While the client or the name waits, no token is looked at: the right one is refused too.
+      const check = await checkToken(pool, tokenSubjects(r.req, name), token, tokens);
+      if ('refused' in check) {
+        deps.metrics?.tokenRefusals.inc({ reason: check.refused, where: 'console' });
+        const client = r.req.socket.remoteAddress;
+        if (check.refused === 'throttled') log.warn({ operator: name, client, waitSeconds: check.wait }, 'console sign-in refused: too many wrong tokens, waiting');
+        else log.warn({ operator: name, client, waitSeconds: check.wait }, 'console sign-in refused: wrong admin token');
+        if (check.wait > 0) {
+          const error = `Too many wrong tokens from here or for this name: try again in ${span(check.wait)}.`;
+          const body = layout(await frame(undefined, 'Sign in', 'none'), signInPage({ error, name, next })).markup;
+          return send(r.res, 429, body, { 'Retry-After': String(check.wait) });
+        }
         return page(r.res, 401, undefined, 'Sign in', 'none', signInPage({ error: 'The admin token is not accepted.', name, next }));
       }
-      await clearSignInFailures(pool, subjects);
+      const access = check.access;
       const signedInWith = tokens.find(([, a]) => a === access)!;
       const { cookie } = await startSession(pool, signedInWith, name, isHttps(r.req), times);
       log.info({ operator: name, access }, 'console sign-in');
@@ -221,13 +223,6 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     } catch (err) {
       await failed(r, undefined, err);
     }
-  }
-
-  async function throttled(r: Request, name: string, next: string | undefined, wait: number, message: string): Promise<void> {
-    deps.metrics?.consoleSignInRefusals.inc({ reason: 'throttled' });
-    log.warn({ operator: name, client: r.req.socket.remoteAddress, waitSeconds: wait }, message);
-    const error = `Too many wrong tokens from here or for this name: try again in ${span(wait)}.`;
-    send(r.res, 429, layout(await frame(undefined, 'Sign in', 'none'), signInPage({ error, name, next })).markup, { 'Retry-After': String(wait) });
   }
 
   /** Ends every console session, this one included; audited, as every action is. */
@@ -249,10 +244,23 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
 
   // ─── pages ───────────────────────────────────────────────────────────────────────────────────────
 
+  /** The charts read the last hours of the fleet's work: shared by every view of this replica for a while,
+   * so a page left to reload (or many operators at once) costs the database one read per CHARTS_FOR_MS. */
+  const CHARTS_FOR_MS = 30_000;
+  let charts: { at: number; read: Promise<Charts> } | undefined;
+  const currentCharts = (now: Date): Promise<Charts> => {
+    if (!charts || now.getTime() - charts.at > CHARTS_FOR_MS) {
+      const read = overviewCharts(pool, now);
+      charts = { at: now.getTime(), read };
+      read.catch(() => charts?.read === read && (charts = undefined));
+    }
+    return charts.read;
+  };
+
   async function overviewView({ res }: Request, session: Session): Promise<void> {
     const now = new Date();
-    const [figures, charts] = await Promise.all([overview(pool, boss, deps.config.stripe), overviewCharts(pool, now)]);
-    await page(res, 200, session, 'Overview', 'overview', overviewPage(figures, now, charts));
+    const [figures, drawn] = await Promise.all([overview(pool, boss, deps.config.stripe), currentCharts(now)]);
+    await page(res, 200, session, 'Overview', 'overview', overviewPage(figures, now, drawn));
   }
 
   const REVIEW_LIMIT = 500;
@@ -368,12 +376,23 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     await page(res, 200, session, 'Requeue stuck', 'stuck', stuckPage({ olderThanMinutes: 10, dryRun: undefined, done, csrfToken: session.csrfToken }));
   }
 
+  let driftRunning = false;
   async function driftView({ url, res }: Request, session: Session): Promise<void> {
     const hours = Number(url.searchParams.get('hours') ?? 24);
     if (!DRIFT_WINDOWS.some(([h]) => h === hours)) throw new HttpError(422, 'invalid_input', 'choose one of the periods offered');
     const run = url.searchParams.get('run') === '1';
     if (run && !gateway) throw new HttpError(409, 'no_evidence', NO_EVIDENCE);
-    const report = run ? await driftReport(pool, gateway!, new Date(Date.now() - hours * 3_600_000)) : undefined;
+    // One run at a time per replica: a run lists Stripe's charges of the period through the shared budget.
+    if (run && driftRunning) throw new HttpError(429, 'busy', 'a drift report is running on this replica: try again when it is done');
+    let report;
+    if (run) {
+      driftRunning = true;
+      try {
+        report = await driftReport(pool, gateway!, new Date(Date.now() - hours * 3_600_000));
+      } finally {
+        driftRunning = false;
+      }
+    }
     await page(res, 200, session, 'Drift report', 'drift', driftPage({ hours, report }));
   }
 

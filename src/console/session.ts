@@ -14,7 +14,7 @@
 import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import type { Pool, Queryable } from '../db/pool.ts';
-import type { Access } from '../http/admin.ts';
+import type { Access } from '../http/tokens.ts';
 
 export const SESSION_COOKIE = 'outboxd_console';
 /** A working day: an operator signs in again the next morning. */
@@ -34,7 +34,7 @@ export interface Session {
 const sha256 = (s: string) => createHash('sha256').update(s).digest();
 
 /** Equal in constant time, whatever the lengths (both sides are hashed to 32 bytes first). */
-export function sameSecret(given: string, expected: string): boolean {
+function sameSecret(given: string, expected: string): boolean {
   return timingSafeEqual(sha256(given), sha256(expected));
 }
 
@@ -43,7 +43,7 @@ export function sameSecret(given: string, expected: string): boolean {
 const fingerprint = (token: string, access: Access) =>
   createHmac('sha256', token).update(access === 'act' ? 'outboxd console session' : 'outboxd console session: read only').digest('hex');
 
-/** How long sessions last: idle, and in all. */
+/** How long a session may go without a page view (it lasts SESSION_TTL_SECONDS at most). */
 export interface SessionTimes {
   idleSeconds: number;
 }

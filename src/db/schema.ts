@@ -239,15 +239,15 @@ export const consoleSessions = outboxd.table('console_sessions', {
   operator: text('operator').notNull(),
   /** Every form that changes something carries it; compared in constant time. */
   csrfToken: text('csrf_token').notNull(),
-  /** HMAC of ADMIN_TOKEN at sign-in. */
+  /** HMAC of the token signed in with (ADMIN_TOKEN, or ADMIN_READONLY_TOKEN under another label). */
   tokenFingerprint: text('token_fingerprint').notNull(),
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
   expiresAt: timestamp('expires_at', { withTimezone: true }).notNull(),
 });
 
 /**
- * Wrong tokens at the console's sign-in, counted per subject (`client:<address>`, `operator:<name>`) for
- * every replica alike (src/console/throttle.ts): past a few within the window, the subject waits, longer
+ * Wrong tokens at the console's sign-in and on the admin API, counted per subject (`client:<address>`,
+ * `operator:<name>`) for every replica alike (src/http/tokens.ts): past a few, the subject waits, longer
  * each time, before any token (the right one too) is looked at again.
  */
 export const consoleSignInFailures = outboxd.table('console_sign_in_failures', {

@@ -60,10 +60,10 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
       labelNames: ['result'],
       registers: r,
     }),
-    consoleSignInRefusals: new Counter({
-      name: 'outboxd_console_sign_in_refusals_total',
-      help: "Console sign-ins refused by this replica: a wrong token, or a client or operator name that must wait after too many (throttled)",
-      labelNames: ['reason'],
+    tokenRefusals: new Counter({
+      name: 'outboxd_token_refusals_total',
+      help: 'Tokens refused by this replica, at the console\'s sign-in or on the admin API: a wrong token, or one not looked at because its client (or operator name) must wait after too many (throttled)',
+      labelNames: ['reason', 'where'],
       registers: r,
     }),
     jobs: new Counter({ name: 'outboxd_jobs_total', help: 'Jobs handled, by result', labelNames: ['result'], registers: r }),

@@ -1,6 +1,5 @@
 // The admin API: the CLI's admin commands as JSON over HTTP, behind a bearer token compared in
 // constant time. No ADMIN_TOKEN configured: these routes do not exist (404).
-import { createHash, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import type { PgBoss } from 'pg-boss';
 import { z } from 'zod';
@@ -16,6 +15,7 @@ import type { PaymentGateway } from '../payments/gateway.ts';
 import { OperationNotFoundError } from '../payments/operation.ts';
 import { reconcileNow } from '../admin/reconcile.ts';
 import { HttpError, readBody, sendJson, type Handler, type Route } from './server.ts';
+import { accessOf, accessTokens, checkToken, tokenSubjects, type Access } from './tokens.ts';
 
 export interface AdminDeps {
   pool: Pool;
@@ -27,40 +27,32 @@ export interface AdminDeps {
   config: Config;
   workerId: string;
   /** The replica's metrics, where the console counts refused sign-ins. */
-  metrics?: Pick<Metrics, 'consoleSignInRefusals'>;
+  metrics?: Pick<Metrics, 'tokenRefusals'>;
 }
 
 /** Why resolve, reconcile and the drift report refuse on a replica without Stripe evidence. */
 export const NO_EVIDENCE =
   'this replica has no Stripe to check evidence against (STRIPE_SECRET_KEY unset, DATABASE_URL set, its emulator knows only its own charges): set STRIPE_SECRET_KEY, or STRIPE_API_BASE to the emulator the workers share';
 
-const digest = (s: string) => createHash('sha256').update(s).digest();
-
-/** What a token may do: `act` (ADMIN_TOKEN) or only `read` (ADMIN_READONLY_TOKEN). */
-export type Access = 'act' | 'read';
-
-/** The tokens a deployment accepts; none: the admin API and the console do not exist. */
-export function accessTokens(config: Config): [token: string, access: Access][] {
-  const { token, readonlyToken } = config.admin;
-  return [
-    ...(token ? [[token, 'act'] as [string, Access]] : []),
-    ...(readonlyToken ? [[readonlyToken, 'read'] as [string, Access]] : []),
-  ];
-}
-
-/** The access `given` grants, compared with every token in constant time (equal-length digests). */
-export function accessOf(given: string, tokens: [string, Access][]): Access | undefined {
-  let access: Access | undefined;
-  for (const [token, grants] of tokens) if (timingSafeEqual(digest(given), digest(token))) access = grants;
-  return access;
-}
-
-function authorize(req: IncomingMessage, tokens: [string, Access][], needs: Access): void {
+/** The caller's token, under the client's throttle: a read, or an action (only ADMIN_TOKEN acts). */
+async function authorize(pool: Pool, req: IncomingMessage, tokens: [string, Access][], needs: Access, metrics: AdminDeps['metrics']): Promise<void> {
   const m = /^Bearer (\S+)$/.exec(String(req.headers.authorization ?? ''));
   if (!m) throw new HttpError(401, 'unauthorized', 'Authorization: Bearer <ADMIN_TOKEN> is required');
-  const access = accessOf(m[1]!, tokens);
-  if (!access) throw new HttpError(403, 'forbidden', 'token not accepted');
-  if (needs === 'act' && access === 'read') throw new HttpError(403, 'read_only', 'this token reads only: it may not change anything');
+  let check;
+  try {
+    check = await checkToken(pool, tokenSubjects(req), m[1]!, tokens);
+  } catch (err) {
+    // The throttle could not be read (the database is down): nobody gets in, and only a token holder is
+    // told why, as for any other failure behind the token.
+    if (accessOf(m[1]!, tokens)) throw new HttpError(500, 'internal', (err as Error).message, { cause: err });
+    throw err;
+  }
+  if ('refused' in check) {
+    metrics?.tokenRefusals.inc({ reason: check.refused, where: 'admin_api' });
+    if (check.wait > 0) throw new HttpError(429, 'throttled', `too many wrong tokens from this client: try again in ${check.wait} s`, { retryAfterSeconds: check.wait });
+    throw new HttpError(403, 'forbidden', 'token not accepted');
+  }
+  if (needs === 'act' && check.access === 'read') throw new HttpError(403, 'read_only', 'this token reads only: it may not change anything');
 }
 
 async function jsonBody<T>(req: IncomingMessage, schema: z.ZodType<T>): Promise<T> {
@@ -107,7 +99,7 @@ export function adminRoutes(deps: AdminDeps): Route[] {
   const guarded =
     (handler: Handler, needs: Access = 'act'): Handler =>
     async (r) => {
-      authorize(r.req, tokens, needs);
+      await authorize(deps.pool, r.req, tokens, needs, deps.metrics);
       try {
         await handler(r);
       } catch (err) {

@@ -25,10 +25,13 @@ export interface HttpServer {
 export class HttpError extends Error {
   readonly status: number;
   readonly code: string;
-  constructor(status: number, code: string, message: string, options?: ErrorOptions) {
+  /** Sent as Retry-After (a 429's wait). */
+  readonly retryAfterSeconds: number | undefined;
+  constructor(status: number, code: string, message: string, options?: ErrorOptions & { retryAfterSeconds?: number }) {
     super(message, options);
     this.status = status;
     this.code = code;
+    this.retryAfterSeconds = options?.retryAfterSeconds;
   }
 }
 
@@ -104,6 +107,7 @@ function answerError(req: IncomingMessage, res: ServerResponse, err: unknown, lo
   }
   // The rest of an oversized body is not worth reading: close rather than keep the connection.
   if (status === 413) res.setHeader('Connection', 'close');
+  if (err instanceof HttpError && err.retryAfterSeconds !== undefined) res.setHeader('Retry-After', String(err.retryAfterSeconds));
   if (err instanceof HttpError) return sendJson(res, status, { error: err.code, message: err.message });
   sendJson(res, 500, { error: 'internal', message: 'internal error' });
 }

@@ -589,12 +589,13 @@ function build(schema: string) {
        returning expires_at`,
     ),
 
-    /** A live session begun with a token in force now (one of `fingerprints`): its idle end moves on. */
+    /** A live session begun with a token in force now (one of `fingerprints`), within ttlSeconds of its
+     * start: its idle end moves on. */
     touchConsoleSession: statement<[id: string, fingerprints: string[], ttlSeconds: number, idleSeconds: number]>(
       'outboxd_touch_console_session',
       `update ${s}.console_sessions
        set expires_at = least(created_at + make_interval(secs => $3), now() + make_interval(secs => $4))
-       where id = $1 and token_fingerprint = any($2::text[]) and expires_at > now()
+       where id = $1 and token_fingerprint = any($2::text[]) and expires_at > now() and created_at + make_interval(secs => $3) > now()
        returning operator, csrf_token, token_fingerprint, expires_at`,
     ),
 
@@ -608,45 +609,51 @@ function build(schema: string) {
       `delete from ${s}.console_sessions`,
     ),
 
-    /** How long the subjects must still wait before a token is looked at (null: they need not). */
-    signInWait: statement<[subjects: string[]]>(
-      'outboxd_sign_in_wait',
-      `select ceil(extract(epoch from max(blocked_until) - now()))::int as wait_seconds
-       from ${s}.console_sign_in_failures where subject = any($1::text[]) and blocked_until > now()`,
+    /** Each subject's row, made if missing (a statement of its own: the lock's snapshot must see it). */
+    ensureSignInSubjects: statement<[subjects: string[]]>(
+      'outboxd_ensure_sign_in_subjects',
+      `insert into ${s}.console_sign_in_failures (subject, failures) select unnest($1::text[]), 0
+       on conflict (subject) do nothing`,
+    ),
+
+    /** Each subject's row, locked for the rest of the transaction, with the seconds it must still wait. */
+    lockSignInSubjects: statement<[subjects: string[]]>(
+      'outboxd_lock_sign_in_subjects',
+      `select subject, greatest(0, ceil(extract(epoch from blocked_until - now())))::int as wait_seconds
+       from ${s}.console_sign_in_failures where subject = any($1::text[])
+       order by subject for update`,
     ),
 
     /**
-     * A wrong token, counted for each subject within a window of windowSeconds; from the limit-th on,
-     * the subject waits blockSeconds, doubled with each further failure, up to maxBlockSeconds.
+     * A wrong token, counted for each (locked) subject while its failures are recent: the first within
+     * windowSeconds, or a wait that ended within it. From the limit-th on, the subject waits
+     * blockSeconds, doubled with each further failure, up to maxBlockSeconds.
      */
     recordSignInFailure: statement<[subjects: string[], limit: number, windowSeconds: number, blockSeconds: number, maxBlockSeconds: number]>(
       'outboxd_record_sign_in_failure',
       (() => {
-        const fresh = `f.first_failed_at > now() - make_interval(secs => $3)`;
-        const failures = `(case when ${fresh} then f.failures + 1 else 1 end)`;
-        return `insert into ${s}.console_sign_in_failures as f (subject, failures)
-       select unnest($1::text[]), 1
-       on conflict (subject) do update set
+        const window = `now() - make_interval(secs => $3::float8)`;
+        const recent = `(f.failures > 0 and (f.first_failed_at > ${window} or f.blocked_until > ${window}))`;
+        const failures = `(case when ${recent} then f.failures + 1 else 1 end)`;
+        return `update ${s}.console_sign_in_failures f set
          failures = ${failures},
-         first_failed_at = case when ${fresh} then f.first_failed_at else now() end,
+         first_failed_at = case when ${recent} then f.first_failed_at else now() end,
          blocked_until = case when ${failures} >= $2::int
-           then now() + make_interval(secs => least($4::float8 * power(2, ${failures} - $2::int), $5::float8))
+           then now() + make_interval(secs => least($4::float8 * power(2, least(${failures} - $2::int, 16)), $5::float8))
            else f.blocked_until end
-       returning subject, failures, blocked_until`;
+       where f.subject = any($1::text[])
+       returning greatest(0, ceil(extract(epoch from f.blocked_until - now())))::int as wait_seconds`;
       })(),
     ),
 
-    clearSignInFailures: statement<[subjects: string[]]>(
-      'outboxd_clear_sign_in_failures',
-      `delete from ${s}.console_sign_in_failures where subject = any($1::text[])`,
-    ),
-
-    /** Failures outside their window and no longer waiting: they count for nothing any more. */
+    /** Subjects whose failures count for nothing any more: none within the window, no wait that ended within it. */
     pruneSignInFailures: statement<[windowSeconds: number]>(
       'outboxd_prune_sign_in_failures',
       `delete from ${s}.console_sign_in_failures
-       where first_failed_at < now() - make_interval(secs => $1) and (blocked_until is null or blocked_until < now())`,
+       where first_failed_at < now() - make_interval(secs => $1::float8)
+         and (blocked_until is null or blocked_until < now() - make_interval(secs => $1::float8))`,
     ),
+
 
     pruneConsoleSessions: statement<[]>(
       'outboxd_prune_console_sessions',
@@ -693,13 +700,15 @@ function build(schema: string) {
          interval '1 minute') as minute`,
     ),
 
-    /** Calls sent to Stripe (any kind, any call) and the 429s that answered them, from the timeline. */
-    stripeCallsByMinute: statement<[from: Date]>(
-      'outboxd_stripe_calls_by_minute',
-      `select date_trunc('minute', at) as minute,
-         count(*) filter (where type = 'sent')::int as calls,
-         count(*) filter (where type = 'outcome' and details->>'outcome' = 'rate_limited')::int as rate_limited
-       from ${s}.operation_events where at >= $1 and type in ('sent', 'outcome')
+    /**
+     * Gateway calls with an outcome (any kind, any call) but those the budget never sent (their recorded
+     * error matches $2), and the ones among them that were answered rate-limited (a 429), from the timeline.
+     */
+    gatewayCallsByMinute: statement<[from: Date, notSent: string]>(
+      'outboxd_gateway_calls_by_minute',
+      `select date_trunc('minute', at) as minute, count(*)::int as calls,
+         count(*) filter (where details->>'outcome' = 'rate_limited')::int as rate_limited
+       from ${s}.operation_events where at >= $1 and type = 'outcome' and coalesce(details->>'error', '') not like $2
        group by 1`,
     ),
 

@@ -64,8 +64,8 @@ function chartsSection(c: Charts, budget: Overview['budget']): Safe {
       lines: [{ name: 'p50', cls: 's-p50', values: c.p50Ms }, { name: 'p95', cls: 's-p95', values: c.p95Ms }] })}
     ${timeChart({ title: 'Oldest unsettled operation', from: c.from, format: age, empty: 'nothing waited a minute',
       lines: [{ name: 'age', cls: 's-warn', values: c.oldestUnsettled }] })}
-    ${timeChart({ title: 'Stripe calls per minute', from: c.from, format: count, empty: 'no call to Stripe',
-      bars: [{ name: 'answered', cls: 's-info', values: c.stripeCalls.map((n, i) => n - c.rateLimited[i]!) }, { name: '429', cls: 's-bad', values: c.rateLimited }],
+    ${timeChart({ title: 'Gateway calls per minute', from: c.from, format: count, empty: 'no call made',
+      bars: [{ name: 'answered', cls: 's-info', values: c.gatewayCalls.map((n, i) => n - c.rateLimited[i]!) }, { name: '429', cls: 's-bad', values: c.rateLimited }],
       limit: perMinute === undefined ? undefined : { value: perMinute, label: `budget ${count(perMinute)}/min` } })}
   </div>
 </section>`;

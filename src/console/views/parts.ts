@@ -31,25 +31,18 @@ const DASHBOARD_PATHS: [prefix: string, path: string][] = [
   ['pi_', 'payments'],
   ['re_', 'refunds'],
   ['cus_', 'customers'],
-  ['acct_', 'connect/accounts'],
 ];
 
-/**
- * The dashboard's page of a Stripe object: `dashboard` is the account's dashboard (with `/test` in
- * test mode); an object of a connected account lives under that account's path.
- */
-export function dashboardUrl(dashboard: string, id: string, account?: string | null): string | undefined {
+/** The dashboard's page of a Stripe object: `dashboard` is the account's dashboard (with `/test` in test mode). */
+export function dashboardUrl(dashboard: string, id: string): string | undefined {
   const path = DASHBOARD_PATHS.find(([prefix]) => id.startsWith(prefix))?.[1];
-  if (!path) return undefined;
-  const base = new URL(dashboard);
-  const scope = account ? `/${encodeURIComponent(account)}` : '';
-  return `${base.origin}${scope}${base.pathname.replace(/\/$/, '')}/${path}/${encodeURIComponent(id)}`;
+  return path ? `${dashboard}/${path}/${encodeURIComponent(id)}` : undefined;
 }
 
 /** A Stripe object's id, linking to its page in the dashboard (a new tab) when a real account is configured. */
-export function stripeLink(id: string | null, dashboard: string | undefined, account?: string | null): Fragment {
+export function stripeLink(id: string | null, dashboard: string | undefined): Fragment {
   if (!id) return html`<span class="muted">—</span>`;
-  const href = dashboard ? dashboardUrl(dashboard, id, account) : undefined;
+  const href = dashboard ? dashboardUrl(dashboard, id) : undefined;
   return href
     ? html`<a class="mono" href="${href}" rel="noopener noreferrer" target="_blank" title="Open in Stripe's dashboard (a new tab)">${id}</a>`
     : html`<span class="mono">${id}</span>`;
