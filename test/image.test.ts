@@ -118,7 +118,9 @@ describe.skipIf(!engine)('the container image as shipped', () => {
     const base = await exec('bash', [path.join(ROOT, 'deploy/base-image/build.sh'), BASE], { cwd: ROOT, maxBuffer: 16 * 1024 * 1024 });
     console.log(base.stdout.trim());
     const t0 = Date.now();
-    await exec('docker', ['build', '--network', 'host', '-f', 'deploy/Dockerfile', '-t', IMAGE, '.'], { cwd: ROOT, maxBuffer: 64 * 1024 * 1024 });
+    // A proxy the machine's npm and apt go through, handed to the build as Docker's predefined build args.
+    const proxies = ['http_proxy', 'https_proxy', 'no_proxy', 'HTTP_PROXY', 'HTTPS_PROXY', 'NO_PROXY'].filter((k) => process.env[k]).flatMap((k) => ['--build-arg', `${k}=${process.env[k]}`]);
+    await exec('docker', ['build', '--network', 'host', ...proxies, '-f', 'deploy/Dockerfile', '-t', IMAGE, '.'], { cwd: ROOT, maxBuffer: 64 * 1024 * 1024 });
     console.log(`docker build: ${((Date.now() - t0) / 1000).toFixed(0)} s`);
   }, 30 * 60_000);
 
@@ -174,7 +176,7 @@ describe.skipIf(!engine)('the container image as shipped', () => {
     expect(Date.now() - t0).toBeLessThan(grace * 1000);
     expect(await inspect(worker, '{{.State.ExitCode}}')).toBe('0');
     expect((await logLines(worker)).some((l) => l.msg === 'worker stopped')).toBe(true);
-  });
+  }, 240_000);
 
   it('compose’s services by their command and environment (.env.example, then compose’s own): migrate, three workers, a backlog; docker kill of one loses nothing; the others stop with exit 0', async () => {
     const { url, client } = await database('image_compose');
@@ -228,5 +230,5 @@ describe.skipIf(!engine)('the container image as shipped', () => {
     await docker('stop', '-t', String(grace), workers[1]!, workers[2]!);
     for (const w of workers.slice(1)) expect(await inspect(w, '{{.State.ExitCode}}')).toBe('0');
     expect(await inspect(workers[0]!, '{{.State.ExitCode}}')).toBe('137');
-  });
+  }, 420_000);
 });

@@ -352,7 +352,7 @@ describe('the packed package in a fresh application', () => {
 
     worker.signal('SIGTERM');
     await waitUntil(() => worker.lines.some((l) => l.msg === 'worker stopped'), 20_000, 'the worker drains and stops');
-  });
+  }, 120_000);
 
   it('`npx outboxd migrate` upgrades a database the release created, without losing a row', async () => {
     const { url, client } = await database('packed_upgrade');
@@ -416,7 +416,7 @@ describe('the installed bin', () => {
     await checkConsole(`http://127.0.0.1:${httpPort}`, token);
     worker.signal('SIGTERM');
     await waitUntil(() => worker.lines.some((l) => l.msg === 'worker stopped'), 20_000, 'the worker drains and stops');
-  });
+  }, 120_000);
 
   it('`npx outboxd stripe-emulator` runs from the installed package and confirms a PaymentIntent', async () => {
     const port = await freePort();
@@ -433,6 +433,6 @@ describe('the installed bin', () => {
     expect(emulator.exitCode(), JSON.stringify(emulator.lines.slice(-3))).toBeUndefined();
     expect(await create()).toMatchObject({ object: 'payment_intent', status: 'succeeded', amount: 700 });
     emulator.signal('SIGTERM');
-  });
+  }, 120_000);
 });
 
