@@ -170,12 +170,21 @@ describe.skipIf(!engine)('the container image as shipped', () => {
     // The image's HEALTHCHECK (every 15 s) against /healthz.
     await waitUntil(async () => (await inspect(worker, '{{.State.Health.Status}}')) === 'healthy', 90_000, 'the HEALTHCHECK to report healthy');
 
+    // docker stop while a charge is in flight (the emulator holds it 4 s): tini hands SIGTERM to node, the
+    // call finishes and is recorded, then the worker exits 0, all before compose's stop_grace_period.
+    await fetch(`${emulator}/_emulator/faults`, { method: 'POST', body: JSON.stringify({ fault: { kind: 'latency', ms: 4000 }, endpoint: 'create' }) });
+    const inFlight = JSON.parse(
+      await runOnce({ DATABASE_URL: url }, ['order', 'confirm', '--order-id', 'image-2', '--amount', '1600', '--currency', 'eur', '--customer', 'cus_image', '--payment-method', 'pm_card_visa', '--json']),
+    );
+    const attempted = async () => (await client.query(`select first_attempted_at from outboxd.payment_operations where id = $1`, [inFlight.operationId])).rows[0].first_attempted_at;
+    await waitUntil(attempted, 30_000, 'the second charge sent');
     const grace = Number(compose.services.worker.stop_grace_period.replace(/s$/, ''));
     const t0 = Date.now();
     await docker('stop', '-t', String(grace), worker);
     expect(Date.now() - t0).toBeLessThan(grace * 1000);
     expect(await inspect(worker, '{{.State.ExitCode}}')).toBe('0');
-    expect((await logLines(worker)).some((l) => l.msg === 'worker stopped')).toBe(true);
+    expect((await logLines(worker)).find((l) => l.msg === 'worker stopped')).toMatchObject({ finished: true });
+    expect((await client.query(`select status from outboxd.payment_operations where id = $1`, [inFlight.operationId])).rows[0].status).toBe('succeeded');
   }, 240_000);
 
   it('compose’s services by their command and environment (.env.example, then compose’s own): migrate, three workers, a backlog; docker kill of one loses nothing; the others stop with exit 0', async () => {
