@@ -11,13 +11,15 @@ import { Job } from 'kubernetes-models/batch/v1';
 import { PodDisruptionBudget } from 'kubernetes-models/policy/v1';
 import { HorizontalPodAutoscaler } from 'kubernetes-models/autoscaling/v2';
 import { Ingress } from 'kubernetes-models/networking.k8s.io/v1';
-import { parseAllDocuments } from 'yaml';
+import { Ajv2020 } from 'ajv/dist/2020.js';
+import { parse, parseAllDocuments } from 'yaml';
 import { describe, expect, it } from 'vitest';
 import { envSchema, loadConfig } from '../src/config.ts';
 import { PROBES } from '../src/dispatcher/worker.ts';
 import { webhookRoutes } from '../src/http/webhooks.ts';
 import { createLogger } from '../src/log.ts';
 import { DEPLOYED_NODE_ARGS, DEPLOYED_NODE_OPTIONS } from '../scripts/lib/world.ts';
+import { RUN_AS_USER, WORKER_TMP } from './support/hardening.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '..');
 const read = (p: string) => readFileSync(path.join(ROOT, p), 'utf8');
@@ -127,6 +129,48 @@ describe('deploy manifests', () => {
     expect(compose.services.worker.stop_grace_period).toBe('40s');
   });
 
+  it('compose.yaml validates against the Compose Specification’s JSON schema (vendored, test/vendor/compose-spec)', () => {
+    const schema = JSON.parse(read('test/vendor/compose-spec/compose-spec.json'));
+    const validate = new Ajv2020({ allErrors: true, strict: false }).compile(schema);
+    // As Compose reads it: YAML merge keys (`<<: *outboxd`) resolved.
+    const composed = parse(read('deploy/compose.yaml'), { merge: true });
+    expect(validate(composed), JSON.stringify(validate.errors)).toBe(true);
+    expect(composed.services.worker.image).toBe('outboxd:latest');
+    // The schema refuses what Compose refuses.
+    expect(validate({ ...composed, services: { ...composed.services, worker: { ...composed.services.worker, stop_grace_period: 40, replicas: 3 } } })).toBe(false);
+    expect(validate({ ...composed, services: { ...composed.services, migrate: { ...composed.services.migrate, env_file: [{ required: false }] } } })).toBe(false);
+  });
+
+  it('every pod runs as the image’s user, read-only, every capability dropped, as test/image.test.ts runs the image', () => {
+    const image = read('deploy/Dockerfile');
+    expect(image).toMatch(/^USER node$/m);
+    for (const workload of [deployment, job]) {
+      const pod = workload.spec.template.spec;
+      expect(pod.securityContext, workload.kind).toMatchObject({ runAsNonRoot: true, runAsUser: RUN_AS_USER, runAsGroup: RUN_AS_USER });
+      for (const container of pod.containers) {
+        expect(container.securityContext, `${workload.kind} ${container.name}`).toEqual({
+          allowPrivilegeEscalation: false,
+          readOnlyRootFilesystem: true,
+          capabilities: { drop: ['ALL'] },
+        });
+      }
+    }
+    // The one writable path the worker is given, as the container test gives it (a tmpfs).
+    const mounts = worker.volumeMounts.map((m: { mountPath: string }) => m.mountPath);
+    expect(mounts).toEqual([WORKER_TMP]);
+    expect(job.spec.template.spec.containers[0].volumeMounts).toBeUndefined();
+  });
+
+  it('every probe is an HTTP GET on the worker port, at a path the image serves (its HEALTHCHECK too)', () => {
+    const served = Object.values(PROBES) as string[];
+    for (const probe of [worker.readinessProbe, worker.livenessProbe]) {
+      expect(probe.httpGet.port).toBe('http');
+      expect(served).toContain(probe.httpGet.path);
+    }
+    const healthcheck = read('deploy/Dockerfile').match(/^HEALTHCHECK .*\n\s*CMD .*'\/(\w+)'/m);
+    expect(healthcheck?.[1] && `/${healthcheck[1]}`).toBe(worker.livenessProbe.httpGet.path);
+  });
+
   it('every env var named in deploy/ is one the config module reads, and .env.example lists them all', () => {
     const named = new Set<string>([
       ...Object.keys(byKind('ConfigMap')[0]!.data),
@@ -145,7 +189,11 @@ describe('deploy manifests', () => {
   it('the image, the migration Job and compose run the CLI the README documents', () => {
     const dockerfile = read('deploy/Dockerfile');
     const readme = read('README.md');
-    expect(dockerfile).toMatch(/^FROM node:24-slim/m);
+    // Every stage on one base, node:24-slim unless the build names another (deploy/base-image/build.sh).
+    expect(dockerfile).toMatch(/^ARG NODE_IMAGE=node:24-slim$/m);
+    expect([...dockerfile.matchAll(/^FROM (\S+)/gm)].map((m) => m[1])).toEqual(['${NODE_IMAGE}', '${NODE_IMAGE}', '${NODE_IMAGE}']);
+    // TypeScript 7's compiler is an optional dependency: the build stage keeps optional dependencies.
+    expect(dockerfile.split(/^FROM /m)[1]).not.toContain('--omit=optional');
     expect(dockerfile).toMatch(/npm ci --omit=dev/);
     // The image runs the compiled package, as an application that installs it does.
     expect(dockerfile).toMatch(/^RUN npm run build$/m);

@@ -4,12 +4,14 @@
 // make databases. One pack and install for the file (about 15–25 s), shared by its tests.
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { checkConsole } from './support/consoleCheck.ts';
 import { createEmptyDatabase } from '../scripts/lib/database.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 import { startEmulator, TEST_KEY, type RunningEmulator } from './support/emulator.ts';
@@ -172,6 +174,7 @@ void RefundRefused, EffectFailed;
 `;
 
 let app: string;
+let packed: { size: number; unpackedSize: number; files: { path: string }[] };
 let emu: RunningEmulator;
 const children: ChildProcess[] = [];
 const drops: (() => Promise<void>)[] = [];
@@ -179,7 +182,9 @@ const drops: (() => Promise<void>)[] = [];
 beforeAll(async () => {
   const work = await mkdtemp(path.join(tmpdir(), 'outboxd-package-'));
   // prepack builds dist/ with tsc; --ignore-scripts would skip it, so it stays on.
-  await exec('npm', ['pack', '--pack-destination', work, '--silent'], { cwd: ROOT });
+  // --json: the same report as `npm pack --dry-run --json` (files, sizes), of the tarball installed below.
+  const { stdout } = await exec('npm', ['pack', '--pack-destination', work, '--json'], { cwd: ROOT });
+  packed = JSON.parse(stdout)[0];
   const tarball = (await readdir(work)).find((f) => f.endsWith('.tgz'))!;
   app = path.join(work, 'app');
   await mkdir(app);
@@ -240,8 +245,8 @@ const env = (url: string) => ({
 const npx = (url: string, ...args: string[]) => exec('npx', ['--no', 'outboxd', ...args], { cwd: app, env: env(url) });
 
 /** A long-running process in the application's folder (its own process group), with its output lines. */
-function start(url: string, command: string, args: string[]) {
-  const proc = spawn(command, args, { cwd: app, env: env(url), detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+function start(url: string, command: string, args: string[], extraEnv: NodeJS.ProcessEnv = {}) {
+  const proc = spawn(command, args, { cwd: app, env: { ...env(url), ...extraEnv }, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
   children.push(proc);
   const lines: Record<string, any>[] = [];
   const read = (stream: NodeJS.ReadableStream) =>
@@ -254,9 +259,10 @@ function start(url: string, command: string, args: string[]) {
     });
   read(proc.stdout!);
   read(proc.stderr!);
-  const exited = new Promise<number | null>((resolve) => proc.once('exit', (code) => resolve(code)));
+  let exitCode: number | null | undefined;
+  const exited = new Promise<number | null>((resolve) => proc.once('exit', (code) => resolve((exitCode = code))));
   // To the whole group: npx exits on SIGTERM without waiting for the command it runs.
-  return { proc, lines, exited, signal: (s: NodeJS.Signals) => process.kill(-proc.pid!, s) };
+  return { proc, lines, exited, exitCode: () => exitCode, signal: (s: NodeJS.Signals) => process.kill(-proc.pid!, s) };
 }
 
 describe('the packed package in a fresh application', () => {
@@ -346,7 +352,7 @@ describe('the packed package in a fresh application', () => {
 
     worker.signal('SIGTERM');
     await waitUntil(() => worker.lines.some((l) => l.msg === 'worker stopped'), 20_000, 'the worker drains and stops');
-  });
+  }, 120_000);
 
   it('`npx outboxd migrate` upgrades a database the release created, without losing a row', async () => {
     const { url, client } = await database('packed_upgrade');
@@ -358,3 +364,75 @@ describe('the packed package in a fresh application', () => {
     expect(await dumpTables(client, 'outboxd')).toMatchObject(before);
   });
 });
+
+describe('what the tarball holds', () => {
+  it('every file under src/ that is not TypeScript (read at run time) ships under dist/ at the same path', async () => {
+    const assets = (await readdir(path.join(ROOT, 'src'), { recursive: true, withFileTypes: true }))
+      .filter((e) => e.isFile() && !e.name.endsWith('.ts'))
+      .map((e) => path.relative(path.join(ROOT, 'src'), path.join(e.parentPath, e.name)));
+    expect(assets).toContain(path.join('console', 'assets', 'console.css'));
+    const files = new Set(packed.files.map((f) => f.path));
+    for (const asset of assets) expect(files, asset).toContain(`dist/${asset.split(path.sep).join('/')}`);
+  });
+
+  it('holds no tests, fixtures, screenshots or sources, and reports its size', () => {
+    const files = packed.files.map((f) => f.path);
+    const stray = files.filter((f) => /(^|\/)(test|tests|__tests__|fixtures|screenshots|src|bench|scripts|examples)\//.test(f) || /\.(test|spec)\.[cm]?[jt]s$/.test(f) || /\.(png|jpe?g|gif|webp|tgz)$/i.test(f));
+    expect(stray).toEqual([]);
+    expect(files).toContain('dist/index.js');
+    expect(files).toContain('dist/index.d.ts');
+    expect(files).toContain('bin/outboxd.js');
+    expect(files).toContain('drizzle/meta/_journal.json');
+    console.log(`npm pack: ${files.length} files, ${(packed.size / 1024).toFixed(0)} kB packed, ${(packed.unpackedSize / 1024).toFixed(0)} kB unpacked`);
+    // A sanity bound only (a stray node_modules or data dump would be megabytes), not a budget.
+    expect(packed.size).toBeLessThan(5 * 1024 * 1024);
+  });
+});
+
+/** A port nothing listens on now, for a process that must be told its port before it starts. */
+async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as { port: number };
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+describe('the installed bin', () => {
+  it('`outboxd --version` is package.json’s version', async () => {
+    const { version } = JSON.parse(await readFile(path.join(ROOT, 'package.json'), 'utf8'));
+    const { stdout } = await exec('npx', ['--no', '--', 'outboxd', '--version'], { cwd: app });
+    expect(stdout.trim()).toBe(version);
+  });
+
+  it('`npx outboxd worker` with ADMIN_TOKEN serves the console: sign-in page, its CSS and script, a session', async () => {
+    const { url } = await database('packed_console');
+    await npx(url, 'migrate');
+    const token = 'packed-admin-token-'.padEnd(40, 'x');
+    const worker = start(url, 'npx', ['--no', 'outboxd', 'worker'], { ADMIN_TOKEN: token });
+    await waitUntil(() => worker.lines.some((l) => l.msg === 'worker ready') || worker.exitCode() !== undefined, 30_000, 'the worker');
+    expect(worker.exitCode(), JSON.stringify(worker.lines.slice(-3))).toBeUndefined();
+    const { httpPort } = worker.lines.find((l) => l.msg === 'worker ready')!;
+    await checkConsole(`http://127.0.0.1:${httpPort}`, token);
+    worker.signal('SIGTERM');
+    await waitUntil(() => worker.lines.some((l) => l.msg === 'worker stopped'), 20_000, 'the worker drains and stops');
+  }, 120_000);
+
+  it('`npx outboxd stripe-emulator` runs from the installed package and confirms a PaymentIntent', async () => {
+    const port = await freePort();
+    // With DATABASE_URL set the ledger is the process's own (the embedded database is optional, not installed here).
+    const { url } = await database('packed_emulator');
+    const emulator = start(url, 'npx', ['--no', 'outboxd', 'stripe-emulator', '--port', String(port)]);
+    const create = () =>
+      fetch(`http://127.0.0.1:${port}/v1/payment_intents`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${TEST_KEY}`, 'content-type': 'application/x-www-form-urlencoded', 'idempotency-key': 'packed-emulator-1' },
+        body: new URLSearchParams({ amount: '700', currency: 'eur', customer: 'cus_x', payment_method: 'pm_card_visa', confirm: 'true', off_session: 'true' }),
+      }).then((r) => r.json() as Promise<Record<string, unknown>>, () => undefined);
+    await waitUntil(async () => (await create()) !== undefined || emulator.exitCode() !== undefined, 30_000, 'the emulator');
+    expect(emulator.exitCode(), JSON.stringify(emulator.lines.slice(-3))).toBeUndefined();
+    expect(await create()).toMatchObject({ object: 'payment_intent', status: 'succeeded', amount: 700 });
+    emulator.signal('SIGTERM');
+  }, 120_000);
+});
+
