@@ -1,0 +1,69 @@
+// outboxd's own statements wait for an application's lock a few seconds at most (lock_timeout), on its
+// direct connections and behind a pooler alike, without a startup parameter and without touching the
+// settings of the application's own session.
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createPool, LOCK_TIMEOUT_MS, withClient, type Pool } from '../src/db/pool.ts';
+import { Outboxd } from '../src/outboxd.ts';
+import { createTestDatabase, inAppTransaction, type TestDb } from './support/db.ts';
+import { confirm } from './support/fixtures.ts';
+
+let t: TestDb;
+let appPool: pg.Pool;
+const pools: Pool[] = [];
+beforeAll(async () => {
+  t = await createTestDatabase();
+  appPool = new pg.Pool({ connectionString: t.url, max: 2 });
+});
+afterAll(async () => {
+  for (const p of pools) await p.end();
+  await appPool.end();
+  await t.close();
+});
+
+const open = (pooled: boolean) => {
+  const pool = createPool(t.url, { schema: t.schema, max: 1, applicationName: 'timeouts-under-test', pooled });
+  pools.push(pool);
+  return pool;
+};
+
+describe.each([
+  ['on a direct connection', false],
+  ['behind a pooler (no session setting)', true],
+])('outboxd’s statements %s', (_, pooled) => {
+  it('fail after the lock timeout behind an application’s row lock, instead of waiting for its transaction', async () => {
+    const pool = open(pooled);
+    const id = await confirm(t, { orderId: `timeouts-${pooled}` });
+    const holder = await appPool.connect();
+    try {
+      await holder.query('begin');
+      await holder.query(`select id from "${t.schema}".payment_operations where id = $1 for update`, [id]);
+      const started = Date.now();
+      const outcome = await Promise.race([
+        pool.query(pool.sql.flagFromOutside(id, 'checked while the application holds the row')).then(() => 'done', (err: { code?: string }) => err.code),
+        new Promise((resolve) => setTimeout(() => resolve('still waiting after 30 s'), 30_000)),
+      ]);
+      expect(outcome).toBe('55P03');
+      expect(Date.now() - started).toBeGreaterThanOrEqual(LOCK_TIMEOUT_MS - 100);
+    } finally {
+      await holder.query('rollback');
+      holder.release();
+    }
+    // Behind a pooler the session itself is left as it was: the timeout was its transaction's.
+    const { rows } = await withClient(pool, (client) => client.query('show lock_timeout'));
+    expect(rows[0].lock_timeout).toBe(pooled ? '0' : `${LOCK_TIMEOUT_MS / 1000}s`);
+  }, 60_000);
+});
+
+it('requestCharge leaves the application’s session settings as they were', async () => {
+  const app = new Outboxd({ connectionString: t.url, schema: t.schema });
+  try {
+    const settings = await inAppTransaction(appPool, async (client) => {
+      await app.requestCharge(client, { orderId: 'timeouts-app', amount: 100, currency: 'eur', customer: 'cus_1', paymentMethod: 'pm_card_visa' });
+      return (await client.query(`select current_setting('lock_timeout') as lock, current_setting('statement_timeout') as statement`)).rows[0];
+    });
+    expect(settings).toEqual({ lock: '0', statement: '0' });
+  } finally {
+    await app.stop();
+  }
+});
