@@ -103,6 +103,19 @@ describe('through PgBouncer 1.18 in transaction mode', () => {
     expect((await app.getOperation(effect.operationId))?.result).toEqual({ noted: { hello: 'pooler' } });
     await waitUntil(() => settled.some((s) => s.operationId === effect.operationId), 60_000, 'the effect’s settlement');
 
+    // The replica and the subscription LISTEN on the direct URL (a pooler would lose the session).
+    const listeners = async () =>
+      (
+        await t.pool.query(
+          `select application_name from pg_stat_activity
+           where datname = current_database() and (query like 'LISTEN%' or query like '%pg_listening_channels%') order by 1`,
+        )
+      ).rows.map((r) => r.application_name);
+    await waitUntil(async () => {
+      const names = await listeners();
+      return names.includes('outboxd-boss-worker') && names.includes('outboxd-boss-subscriber');
+    }, 30_000, 'the LISTEN sessions on the direct URL');
+
     // Nothing the replica did failed on the pooler, and PgBouncer refused no startup parameter.
     const failures = replica.logs.filter((l) => typeof l.level === 'number' && l.level >= 50);
     expect(failures).toEqual([]);

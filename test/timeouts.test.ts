@@ -1,6 +1,7 @@
 // outboxd's own statements wait for an application's lock a few seconds at most (lock_timeout), on its
 // direct connections and behind a pooler alike, without a startup parameter and without touching the
 // settings of the application's own session.
+import net from 'node:net';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createPool, LOCK_TIMEOUT_MS, withClient, type Pool } from '../src/db/pool.ts';
@@ -67,3 +68,38 @@ it('requestCharge leaves the application’s session settings as they were', asy
     await app.stop();
   }
 });
+
+it('a statement whose answer never comes (a peer gone silent) gives its connection up, and the pool reconnects', async () => {
+  // A TCP relay to PostgreSQL that can go silent: bytes stop flowing both ways, and nobody closes anything.
+  const target = new URL(t.url);
+  const relayed: net.Socket[] = [];
+  let silent = false;
+  const relay = net.createServer((client) => {
+    const server = net.connect(Number(target.port), target.hostname);
+    relayed.push(client, server);
+    client.on('data', (d) => silent || server.write(d));
+    server.on('data', (d) => silent || client.write(d));
+    client.on('error', () => {});
+    server.on('error', () => {});
+  });
+  await new Promise<void>((resolve) => relay.listen(0, '127.0.0.1', resolve));
+  const url = new URL(t.url);
+  url.port = String((relay.address() as net.AddressInfo).port);
+  const pool = createPool(url.toString(), { schema: t.schema, max: 1, applicationName: 'silent-peer', queryTimeoutMs: 2_000 });
+  pools.push(pool);
+  try {
+    expect((await pool.query('select 1 as ok')).rows[0].ok).toBe(1);
+    silent = true;
+    const outcome = await Promise.race([
+      pool.query('select 1 as ok').then(() => 'answered', (err: Error) => err.message),
+      new Promise((resolve) => setTimeout(() => resolve('still waiting after 20 s'), 20_000)),
+    ]);
+    expect(outcome).toMatch(/timeout/i);
+    // The connection was discarded, not pooled again: the pool's only slot serves a new one.
+    silent = false;
+    expect((await pool.query('select 2 as ok')).rows[0].ok).toBe(2);
+  } finally {
+    for (const s of relayed) s.destroy();
+    relay.close();
+  }
+}, 60_000);

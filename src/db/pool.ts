@@ -57,6 +57,8 @@ export function createPool(
     pooled?: boolean;
     /** false: no lock, statement or query timeout (the migrator's own connection, whose DDL may run long). */
     timeouts?: boolean;
+    /** The client's limit on a statement; default QUERY_TIMEOUT_MS. */
+    queryTimeoutMs?: number;
   },
 ): Pool {
   const limited = opts.timeouts ?? true;
@@ -69,7 +71,7 @@ export function createPool(
     connectionTimeoutMillis: 10_000,
     // A peer gone without a word (a failover, a dropped NAT entry) is noticed by the kernel.
     keepAlive: true,
-    ...(limited ? { query_timeout: QUERY_TIMEOUT_MS } : {}),
+    ...(limited ? { query_timeout: opts.queryTimeoutMs ?? QUERY_TIMEOUT_MS } : {}),
     // A direct session is this pool's alone: its timeouts are set once. Behind a pooler only outboxd's
     // transactions have them (SET LOCAL), as a session setting would reach the pooler's other clients.
     ...(limited && !opts.pooled ? { Client: TimedClient } : {}),
