@@ -153,6 +153,12 @@ export class Outboxd {
     }
   }
 
+  /** On the application's connection, whatever it goes through: unnamed statements (a name prepared in one
+   * of its transactions may not exist on the server connection of the next, behind a pooler). */
+  get #callerSql() {
+    return statementsFor(this.schema);
+  }
+
   /** Creates or upgrades outboxd's tables in its schema and pg-boss's queues. Idempotent; safe beside other migrations. */
   migrate(): Promise<void> {
     return migrate(this.#direct ?? this.#connection, this.schema);
@@ -164,12 +170,6 @@ export class Outboxd {
    * or roll back with it. The same orderId again returns the same operation (created: false).
    * Throws ValidationError (bad input, naming the field) or OrderConflictError before writing anything.
    */
-  /** On the application's connection, whatever it goes through: unnamed statements (a name prepared in one
-   * of its transactions may not exist on the server connection of the next, behind a pooler). */
-  get #callerSql() {
-    return statementsFor(this.schema);
-  }
-
   async requestCharge(tx: object, request: ChargeRequest): Promise<ChargeRequested> {
     return requestCharge(callerTransaction(tx, this.#callerSql), request);
   }
