@@ -32,19 +32,6 @@ const timeouts = (scope: 'local' | 'session') =>
 /** Whether `url` reaches PostgreSQL through a transaction pooler: a direct URL was given beside it. */
 export const isPooled = (url: string, directUrl: string | undefined): boolean => directUrl !== undefined && directUrl !== url;
 
-/** A client whose session gets outboxd's timeouts as it connects, before pg-pool hands it out (a
- * statement queued from the pool's 'connect' event would race the caller's first one). */
-class TimedClient extends pg.Client {
-  // pg-pool connects with a callback; the promise form stays for anyone else.
-  override connect(): Promise<pg.Client>;
-  override connect(callback: (err: Error | null) => void): void;
-  override connect(callback?: (err: Error | null) => void): Promise<pg.Client> | void {
-    const connected = super.connect().then(() => this.query(timeouts('session'))).then(() => this);
-    if (!callback) return connected;
-    connected.then(() => callback(null), callback);
-  }
-}
-
 export function createPool(
   connectionString: string,
   opts: {
@@ -72,9 +59,10 @@ export function createPool(
     // A peer gone without a word (a failover, a dropped NAT entry) is noticed by the kernel.
     keepAlive: true,
     ...(limited ? { query_timeout: opts.queryTimeoutMs ?? QUERY_TIMEOUT_MS } : {}),
-    // A direct session is this pool's alone: its timeouts are set once. Behind a pooler only outboxd's
-    // transactions have them (SET LOCAL), as a session setting would reach the pooler's other clients.
-    ...(limited && !opts.pooled ? { Client: TimedClient } : {}),
+    // A direct session is this pool's alone: its timeouts are set once, before pg-pool hands it out (which
+    // ends a client whose hook fails). Behind a pooler only outboxd's transactions have them (SET LOCAL),
+    // as a session setting would reach the pooler's other clients.
+    ...(limited && !opts.pooled ? { onConnect: async (client: pg.ClientBase) => void (await client.query(timeouts('session'))) } : {}),
     // Raw queries on our own connections read bigints as numbers too; pg's global parsers stay untouched.
     types: resultTypes,
   });
