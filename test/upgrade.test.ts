@@ -8,7 +8,10 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { getTableColumns } from 'drizzle-orm';
 import { migrate } from '../src/db/migrate.ts';
+import { paymentOperations } from '../src/db/schema.ts';
+import { operationColumns } from '../src/sql/statements.ts';
 import { Outboxd } from '../src/outboxd.ts';
 import { startReplica, waitUntil, type Replica } from '../scripts/lib/replica.ts';
 import { createTestDatabase, inAppTransaction, type TestDb } from './support/db.ts';
@@ -55,6 +58,10 @@ const env = () => ({ DATABASE_URL: t.url, DATABASE_DIRECT_URL: t.url, STRIPE_API
 let n = 0;
 const charge = () => ({ orderId: `upgrade-${++n}`, amount: 1000 + n, currency: 'eur', customer: 'cus_up', paymentMethod: 'pm_card_visa' });
 const cachedPlanErrors = (logs: Record<string, unknown>[]) => logs.filter((l) => /0A000|cached plan must not change result type/.test(JSON.stringify(l)));
+
+it('the statements name every column of payment_operations (src/db/schema.ts), and only those', () => {
+  expect(operationColumns().split(', ').sort()).toEqual(Object.values(getTableColumns(paymentOperations)).map((c) => c.name).sort());
+});
 
 describe('the next release’s migration while this release runs', () => {
   it('adds a column to every outboxd table under warm pools: no 0A000, and this release’s worker runs on the new schema', async () => {
@@ -103,12 +110,17 @@ describe('the next release’s migration while this release runs', () => {
 
     // The same warm pools go on: the replica, the application's reads and requests, its worker.
     await round();
-    // This release's worker, started on the next release's schema, takes over.
+    // This release's worker, started on the next release's schema, takes over; without a direct URL it
+    // finds its jobs by polling, and says so once.
     const first = replicas[0]!;
     first.kill('SIGTERM');
     await first.exited;
-    replicas.push(await startReplica(env()));
+    const { DATABASE_DIRECT_URL: _, ...withoutDirectUrl } = env();
+    const second = await startReplica(withoutDirectUrl);
+    replicas.push(second);
     await round();
+    expect(second.logs.filter((l) => /DATABASE_DIRECT_URL is unset/.test(String(l.msg)))).toHaveLength(1);
+    expect(first.logs.filter((l) => /DATABASE_DIRECT_URL is unset/.test(String(l.msg)))).toHaveLength(0);
 
     for (const r of replicas) expect(cachedPlanErrors(r.logs)).toEqual([]);
     for (const r of replicas) expect(r.logs.filter((l) => typeof l.level === 'number' && l.level >= 50)).toEqual([]);
