@@ -27,8 +27,9 @@ export type OutboxdOptions = (
   | { pool: pg.Pool; connectionString?: undefined }
 ) & {
   /** A session connection, when `connectionString` (or the pool) goes through a transaction pooler
-   * (PgBouncer's transaction mode): migrate() takes its lock there, and the settlement subscription and
-   * startWorker LISTEN there. Without one they poll. Given, `connectionString` is taken to be a pooler's. */
+   * (PgBouncer's transaction mode): migrate() takes its lock there, and with `connectionString` the
+   * settlement subscription and startWorker LISTEN there (without one, or on an application's pool, they
+   * poll). Given, `connectionString` is taken to be a pooler's. */
   directConnectionString?: string;
   /** PostgreSQL schema of outboxd's tables; default OUTBOXD_SCHEMA, else `outboxd`. */
   schema?: string;
