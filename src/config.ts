@@ -18,6 +18,9 @@ const otlpProtocol = z.enum(['http/protobuf', 'http/json'], { error: 'only http/
 
 export const envSchema = z.object({
   DATABASE_URL: optionalString,
+  /** A session connection for what a transaction pooler cannot carry (the migrations' lock, LISTEN), when
+   * DATABASE_URL is a pooler's. Set: DATABASE_URL is taken to be one. */
+  DATABASE_DIRECT_URL: optionalString,
   /** PostgreSQL schema of outboxd's tables (the application's own tables stay wherever it keeps them). */
   OUTBOXD_SCHEMA: z
     .string()
@@ -89,6 +92,7 @@ export type StripeMode = 'emulator' | 'test' | 'live';
 export interface Config {
   production: boolean;
   databaseUrl: string | undefined;
+  databaseDirectUrl: string | undefined;
   schema: string;
   dataDir: string;
   stripe: {
@@ -161,6 +165,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     // Node's own variable, not outboxd's: production requires DATABASE_URL and STRIPE_SECRET_KEY.
     production: env.NODE_ENV === 'production',
     databaseUrl: e.DATABASE_URL,
+    databaseDirectUrl: e.DATABASE_DIRECT_URL,
     schema: e.OUTBOXD_SCHEMA,
     dataDir: e.OUTBOXD_DATA_DIR,
     stripe: {

@@ -8,7 +8,8 @@
 // plain row keeps it near the raw insert rate, and one insert() of a batch costs little per job.
 import type pg from 'pg';
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
-import { bossDb, inTransaction, type Pool } from './db/pool.ts';
+import { PooledBossDb } from './db/bossDb.ts';
+import { bossDb, inTransaction, isPooled, type Pool } from './db/pool.ts';
 import { BUILT_IN_KINDS } from './effects/registry.ts';
 import { createSettlementQueues, relaySettlements } from './settlements.ts';
 import { bossSchemaFor } from './sql/statements.ts';
@@ -80,26 +81,35 @@ async function ensureKindQueues(boss: PgBoss, kind: string): Promise<void> {
  * checks every few seconds, so a lost job comes back fast) and listens for NOTIFY; `subscriber` (an
  * application's onSettled) listens too; `client` only sends.
  * `connection`: a connection string, or an application's pool (pg-boss then runs on it, and polls).
+ * `directUrl`: a session connection for LISTEN (DATABASE_DIRECT_URL); without one pg-boss polls, as a
+ * transaction pooler cannot keep a LISTEN.
  */
 export function createBoss(
   connection: string | pg.Pool,
   role: 'migrator' | 'worker' | 'subscriber' | 'client',
   max: number,
   schema: string,
+  directUrl?: string,
 ): PgBoss {
   const worker = role === 'worker';
-  const db = typeof connection === 'string' ? undefined : connection;
+  const listens = (worker || role === 'subscriber') && typeof connection === 'string' && directUrl !== undefined;
+  const application_name = `outboxd-boss-${role}`;
+  const pooled = typeof connection === 'string' && isPooled(connection, directUrl);
+  // A socket whose peer vanished (a failover) is noticed by the kernel and frees its slot.
+  const database = { connectionString: connection as string, max, application_name, keepAlive: true };
   return new PgBoss({
-    ...(typeof connection === 'string'
-      ? { connectionString: connection, max }
-      : { db: { executeSql: (text: string, values?: unknown[]) => connection.query(text, values) } }),
+    ...(typeof connection !== 'string'
+      ? { db: { executeSql: (text: string, values?: unknown[]) => connection.query(text, values) } }
+      : listens && pooled
+        ? { db: new PooledBossDb(database, directUrl!) }
+        : database),
     schema: bossSchemaFor(schema),
-    application_name: `outboxd-boss-${role}`,
+    application_name,
     migrate: role === 'migrator',
     createSchema: role === 'migrator',
     supervise: worker,
     schedule: worker,
-    useListenNotify: (worker || role === 'subscriber') && !db,
+    useListenNotify: listens,
     superviseIntervalSeconds: 5,
     monitorIntervalSeconds: 5,
     registerInstance: worker,

@@ -6,7 +6,7 @@ import type { PgBoss } from 'pg-boss';
 import { schemaFromEnv } from './config.ts';
 import { callerTransaction } from './db/caller.ts';
 import { migrate } from './db/migrate.ts';
-import { createPool, type Pool, type Queryable } from './db/pool.ts';
+import { createPool, isPooled, type Pool, type Queryable } from './db/pool.ts';
 import { isOperationId, type Operation, type OperationStatus } from './payments/operation.ts';
 import { requestCharge, type ChargeRequested } from './payments/request.ts';
 import { requestRefund, type RefundRequested } from './payments/refund.ts';
@@ -26,6 +26,11 @@ export type OutboxdOptions = (
   /** The application's own pg Pool: outboxd runs its reads, migrations and subscriptions on it. */
   | { pool: pg.Pool; connectionString?: undefined }
 ) & {
+  /** A session connection, when `connectionString` (or the pool) goes through a transaction pooler
+   * (PgBouncer's transaction mode): migrate() takes its lock there, and with `connectionString` the
+   * settlement subscription and startWorker LISTEN there (without one, or on an application's pool, they
+   * poll). Given, `connectionString` is taken to be a pooler's. */
+  directConnectionString?: string;
   /** PostgreSQL schema of outboxd's tables; default OUTBOXD_SCHEMA, else `outboxd`. */
   schema?: string;
   /** Errors of the onSettled subscription's connection (it reconnects by itself); default: console.error. */
@@ -113,6 +118,7 @@ export interface PaymentOperation {
 export class Outboxd {
   readonly schema: string;
   readonly #connection: string | pg.Pool;
+  readonly #direct: string | undefined;
   readonly #db: Queryable;
   readonly #ownPool: Pool | undefined;
   readonly #onError: (err: Error) => void;
@@ -130,19 +136,33 @@ export class Outboxd {
     this.schema = options.schema ?? schemaFromEnv();
     this.#onError = options.onError ?? ((err) => console.error('outboxd: settlement subscription error:', err));
     if (!SCHEMA_NAME.test(this.schema)) throw new TypeError(`schema must be a lower-case identifier of at most 40 characters: ${JSON.stringify(this.schema)}`);
+    const direct = options.directConnectionString;
+    if (direct !== undefined && (typeof direct !== 'string' || !direct)) throw new TypeError('directConnectionString must be a connection string');
+    this.#direct = direct;
     if (pool) {
       this.#connection = pool;
       this.#db = { sql: statementsFor(this.schema), query: pool.query.bind(pool) as pg.Pool['query'] };
     } else {
-      this.#ownPool = createPool(connectionString!, { schema: this.schema, max: 4, applicationName: 'outboxd-library' });
+      this.#ownPool = createPool(connectionString!, {
+        schema: this.schema,
+        max: 4,
+        applicationName: 'outboxd-library',
+        pooled: isPooled(connectionString!, direct),
+      });
       this.#connection = connectionString!;
       this.#db = this.#ownPool;
     }
   }
 
+  /** On the application's connection, whatever it goes through: unnamed statements (a name prepared in one
+   * of its transactions may not exist on the server connection of the next, behind a pooler). */
+  get #callerSql() {
+    return statementsFor(this.schema);
+  }
+
   /** Creates or upgrades outboxd's tables in its schema and pg-boss's queues. Idempotent; safe beside other migrations. */
   migrate(): Promise<void> {
-    return migrate(this.#connection, this.schema);
+    return migrate(this.#direct ?? this.#connection, this.schema);
   }
 
   /**
@@ -152,7 +172,7 @@ export class Outboxd {
    * Throws ValidationError (bad input, naming the field) or OrderConflictError before writing anything.
    */
   async requestCharge(tx: object, request: ChargeRequest): Promise<ChargeRequested> {
-    return requestCharge(callerTransaction(tx, this.#db.sql), request);
+    return requestCharge(callerTransaction(tx, this.#callerSql), request);
   }
 
   /**
@@ -164,7 +184,7 @@ export class Outboxd {
    * pending or unknown; the key names a refund of another amount) before writing anything.
    */
   async requestRefund(tx: object, request: RefundRequest): Promise<RefundRequested> {
-    return requestRefund(callerTransaction(tx, this.#db.sql), request);
+    return requestRefund(callerTransaction(tx, this.#callerSql), request);
   }
 
   /**
@@ -187,7 +207,7 @@ export class Outboxd {
    * payload) or EffectConflictError (the key names an effect requested with another payload).
    */
   async requestEffect(tx: object, kind: string, request: EffectRequest): Promise<EffectRequested> {
-    return requestEffect(callerTransaction(tx, this.#db.sql), this.#effects, kind, request);
+    return requestEffect(callerTransaction(tx, this.#callerSql), this.#effects, kind, request);
   }
 
   /**
@@ -202,7 +222,7 @@ export class Outboxd {
     if (!Number.isSafeInteger(concurrency) || concurrency < 1 || concurrency > 256) throw new TypeError('startWorker({ concurrency }): an integer from 1 to 256');
     if (this.#worker) throw new Error('this Outboxd already runs a worker');
     const effects = new Map(this.#effects);
-    this.#worker = startInProcessWorker({ connection: this.#connection, schema: this.schema, sql: this.#db.sql, concurrency, effects });
+    this.#worker = startInProcessWorker({ connection: this.#connection, directUrl: this.#direct, schema: this.schema, sql: this.#db.sql, concurrency, effects });
     this.#worker.catch(() => (this.#worker = undefined));
     return this.#worker;
   }
@@ -231,7 +251,7 @@ export class Outboxd {
   }
 
   async #subscribe(): Promise<PgBoss> {
-    const boss = createBoss(this.#connection, 'subscriber', 3, this.schema);
+    const boss = createBoss(this.#connection, 'subscriber', 3, this.schema, this.#direct);
     boss.on('error', this.#onError);
     await boss.start();
     await workSettlements(boss, async (event) => {

@@ -5,7 +5,7 @@
 import { ConfigError, type Config, type StripeMode } from './config.ts';
 import { startEmbeddedPostgres } from './db/embedded.ts';
 import { migrate } from './db/migrate.ts';
-import { createPool, type Pool, type Queryable } from './db/pool.ts';
+import { createPool, isPooled, type Pool, type Queryable } from './db/pool.ts';
 import type { Logger } from './log.ts';
 import type { PaymentGateway } from './payments/gateway.ts';
 import { Budget, budgetMetrics } from './stripe/budget.ts';
@@ -17,6 +17,9 @@ import { StripeGateway } from './stripe/gateway.ts';
 
 export interface Database {
   url: string;
+  /** A session connection (the migrations' lock, LISTEN): DATABASE_DIRECT_URL, the embedded cluster's own
+   * URL, or undefined (outboxd then polls for jobs). */
+  directUrl?: string | undefined;
   /** outboxd's schema in it (OUTBOXD_SCHEMA). */
   schema: string;
   /** An application's own pool (startWorker on `{ pool }`, url then empty): what needs a pool (the
@@ -29,7 +32,7 @@ export interface Database {
 
 export async function openDatabase(config: Config, log: Logger): Promise<Database> {
   const { schema } = config;
-  if (config.databaseUrl) return { url: config.databaseUrl, schema, embedded: false, close: async () => {} };
+  if (config.databaseUrl) return { url: config.databaseUrl, directUrl: config.databaseDirectUrl, schema, embedded: false, close: async () => {} };
   if (config.production) {
     throw new ConfigError('NODE_ENV=production and DATABASE_URL is unset: set DATABASE_URL to your PostgreSQL (the embedded database is for development only)');
   }
@@ -40,11 +43,11 @@ export async function openDatabase(config: Config, log: Logger): Promise<Databas
     await cluster.stop();
     throw err;
   }
-  return { url: cluster.url, schema, embedded: true, close: () => cluster.stop() };
+  return { url: cluster.url, directUrl: cluster.url, schema, embedded: true, close: () => cluster.stop() };
 }
 
 export function openPool(db: Database, name: string, max = 10): Pool {
-  return createPool(db.url, { schema: db.schema, max, applicationName: name });
+  return createPool(db.url, { schema: db.schema, max, applicationName: name, pooled: isPooled(db.url, db.directUrl) });
 }
 
 export const EMULATOR_KEY = 'sk_test_outboxd_emulator';

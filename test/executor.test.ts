@@ -322,12 +322,27 @@ describe('executeOperation (a charge)', () => {
       const stripe = new FakeStripe();
       const id = await confirm(t);
       const { lease } = await claimWithAttempt(id, 'worker-a');
-      expect(await claimWithAttempt(id, 'worker-b')).toEqual({ current: { status: 'pending', lease_owner: 'worker-a' } });
+      expect(await claimWithAttempt(id, 'worker-b')).toEqual({ current: { status: 'pending', lease_owner: 'worker-a', locked: false } });
       await executeOperation(t.pool, stripe, id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
-      expect(await claimWithAttempt(id, 'worker-c')).toEqual({ current: { status: 'succeeded', lease_owner: null } });
+      expect(await claimWithAttempt(id, 'worker-c')).toEqual({ current: { status: 'succeeded', lease_owner: null, locked: false } });
       expect(await operation(t, id)).toMatchObject({ status: 'succeeded', attempts: 1, fence: 1 });
       expect(await claimWithAttempt(randomUUID())).toEqual({ current: undefined });
       expect(stripe.calls).toHaveLength(1);
+    });
+
+    it('a row another transaction holds is skipped, not waited for: nothing claimed, and the claim says so', async () => {
+      const id = await confirm(t);
+      const holder = await t.pool.connect();
+      try {
+        await holder.query('begin');
+        await holder.query(`select id from "${t.schema}".payment_operations where id = $1 for update`, [id]);
+        expect(await claimWithAttempt(id, 'worker-a')).toEqual({ current: { status: 'pending', lease_owner: null, locked: true } });
+      } finally {
+        await holder.query('rollback');
+        holder.release();
+      }
+      expect(await operation(t, id)).toMatchObject({ fence: 0, attempts: 0 });
+      expect((await claimWithAttempt(id, 'worker-a')).lease).toMatchObject({ fence: 1 });
     });
 
     it('claims made together share one statement, each its own; an operation asked twice in it is claimed once', async () => {
@@ -338,7 +353,7 @@ describe('executeOperation (a charge)', () => {
       const [forC, forA, again, forB] = await Promise.all([claimOn(c), claimOn(a), claimOn(a), claimOn(b)]);
       expect(run.statements()).toBe(1);
       for (const claimed of [forC, forA, forB]) expect(claimed.lease).toMatchObject({ fence: 1, begun: { call: 'create', attempt: { attempts: 1 } } });
-      expect(again).toEqual({ current: { status: 'pending', lease_owner: 'worker-a' } });
+      expect(again).toEqual({ current: { status: 'pending', lease_owner: 'worker-a', locked: false } });
       expect(await operation(t, a)).toMatchObject({ fence: 1, attempts: 1 });
       const { rows } = await t.pool.query(`select type, count(*)::int as n from outboxd.operation_events where operation_id = $1 group by type order by type`, [a]);
       expect(rows).toEqual([{ type: 'claimed', n: 1 }, { type: 'sent', n: 1 }]);

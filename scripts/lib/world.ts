@@ -87,7 +87,7 @@ export async function startWorld(opts: {
     canRestartPostgres: !!cluster,
     async startReplica(env = {}, onLog) {
       const r = await startReplica(
-        { DATABASE_URL: url, STRIPE_API_BASE: emulatorUrl, STRIPE_SECRET_KEY: '', NODE_OPTIONS: DEPLOYED_NODE_OPTIONS, ...opts.replicaEnv, ...env },
+        { DATABASE_URL: url, DATABASE_DIRECT_URL: url, STRIPE_API_BASE: emulatorUrl, STRIPE_SECRET_KEY: '', NODE_OPTIONS: DEPLOYED_NODE_OPTIONS, ...opts.replicaEnv, ...env },
         { nodeArgs: DEPLOYED_NODE_ARGS, ...(onLog ? { onLog } : {}), ...(opts.replicaEntry ? { entry: opts.replicaEntry } : {}) },
       );
       replicas.push(r);

@@ -113,7 +113,8 @@ program
   .command('migrate')
   .description('apply the drizzle/ migrations and the pg-boss schema (idempotent)')
   .action(async () => {
-    if (config.databaseUrl) await migrate(config.databaseUrl, config.schema);
+    // The migrations' lock is a session's: behind a transaction pooler, on the direct connection.
+    if (config.databaseUrl) await migrate(config.databaseDirectUrl ?? config.databaseUrl, config.schema);
     else await withDatabase(async () => {}); // opening the embedded database migrates it
     log!.info('migrations applied');
   });

@@ -12,12 +12,18 @@ const MIGRATIONS_TABLE = '__drizzle_migrations';
 const LEGACY_MIGRATIONS = 'drizzle.__drizzle_migrations';
 /** Serialises concurrent `outboxd migrate` runs (two deploys at once, tests in parallel). */
 const MIGRATION_LOCK = 7_411_001;
+/** How long a migration's statement waits for a table's lock: a DDL statement waiting on an application's
+ * long transaction would queue every statement on that table behind it (the application's, the old
+ * replicas'). Past it the migration fails, changing nothing, and is run again later. */
+export const MIGRATION_LOCK_TIMEOUT_MS = 5_000;
+/** A migration with such a statement cannot run in a transaction (PostgreSQL refuses): see applyMigrations. */
+const CONCURRENTLY = /\b(create|drop)\s+(unique\s+)?index\s+concurrently\b|\breindex\b.*\bconcurrently\b/i;
 
 interface Journal {
   entries: { when: number }[];
 }
 
-export const readJournal = async (): Promise<Journal> => JSON.parse(await readFile(`${MIGRATIONS}/meta/_journal.json`, 'utf8'));
+export const readJournal = async (folder = MIGRATIONS): Promise<Journal> => JSON.parse(await readFile(`${folder}/meta/_journal.json`, 'utf8'));
 
 /**
  * A database created by the release that kept outboxd's tables in `public` recorded their migrations in
@@ -55,25 +61,28 @@ export async function drizzlePending(client: Pick<PoolClient, 'query'>, schema: 
 
 /**
  * Applies drizzle/ migrations to `schema`, installs or upgrades the pg-boss schema and creates the
- * queues. Idempotent. `connection`: a connection string, or an application's pool.
+ * queues. Idempotent. `connection`: a session's connection string (never a transaction pooler's: the
+ * lock that serialises migrators is a session's), or an application's pool. `folder`: the migrations.
  */
-export async function migrate(connection: string | pg.Pool, schema: string): Promise<void> {
-  if (typeof connection !== 'string') return withClient(connection, (client) => migrateWith(client, connection, schema));
-  const pool = createPool(connection, { schema, max: 1, applicationName: 'outboxd-migrate' });
+export async function migrate(connection: string | pg.Pool, schema: string, folder = MIGRATIONS): Promise<void> {
+  if (typeof connection !== 'string') return withClient(connection, (client) => migrateWith(client, connection, schema, folder));
+  const pool = createPool(connection, { schema, max: 1, applicationName: 'outboxd-migrate', timeouts: false });
   try {
-    await withClient(pool, (client) => migrateWith(client, connection, schema));
+    await withClient(pool, (client) => migrateWith(client, connection, schema, folder));
   } finally {
     await pool.end();
   }
 }
 
-async function migrateWith(client: PoolClient, connection: string | pg.Pool, schema: string): Promise<void> {
+async function migrateWith(client: PoolClient, connection: string | pg.Pool, schema: string, folder: string): Promise<void> {
   try {
     await client.query('select pg_advisory_lock($1)', [MIGRATION_LOCK]);
+    // After the migrators' own lock, which may rightly be waited for as long as another migration runs.
+    await client.query(`set lock_timeout = ${MIGRATION_LOCK_TIMEOUT_MS}`);
     await client.query(`create schema if not exists "${schema}"`);
-    const journal = await readJournal();
+    const journal = await readJournal(folder);
     await adoptLegacyMigrations(client, schema, journal);
-    if (await drizzlePending(client, schema, journal)) await applyMigrations(client, schema);
+    if (await drizzlePending(client, schema, journal)) await applyMigrations(client, schema, folder);
     const boss = createBoss(connection, 'migrator', 2, schema);
     await boss.start();
     try {
@@ -82,6 +91,7 @@ async function migrateWith(client: PoolClient, connection: string | pg.Pool, sch
       await boss.stop({ graceful: false });
     }
   } finally {
+    await client.query('reset lock_timeout').catch(() => {});
     await client.query('select pg_advisory_unlock($1)', [MIGRATION_LOCK]).catch(() => {});
   }
 }
@@ -92,15 +102,22 @@ async function migrateWith(client: PoolClient, connection: string | pg.Pool, sch
  * in those of the release that kept them in public. Each statement is applied to `schema` instead
  * (search_path for the unqualified names, the qualifier rewritten for the others), so a new database
  * never creates anything in public, where an application's own `orders` may live.
+ *
+ * drizzle applies everything pending in one transaction, where PostgreSQL refuses `create index
+ * concurrently`. A migration with such a statement is applied apart, each statement committed on its own,
+ * then recorded as drizzle records one; the others still go through drizzle, in order around it. Its
+ * statements must each be safe to run again, as a failure leaves it half applied and unrecorded
+ * (`drop index concurrently if exists` before `create index concurrently`: a failed build leaves an
+ * invalid index behind).
  */
-async function applyMigrations(client: PoolClient, schema: string): Promise<void> {
+async function applyMigrations(client: PoolClient, schema: string, folder: string): Promise<void> {
   // drizzle-orm takes about a second to load: only when there is something to apply.
   const [{ drizzle }, { readMigrationFiles }, { PgDialect }] = await Promise.all([
     import('drizzle-orm/node-postgres'),
     import('drizzle-orm/migrator'),
     import('drizzle-orm/pg-core'),
   ]);
-  const config = { migrationsFolder: MIGRATIONS, migrationsSchema: schema, migrationsTable: MIGRATIONS_TABLE };
+  const config = { migrationsFolder: folder, migrationsSchema: schema, migrationsTable: MIGRATIONS_TABLE };
   const target = `"${schema}".`;
   const migrations = readMigrationFiles(config).map((m) => ({
     ...m,
@@ -110,7 +127,21 @@ async function applyMigrations(client: PoolClient, schema: string): Promise<void
   try {
     const dialect = new PgDialect();
     // The node-postgres session is the PgSession the dialect wants; drizzle's generics do not say so.
-    await dialect.migrate(migrations, drizzle({ client })._.session as unknown as Parameters<typeof dialect.migrate>[1], config);
+    const session = drizzle({ client })._.session as unknown as Parameters<typeof dialect.migrate>[1];
+    let batch: typeof migrations = [];
+    for (const migration of migrations) {
+      if (!migration.sql.some((statement) => CONCURRENTLY.test(statement))) {
+        batch.push(migration);
+        continue;
+      }
+      if (batch.length) await dialect.migrate(batch, session, config);
+      batch = [];
+      const { rows } = await client.query(`select coalesce(max(created_at), 0) as last from "${schema}".${MIGRATIONS_TABLE}`);
+      if (Number(rows[0].last) >= migration.folderMillis) continue;
+      for (const statement of migration.sql) await client.query(statement);
+      await client.query(`insert into "${schema}".${MIGRATIONS_TABLE} (hash, created_at) values ($1, $2)`, [migration.hash, migration.folderMillis]);
+    }
+    if (batch.length) await dialect.migrate(batch, session, config);
   } finally {
     await client.query('reset search_path');
   }

@@ -13,16 +13,56 @@ export interface Tx {
 /** Anything that runs outboxd's statements: the pool for single statements, a transaction's client. */
 export type Queryable = (Pick<pg.Pool, 'query'> | Tx) & { readonly sql: Statements };
 
+/** How long one of outboxd's statements waits for a lock another transaction holds (an application's
+ * `select … for update`, a migration's DDL) before it fails and is retried later, instead of holding a
+ * connection and a job slot as long as that transaction lasts. */
+export const LOCK_TIMEOUT_MS = 5_000;
+/** The server's limit on one of outboxd's statements. */
+export const STATEMENT_TIMEOUT_MS = 60_000;
+/** The client's, beyond the server's: a statement whose answer never comes (a dead socket, a server that
+ * stopped answering) gives its connection up, which is then discarded. */
+export const QUERY_TIMEOUT_MS = STATEMENT_TIMEOUT_MS + 15_000;
+
+/** The timeouts as statements: SET LOCAL in a transaction, SET for a session that is outboxd's alone. */
+const timeouts = (scope: 'local' | 'session') =>
+  ([['lock_timeout', LOCK_TIMEOUT_MS], ['statement_timeout', STATEMENT_TIMEOUT_MS]] as const)
+    .map(([name, ms]) => `set ${scope === 'local' ? 'local ' : ''}${name} = ${ms}`)
+    .join('; ');
+
+/** Whether `url` reaches PostgreSQL through a transaction pooler: a direct URL was given beside it. */
+export const isPooled = (url: string, directUrl: string | undefined): boolean => directUrl !== undefined && directUrl !== url;
+
 export function createPool(
   connectionString: string,
-  opts: { schema: string; max?: number; applicationName?: string },
+  opts: {
+    schema: string;
+    max?: number;
+    applicationName?: string;
+    /** The connection string reaches PostgreSQL through a transaction pooler (PgBouncer's transaction mode):
+     * unnamed statements, and no session settings (the next transaction may run on another server
+     * connection, and this one serves other clients). */
+    pooled?: boolean;
+    /** false: no lock, statement or query timeout (the migrator's own connection, whose DDL may run long). */
+    timeouts?: boolean;
+    /** The client's limit on a statement; default QUERY_TIMEOUT_MS. */
+    queryTimeoutMs?: number;
+  },
 ): Pool {
+  const limited = opts.timeouts ?? true;
   const pool = new pg.Pool({
     connectionString,
     max: opts.max ?? 10,
+    // The only startup parameter besides user and database: PgBouncer refuses the others (timeouts, options).
     application_name: opts.applicationName ?? 'outboxd',
     // A dead server must surface as an error, not as a request that waits forever for a connection.
     connectionTimeoutMillis: 10_000,
+    // A peer gone without a word (a failover, a dropped NAT entry) is noticed by the kernel.
+    keepAlive: true,
+    ...(limited ? { query_timeout: opts.queryTimeoutMs ?? QUERY_TIMEOUT_MS } : {}),
+    // A direct session is this pool's alone: its timeouts are set once, before pg-pool hands it out (which
+    // ends a client whose hook fails). Behind a pooler only outboxd's transactions have them (SET LOCAL),
+    // as a session setting would reach the pooler's other clients.
+    ...(limited && !opts.pooled ? { onConnect: async (client: pg.ClientBase) => void (await client.query(timeouts('session'))) } : {}),
     // Raw queries on our own connections read bigints as numbers too; pg's global parsers stay untouched.
     types: resultTypes,
   });
@@ -34,17 +74,26 @@ export function createPool(
   // an 'error' nobody hears would crash the process. This listener lives as long as the client; the
   // client is then not queryable, its next statement fails and the pool drops it.
   pool.on('connect', (client) => client.on('error', () => {}));
-  return Object.assign(pool, { sql: statementsFor(opts.schema) });
+  const outboxdPool = Object.assign(pool, { sql: statementsFor(opts.schema, !opts.pooled) });
+  if (limited && opts.pooled) {
+    // Behind a pooler a single statement gets its timeouts from a transaction of its own: two more round
+    // trips, the price of sharing server connections (a session setting would reach other clients).
+    pool.query = ((config: string | pg.QueryConfig, values?: unknown[]) =>
+      inTransaction(outboxdPool, (tx) => tx.query(config, values))) as pg.Pool['query'];
+  }
+  return outboxdPool;
 }
 
 /**
  * Runs `fn` in one short transaction on a checked-out client, committing on return and rolling back
- * on throw. Nothing slow belongs inside: above all no external call (invariant 3).
+ * on throw, with outboxd's lock and statement timeouts. Nothing slow belongs inside: above all no
+ * external call (invariant 3).
  */
 export async function inTransaction<T>(pool: Pool, fn: (tx: Tx) => Promise<T>): Promise<T> {
   return withClient(pool, async (client, markBroken) => {
     try {
-      await client.query('begin');
+      // One round trip: the transaction and its timeouts, which end with it.
+      await client.query(`begin; ${timeouts('local')}`);
       const result = await fn({ query: client.query.bind(client) as pg.PoolClient['query'], sql: pool.sql });
       await client.query('commit');
       return result;

@@ -1,5 +1,6 @@
 // The tables outboxd owns. drizzle-kit generates the SQL migrations in drizzle/ from this file;
-// the statements the worker runs live in src/sql/ (named, prepared), not in query builders.
+// the statements the worker runs live in src/sql/ (named prepared statements on direct connections), not
+// in query builders, with every column they read named (a column added here breaks no running replica).
 // They live in their own schema, written here as "outboxd": src/db/migrate.ts applies the migrations
 // to whichever schema OUTBOXD_SCHEMA names.
 import { sql } from 'drizzle-orm';

@@ -16,7 +16,7 @@
 //              the outcome, the job completes and a fresh one drives the operation later
 //           ─▶ held for a person (key misuse, a charge that is not this operation's, two charges):
 //              dead-lettered at once, not retried 40 times
-//           ─▶ leased by a live claim: retried later, never dropped
+//           ─▶ leased by a live claim, or its row locked by another transaction: retried later, never dropped
 //           ─▶ fenced out: this claim changes nothing; the job completes if the operation settled,
 //              and is retried otherwise
 //           ─▶ abandoned at shutdown and then failed: nothing recorded, the lease left to expire
@@ -352,13 +352,18 @@ export class Dispatcher {
     }
   }
 
-  /** No claim: settled (nothing to do), unknown (a broken job) or leased by a live claim (later). */
-  private notClaimed(now: Pick<OperationState, 'status' | 'lease_owner'> | undefined, log: Logger): Disposition {
+  /** No claim: settled (nothing to do), unknown (a broken job), or leased by a live claim or locked by
+   * another transaction (later: a claim never waits behind an application's lock). */
+  private notClaimed(now: (Pick<OperationState, 'status' | 'lease_owner'> & { locked?: boolean }) | undefined, log: Logger): Disposition {
     if (!now) {
       log.error('job for an operation that does not exist');
       return { status: 'deadletter', output: { reason: 'no such operation' } };
     }
     if (isSettled(now.status)) return completed;
+    if (now.locked) {
+      log.info('operation row locked by another transaction; retrying later');
+      return retryLater('row locked by another transaction');
+    }
     this.deps.metrics.leaseBusy.inc();
     log.info({ holder: now.lease_owner }, 'operation leased by another live claim; retrying later');
     return retryLater(`leased by ${now.lease_owner}`);

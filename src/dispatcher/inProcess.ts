@@ -6,7 +6,7 @@ import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type pg from 'pg';
 import { loadConfig } from '../config.ts';
-import { createPool, type Pool } from '../db/pool.ts';
+import { createPool, isPooled, type Pool } from '../db/pool.ts';
 import { BUILT_IN_KINDS, type EffectDefinitions } from '../effects/registry.ts';
 import { createLogger } from '../log.ts';
 import { createBoss } from '../outbox.ts';
@@ -24,6 +24,8 @@ export interface EffectWorker {
 
 export async function startInProcessWorker(opts: {
   connection: string | pg.Pool;
+  /** A session connection for LISTEN (directConnectionString); the connection is then a pooler's. */
+  directUrl: string | undefined;
   schema: string;
   sql: Statements;
   concurrency: number;
@@ -35,13 +37,16 @@ export async function startInProcessWorker(opts: {
   const { connection, schema, concurrency } = opts;
   const url = typeof connection === 'string' ? connection : undefined;
   // Calls hold no connection, so outboxd's own pool only needs room for the short statements around them.
-  const pool: Pool = url ? createPool(url, { schema, max: Math.min(concurrency, 16) + 2, applicationName: 'outboxd-worker' }) : onApplicationPool(connection as pg.Pool, opts.sql);
+  const pooled = url !== undefined && isPooled(url, opts.directUrl);
+  const pool: Pool = url
+    ? createPool(url, { schema, max: Math.min(concurrency, 16) + 2, applicationName: 'outboxd-worker', pooled })
+    : onApplicationPool(connection as pg.Pool, opts.sql);
   // On the application's pool there is no URL: the Stripe budget shares that pool too.
-  const gateway = await openGateway(config, log, { url: url ?? '', schema, embedded: false, close: async () => {}, ...(url ? {} : { pool }) }).catch(async (err: unknown) => {
+  const gateway = await openGateway(config, log, { url: url ?? '', directUrl: opts.directUrl, schema, embedded: false, close: async () => {}, ...(url ? {} : { pool }) }).catch(async (err: unknown) => {
     if (url) await pool.end();
     throw err;
   });
-  const boss = createBoss(connection, 'worker', concurrency + 3, schema);
+  const boss = createBoss(connection, 'worker', concurrency + 3, schema, opts.directUrl);
   boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
   const metrics = createMetrics({ db: pool, boss, kinds: [...BUILT_IN_KINDS, ...opts.effects.keys()] });
   registerStripeMode(metrics.registry, gateway.mode);

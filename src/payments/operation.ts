@@ -318,8 +318,8 @@ export interface OperationState {
 
 export type ClaimedAttempt =
   | { lease: Lease & { begun: BegunAttempt | undefined }; current?: undefined }
-  /** current: undefined when there is no such operation. */
-  | { lease?: undefined; current: Pick<OperationState, 'status' | 'lease_owner'> | undefined };
+  /** current: undefined when there is no such operation; locked: another transaction holds its row. */
+  | { lease?: undefined; current: (Pick<OperationState, 'status' | 'lease_owner'> & { locked: boolean }) | undefined };
 
 /**
  * A new claim, and the attempt of the call it leads to, in one statement (the dispatcher's): `calls` is
@@ -363,8 +363,8 @@ async function claimAttempts(
 ): Promise<ClaimedAttempt[]> {
   const { rows } = await db.query(db.sql.claimAttempts(ids, owner, ttlMs, keyWindowSeconds, kind, policy, calls));
   return rows.map((row): ClaimedAttempt => {
-    const { current_status, current_owner, previous_owner, call, prev_first_attempted_at, prev_last_attempted_at, ...operation } = row;
-    if (operation.id === null) return { current: current_status === null ? undefined : { status: current_status, lease_owner: current_owner } };
+    const { current_status, current_owner, locked, previous_owner, call, prev_first_attempted_at, prev_last_attempted_at, ...operation } = row;
+    if (operation.id === null) return { current: current_status === null ? undefined : { status: current_status, lease_owner: current_owner, locked } };
     const attempt: Attempt = { attempts: operation.attempts, first_attempted_at: operation.first_attempted_at, prev_first_attempted_at, prev_last_attempted_at };
     return { lease: { fence: operation.fence, previousOwner: previous_owner, operation, begun: call ? { call, attempt } : undefined } };
   });

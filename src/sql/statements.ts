@@ -1,10 +1,15 @@
-// Every SQL statement outboxd runs against its own tables, in one place, each a named prepared
-// statement (parsed once per connection). Read top to bottom this is the whole data path.
+// Every SQL statement outboxd runs against its own tables, in one place. Read top to bottom this is the
+// whole data path. On outboxd's own direct connections each is a named prepared statement (parsed and
+// planned once per connection: measured, about 40 % of the server's CPU per settled operation); on an
+// application's connections and behind a transaction pooler they are unnamed (a pooler hands the next
+// transaction to another server connection, where a name prepared earlier does not exist).
 // Status writes are only ever issued by src/payments/operation.ts, the operation's state machine.
 //
 // The statements are built for one schema (OUTBOXD_SCHEMA) and name every table with it: some run on
 // the application's own connection, inside its transaction, whose search_path is not ours. Their
-// prepared-statement names carry a tag of the schema, so one connection can serve two schemas.
+// prepared-statement names carry a tag of the schema, so one connection can serve two schemas. No
+// statement reads `*` of a table: a column a migration adds must not change a prepared statement's
+// result type while old replicas run.
 import { createHash } from 'node:crypto';
 import pg from 'pg';
 import type { QueryConfig } from 'pg';
@@ -15,6 +20,17 @@ export const DEFAULT_SCHEMA = 'outboxd';
 export const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,39}$/;
 
 const UNSETTLED = `status in ('pending', 'unknown')`;
+
+/** payment_operations' columns (src/db/schema.ts), named in every statement that reads them whole: a
+ * statement prepared before a migration adds a column keeps its result type, where `*` would change it
+ * under a warm connection (0A000 cached plan must not change result type). */
+const OPERATION_COLUMNS = [
+  'id', 'order_id', 'kind', 'policy', 'amount', 'currency', 'customer_id', 'payment_method', 'metadata', 'status',
+  'external_id', 'attempts', 'first_attempted_at', 'last_attempted_at', 'last_error', 'last_outcome', 'review_reason',
+  'needs_review', 'settled_at', 'fence', 'lease_owner', 'lease_expires_at', 'traceparent', 'parent_operation_id',
+  'effect_key', 'payload', 'result', 'possible_duplicates', 'created_at', 'updated_at',
+] as const;
+export const operationColumns = (alias?: string): string => OPERATION_COLUMNS.map((c) => (alias ? `${alias}.${c}` : c)).join(', ');
 
 const INT8 = 20;
 /** bigint columns (amount, fence) hold values far below 2^53: read as numbers, on any connection (an
@@ -32,14 +48,16 @@ export type Statements = ReturnType<typeof build>;
 
 const built = new Map<string, Statements>();
 
-/** The statements for `schema` (a lower-case identifier, as config.ts validates OUTBOXD_SCHEMA). */
-export function statementsFor(schema: string): Statements {
-  let statements = built.get(schema);
-  if (!statements) built.set(schema, (statements = build(schema)));
+/** The statements for `schema` (a lower-case identifier, as config.ts validates OUTBOXD_SCHEMA);
+ * `prepared`: named, for outboxd's own direct connections, or unnamed (see above). */
+export function statementsFor(schema: string, prepared = false): Statements {
+  const key = `${schema}:${prepared}`;
+  let statements = built.get(key);
+  if (!statements) built.set(key, (statements = build(schema, prepared)));
   return statements;
 }
 
-function build(schema: string) {
+function build(schema: string, prepared: boolean) {
   if (!SCHEMA_NAME.test(schema)) throw new Error(`not a schema name outboxd accepts: ${JSON.stringify(schema)}`);
   const s = `"${schema}"`;
   const boss = `"${bossSchemaFor(schema)}"`;
@@ -52,7 +70,7 @@ function build(schema: string) {
        )`;
   const statement =
     <A extends unknown[]>(name: string, text: string) =>
-    (...values: A): QueryConfig => ({ name: `${name}_${tag}`, text, values, types: resultTypes });
+    (...values: A): QueryConfig => ({ ...(prepared ? { name: `${name}_${tag}` } : {}), text, values, types: resultTypes });
   /** A data-modifying CTE that adds to the operation's timeline, one row per row of `from`:
    * `columns` selects operation_id, type, fence, actor, details. */
   const event = (from: string, columns: string) =>
@@ -60,10 +78,10 @@ function build(schema: string) {
   /** An operation's keyset cursor: created_at to the microsecond (a JavaScript Date keeps milliseconds). */
   const CURSOR = `to_char(o.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`;
   const operationsPage = (cmp: '<' | '>', dir: 'asc' | 'desc') =>
-    `select o.*, ${CURSOR} as cursor_at
+    `select ${operationColumns('o')}, ${CURSOR} as cursor_at
      from unnest($1::text[]) k(kind) cross join unnest($2::text[]) st(status)
      cross join lateral (
-       select * from ${s}.payment_operations p
+       select ${operationColumns('p')} from ${s}.payment_operations p
        where p.kind = k.kind and p.status = st.status and (p.created_at, p.id) ${cmp} ($3::timestamptz, $4::uuid)
        order by p.created_at ${dir}, p.id ${dir}
        limit $5
@@ -71,7 +89,7 @@ function build(schema: string) {
      order by o.created_at ${dir}, o.id ${dir}
      limit $5`;
   const reviewPage = (cmp: '<' | '>', dir: 'asc' | 'desc') =>
-    `select o.*, ${CURSOR} as cursor_at from ${s}.payment_operations o
+    `select ${operationColumns('o')}, ${CURSOR} as cursor_at from ${s}.payment_operations o
      where o.review_reason is not null and o.kind = any($1::text[]) and o.status = any($2::text[])
        and (o.created_at, o.id) ${cmp} ($3::timestamptz, $4::uuid)
      order by o.created_at ${dir}, o.id ${dir}
@@ -234,32 +252,33 @@ function build(schema: string) {
     /** Every charge operation of an order, newest first. */
     chargeOperationsOfOrder: statement<[orderId: string]>(
       'outboxd_charge_operations_of_order',
-      `select * from ${s}.payment_operations where order_id = $1 and kind = 'charge' order by created_at desc, id`,
+      `select ${operationColumns()} from ${s}.payment_operations where order_id = $1 and kind = 'charge' order by created_at desc, id`,
     ),
 
     /** The operation, with whether its idempotency key window (seconds from first_attempted_at) has passed,
      * judged by the database clock so that every replica agrees. */
     loadOperation: statement<[id: string, keyWindowSeconds: number]>(
       'outboxd_load_operation',
-      `select *, coalesce(first_attempted_at < now() - make_interval(secs => $2), false) as key_window_passed
+      `select ${operationColumns()}, coalesce(first_attempted_at < now() - make_interval(secs => $2), false) as key_window_passed
        from ${s}.payment_operations where id = $1`,
     ),
 
     // ─── lease and fence (docs/architecture.md §3) ─────────────────────────────────────────────────────
 
-    /** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token.
+    /** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token. A row
+     * another transaction holds (an application's `select … for update`) is skipped, not waited for: no row.
      * Returns the claimed operation as loadOperation does (the executor needs no second read), and
      * previous_owner when an expired lease was taken over (its holder died or stalled). The timeline
      * records the claim in the same statement. */
     acquireLease: statement<[id: string, owner: string, ttlMs: number, keyWindowSeconds: number]>(
       'outboxd_acquire_lease',
-      `with prev as (select id, lease_owner from ${s}.payment_operations where id = $1 for update), claimed as (
+      `with prev as (select id, lease_owner from ${s}.payment_operations where id = $1 for update skip locked), claimed as (
        update ${s}.payment_operations op
        set fence = op.fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
            updated_at = now()
        from prev
        where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
-       returning op.*, prev.lease_owner as previous_owner,
+       returning ${operationColumns('op')}, prev.lease_owner as previous_owner,
          coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as key_window_passed
        ), ${event('claimed', `id, 'claimed', fence, lease_owner, jsonb_strip_nulls(jsonb_build_object('previous_owner', previous_owner))`)}
        select * from claimed`,
@@ -274,10 +293,11 @@ function build(schema: string) {
      * row's facts, indexed 1 + 4 × (external_id known) + 2 × (key window passed) + (attempted before), for
      * kind $5 under policy $6; a row of another kind or requested under another policy is claimed without
      * an attempt (call null), and the executor chooses and counts, or holds it for a person, as for any
-     * claim. The rows are locked in id order (two replicas' claims never deadlock), and an
-     * id asked twice is claimed for its first request only. The timeline records each claim and its call as
+     * claim. A row another transaction holds (an application's `select … for update`) is skipped, not
+     * waited for, and an id asked twice is claimed for its first request only. The timeline records each claim and its call as
      * sent, in that order. One row per request, in order: `id` is null when nothing was claimed for it
-     * (settled, leased by a live claim, or no such operation), and current_* say what the row holds.
+     * (settled, leased by a live claim, locked: `locked`, or no such operation), and current_* say what the
+     * row holds (read without its lock when another transaction holds it).
      */
     claimAttempts: statement<
       [ids: readonly string[], owner: string, ttlMs: number, keyWindowSeconds: number, kind: string, policy: string, calls: readonly string[]]
@@ -296,7 +316,7 @@ function build(schema: string) {
          cross join lateral (select coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as passed) w
          where op.id = any($1::uuid[])
          order by op.id
-         for update of op
+         for update of op skip locked
        ), claimed as (
          update ${s}.payment_operations op
          set fence = op.fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
@@ -308,7 +328,7 @@ function build(schema: string) {
                + coalesce(prev.call = 'create' and $6 = 'at-least-once' and op.first_attempted_at is not null, false)::int
          from prev
          where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
-         returning op.*, prev.lease_owner as previous_owner, prev.key_window_passed, prev.call,
+         returning ${operationColumns('op')}, prev.lease_owner as previous_owner, prev.key_window_passed, prev.call,
            prev.first_attempted_at as prev_first_attempted_at, prev.last_attempted_at as prev_last_attempted_at
        ), steps as (
          select id, e.type, fence, e.actor, e.details from claimed cross join lateral (values
@@ -318,8 +338,10 @@ function build(schema: string) {
          where e.type = 'claimed' or call is not null
          order by id, e.step
        ), ${event('steps', 'id, type, fence, actor, details')}
-       select mine.*, prev.status as current_status, coalesce(won.lease_owner, prev.lease_owner) as current_owner
+       select mine.*, coalesce(prev.status, cur.status) as current_status,
+         coalesce(won.lease_owner, prev.lease_owner, cur.lease_owner) as current_owner, prev.id is null and cur.id is not null as locked
        from req
+       left join ${s}.payment_operations cur on cur.id = req.id
        left join prev on prev.id = req.id
        left join claimed won on won.id = req.id
        left join claimed mine on mine.id = req.id and req.first
@@ -402,7 +424,7 @@ function build(schema: string) {
            settled_at = case when x.status in ('succeeded', 'failed') then now() end
        from input x
        where o.id = x.id and o.fence = x.fence and o.${UNSETTLED}
-       returning o.*, x.ord, x.source, x.event
+       returning ${operationColumns('o')}, x.ord, x.source, x.event
        ), settled_event as (
          insert into ${s}.settlement_outbox (operation_id, source)
          select id, source from op where status in ('succeeded', 'failed') order by ord
@@ -420,7 +442,7 @@ function build(schema: string) {
       `with flagged as (
        update ${s}.payment_operations set review_reason = $3, updated_at = now(), lease_owner = null, lease_expires_at = null
        where id = $1 and fence = $2 and ${UNSETTLED}
-       returning *
+       returning ${operationColumns()}
        ), ${event('flagged', `id, 'flagged', $2, null, jsonb_build_object('reason', $3::text)`)}
        select * from flagged`,
     ),
@@ -444,7 +466,7 @@ function build(schema: string) {
            status = $2, external_id = coalesce($3, external_id), last_outcome = $4, last_error = $5,
            review_reason = null, settled_at = now(), updated_at = now()
        where id = $1 and ${UNSETTLED}
-       returning *
+       returning ${operationColumns()}
        ), ${settlementEvent('$6')},
        ${event('op', `id, 'settled', fence, last_outcome, jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', last_error))`)}
        select * from op`,
@@ -462,7 +484,7 @@ function build(schema: string) {
            status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
            review_reason = null, settled_at = now(), updated_at = now()
        where id = $1 and fence = $2 and ${UNSETTLED}
-       returning *
+       returning ${operationColumns()}
        ), ${settlementEvent("'admin'")},
        ${event('op', `id, 'settled', fence, last_outcome, jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', last_error))`)}
        select * from op`,
@@ -477,7 +499,7 @@ function build(schema: string) {
 
     insertAudit: statement<[actor: string, action: string, operationId: string | null, details: string]>(
       'outboxd_insert_audit',
-      `insert into ${s}.admin_audit (actor, action, operation_id, details) values ($1, $2, $3, $4::jsonb) returning *`,
+      `insert into ${s}.admin_audit (actor, action, operation_id, details) values ($1, $2, $3, $4::jsonb) returning id`,
     ),
 
     insertWebhookEvent: statement<[id: string, type: string, operationId: string | null, result: string, payload: string]>(
@@ -556,7 +578,7 @@ function build(schema: string) {
     /** Unsettled operations untouched for a while: candidates for `requeue --stuck`. */
     stuckOperations: statement<[olderThanSeconds: number, limit: number]>(
       'outboxd_stuck_operations',
-      `select * from ${s}.payment_operations
+      `select ${operationColumns()} from ${s}.payment_operations
        where ${UNSETTLED} and updated_at < now() - make_interval(secs => $1)
        order by updated_at
        limit $2`,
@@ -564,19 +586,19 @@ function build(schema: string) {
 
     operationsByIds: statement<[ids: string[]]>(
       'outboxd_operations_by_ids',
-      `select * from ${s}.payment_operations where id = any($1::uuid[])`,
+      `select ${operationColumns()} from ${s}.payment_operations where id = any($1::uuid[])`,
     ),
 
     /** Charge operations known to Stripe by these PaymentIntents (the drift report's refunds of our charges). */
     chargeOperationsByExternalIds: statement<[externalIds: string[]]>(
       'outboxd_charge_operations_by_external_ids',
-      `select * from ${s}.payment_operations where kind = 'charge' and external_id = any($1::text[])`,
+      `select ${operationColumns()} from ${s}.payment_operations where kind = 'charge' and external_id = any($1::text[])`,
     ),
 
     /** Succeeded operations settled since a time: each must have its charge (refund) in Stripe. */
     succeededSince: statement<[since: Date]>(
       'outboxd_succeeded_since',
-      `select * from ${s}.payment_operations where status = 'succeeded' and settled_at >= $1`,
+      `select ${operationColumns()} from ${s}.payment_operations where status = 'succeeded' and settled_at >= $1`,
     ),
 
     // ─── the console (src/console/): sessions, and the reads behind its pages ─────────────────────────
@@ -748,7 +770,7 @@ function build(schema: string) {
     /** The review queue, longest waiting first, with when each was last flagged or found to need review. */
     reviewQueue: statement<[limit: number]>(
       'outboxd_review_queue',
-      `select o.*, ${CURSOR} as cursor_at,
+      `select ${operationColumns('o')}, ${CURSOR} as cursor_at,
          (select max(e.at) from ${s}.operation_events e
           where e.operation_id = o.id and (e.type = 'flagged' or (e.type = 'outcome' and e.details->>'outcome' = 'needs_review'))) as flagged_at
        from ${s}.payment_operations o
@@ -785,18 +807,18 @@ function build(schema: string) {
 
     recentSettlements: statement<[limit: number]>(
       'outboxd_recent_settlements',
-      `select * from ${s}.payment_operations where settled_at is not null order by settled_at desc limit $1`,
+      `select ${operationColumns()} from ${s}.payment_operations where settled_at is not null order by settled_at desc limit $1`,
     ),
 
     /** Every operation of an order, of any kind: a charge's refunds, a refund's charge, earlier attempts. */
     operationsOfOrder: statement<[orderId: string, limit: number]>(
       'outboxd_operations_of_order',
-      `select * from ${s}.payment_operations where order_id = $1 order by created_at, id limit $2`,
+      `select ${operationColumns()} from ${s}.payment_operations where order_id = $1 order by created_at, id limit $2`,
     ),
 
     operationsByExternalId: statement<[externalId: string, limit: number]>(
       'outboxd_operations_by_external_id',
-      `select * from ${s}.payment_operations where external_id = $1 order by created_at, id limit $2`,
+      `select ${operationColumns()} from ${s}.payment_operations where external_id = $1 order by created_at, id limit $2`,
     ),
 
     /** An operation's timeline rows, oldest first. */
@@ -878,7 +900,7 @@ function build(schema: string) {
 
     listOperations: statement<[status: string | null, needsReview: boolean, limit: number]>(
       'outboxd_list_operations',
-      `select * from ${s}.payment_operations
+      `select ${operationColumns()} from ${s}.payment_operations
        where ($1::text is null or status = $1) and (not $2 or needs_review)
        order by created_at, id
        limit $3`,
@@ -886,14 +908,14 @@ function build(schema: string) {
 
     showOperation: statement<[id: string]>(
       'outboxd_show_operation',
-      `select * from ${s}.payment_operations where id = $1`,
+      `select ${operationColumns()} from ${s}.payment_operations where id = $1`,
     ),
 
     /** Operations whose id begins with a prefix (hex digits, dashes ignored): the short ids people copy.
      * A range of the primary key (uuids order as their hex digits), not a scan of the table. */
     operationsByIdPrefix: statement<[hexPrefix: string, limit: number]>(
       'outboxd_operations_by_id_prefix',
-      `select * from ${s}.payment_operations
+      `select ${operationColumns()} from ${s}.payment_operations
        where id between rpad($1, 32, '0')::uuid and rpad($1, 32, 'f')::uuid
        order by id limit $2`,
     ),

@@ -21,7 +21,7 @@ export async function startDispatcher(
   workerId: string,
   opts: { leaseTtlMs?: number; concurrency?: number; fetchBatch?: number; log?: Logger; effects?: EffectDefinitions; beforeStart?: (boss: PgBoss) => void } = {},
 ): Promise<InProcessReplica> {
-  const boss = createBoss(t.url, 'worker', 3, t.schema);
+  const boss = createBoss(t.url, 'worker', 3, t.schema, t.url);
   boss.on('error', () => {});
   await boss.start();
   opts.beforeStart?.(boss);

@@ -98,7 +98,7 @@ export class PgState implements EmulatorState {
   /** Opens the state on `url`, creating its schema on first use. */
   static async open(url: string): Promise<PgState> {
     // outboxd's statements go unused here (the emulator's tables are its own, in stripe_emulator).
-    const pool = createPool(url, { schema: DEFAULT_SCHEMA, max: 4, applicationName: 'outboxd-stripe-emulator' });
+    const pool = createPool(url, { schema: DEFAULT_SCHEMA, max: 4, applicationName: 'outboxd-stripe-emulator', timeouts: false });
     const session = new pg.Client({ connectionString: url, application_name: 'outboxd-stripe-emulator' });
     session.on('error', () => {}); // a lost session only frees this process's executing keys
     try {
