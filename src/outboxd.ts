@@ -138,7 +138,9 @@ export class Outboxd {
     if (!SCHEMA_NAME.test(this.schema)) throw new TypeError(`schema must be a lower-case identifier of at most 40 characters: ${JSON.stringify(this.schema)}`);
     const direct = options.directConnectionString;
     if (direct !== undefined && (typeof direct !== 'string' || !direct)) throw new TypeError('directConnectionString must be a connection string');
-    this.#direct = direct;
+    // Unset: the connection string is the session connection too (DATABASE_DIRECT_URL's default); with only
+    // the application's pool there is none, and the subscription polls.
+    this.#direct = direct ?? connectionString;
     if (pool) {
       this.#connection = pool;
       this.#db = { sql: statementsFor(this.schema), query: pool.query.bind(pool) as pg.Pool['query'] };

@@ -17,8 +17,8 @@ import { StripeGateway } from './stripe/gateway.ts';
 
 export interface Database {
   url: string;
-  /** A session connection (the migrations' lock, LISTEN): DATABASE_DIRECT_URL, the embedded cluster's own
-   * URL, or undefined (outboxd then polls for jobs). */
+  /** A session connection (the migrations' lock, LISTEN): DATABASE_DIRECT_URL, else DATABASE_URL itself
+   * (the contract's default: only a pooler's users need the direct one), the embedded cluster's own URL. */
   directUrl?: string | undefined;
   /** outboxd's schema in it (OUTBOXD_SCHEMA). */
   schema: string;
@@ -32,7 +32,9 @@ export interface Database {
 
 export async function openDatabase(config: Config, log: Logger): Promise<Database> {
   const { schema } = config;
-  if (config.databaseUrl) return { url: config.databaseUrl, directUrl: config.databaseDirectUrl, schema, embedded: false, close: async () => {} };
+  if (config.databaseUrl) {
+    return { url: config.databaseUrl, directUrl: config.databaseDirectUrl ?? config.databaseUrl, schema, embedded: false, close: async () => {} };
+  }
   if (config.production) {
     throw new ConfigError('NODE_ENV=production and DATABASE_URL is unset: set DATABASE_URL to your PostgreSQL (the embedded database is for development only)');
   }

@@ -94,7 +94,6 @@ async function openReplica(config: Config, log: Logger, workerId: string, effect
     opened.push(() => pool.end());
     // Every loop fetches and completes its jobs through pg-boss's own pool (plus heartbeats, supervision).
     const boss = createBoss(db.url, 'worker', config.worker.concurrency + 3, db.schema, db.directUrl);
-    if (db.directUrl === undefined) log.info('DATABASE_DIRECT_URL is unset: new jobs are found by polling, not LISTEN/NOTIFY');
     boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
     const metrics = createMetrics({ db: pool, boss, kinds: [...BUILT_IN_KINDS, ...(effects?.keys() ?? [])] });
     registerStripeMode(metrics.registry, gateway.mode);
