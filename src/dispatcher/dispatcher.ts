@@ -45,6 +45,7 @@ import {
 } from '../payments/operation.ts';
 import { traceDispatch, traceOperation, untraced } from '../tracing.ts';
 import type { Metrics } from './metrics.ts';
+import { keepLease } from './lease.ts';
 import { Slots } from './slots.ts';
 
 export interface DispatcherOptions {
@@ -253,6 +254,7 @@ export class Dispatcher {
 
     const keyWindowSeconds = this.opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
     const { policy, calls } = this.policies.get(kind)!;
+    const claimSentAt = performance.now();
     const claim = await claimAttempt(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, keyWindowSeconds, kind, policy, calls);
     if (!claim.lease) return this.notClaimed(claim.current, log);
     const { lease } = claim;
@@ -268,16 +270,12 @@ export class Dispatcher {
     const started = performance.now();
     const call = new AbortController();
     this.calls.set(call, operationId);
-    let leaseLost = false;
-    const renewal = setInterval(() => {
-      renewLease(pool, operationId, fence, this.opts.leaseTtlMs)
-        .then((held) => {
-          if (!held && !leaseLost) opLog.warn('lease taken over during the call: its outcome will be fenced out');
-          leaseLost ||= !held;
-          if (leaseLost) call.abort(new Error('the lease on this operation was lost'));
-        })
-        .catch((err: Error) => opLog.warn({ err }, 'lease renewal failed'));
-    }, Math.max(250, Math.floor(this.opts.leaseTtlMs / 3)));
+    const held = keepLease(call, {
+      ttlMs: this.opts.leaseTtlMs,
+      claimSentAt,
+      renew: () => renewLease(pool, operationId, fence, this.opts.leaseTtlMs),
+      log: opLog,
+    });
     let released = false;
     try {
       const run = await executeOperation(pool, gateway, operationId, fence, {
@@ -287,6 +285,7 @@ export class Dispatcher {
         log: opLog,
         effects: this.deps.effects,
         signal: call.signal,
+        checkLease: held.check,
         onCallEnded: endCall,
         // Nothing executed, so this was no attempt: it must not spend the job's retries (40 of them would
         // dead-letter an operation that only ever met 429s). The job completes, and a fresh one drives the
@@ -323,7 +322,7 @@ export class Dispatcher {
     } catch (err) {
       if (err instanceof CallAbandoned) {
         released = true; // kept, to expire
-        opLog.warn('call abandoned at shutdown: no outcome recorded; its lease expires before another claim');
+        opLog.warn({ reason: err.message }, 'call abandoned: no outcome recorded; its lease expires before another claim');
         metrics.jobs.inc({ result: 'abandoned' });
         return retryLater(err.message);
       }
@@ -345,7 +344,7 @@ export class Dispatcher {
       metrics.jobs.inc({ result: 'error' });
       return retryLater(String(err));
     } finally {
-      clearInterval(renewal);
+      held.stop();
       this.calls.delete(call);
       metrics.inFlight.dec();
       if (!released) await releaseLease(pool, operationId, fence).catch(() => {});
