@@ -160,6 +160,25 @@ describe('the console in a browser', () => {
     await b.shot('overview');
   });
 
+  it("overview: the host database's oldest transaction (the xmin horizon) and its dead rows", async () => {
+    const { page } = b;
+    const holder = await t.pool.connect();
+    try {
+      await holder.query('begin isolation level repeatable read');
+      await holder.query('select 1');
+      const began = performance.now();
+      await waitUntil(() => performance.now() - began > 2_000, 10_000, 'two seconds');
+      await page.goto(`${base}/console/`);
+      const host = page.locator('.card', { hasText: 'Host database' });
+      expect(await host.locator('.card-value').textContent()).toMatch(/^\d+ s$/);
+      expect(await host.locator('.card-note').textContent()).toMatch(/xmin horizon; dead rows: .*(payment_operations|pg-boss) \d/);
+    } finally {
+      await holder.query('rollback');
+      holder.release();
+    }
+    await expect.poll(async () => (await page.goto(`${base}/console/`), await page.locator('.card', { hasText: 'Host database' }).locator('.card-value').textContent()), { timeout: 20_000 }).toBe('no open snapshot');
+  });
+
   it('review queue → operation: every field and the timeline of claims, calls and the flag', async () => {
     const { page } = b;
     await page.goto(`${base}/console/`);

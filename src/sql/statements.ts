@@ -771,6 +771,27 @@ function build(schema: string) {
            as oldest_unsettled_seconds`,
     ),
 
+    /**
+     * The host database's health as it bears on outboxd (issue 22): the oldest transaction that holds the
+     * xmin horizon back (no dead row younger than its snapshot can be vacuumed in this database's tables),
+     * as its age in seconds and in transactions; and the dead rows of outboxd's tables and pg-boss's (its
+     * job partitions together). A role without pg_read_all_stats sees other roles' sessions without
+     * their xmin: grant it to outboxd's role for the whole picture.
+     */
+    hostHealth: statement<[]>(
+      'outboxd_host_health',
+      `select
+         (select coalesce(max(extract(epoch from now() - xact_start)), 0)::float8 from pg_stat_activity
+           where backend_xmin is not null and datname = current_database() and pid <> pg_backend_pid()) as oldest_xmin_seconds,
+         (select coalesce(max(age(backend_xmin)), 0)::int from pg_stat_activity
+           where backend_xmin is not null and datname = current_database() and pid <> pg_backend_pid()) as oldest_xmin_age,
+         coalesce((select json_agg(t order by t.table) from (
+           select case when schemaname = '${schema}' then relname::text else 'pg-boss' end as table,
+             sum(n_dead_tup)::float8 as dead, sum(n_live_tup)::float8 as live
+           from pg_stat_user_tables where schemaname in ('${schema}', '${bossSchemaFor(schema)}')
+           group by 1) t), '[]') as tables`,
+    ),
+
     // ─── listings (admin and CLI) ──────────────────────────────────────────────────────────────────────
 
     listOperations: statement<[status: string | null, needsReview: boolean, limit: number]>(
