@@ -132,7 +132,8 @@ export async function reviewQueue(pool: Pool, limit: number): Promise<(Listed & 
 }
 
 export interface OperationRecord {
-  events: { id: number; at: Date; type: string; fence: number | null; actor: string | null; details: Record<string, unknown> }[];
+  /** repeats: how many times it happened (a repeated refusal is one row), last_at: the last time. */
+  events: { id: number; at: Date; type: string; fence: number | null; actor: string | null; details: Record<string, unknown>; repeats: number; last_at: Date | null }[];
   webhooks: { id: string; type: string; received_at: Date; result: string; payload: Record<string, unknown> }[];
   audit: AuditRow[];
   /** Every other operation of the same order: a charge's refunds, a refund's charge, earlier charges. */

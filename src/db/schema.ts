@@ -184,6 +184,11 @@ export const operationEvents = outboxd.table(
     /** Who: the lease owner of a claim; the source of an outside settlement. */
     actor: text('actor'),
     details: jsonb('details').notNull().default({}),
+    /** How many times this event happened: a refusal repeated every few seconds (a revoked key, a 429
+     * loop, the review sweep) is one row counted, not a row each time (src/sql/statements.ts). */
+    repeats: integer('repeats').notNull().default(1),
+    /** When it last happened, once it repeated. */
+    lastAt: timestamp('last_at', { withTimezone: true }),
   },
   (t) => [index('operation_events_operation_idx').on(t.operationId, t.id)],
 );

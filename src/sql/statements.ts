@@ -53,10 +53,41 @@ function build(schema: string) {
   const statement =
     <A extends unknown[]>(name: string, text: string) =>
     (...values: A): QueryConfig => ({ name: `${name}_${tag}`, text, values, types: resultTypes });
-  /** A data-modifying CTE that adds to the operation's timeline, one row per row of `from`:
-   * `columns` selects operation_id, type, fence, actor, details. */
-  const event = (from: string, columns: string) =>
-    `${from}_event as (insert into ${s}.operation_events (operation_id, type, fence, actor, details) select ${columns} from ${from})`;
+  /**
+   * Data-modifying CTEs that add to the operation's timeline, one row per row of `from`: `columns` selects
+   * operation_id, type, fence, actor, details. A refusal that repeats (the same flag, or an outcome that
+   * executed nothing or only read, with the same details but for the attempt, duration and request id,
+   * as the operation's latest event of its type) counts on that row instead (repeats, last_at). A repeated
+   * outcome's claim and call, which executed nothing, go with it: a revoked key retried every 30 s, a 429
+   * loop, a sweep that flags the same operation each run leave one row, not one a round.
+   */
+  const event = (from: string, columns: string) => {
+    const same = (d: string) => `(${d} - 'attempt' - 'duration_ms' - 'request_id')`;
+    return `${from}_ev as (
+         select c1::uuid as operation_id, c2::text as type, c3::bigint as fence, c4::text as actor, c5::jsonb as details,
+           row_number() over () as ord
+         from (select ${columns} from ${from}) raw (c1, c2, c3, c4, c5)
+       ), ${from}_repeat as (
+         select n.operation_id, n.type, n.fence, last.id
+         from ${from}_ev n
+         cross join lateral (
+           select l.id, l.details from ${s}.operation_events l
+           where l.operation_id = n.operation_id and l.type = n.type order by l.id desc limit 1
+         ) last
+         where (n.type = 'flagged' or (n.type = 'outcome' and (n.details->>'outcome' in ('rate_limited', 'not_executed') or n.details->>'call' <> 'create')))
+           and ${same('last.details')} = ${same('n.details')}
+       ), ${from}_counted as (
+         update ${s}.operation_events e set repeats = e.repeats + 1, last_at = now() from ${from}_repeat r where e.id = r.id
+       ), ${from}_cycle as (
+         delete from ${s}.operation_events e using ${from}_repeat r
+         where r.type = 'outcome' and e.operation_id = r.operation_id and e.fence = r.fence and e.type in ('claimed', 'sent') and e.id > r.id
+       ), ${from}_event as (
+         insert into ${s}.operation_events (operation_id, type, fence, actor, details)
+         select n.operation_id, n.type, n.fence, n.actor, n.details from ${from}_ev n
+         where not exists (select 1 from ${from}_repeat r where r.operation_id = n.operation_id and r.type = n.type)
+         order by n.ord
+       )`;
+  };
   /** An operation's keyset cursor: created_at to the microsecond (a JavaScript Date keeps milliseconds). */
   const CURSOR = `to_char(o.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`;
   const operationsPage = (cmp: '<' | '>', dir: 'asc' | 'desc') =>
@@ -695,7 +726,7 @@ function build(schema: string) {
     /** An operation's timeline rows, oldest first. */
     operationEvents: statement<[operationId: string, limit: number]>(
       'outboxd_operation_events',
-      `select id, at, type, fence, actor, details from ${s}.operation_events where operation_id = $1 order by id limit $2`,
+      `select id, at, type, fence, actor, details, repeats, last_at from ${s}.operation_events where operation_id = $1 order by id limit $2`,
     ),
 
     webhookEventsOf: statement<[operationId: string, limit: number]>(

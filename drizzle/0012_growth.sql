@@ -1,0 +1,2 @@
+ALTER TABLE "outboxd"."operation_events" ADD COLUMN "repeats" integer DEFAULT 1 NOT NULL;--> statement-breakpoint
+ALTER TABLE "outboxd"."operation_events" ADD COLUMN "last_at" timestamp with time zone;
