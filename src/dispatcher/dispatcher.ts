@@ -27,6 +27,7 @@ import { BUILT_IN_KINDS, effectFor, type EffectCall, type EffectDefinitions, typ
 import { chargeQueueOptions, createKindQueues, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
 import { pruneWebhookEvents } from '../webhooks/inbox.ts';
+import { createPruneQueue, DEFAULT_RETENTION_DAYS, PRUNE_QUEUE, pruneHistory, type RetentionDays } from '../retention.ts';
 import { CallAbandoned, callTable, executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import {
@@ -58,6 +59,9 @@ export interface DispatcherOptions {
   reconcileCron?: string;
   /** Stored webhook events older than this are deleted after each scheduled sweep. */
   webhookRetentionDays?: number;
+  /** Schedule the retention job (src/retention.ts) with this cron: one run at a time across replicas. */
+  pruneCron?: string;
+  retentionDays?: RetentionDays;
   /** How often an idle relay looks for new outbox rows (a full batch is followed at once). */
   relayIntervalMs?: number;
   /** Jobs each loop fetches per round trip (FETCH_BATCH; never more than concurrency). */
@@ -182,6 +186,15 @@ export class Dispatcher {
         return summary;
       });
     }
+    if (this.opts.pruneCron) {
+      await createPruneQueue(boss);
+      await boss.schedule(PRUNE_QUEUE, this.opts.pruneCron);
+      await boss.work(PRUNE_QUEUE, { batchSize: 1, pollingIntervalSeconds: 30 }, async () => {
+        const pruned = await pruneHistory(this.deps.pool, this.opts.retentionDays ?? DEFAULT_RETENTION_DAYS);
+        this.log.info({ pruned }, 'history past its retention pruned');
+        return pruned;
+      });
+    }
     this.relaying = this.relay();
     this.log.info({ concurrency: this.opts.concurrency, leaseTtlMs: this.opts.leaseTtlMs, kinds: this.kinds }, 'dispatcher started');
   }
@@ -215,7 +228,7 @@ export class Dispatcher {
     await this.relaying;
     const { boss, pool } = this.deps;
     const stopped = Promise.all(
-      [...this.kinds.flatMap((kind) => [queueFor(kind), deadQueueFor(kind)]), RECONCILE_QUEUE].map((queue) => boss.offWork(queue, { wait: true })),
+      [...this.kinds.flatMap((kind) => [queueFor(kind), deadQueueFor(kind)]), RECONCILE_QUEUE, PRUNE_QUEUE].map((queue) => boss.offWork(queue, { wait: true })),
     );
     // With the database gone no call in flight can record its outcome: waiting would only delay the
     // exit. Its leases expire and another replica resends with the same key, as after kill -9.
