@@ -109,10 +109,14 @@ export function parseOrderInput(input: unknown): OrderInput {
   throw validationErrorOf(result.error.issues[0]!);
 }
 
-/** The first issue zod found, as a ValidationError naming its field. A record's bad key is named by the
- * record (the key may be what cannot be shown), with the key's own issue. */
+/** The first issue zod found, as a ValidationError naming its field. A record's bad key is named with
+ * the key's own issue, and by the record alone when the key itself cannot be stored (nor shown). */
 export function validationErrorOf(issue: z.core.$ZodIssue): ValidationError {
   if (issue.code === 'unrecognized_keys') return new ValidationError(issue.keys.join(', '), 'unknown field');
-  if (issue.code === 'invalid_key') return new ValidationError(issue.path.slice(0, -1).map(String).join('.') || 'input', issue.issues[0]?.message ?? issue.message);
-  return new ValidationError(issue.path.map(String).join('.') || 'input', issue.message);
+  const path = issue.path.map(String);
+  if (issue.code === 'invalid_key') {
+    const named = isStorableText(path.at(-1) ?? '') ? path : path.slice(0, -1);
+    return new ValidationError(named.join('.') || 'input', issue.issues[0]?.message ?? issue.message);
+  }
+  return new ValidationError(path.join('.') || 'input', issue.message);
 }
