@@ -72,8 +72,6 @@ async function keyMisuse(): Promise<{ op: string; pi: string }> {
   return { op, pi };
 }
 
-const events = async (op: string, type?: string) =>
-  (await t.pool.query(`select type, fence, actor, details from outboxd.operation_events where operation_id = $1 and ($2::text is null or type = $2) order by id`, [op, type ?? null])).rows;
 const audit = async (op: string) => (await t.pool.query(`select actor, action from outboxd.admin_audit where operation_id = $1 order by id`, [op])).rows;
 
 /** Held for review by the dead-letter handler, its lease given back: nothing drives it any more. */
