@@ -31,8 +31,8 @@ const CONCURRENCY = 8;
  * fastest here, is measured beside it, a harder comparison than the issue's goal asks for. */
 const PEER_BATCHES = [1, CONCURRENCY];
 const REFERENCE_BATCH = 1;
-/** BENCH_ONLY=confirm,dispatch,noop,latency,pickup,tracing,budget runs a subset (while tuning one figure). */
-const ONLY = new Set((process.env.BENCH_ONLY ?? 'confirm,dispatch,noop,latency,pickup,tracing,budget').split(','));
+/** BENCH_ONLY=confirm,dispatch,noop,latency,pickup,tracing,budget,growth runs a subset (while tuning one figure). */
+const ONLY = new Set((process.env.BENCH_ONLY ?? 'confirm,dispatch,noop,latency,pickup,tracing,budget,growth').split(','));
 /** Counts each worker process's statements (round trips), preloaded beside the image's NODE_OPTIONS. */
 const COUNT_QUERIES = fileURLToPath(new URL('./lib/countQueries.mjs', import.meta.url));
 const rows: { section: string; measure: string; value: string; reference: string; ratio: string }[] = [];
@@ -372,6 +372,49 @@ async function budgetSection(w: World) {
   say(`budget: use ${on.budgetUse.toFixed(2)} (off ${off.budgetUse.toFixed(2)}), 429 ${(100 * on.rateLimitedShare).toFixed(1)} % (off ${(100 * off.rateLimitedShare).toFixed(0)} %)`);
 }
 
+/** The WAL position, the bytes on disk (tables, indexes, TOAST) of what outboxd and pg-boss keep (the
+ * example's orders table aside: the application's) and of the ledger alone, and their rows. */
+async function footprint(db: Query, rowsOf: string) {
+  const { rows: r } = await db.query(
+    `select pg_current_wal_lsn()::text as lsn,
+       (select coalesce(sum(pg_total_relation_size(c.oid)), 0)::float8 from pg_class c join pg_namespace n on n.oid = c.relnamespace
+        where c.relkind = 'r' and ((n.nspname = 'outboxd' and c.relname <> 'orders') or (n.nspname = 'pgboss' and c.relname like 'job%'))) as bytes,
+       pg_total_relation_size('outboxd.payment_operations')::float8 as ledger_bytes,
+       (${rowsOf})::float8 as rows`,
+  );
+  return r[0] as { lsn: string; bytes: number; ledger_bytes: number; rows: number };
+}
+
+/**
+ * What a settled operation leaves behind and writes (issue 22): WAL, bytes on disk and rows per settled
+ * operation, outboxd's (from the confirmation on, the example's order row included in the WAL) against
+ * the peer's (its job's insert on): WAL from pg_current_wal_lsn(), bytes from pg_total_relation_size.
+ * "After retention" is the ledger alone: the timeline, the outboxes' and pg-boss's rows are pruned.
+ */
+async function growthSection(w: World) {
+  const ourRows = `select (select count(*) from outboxd.payment_operations) + (select count(*) from outboxd.operation_events)
+      + (select count(*) from outboxd.charge_outbox) + (select count(*) from outboxd.settlement_outbox)
+      + (select count(*) from pgboss.job where name in ('charge', 'settled'))`;
+  const peerRows = `select count(*) from pgboss.job where name = '${PEER_QUEUE}'`;
+  const measure = async (fleet: Fleet, rowsOf: string) => {
+    await w.pool.query('checkpoint'); // both from the same state: full-page images after it alike
+    const a = await footprint(w.pool, rowsOf);
+    await drain(w, fleet, 1, BACKLOG);
+    const b = await footprint(w.pool, rowsOf);
+    const { rows: d } = await w.pool.query(`select pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::float8 as wal`, [b.lsn, a.lsn]);
+    return { walPerOp: d[0].wal / BACKLOG, bytesPerOp: (b.bytes - a.bytes) / BACKLOG, ledgerBytesPerOp: (b.ledger_bytes - a.ledger_bytes) / BACKLOG, rowsPerOp: (b.rows - a.rows) / BACKLOG };
+  };
+  const ours = await measure(outboxd, ourRows);
+  const theirs = await measure(peer(REFERENCE_BATCH), peerRows);
+  const kb = (bytes: number) => `${(bytes / 1024).toFixed(2)} KB`;
+  const of = `${BACKLOG} settled operations, 1 process`;
+  rows.push({ section: '8. growth', measure: `WAL per settled operation (${of})`, value: kb(ours.walPerOp), reference: `${kb(theirs.walPerOp)}: ${peerName(REFERENCE_BATCH)} (goal ≤ 2×)`, ratio: pct(ours.walPerOp, theirs.walPerOp) });
+  rows.push({ section: '8. growth', measure: 'rows and bytes on disk per settled operation, before the retention windows', value: `${ours.rowsPerOp.toFixed(1)} rows, ${kb(ours.bytesPerOp)}`, reference: `${theirs.rowsPerOp.toFixed(1)} rows, ${kb(theirs.bytesPerOp)} (the peer's job)`, ratio: '' });
+  rows.push({ section: '8. growth', measure: 'bytes on disk per settled operation once the retention windows passed (the ledger, indexes included)', value: kb(ours.ledgerBytesPerOp), reference: '≤ 1.5 KB (goal)', ratio: '' });
+  results.growth = { outboxd: ours, peer: theirs, backlog: BACKLOG };
+  say(`growth: WAL ${kb(ours.walPerOp)} vs peer ${kb(theirs.walPerOp)}; on disk ${kb(ours.bytesPerOp)} (${ours.rowsPerOp.toFixed(1)} rows), ledger ${kb(ours.ledgerBytesPerOp)}`);
+}
+
 // Replicas run the compiled package, as the image does (deploy/Dockerfile): its memory is the image's.
 execFileSync('npx', ['tsc', '-p', 'tsconfig.build.json'], { stdio: 'inherit' });
 const world = await startWorld({ name: 'bench', replicaEntry: fileURLToPath(new URL('../dist/cli/main.js', import.meta.url)) });
@@ -431,6 +474,7 @@ try {
   }
   if (ONLY.has('pickup')) await pickupSection(world);
   if (ONLY.has('budget')) await budgetSection(world);
+  if (ONLY.has('growth')) await growthSection(world);
   if (rss.length) rows.push({ section: '5. resources', measure: `peak RSS per replica (MB), node ${DEPLOYED_NODE_ARGS.join(' ')}, NODE_OPTIONS=${DEPLOYED_NODE_OPTIONS}`, value: fmt(Math.max(...rss)), reference: `120 (goal); the peer: ${fmt(Math.max(...peerRss))}`, ratio: '' });
   if (rss.length) rows.push({ section: '5. resources', measure: 'peak DB connections (bench database, all replicas)', value: String(peak), reference: '', ratio: '' });
   results.resources = { peakRssMb: Math.max(...rss), rssMb: rss, peerRssMb: peerRss, peakConnections: peak };

@@ -62,6 +62,10 @@ export const envSchema = z.object({
   STRIPE_WEBHOOK_SECRET: optionalString,
   /** Days a received webhook event's (trimmed) payload is kept. */
   WEBHOOK_RETENTION_DAYS: intInRange(1, 3650, 30),
+  /** Days an operation's timeline is kept once it settled (an unsettled one's is kept). */
+  OPERATION_EVENTS_RETENTION_DAYS: intInRange(1, 36_500, 90),
+  /** Days an admin action is kept (one about an unsettled operation is kept). */
+  AUDIT_RETENTION_DAYS: intInRange(1, 36_500, 365),
   /** A failed resolution waits this long after the last create that may have executed: Stripe's search
    * normally lags under a minute, longer during incidents. */
   SEARCH_FRESHNESS_SECONDS: intInRange(0, 7 * 86_400, 3_600),
@@ -118,6 +122,8 @@ export interface Config {
   };
   webhookSecret: string | undefined;
   webhookRetentionDays: number;
+  /** The timeline's and the audit trail's (src/retention.ts). */
+  retentionDays: { operationEvents: number; audit: number };
   searchFreshnessSeconds: number;
   logLevel: Env['LOG_LEVEL'];
   /** Undefined: tracing is off (no endpoint, or OTEL_SDK_DISABLED). */
@@ -194,6 +200,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     },
     webhookSecret: e.STRIPE_WEBHOOK_SECRET,
     webhookRetentionDays: e.WEBHOOK_RETENTION_DAYS,
+    retentionDays: { operationEvents: e.OPERATION_EVENTS_RETENTION_DAYS, audit: e.AUDIT_RETENTION_DAYS },
     searchFreshnessSeconds: e.SEARCH_FRESHNESS_SECONDS,
     logLevel: e.LOG_LEVEL,
     tracing: tracingConfig(e),

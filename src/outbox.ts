@@ -11,9 +11,10 @@ import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
 import { PooledBossDb } from './db/bossDb.ts';
 import { bossDb, inTransaction, isPooled, type Pool } from './db/pool.ts';
 import { BUILT_IN_KINDS } from './effects/registry.ts';
-import { createSettlementQueues, relaySettlements } from './settlements.ts';
+import { createSettlementQueues, relaySettlements, SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from './settlements.ts';
 import { bossSchemaFor } from './sql/statements.ts';
 import { traceContextPropagator, traceRelay, untraced } from './tracing.ts';
+import { createPruneQueue, PRUNE_QUEUE } from './retention.ts';
 
 export { bossSchemaFor };
 
@@ -37,6 +38,14 @@ export interface ChargeJob {
 }
 
 /**
+ * pg-boss's own retention, set on every queue of outboxd's rather than left to its defaults: a completed
+ * job is deleted three days after it completed (the ledger and the timeline keep what happened; three days
+ * keep a settlement's delivery on the console's timeline through a weekend), a job never taken
+ * after two weeks (the reconcile sweep flags an operation no job drives).
+ */
+export const JOB_RETENTION = { deleteAfterSeconds: 3 * 86_400, retentionSeconds: 14 * 86_400 } as const;
+
+/**
  * Retries are the re-drive of ambiguous (`unknown`) and rate-limited operations: capped exponential
  * backoff with jitter from 1 s to 5 min, always with the same idempotency key because the key is derived
  * from the operation. 40 retries spans several hours; what is still unsettled then is dead-lettered and
@@ -44,6 +53,7 @@ export interface ChargeJob {
  * heartbeatSeconds: a killed replica's job is retried within seconds, not after the 15-minute expiry.
  */
 export const chargeQueueOptions: Omit<Queue, 'name'> = {
+  ...JOB_RETENTION,
   retryLimit: 40,
   retryDelay: 1,
   retryBackoff: true,
@@ -59,7 +69,7 @@ export const queueOptionsFor = (kind: string): Omit<Queue, 'name'> => ({ ...char
 
 /** Creates a kind's queue and its dead letter (idempotent). */
 export async function createKindQueues(boss: PgBoss, kind: string): Promise<void> {
-  await boss.createQueue(deadQueueFor(kind), { retryLimit: 5, retryBackoff: true, notify: true });
+  await boss.createQueue(deadQueueFor(kind), { ...JOB_RETENTION, retryLimit: 5, retryBackoff: true, notify: true });
   await boss.createQueue(queueFor(kind), queueOptionsFor(kind));
 }
 
@@ -126,7 +136,13 @@ export const RECONCILE_QUEUE = 'reconcile';
 export async function createQueues(boss: PgBoss): Promise<void> {
   for (const kind of BUILT_IN_KINDS) await createKindQueues(boss, kind);
   await boss.createQueue(RECONCILE_QUEUE, { policy: 'singleton', retryLimit: 0, expireInSeconds: 15 * 60 });
+  await createPruneQueue(boss);
   await createSettlementQueues(boss);
+  // Queues made by an earlier release keep the options they were created with: set the retention on them.
+  const queues = [...BUILT_IN_KINDS.flatMap((kind) => [queueFor(kind), deadQueueFor(kind)]), RECONCILE_QUEUE, PRUNE_QUEUE, SETTLED_QUEUE];
+  for (const queue of queues) await boss.updateQueue(queue, JOB_RETENTION);
+  // The dead letter keeps its events for a redrive (src/settlements.ts); its completed ones go as any.
+  await boss.updateQueue(SETTLED_DEAD_QUEUE, { deleteAfterSeconds: JOB_RETENTION.deleteAfterSeconds });
 }
 
 export const RELAY_BATCH = 500;

@@ -115,6 +115,34 @@ describe('the shared bucket', () => {
   });
 });
 
+describe('a database clock that steps back (a failover to a lagging standby)', () => {
+  /** The bucket as a clock stepped back by an hour leaves it: refilled and short "in the future". */
+  const steppedBack = (name: string) =>
+    t.pool.query(`update outboxd.rate_budgets set tokens = 0, refilled_at = now() + interval '1 hour', short_at = now() + interval '1 hour' where name = $1`, [name]);
+
+  it('the bucket keeps refilling, bounded by rate × elapsed + capacity from then on', async () => {
+    const rate = 20;
+    const name = `stepped_${randomUUID().slice(0, 8)}`;
+    const b = budget(replicaA, rate, name);
+    await b.take('dispatch', Date.now() + 5_000); // the row exists
+    await steppedBack(name);
+    const started = performance.now();
+    const grants = await takeUntil(b, 4, started + 1_500);
+    expect(grants.length).toBeGreaterThan(rate / 2); // not frozen for the hour
+    grants.sort((x, y) => x - y).forEach((at, i) => expect(i + 1).toBeLessThanOrEqual((rate * (at - started)) / 1000 + b.capacity + 1e-9));
+    const { rows } = await t.pool.query(`select refilled_at <= now() as behind from outboxd.rate_budgets where name = $1`, [name]);
+    expect(rows[0].behind).toBe(true);
+  });
+
+  it('background takes are not held back for the hour by a shortage recorded "ahead"', async () => {
+    const name = `stepped_bg_${randomUUID().slice(0, 8)}`;
+    const b = budget(replicaA, 50, name);
+    await b.take('dispatch', Date.now() + 5_000);
+    await steppedBack(name);
+    await b.take('background', Date.now() + 10_000);
+  });
+});
+
 describe('priority: creates before reconciliation', () => {
   it('in a replica, no background call gets a token while a dispatch call waits', async () => {
     const b = budget(replicaA, 20);
@@ -319,8 +347,9 @@ describe('waiting for a token holds the operation safely', () => {
     );
     for (const op of ops) await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
     const before = e.emulator.requests().length;
-    // A dispatcher elsewhere came up short just now, and keeps being short.
-    await t.pool.query(`insert into outboxd.rate_budgets (name, tokens, refilled_at, short_at) values ($1, 0, now(), now() + interval '1 hour'), ($2, 0, now(), now() + interval '1 hour')`, [name, `${name}_search`]);
+    // A dispatcher elsewhere came up short just now, and keeps being short (further ahead is a clock
+    // that stepped back, not a shortage).
+    await t.pool.query(`insert into outboxd.rate_budgets (name, tokens, refilled_at, short_at) values ($1, 0, now(), now() + interval '30 seconds'), ($2, 0, now(), now() + interval '30 seconds')`, [name, `${name}_search`]);
 
     const sweep = () => reconcileSweep(t.pool, g, t.boss, { owner: 'sweeper', leaseTtlMs: 10_000, log });
     const refused = await sweep();

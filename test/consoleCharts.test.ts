@@ -73,6 +73,13 @@ describe("the overview's charts", () => {
        select gen_random_uuid(), 'outcome', at, details from unnest($1::timestamptz[], $2::jsonb[]) as o(at, details)`,
       [calls.map((c) => c.at), calls.map((c) => JSON.stringify(outcome(c)))],
     );
+    // A 429 loop kept as one row: 7 answers, the first 100 minutes ago, the last 20 minutes ago.
+    const loop = { first: at(100), last: at(20), repeats: 7 };
+    await t.pool.query(
+      `insert into outboxd.operation_events (operation_id, type, at, last_at, repeats, details)
+       values (gen_random_uuid(), 'outcome', $1, $2, $3, '{"outcome":"rate_limited","error":"RetryLater 429: Too many requests"}')`,
+      [loop.first, loop.last, loop.repeats],
+    );
     const charts = await overviewCharts(t.pool, now);
     const minutes = CHART_HOURS * 60;
     expect(charts.succeeded).toHaveLength(minutes);
@@ -100,6 +107,10 @@ describe("the overview's charts", () => {
     for (const c of calls) {
       if (c.answer !== 'budget') expected.calls[bucket(c.at)]! += 1;
       if (c.answer === '429') expected.limited[bucket(c.at)]! += 1;
+    }
+    for (const [when, n] of [[loop.first, 1], [loop.last, loop.repeats - 1]] as const) {
+      expected.calls[bucket(when)]! += n;
+      expected.limited[bucket(when)]! += n;
     }
     expect(expected.limited.some((n) => n > 0) && calls.some((c) => c.answer === 'budget')).toBe(true);
     expect(charts.succeeded).toEqual(expected.succeeded);

@@ -2,10 +2,16 @@
 // malformed and random requests over raw TCP, at every route it serves (admin API on the same port, as
 // by default), and answers each (or closes the socket on garbage, as Node does) and stays alive.
 // Seeded: FUZZ_SEED=<n> replays a run; a failure prints the seed and the request.
+// The library's requests get text PostgreSQL cannot store (U+0000, half a surrogate pair) in every field,
+// at any depth: each is refused with a ValidationError naming the field, and the caller's transaction
+// goes on (issue 22).
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
 import Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startReplica, type Replica } from '../scripts/lib/replica.ts';
-import { createTestDatabase, type TestDb } from './support/db.ts';
+import { Outboxd, ValidationError } from '../src/index.ts';
+import { createTestDatabase, inAppTransaction, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
 import { confirm } from './support/fixtures.ts';
 import { seededRandom } from '../scripts/lib/random.ts';
@@ -79,6 +85,9 @@ function generator(seed: number) {
     JSON.stringify({ olderThanSeconds: pick([0, -1, 1e12, 1.5, '600']), dryRun: pick([true, 1]) }),
     JSON.stringify({ id: 'evt_fuzz', object: 'event', type: 'payment_intent.succeeded', data: { object: { id: 'pi_x', metadata: { operation_id: uuid() } } } }),
     text(int(200)),
+    // Text PostgreSQL cannot store, as JSON escapes: refused as input, never a database error.
+    JSON.stringify({ outcome: 'failed', reason: pick(['a\u0000b', '\u0000']) }),
+    pick(['{"outcome":"failed","reason":"x\\ud800"}', '{"outcome":"succeeded","externalId":"pi_\\udfff"}', '{"outcome":"succeeded","externalId":"pi_\\u0000"}']),
     'x'.repeat(70_000), // over the admin API's 64 KiB
   ];
 
@@ -165,6 +174,8 @@ describe('fuzzing a real worker process', () => {
     expect(failures((r) => r.c.complete && r.a.status === null)).toEqual([]);
     // No 5xx for anyone without the token; the token holder's 500s (if any) are the admin API's to explain.
     expect(failures((r) => (r.a.status ?? 0) >= 500 && !r.c.authorized)).toEqual([]);
+    // Unstorable text is the caller's mistake, for the token holder too.
+    expect(failures((r) => (r.a.status ?? 0) >= 500 && /\\u(0000|d[89a-f])/i.test(r.c.payload.toString('latin1')))).toEqual([]);
     const statuses = new Set(results.map((r) => r.a.status));
     for (const s of [200, 400, 401, 404, 413, 422, 431]) expect(statuses, `some request got ${s}`).toContain(s);
 
@@ -177,5 +188,113 @@ describe('fuzzing a real worker process', () => {
     expect(list.status).toBe(200);
     // No internal failure was logged while serving.
     expect(replica.logs.filter((l) => l.msg === 'HTTP handler failed' || l.msg === 'HTTP request failed while answering' || l.msg === 'HTTP listener error')).toEqual([]);
+  });
+});
+
+describe('fuzzing the library with text PostgreSQL cannot store', () => {
+  const CASES = 300;
+  const BAD = ['\u0000', '\ud800', '\udbff', '\udc00', '\udfff', 'x\ud83d', '\ude00y'];
+  let outboxd: Outboxd;
+  let appPool: pg.Pool;
+  let charged: string;
+  beforeAll(async () => {
+    appPool = new pg.Pool({ connectionString: t.url, max: 2 });
+    outboxd = new Outboxd({ connectionString: t.url });
+    outboxd.defineEffect('fuzz_note', { policy: 'at-least-once', execute: async () => null });
+    charged = await confirm(t);
+    await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now(), external_id = 'pi_fuzz' where id = $1`, [charged]);
+  });
+  afterAll(async () => {
+    await outboxd?.stop();
+    await appPool?.end();
+  });
+
+  interface LibCase {
+    call: (tx: pg.PoolClient) => Promise<unknown>;
+    field: string;
+    shown: unknown;
+  }
+
+  function libraryCases(seed: number): LibCase[] {
+    const rnd = seededRandom(seed);
+    const int = (n: number) => Math.floor(rnd() * n);
+    const pick = <T>(xs: readonly T[]): T => xs[int(xs.length)]!;
+    const word = () => Array.from({ length: 1 + int(8) }, () => String.fromCharCode(97 + int(26))).join('');
+    /** `s` with one unstorable piece at a random place. */
+    const spoil = (s: string) => {
+      const at = int(s.length + 1);
+      return s.slice(0, at) + pick(BAD) + s.slice(at);
+    };
+    /** A JSON value, nested, with one unstorable key or string somewhere; returns it and where it is. */
+    const spoiledJson = (path: string, depth: number): { value: unknown; at: string } => {
+      const r = rnd();
+      if (depth === 0 || r < 0.25) return { value: spoil(word()), at: path };
+      if (r < 0.5) {
+        const items: unknown[] = Array.from({ length: int(3) }, word);
+        const i = int(items.length + 1);
+        const inner = spoiledJson(`${path}[${i}]`, depth - 1);
+        items.splice(i, 0, inner.value);
+        return { value: items, at: inner.at };
+      }
+      const obj: Record<string, unknown> = Object.fromEntries(Array.from({ length: int(3) }, () => [word(), pick([word(), 1, true, null])]));
+      if (r < 0.65) {
+        obj[spoil(word())] = word();
+        return { value: obj, at: `${path} (a key)` };
+      }
+      const key = `k${word()}`;
+      const inner = spoiledJson(`${path}.${key}`, depth - 1);
+      obj[key] = inner.value;
+      return { value: obj, at: inner.at };
+    };
+    const charge = () => ({ orderId: randomUUID() as string, amount: 1 + int(10_000), currency: 'eur', customer: `cus_${word()}`, paymentMethod: 'pm_card_visa' });
+    const kinds: (() => LibCase)[] = [
+      () => {
+        const field = pick(['orderId', 'customer', 'paymentMethod'] as const);
+        const req = charge();
+        req[field] = spoil(req[field]);
+        return { call: (tx) => outboxd.requestCharge(tx, req), field, shown: req };
+      },
+      () => {
+        const key = word();
+        const metadata = { [pick([key, spoil(key)])]: word(), [word() + 'z']: word() };
+        const spoiledKey = !(key in metadata);
+        if (!spoiledKey) metadata[key] = spoil(metadata[key]!);
+        return { call: (tx) => outboxd.requestCharge(tx, { ...charge(), metadata }), field: spoiledKey ? 'metadata' : `metadata.${key}`, shown: metadata };
+      },
+      () => {
+        const req = { chargeOperationId: charged, amount: 1, key: spoil(word()) };
+        return { call: (tx) => outboxd.requestRefund(tx, req), field: 'key', shown: req };
+      },
+      () => {
+        const req = { key: spoil(word()), payload: { n: int(100) } };
+        return { call: (tx) => outboxd.requestEffect(tx, 'fuzz_note', req), field: 'key', shown: req };
+      },
+      () => {
+        const { value, at } = spoiledJson('payload', 4);
+        const req = { key: word(), payload: value };
+        return { call: (tx) => outboxd.requestEffect(tx, 'fuzz_note', req), field: at, shown: req };
+      },
+    ];
+    return Array.from({ length: CASES }, () => pick(kinds)());
+  }
+
+  const operations = async () => Number((await t.pool.query(`select count(*) from outboxd.payment_operations`)).rows[0].count);
+
+  it(`refuses ${CASES} requests naming the field, writes nothing, and the caller's transaction commits what follows (seed ${SEED})`, async () => {
+    const before = await operations();
+    const wrong: string[] = [];
+    for (const c of libraryCases(SEED)) {
+      const show = `seed ${SEED}: ${JSON.stringify(c.shown)}`;
+      await inAppTransaction(appPool, async (tx) => {
+        const err = await c.call(tx).then(() => undefined, (e: unknown) => e);
+        if (!(err instanceof ValidationError) || err.field !== c.field) wrong.push(`${show} → ${String(err)} (wanted a ValidationError of ${c.field})`);
+        // The same transaction goes on: another request in it, committed.
+        await outboxd.requestEffect(tx, 'fuzz_note', { key: randomUUID(), payload: { after: 'a refusal' } });
+      });
+      if (wrong.length >= 10) break;
+    }
+    expect(wrong).toEqual([]);
+    // Only the requests that followed each refusal were written.
+    expect(await operations()).toBe(before + CASES);
   });
 });

@@ -1,6 +1,8 @@
 // The gauges a scrape reads from PostgreSQL: right, and read from the partial indexes, not the table
 // (Prometheus scrapes every replica every few seconds, and the table keeps every operation ever made).
+import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { waitUntil } from '../scripts/lib/replica.ts';
 import { createMetrics } from '../src/dispatcher/metrics.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { confirm } from './support/fixtures.ts';
@@ -46,5 +48,36 @@ describe('operation health gauges', () => {
       await client.query('reset enable_seqscan');
       client.release();
     }
+  });
+});
+
+describe('host database health gauges', () => {
+  it("age the transaction holding the xmin horizon back, and count the dead rows of outboxd's tables", async () => {
+    const holder = new pg.Client({ connectionString: t.url });
+    await holder.connect();
+    try {
+      // An application's long transaction with a snapshot: nothing written after it can be vacuumed.
+      await holder.query('begin isolation level repeatable read');
+      await holder.query('select 1');
+      const began = performance.now();
+      const ops = [await confirm(t), await confirm(t), await confirm(t)];
+      await t.pool.query(`update outboxd.payment_operations set attempts = attempts + 1 where id = any($1::uuid[])`, [ops]);
+      await waitUntil(() => performance.now() - began > 2_000, 10_000, 'two seconds');
+      const metrics = createMetrics({ db: t.pool, boss: t.boss });
+      expect(await gauge(metrics, 'outboxd_db_oldest_xmin_seconds')).toBeGreaterThanOrEqual(2);
+      expect(await gauge(metrics, 'outboxd_db_oldest_xmin_age_transactions')).toBeGreaterThanOrEqual(3);
+      // PostgreSQL's statistics arrive within a second or so of the commit.
+      const dead = async (table: string) => {
+        const { values } = await createMetrics({ db: t.pool, boss: t.boss }).registry.getSingleMetric('outboxd_db_dead_tuples')!.get();
+        return values.find((v) => v.labels.table === table)?.value ?? 0;
+      };
+      await waitUntil(async () => (await dead('payment_operations')) >= 3, 20_000, 'the updated rows counted dead');
+      const { values } = await metrics.registry.getSingleMetric('outboxd_db_live_tuples')!.get();
+      expect(values.map((v) => v.labels.table)).toEqual(expect.arrayContaining(['payment_operations', 'operation_events', 'pg-boss']));
+    } finally {
+      await holder.query('rollback');
+      await holder.end();
+    }
+    await waitUntil(async () => (await gauge(createMetrics({ db: t.pool, boss: t.boss }), 'outboxd_db_oldest_xmin_seconds')) < 2, 20_000, 'the horizon to move on');
   });
 });

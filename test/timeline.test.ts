@@ -17,6 +17,7 @@ import { operationPage } from '../src/console/views/operation.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
 import { counting } from './support/counting.ts';
+import { FakeStripe } from './support/fakeStripe.ts';
 import { claim, confirm, operation } from './support/fixtures.ts';
 
 let t: TestDb;
@@ -137,6 +138,49 @@ describe('the operation timeline', () => {
       'Stripe event payment_intent.succeeded → settled',
     ]);
     expect(entries[2]!.facts).toContainEqual(['Stripe object', pi.id]);
+  });
+
+  it('a refusal that repeats is one row with a count and when it was last seen; its claims and calls go with it', async () => {
+    const op = await confirm(t);
+    const stripe = new FakeStripe();
+    stripe.rateLimitNext = 3;
+    const round = async (owner: string) => {
+      const lease = await claimWithAttempt(t.pool, op, owner);
+      return executeOperation(t.pool, stripe, op, lease.fence, { claimed: lease.operation, begun: lease.begun });
+    };
+    for (const owner of ['worker-a', 'worker-b', 'worker-a']) expect((await round(owner)).outcome?.kind).toBe('rate_limited');
+    expect((await round('worker-b')).operation.status).toBe('succeeded');
+    const rows = (await t.pool.query(`select type, fence, details->>'outcome' as outcome, repeats, last_at is not null as repeated from outboxd.operation_events where operation_id = $1 order by id`, [op])).rows;
+    expect(rows).toEqual([
+      { type: 'claimed', fence: 1, outcome: null, repeats: 1, repeated: false },
+      { type: 'sent', fence: 1, outcome: null, repeats: 1, repeated: false },
+      { type: 'outcome', fence: 1, outcome: 'rate_limited', repeats: 3, repeated: true },
+      { type: 'claimed', fence: 4, outcome: null, repeats: 1, repeated: false },
+      { type: 'sent', fence: 4, outcome: null, repeats: 1, repeated: false },
+      { type: 'outcome', fence: 4, outcome: 'succeeded', repeats: 1, repeated: false },
+    ]);
+    const current = await operation(t, op);
+    const entries = timeline(current, await operationRecord(t.pool, current));
+    expect(entries.map((x) => x.title)).toContain('create → rate_limited (3 times)');
+  });
+
+  it('the same flag again counts on its row; another reason is a row of its own; ambiguous creates are never merged', async () => {
+    const op = await confirm(t);
+    for (let i = 0; i < 3; i++) await flagFromOutside(t.pool, op, 'no job drives it');
+    await flagFromOutside(t.pool, op, 'another reason');
+    expect((await t.pool.query(`select details->>'reason' as reason, repeats from outboxd.operation_events where operation_id = $1 order by id`, [op])).rows).toEqual([
+      { reason: 'no job drives it', repeats: 3 },
+      { reason: 'another reason', repeats: 1 },
+    ]);
+
+    const lost = await confirm(t);
+    const stripe = new FakeStripe();
+    for (let i = 0; i < 2; i++) {
+      stripe.loseResponseOnce = true;
+      const lease = await claimWithAttempt(t.pool, lost, `worker-${i}`);
+      expect((await executeOperation(t.pool, stripe, lost, lease.fence, { claimed: lease.operation, begun: lease.begun })).outcome?.kind).toBe('ambiguous');
+    }
+    expect((await events(lost)).map((r) => r.type)).toEqual(['claimed', 'sent', 'outcome', 'claimed', 'sent', 'outcome']);
   });
 
   it('a stale claim records nothing: no call, no outcome', async () => {

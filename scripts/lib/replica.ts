@@ -18,17 +18,18 @@ export interface Replica {
 }
 
 /** entry: the JavaScript the worker runs from instead of bin/outboxd.js (the benchmark runs the compiled
- * dist/cli/main.js, as the image does); nodeArgs: node's own flags before it, as the image's command line. */
+ * dist/cli/main.js, as the image does); nodeArgs: node's own flags before it, as the image's command line;
+ * args: the worker command's own (--effects). */
 export async function startReplica(
   env: Record<string, string>,
-  opts: { onLog?: (entry: Record<string, unknown>) => void; entry?: string; nodeArgs?: readonly string[] } = {},
+  opts: { onLog?: (entry: Record<string, unknown>) => void; entry?: string; nodeArgs?: readonly string[]; args?: readonly string[] } = {},
 ): Promise<Replica> {
   // The port is read from the 'worker ready' line, logged at info. A replica asked to be quieter (the
   // benchmark's: a line per call would be work it measures, which the peer does not do) is given a free
   // port (unless env names one) and awaited on its readiness probe.
   const quiet = env.LOG_LEVEL !== undefined && !['info', 'debug', 'trace'].includes(env.LOG_LEVEL);
   const fixedPort = quiet ? Number(env.HTTP_PORT ?? 0) || (await freePort()) : undefined;
-  const proc = spawn(process.execPath, [...(opts.nodeArgs ?? []), opts.entry ?? BIN, 'worker'], {
+  const proc = spawn(process.execPath, [...(opts.nodeArgs ?? []), opts.entry ?? BIN, 'worker', ...(opts.args ?? [])], {
     env: { ...process.env, HTTP_PORT: '0', ...env, ...(fixedPort ? { HTTP_PORT: String(fixedPort) } : {}), LOG_LEVEL: quiet ? env.LOG_LEVEL! : 'info' },
     stdio: ['ignore', 'ignore', 'pipe'],
   });

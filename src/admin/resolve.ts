@@ -13,7 +13,7 @@
 // id) is recorded as the evidence, after the same lease and refusals.
 import type { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
-import { ValidationError } from '../orders/validate.ts';
+import { isStorableText, ValidationError } from '../orders/validate.ts';
 import { liveJobFor, queueFor } from '../outbox.ts';
 import { FAILED_CHARGE_STATUSES, FAILED_REFUND_STATUSES, type PaymentGateway } from '../payments/gateway.ts';
 import { refundMismatch, type RefundPayload } from '../payments/refund.ts';
@@ -58,6 +58,10 @@ async function resolve(
   opts: ResolveOptions,
 ): Promise<Operation> {
   if (!actor.trim()) throw new ValidationError('actor', 'who resolves must be named');
+  const given = { actor, ...(resolution.outcome === 'succeeded' ? { externalId: resolution.externalId } : { reason: resolution.reason }) };
+  for (const [field, text] of Object.entries(given)) {
+    if (!isStorableText(text)) throw new ValidationError(field, 'must not contain U+0000 or half a surrogate pair');
+  }
   if (resolution.outcome === 'failed' && !resolution.reason.trim()) throw new ValidationError('reason', 'a failed resolution needs the reason');
   const found = await showOperation(pool, id);
   if (resolution.outcome === 'succeeded') {

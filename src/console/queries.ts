@@ -8,6 +8,7 @@ import type { Pool } from '../db/pool.ts';
 import { OPERATION_STATUSES } from '../payments/status.ts';
 import { queueFor } from '../outbox.ts';
 import { isOperationId, type Operation } from '../payments/operation.ts';
+import type { HostHealth } from '../dispatcher/metrics.ts';
 
 export type Listed = Operation & { cursor_at: string };
 
@@ -89,15 +90,18 @@ export interface Overview {
   recent: Operation[];
   /** The fleet's Stripe budget: requests/s configured (undefined: none), and each bucket's state. */
   budget: { limit: number | undefined; searchLimit: number | undefined; buckets: { name: string; tokens: number; short_seconds_ago: number | null }[] };
+  /** The host database's xmin horizon and dead rows (as /metrics reports them); null when unreadable. */
+  host: HostHealth | null;
 }
 
 export async function overview(pool: Pool, boss: PgBoss, limits: { rateLimit: number | undefined; searchRateLimit: number | undefined }): Promise<Overview> {
-  const [figures, review, recent, queues, buckets] = await Promise.all([
+  const [figures, review, recent, queues, buckets, host] = await Promise.all([
     pool.query(pool.sql.consoleOverview()),
     reviewQueue(pool, 5),
     pool.query(pool.sql.recentSettlements(10)),
     queuesOfKinds(pool, boss).catch(() => null),
     pool.query(pool.sql.rateBudgetStates()),
+    pool.query(pool.sql.hostHealth()).then((r) => r.rows[0] as HostHealth, () => null),
   ]);
   const f = figures.rows[0];
   return {
@@ -110,6 +114,7 @@ export async function overview(pool: Pool, boss: PgBoss, limits: { rateLimit: nu
     review,
     recent: recent.rows,
     budget: { limit: limits.rateLimit, searchLimit: limits.searchRateLimit, buckets: buckets.rows },
+    host,
   };
 }
 
@@ -167,7 +172,7 @@ export async function overviewCharts(pool: Pool, now: Date, hours = CHART_HOURS)
   each(oldest.rows, (i, r) => (charts.oldestUnsettled[i] = r.age_seconds));
   each(calls.rows, (i, r) => {
     charts.gatewayCalls[i] = r.calls;
-    charts.rateLimited[i] = r.rate_limited;
+    charts.rateLimited[i] = r.rate_limited ?? 0;
   });
   return charts;
 }
@@ -186,7 +191,8 @@ export async function reviewQueue(pool: Pool, limit: number): Promise<(Listed & 
 }
 
 export interface OperationRecord {
-  events: { id: number; at: Date; type: string; fence: number | null; actor: string | null; details: Record<string, unknown> }[];
+  /** repeats: how many times it happened (a repeated refusal is one row), last_at: the last time. */
+  events: { id: number; at: Date; type: string; fence: number | null; actor: string | null; details: Record<string, unknown>; repeats: number; last_at: Date | null }[];
   webhooks: { id: string; type: string; received_at: Date; result: string; payload: Record<string, unknown> }[];
   audit: AuditRow[];
   /** Every other operation of the same order: a charge's refunds, a refund's charge, earlier charges. */

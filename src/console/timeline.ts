@@ -30,6 +30,10 @@ const TONE_OF_OUTCOME: Record<string, Tone> = {
   not_executed: 'info',
 };
 
+/** A repeated event's count in its title, and when it last happened among its facts. */
+const times = (e: { repeats: number }): string => (e.repeats > 1 ? ` (${e.repeats} times)` : '');
+const lastSeen = (e: { repeats: number; last_at: Date | null }): [string, string | null] => ['last at', e.repeats > 1 && e.last_at ? e.last_at.toISOString() : null];
+
 const created: Source = (op) => [
   { at: op.created_at, kind: 'created', title: `${op.kind} operation created`, tone: 'neutral', facts: [['order', op.order_id]] },
 ];
@@ -70,7 +74,7 @@ const history: Source = (op, record, now) => {
         entries.push({
           at: e.at,
           kind: 'call',
-          title: outcome ? `${d.call} → ${o.outcome}` : inFlight ? `${d.call} in flight` : `${d.call} sent, no outcome recorded`,
+          title: outcome ? `${d.call} → ${o.outcome}${times(outcome)}` : inFlight ? `${d.call} in flight` : `${d.call} sent, no outcome recorded`,
           tone: outcome ? (TONE_OF_OUTCOME[String(o.outcome)] ?? 'neutral') : inFlight ? 'info' : 'warn',
           facts: [
             ['attempt', d.attempt],
@@ -79,6 +83,7 @@ const history: Source = (op, record, now) => {
             ['Stripe request', o.request_id],
             ['Stripe object', o.external_id],
             ['status', outcome ? (o.from === o.to ? `${o.to}` : `${o.from} → ${o.to}`) : null],
+            outcome ? lastSeen(outcome) : ['last at', null],
           ],
           text: outcome
             ? (o.error as string | null)
@@ -91,7 +96,7 @@ const history: Source = (op, record, now) => {
       case 'outcome':
         break; // shown with its call
       case 'flagged':
-        entries.push({ at: e.at, kind: 'flagged', title: 'held for review', tone: 'bad', facts: [['fence', e.fence]], text: String(d.reason ?? '') });
+        entries.push({ at: e.at, kind: 'flagged', title: `held for review${times(e)}`, tone: 'bad', facts: [['fence', e.fence], lastSeen(e)], text: String(d.reason ?? '') });
         break;
       case 'settled':
         entries.push({

@@ -117,8 +117,10 @@ export const paymentOperations = outboxd.table(
     index('payment_operations_unsettled_idx')
       .on(t.createdAt)
       .where(sql`${t.status} in ('pending', 'unknown')`),
+    // By created_at, the order the review queue is read in; not by updated_at, which every claim and
+    // renewal changes: a column of any index makes each update write every index anew (no HOT update).
     index('payment_operations_review_idx')
-      .on(t.updatedAt)
+      .on(t.createdAt, t.id)
       .where(sql`${t.reviewReason} is not null`),
     // The console's lists: newest first by (created_at, id) keyset, for any kind and status filter
     // (src/console/queries.ts reads one range of it per kind and status, and merges them).
@@ -185,6 +187,11 @@ export const operationEvents = outboxd.table(
     /** Who: the lease owner of a claim; the source of an outside settlement. */
     actor: text('actor'),
     details: jsonb('details').notNull().default({}),
+    /** How many times this event happened: a refusal repeated every few seconds (a revoked key, a 429
+     * loop, the review sweep) is one row counted, not a row each time (src/sql/statements.ts). */
+    repeats: integer('repeats').notNull().default(1),
+    /** When it last happened, once it repeated. */
+    lastAt: timestamp('last_at', { withTimezone: true }),
   },
   (t) => [
     index('operation_events_operation_idx').on(t.operationId, t.id),

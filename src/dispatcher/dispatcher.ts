@@ -27,6 +27,7 @@ import { BUILT_IN_KINDS, effectFor, type EffectCall, type EffectDefinitions, typ
 import { chargeQueueOptions, createKindQueues, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
 import { pruneWebhookEvents } from '../webhooks/inbox.ts';
+import { createPruneQueue, DEFAULT_RETENTION_DAYS, PRUNE_QUEUE, pruneHistory, type RetentionDays } from '../retention.ts';
 import { CallAbandoned, callTable, executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
 import type { PaymentGateway } from '../payments/gateway.ts';
 import {
@@ -45,6 +46,7 @@ import {
 } from '../payments/operation.ts';
 import { traceDispatch, traceOperation, untraced } from '../tracing.ts';
 import type { Metrics } from './metrics.ts';
+import { keepLease } from './lease.ts';
 import { Slots } from './slots.ts';
 
 export interface DispatcherOptions {
@@ -57,6 +59,9 @@ export interface DispatcherOptions {
   reconcileCron?: string;
   /** Stored webhook events older than this are deleted after each scheduled sweep. */
   webhookRetentionDays?: number;
+  /** Schedule the retention job (src/retention.ts) with this cron: one run at a time across replicas. */
+  pruneCron?: string;
+  retentionDays?: RetentionDays;
   /** How often an idle relay looks for new outbox rows (a full batch is followed at once). */
   relayIntervalMs?: number;
   /** Jobs each loop fetches per round trip (FETCH_BATCH; never more than concurrency). */
@@ -181,6 +186,15 @@ export class Dispatcher {
         return summary;
       });
     }
+    if (this.opts.pruneCron) {
+      await createPruneQueue(boss);
+      await boss.schedule(PRUNE_QUEUE, this.opts.pruneCron);
+      await boss.work(PRUNE_QUEUE, { batchSize: 1, pollingIntervalSeconds: 30 }, async () => {
+        const pruned = await pruneHistory(this.deps.pool, this.opts.retentionDays ?? DEFAULT_RETENTION_DAYS);
+        this.log.info({ pruned }, 'history past its retention pruned');
+        return pruned;
+      });
+    }
     this.relaying = this.relay();
     this.log.info({ concurrency: this.opts.concurrency, leaseTtlMs: this.opts.leaseTtlMs, kinds: this.kinds }, 'dispatcher started');
   }
@@ -214,7 +228,7 @@ export class Dispatcher {
     await this.relaying;
     const { boss, pool } = this.deps;
     const stopped = Promise.all(
-      [...this.kinds.flatMap((kind) => [queueFor(kind), deadQueueFor(kind)]), RECONCILE_QUEUE].map((queue) => boss.offWork(queue, { wait: true })),
+      [...this.kinds.flatMap((kind) => [queueFor(kind), deadQueueFor(kind)]), RECONCILE_QUEUE, PRUNE_QUEUE].map((queue) => boss.offWork(queue, { wait: true })),
     );
     // With the database gone no call in flight can record its outcome: waiting would only delay the
     // exit. Its leases expire and another replica resends with the same key, as after kill -9.
@@ -253,6 +267,7 @@ export class Dispatcher {
 
     const keyWindowSeconds = this.opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
     const { policy, calls } = this.policies.get(kind)!;
+    const claimSentAt = performance.now();
     const claim = await claimAttempt(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, keyWindowSeconds, kind, policy, calls);
     if (!claim.lease) return this.notClaimed(claim.current, log);
     const { lease } = claim;
@@ -268,16 +283,12 @@ export class Dispatcher {
     const started = performance.now();
     const call = new AbortController();
     this.calls.set(call, operationId);
-    let leaseLost = false;
-    const renewal = setInterval(() => {
-      renewLease(pool, operationId, fence, this.opts.leaseTtlMs)
-        .then((held) => {
-          if (!held && !leaseLost) opLog.warn('lease taken over during the call: its outcome will be fenced out');
-          leaseLost ||= !held;
-          if (leaseLost) call.abort(new Error('the lease on this operation was lost'));
-        })
-        .catch((err: Error) => opLog.warn({ err }, 'lease renewal failed'));
-    }, Math.max(250, Math.floor(this.opts.leaseTtlMs / 3)));
+    const held = keepLease(call, {
+      ttlMs: this.opts.leaseTtlMs,
+      claimSentAt,
+      renew: () => renewLease(pool, operationId, fence, this.opts.leaseTtlMs),
+      log: opLog,
+    });
     let released = false;
     try {
       const run = await executeOperation(pool, gateway, operationId, fence, {
@@ -287,6 +298,7 @@ export class Dispatcher {
         log: opLog,
         effects: this.deps.effects,
         signal: call.signal,
+        checkLease: held.check,
         onCallEnded: endCall,
         // Nothing executed, so this was no attempt: it must not spend the job's retries (40 of them would
         // dead-letter an operation that only ever met 429s). The job completes, and a fresh one drives the
@@ -323,7 +335,7 @@ export class Dispatcher {
     } catch (err) {
       if (err instanceof CallAbandoned) {
         released = true; // kept, to expire
-        opLog.warn('call abandoned at shutdown: no outcome recorded; its lease expires before another claim');
+        opLog.warn({ reason: err.message }, 'call abandoned: no outcome recorded; its lease expires before another claim');
         metrics.jobs.inc({ result: 'abandoned' });
         return retryLater(err.message);
       }
@@ -345,7 +357,7 @@ export class Dispatcher {
       metrics.jobs.inc({ result: 'error' });
       return retryLater(String(err));
     } finally {
-      clearInterval(renewal);
+      held.stop();
       this.calls.delete(call);
       metrics.inFlight.dec();
       if (!released) await releaseLease(pool, operationId, fence).catch(() => {});

@@ -14,6 +14,7 @@ import { openGateway } from '../runtime.ts';
 import type { Statements } from '../sql/statements.ts';
 import { Dispatcher } from './dispatcher.ts';
 import { createMetrics, registerStripeMode } from './metrics.ts';
+import { PRUNE_CRON } from '../retention.ts';
 
 export interface EffectWorker {
   /** Prometheus text of this worker's metrics, for the application to serve. */
@@ -59,6 +60,8 @@ export async function startInProcessWorker(opts: {
       leaseTtlMs: config.worker.leaseTtlMs,
       reconcileCron: config.worker.reconcileCron,
       webhookRetentionDays: config.webhookRetentionDays,
+      pruneCron: PRUNE_CRON,
+      retentionDays: config.retentionDays,
     },
   );
   try {

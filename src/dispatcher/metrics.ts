@@ -10,6 +10,13 @@ import { SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../settlements.ts';
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
+/** hostHealth's row (src/sql/statements.ts). */
+export interface HostHealth {
+  oldest_xmin_seconds: number;
+  oldest_xmin_age: number;
+  tables: { table: string; dead: number; live: number }[];
+}
+
 /** `kinds`: whose queues to report (default: the built-in ones). */
 export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: readonly string[] }) {
   const registry = new Registry();
@@ -18,6 +25,8 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
   let health: Promise<{ needs_review: number; oldest_unsettled_seconds: number }> | undefined;
   // One query per scrape feeds the three gauges that come from it.
   const readHealth = () => (health ??= source.db.query(source.db.sql.operationHealth()).then((x) => x.rows[0]).finally(() => setTimeout(() => (health = undefined), 500)));
+  let host: Promise<HostHealth> | undefined;
+  const readHost = () => (host ??= source.db.query(source.db.sql.hostHealth()).then((x) => x.rows[0]).finally(() => setTimeout(() => (host = undefined), 500)));
 
   return {
     registry,
@@ -125,6 +134,41 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
       registers: r,
       async collect() {
         this.set((await readHealth()).needs_review);
+      },
+    }),
+    // The host database, shared with the application: what outboxd's rows cost depends on it.
+    oldestXmin: new Gauge({
+      name: 'outboxd_db_oldest_xmin_seconds',
+      help: "Age of the oldest transaction holding the database's xmin horizon back (nothing it could still see is vacuumed meanwhile, in any table)",
+      registers: r,
+      async collect() {
+        this.set((await readHost()).oldest_xmin_seconds);
+      },
+    }),
+    oldestXminAge: new Gauge({
+      name: 'outboxd_db_oldest_xmin_age_transactions',
+      help: 'Transactions since the xmin horizon the oldest transaction holds (age(backend_xmin))',
+      registers: r,
+      async collect() {
+        this.set((await readHost()).oldest_xmin_age);
+      },
+    }),
+    deadTuples: new Gauge({
+      name: 'outboxd_db_dead_tuples',
+      help: "Dead rows not yet vacuumed in outboxd's tables and pg-boss's (table=pg-boss: its job partitions together), as pg_stat_user_tables counts them",
+      labelNames: ['table'],
+      registers: r,
+      async collect() {
+        for (const t of (await readHost()).tables) this.set({ table: t.table }, t.dead);
+      },
+    }),
+    liveTuples: new Gauge({
+      name: 'outboxd_db_live_tuples',
+      help: "Live rows in outboxd's tables and pg-boss's, as pg_stat_user_tables estimates them (beside the dead ones)",
+      labelNames: ['table'],
+      registers: r,
+      async collect() {
+        for (const t of (await readHost()).tables) this.set({ table: t.table }, t.live);
       },
     }),
   };

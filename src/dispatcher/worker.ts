@@ -17,6 +17,7 @@ import { createBoss } from '../outbox.ts';
 import { openDatabase, openGateway, openPool } from '../runtime.ts';
 import { Dispatcher } from './dispatcher.ts';
 import { createMetrics, registerStripeMode } from './metrics.ts';
+import { PRUNE_CRON } from '../retention.ts';
 
 /** What a replica serves for its platform: deploy/ manifests are checked against these (test/deploy). */
 export const PROBES = { liveness: '/healthz', readiness: '/readyz', metrics: '/metrics' } as const;
@@ -106,6 +107,8 @@ async function openReplica(config: Config, log: Logger, workerId: string, effect
         leaseTtlMs: config.worker.leaseTtlMs,
         reconcileCron: config.worker.reconcileCron,
         webhookRetentionDays: config.webhookRetentionDays,
+      pruneCron: PRUNE_CRON,
+      retentionDays: config.retentionDays,
       },
     );
     let dispatching = false;

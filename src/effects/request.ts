@@ -3,7 +3,7 @@
 // policy the kind is defined with here; nothing here begins, commits or rolls back. The input is
 // validated before anything is written.
 import type { Queryable } from '../db/pool.ts';
-import { MAX_ID_LENGTH, ValidationError } from '../orders/validate.ts';
+import { isStorableText, MAX_ID_LENGTH, unstorableAt, ValidationError } from '../orders/validate.ts';
 import { activeTraceparent, ATTR, withSpan } from '../tracing.ts';
 import type { EffectDefinitions } from './registry.ts';
 
@@ -60,6 +60,7 @@ function parseEffectInput(input: unknown): { key: string; payload: string } {
   if (key.length > MAX_ID_LENGTH) throw new ValidationError('key', `key must be at most ${MAX_ID_LENGTH} characters`);
   // eslint-disable-next-line no-control-regex
   if (/[\u0000-\u001f\u007f]/.test(key)) throw new ValidationError('key', 'key must not contain control characters');
+  if (!isStorableText(key)) throw new ValidationError('key', 'key must not contain U+0000 or half a surrogate pair');
   let json: string | undefined;
   try {
     json = JSON.stringify(payload ?? null);
@@ -68,5 +69,8 @@ function parseEffectInput(input: unknown): { key: string; payload: string } {
   }
   if (json === undefined) throw new ValidationError('payload', 'payload must be JSON');
   if (Buffer.byteLength(json) > MAX_PAYLOAD_BYTES) throw new ValidationError('payload', `payload must be at most ${MAX_PAYLOAD_BYTES} bytes of JSON`);
+  // What is stored is the JSON (toJSON applied), so that is what is checked, keys and strings at any depth.
+  const unstorable = json.includes('\\u') ? unstorableAt(JSON.parse(json), 'payload') : undefined;
+  if (unstorable) throw new ValidationError(unstorable, 'must not contain U+0000 or half a surrogate pair (PostgreSQL cannot store them)');
   return { key, payload: json };
 }

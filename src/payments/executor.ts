@@ -52,6 +52,9 @@ export interface ExecuteOptions {
   /** Passed to an application effect's calls: aborted when the claim is lost or the worker stops (with
    * a CallAbandoned reason: a call that then fails has no outcome recorded). */
   signal?: AbortSignal;
+  /** Called right before the external call: aborts `signal` (with CallAbandoned) when the claim's own
+   * deadline has passed, so that a process that slept past its lease sends nothing. */
+  checkLease?: () => void;
 }
 
 export interface Execution {
@@ -123,6 +126,8 @@ export async function executeOperation(
     const made = effect.calls[call];
     if (!made) throw new Error(`kind ${op.kind} has no ${call} call`);
     const signal = opts.signal ?? new AbortController().signal;
+    opts.checkLease?.();
+    if (signal.reason instanceof CallAbandoned) throw signal.reason;
     return made(op, { attempt: attempts, signal })
       .catch((err: unknown) => {
         if (signal.reason instanceof CallAbandoned) throw signal.reason;

@@ -6,7 +6,7 @@
 import { z } from 'zod';
 import type { EffectCalls } from '../effects/registry.ts';
 import type { Queryable } from '../db/pool.ts';
-import { MAX_AMOUNT, MAX_ID_LENGTH, ValidationError } from '../orders/validate.ts';
+import { isStorableText, MAX_AMOUNT, MAX_ID_LENGTH, validationErrorOf } from '../orders/validate.ts';
 import { activeTraceparent, ATTR, withSpan } from '../tracing.ts';
 import {
   FAILED_REFUND_STATUSES,
@@ -39,7 +39,8 @@ export const refundInputSchema = z.strictObject({
     .min(1, 'key must not be empty')
     .max(MAX_ID_LENGTH, `key must be at most ${MAX_ID_LENGTH} characters`)
     // eslint-disable-next-line no-control-regex
-    .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), 'key must not contain control characters'),
+    .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), 'key must not contain control characters')
+    .refine(isStorableText, 'key must not contain U+0000 or half a surrogate pair'),
   reason: z.enum(REFUND_REASONS, { error: `reason must be one of ${REFUND_REASONS.join(', ')}` }).optional(),
 });
 
@@ -48,9 +49,7 @@ export type RefundInput = z.infer<typeof refundInputSchema>;
 export function parseRefundInput(input: unknown): RefundInput {
   const result = refundInputSchema.safeParse(input);
   if (result.success) return result.data;
-  const issue = result.error.issues[0]!;
-  const field = issue.code === 'unrecognized_keys' ? issue.keys.join(', ') : issue.path.map(String).join('.') || 'input';
-  throw new ValidationError(field, issue.code === 'unrecognized_keys' ? 'unknown field' : issue.message);
+  throw validationErrorOf(result.error.issues[0]!);
 }
 
 /** A refund that must not be made, said before anything is written. */

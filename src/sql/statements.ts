@@ -71,10 +71,41 @@ function build(schema: string, prepared: boolean) {
   const statement =
     <A extends unknown[]>(name: string, text: string) =>
     (...values: A): QueryConfig => ({ ...(prepared ? { name: `${name}_${tag}` } : {}), text, values, types: resultTypes });
-  /** A data-modifying CTE that adds to the operation's timeline, one row per row of `from`:
-   * `columns` selects operation_id, type, fence, actor, details. */
-  const event = (from: string, columns: string) =>
-    `${from}_event as (insert into ${s}.operation_events (operation_id, type, fence, actor, details) select ${columns} from ${from})`;
+  /**
+   * Data-modifying CTEs that add to the operation's timeline, one row per row of `from`: `columns` selects
+   * operation_id, type, fence, actor, details. A refusal that repeats (the same flag, or an outcome that
+   * executed nothing or only read, with the same details but for the attempt, duration and request id,
+   * as the operation's latest event of its type) counts on that row instead (repeats, last_at). A repeated
+   * outcome's claim and call, which executed nothing, go with it: a revoked key retried every 30 s, a 429
+   * loop, a sweep that flags the same operation each run leave one row, not one a round.
+   */
+  const event = (from: string, columns: string) => {
+    const same = (d: string) => `(${d} - 'attempt' - 'duration_ms' - 'request_id')`;
+    return `${from}_ev as (
+         select c1::uuid as operation_id, c2::text as type, c3::bigint as fence, c4::text as actor, c5::jsonb as details,
+           row_number() over () as ord
+         from (select ${columns} from ${from}) raw (c1, c2, c3, c4, c5)
+       ), ${from}_repeat as (
+         select n.operation_id, n.type, n.fence, last.id
+         from ${from}_ev n
+         cross join lateral (
+           select l.id, l.details from ${s}.operation_events l
+           where l.operation_id = n.operation_id and l.type = n.type order by l.id desc limit 1
+         ) last
+         where (n.type = 'flagged' or (n.type = 'outcome' and (n.details->>'outcome' in ('rate_limited', 'not_executed') or n.details->>'call' <> 'create')))
+           and ${same('last.details')} = ${same('n.details')}
+       ), ${from}_counted as (
+         update ${s}.operation_events e set repeats = e.repeats + 1, last_at = now() from ${from}_repeat r where e.id = r.id
+       ), ${from}_cycle as (
+         delete from ${s}.operation_events e using ${from}_repeat r
+         where r.type = 'outcome' and e.operation_id = r.operation_id and e.fence = r.fence and e.type in ('claimed', 'sent') and e.id > r.id
+       ), ${from}_event as (
+         insert into ${s}.operation_events (operation_id, type, fence, actor, details)
+         select n.operation_id, n.type, n.fence, n.actor, n.details from ${from}_ev n
+         where not exists (select 1 from ${from}_repeat r where r.operation_id = n.operation_id and r.type = n.type)
+         order by n.ord
+       )`;
+  };
   /** An operation's keyset cursor: created_at to the microsecond (a JavaScript Date keeps milliseconds). */
   const CURSOR = `to_char(o.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`;
   const operationsPage = (cmp: '<' | '>', dir: 'asc' | 'desc') =>
@@ -520,6 +551,44 @@ function build(schema: string, prepared: boolean) {
       `delete from ${s}.webhook_events where received_at < now() - make_interval(days => $1)`,
     ),
 
+    /**
+     * One batch of the timeline's retention (src/retention.ts): the $3 oldest rows after id $2, of which
+     * those last seen over $1 days ago, of an operation settled over $1 days ago, are deleted. An
+     * unsettled operation's history (held for review, or still being driven) is kept whatever its age.
+     * Rows are scanned in id order (the primary key), so a batch reads $3 rows, however large the table;
+     * reached_window: the batch's last row is inside the window, and so is every later one (ids and times
+     * grow together).
+     */
+    pruneOperationEvents: statement<[retentionDays: number, afterId: number, scan: number]>(
+      'outboxd_prune_operation_events',
+      `with scanned as (
+         select id, operation_id, coalesce(last_at, at) as seen from ${s}.operation_events where id > $2 order by id limit $3
+       ), gone as (
+         delete from ${s}.operation_events e
+         using scanned sc join ${s}.payment_operations o on o.id = sc.operation_id
+         where e.id = sc.id and sc.seen < now() - make_interval(days => $1) and o.settled_at < now() - make_interval(days => $1)
+         returning e.id
+       )
+       select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,
+         coalesce((select seen >= now() - make_interval(days => $1) from scanned order by id desc limit 1), true) as reached_window`,
+    ),
+
+    /** The audit trail's retention, as pruneOperationEvents: an action about an unsettled operation is kept. */
+    pruneAdminAudit: statement<[retentionDays: number, afterId: number, scan: number]>(
+      'outboxd_prune_admin_audit',
+      `with scanned as (
+         select id, operation_id, at from ${s}.admin_audit where id > $2 order by id limit $3
+       ), gone as (
+         delete from ${s}.admin_audit a
+         using scanned sc left join ${s}.payment_operations o on o.id = sc.operation_id
+         where a.id = sc.id and sc.at < now() - make_interval(days => $1)
+           and (sc.operation_id is null or o.settled_at < now() - make_interval(days => $1))
+         returning a.id
+       )
+       select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,
+         coalesce((select at >= now() - make_interval(days => $1) from scanned order by id desc limit 1), true) as reached_window`,
+    ),
+
     /** Holds an unsettled operation for a person from outside any claim (a webhook that contradicts it).
      * The status is not touched, so no fence is needed; a later outcome keeps the reason unless it settles. */
     flagFromOutside: statement<[id: string, reason: string]>(
@@ -725,12 +794,16 @@ function build(schema: string, prepared: boolean) {
     /**
      * Gateway calls with an outcome (any kind, any call) but those the budget never sent (their recorded
      * error matches $2), and the ones among them that were answered rate-limited (a 429), from the timeline.
+     * A repeated outcome is one row (repeats, last_at): it counts once in the minute it began and the rest
+     * in the minute it last happened; one begun before the window is not drawn.
      */
     gatewayCallsByMinute: statement<[from: Date, notSent: string]>(
       'outboxd_gateway_calls_by_minute',
-      `select date_trunc('minute', at) as minute, count(*)::int as calls,
-         count(*) filter (where details->>'outcome' = 'rate_limited')::int as rate_limited
-       from ${s}.operation_events where at >= $1 and type = 'outcome' and coalesce(details->>'error', '') not like $2
+      `select date_trunc('minute', v.at) as minute, sum(v.n)::int as calls,
+         sum(v.n) filter (where e.details->>'outcome' = 'rate_limited')::int as rate_limited
+       from ${s}.operation_events e
+       cross join lateral (values (e.at, 1), (e.last_at, e.repeats - 1)) as v(at, n)
+       where e.at >= $1 and e.type = 'outcome' and coalesce(e.details->>'error', '') not like $2 and v.n > 0 and v.at >= $1
        group by 1`,
     ),
 
@@ -824,7 +897,7 @@ function build(schema: string, prepared: boolean) {
     /** An operation's timeline rows, oldest first. */
     operationEvents: statement<[operationId: string, limit: number]>(
       'outboxd_operation_events',
-      `select id, at, type, fence, actor, details from ${s}.operation_events where operation_id = $1 order by id limit $2`,
+      `select id, at, type, fence, actor, details, repeats, last_at from ${s}.operation_events where operation_id = $1 order by id limit $2`,
     ),
 
     webhookEventsOf: statement<[operationId: string, limit: number]>(
@@ -862,7 +935,10 @@ function build(schema: string, prepared: boolean) {
      * Refills the bucket by the database clock (rate $2/s, capacity $3) and grants up to $4 whole tokens,
      * under the row's lock: every replica's takes are serialised, so together they never get more than
      * rate × elapsed + capacity. refilled_at only moves forward (a take that waited for the lock has an
-     * older now()), so no interval is credited twice. $5: a background take, granted nothing while a
+     * older now()), so no interval is credited twice, unless it is over a second ahead: the database clock
+     * stepped back (a failover to a standby whose clock lags), and refilling from its now() (nothing for
+     * the step itself) keeps the bucket bounded without freezing it until the clock catches up; a short_at
+     * ahead likewise yields no longer than $6 s. $5: a background take, granted nothing while a
      * dispatch take anywhere came up short in the last $6 s; a dispatch take that comes up short records
      * when. No row: the bucket does not exist yet (ensureRateBudget).
      */
@@ -871,14 +947,15 @@ function build(schema: string, prepared: boolean) {
       `with cur as (
          select name,
            least($3::float8, tokens + $2::float8 * greatest(0, extract(epoch from now() - refilled_at)::float8)) as avail,
-           $5::boolean and coalesce(short_at > now() - make_interval(secs => $6), false) as yielded
+           $5::boolean and coalesce(short_at > now() - make_interval(secs => $6) and short_at < now() + interval '1 minute', false) as yielded
          from ${s}.rate_budgets where name = $1
          for update
        ), g as (
          select name, avail, yielded, case when yielded then 0 else greatest(0, least($4::int, floor(avail)::int)) end as granted from cur
        )
        update ${s}.rate_budgets b
-       set tokens = g.avail - g.granted, refilled_at = greatest(b.refilled_at, now()),
+       set tokens = g.avail - g.granted,
+           refilled_at = case when b.refilled_at > now() + interval '1 second' then now() else greatest(b.refilled_at, now()) end,
            short_at = case when not $5::boolean and g.granted < $4::int then now() else b.short_at end
        from g where b.name = g.name
        returning g.granted, (g.avail - g.granted)::float8 as remaining, g.yielded`,
@@ -894,6 +971,27 @@ function build(schema: string, prepared: boolean) {
          (select count(*)::int from ${s}.payment_operations where review_reason is not null) as needs_review,
          coalesce((select extract(epoch from now() - min(created_at)) from ${s}.payment_operations where ${UNSETTLED}), 0)::float8
            as oldest_unsettled_seconds`,
+    ),
+
+    /**
+     * The host database's health as it bears on outboxd (issue 22): the oldest transaction that holds the
+     * xmin horizon back (no dead row younger than its snapshot can be vacuumed in this database's tables),
+     * as its age in seconds and in transactions; and the dead rows of outboxd's tables and pg-boss's (its
+     * job partitions together). A role without pg_read_all_stats sees other roles' sessions without
+     * their xmin: grant it to outboxd's role for the whole picture.
+     */
+    hostHealth: statement<[]>(
+      'outboxd_host_health',
+      `select
+         (select coalesce(max(extract(epoch from now() - xact_start)), 0)::float8 from pg_stat_activity
+           where backend_xmin is not null and datname = current_database() and pid <> pg_backend_pid()) as oldest_xmin_seconds,
+         (select coalesce(max(age(backend_xmin)), 0)::int from pg_stat_activity
+           where backend_xmin is not null and datname = current_database() and pid <> pg_backend_pid()) as oldest_xmin_age,
+         coalesce((select json_agg(t order by t.table) from (
+           select case when schemaname = '${schema}' then relname::text else 'pg-boss' end as table,
+             sum(n_dead_tup)::float8 as dead, sum(n_live_tup)::float8 as live
+           from pg_stat_user_tables where schemaname in ('${schema}', '${bossSchemaFor(schema)}')
+           group by 1) t), '[]') as tables`,
     ),
 
     // ─── listings (admin and CLI) ──────────────────────────────────────────────────────────────────────

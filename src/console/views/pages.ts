@@ -83,6 +83,7 @@ export function overviewPage(o: Overview, now: Date, charts: Charts): Safe {
   ${card('Outbox depth', String(o.outboxRows), o.outboxRows > 0 ? 'info' : 'good', 'rows waiting to become jobs')}
   ${queuesCard(o.queues)}
   ${budgetCard(o.budget)}
+  ${hostCard(o.host)}
   ${card('Operations', `${o.total.exact ? '' : '≈ '}${o.total.n.toLocaleString('en')}`, 'neutral', o.total.exact ? 'all kinds' : 'all kinds, as PostgreSQL estimates')}
 </section>
 ${chartsSection(charts, o.budget)}
@@ -115,6 +116,23 @@ ${chartsSection(charts, o.budget)}
   <h2 id="recent-title">Recent settlements</h2>
   ${recentTable(o.recent, now)}
 </section>`;
+}
+
+/** A transaction open this long on the host database keeps every row deleted since from being vacuumed. */
+const LONG_TRANSACTION_S = 600;
+
+/** The host database as it bears on outboxd's tables: its oldest transaction (the xmin horizon) and the
+ * dead rows that wait for vacuum, most first. */
+function hostCard(host: Overview['host']): Safe {
+  if (!host) return card('Host database', '—', 'neutral', 'pg_stat_activity could not be read');
+  const dead = [...host.tables].sort((a, b) => b.dead - a.dead).slice(0, 3).map((t) => `${t.table} ${t.dead.toLocaleString('en')}`).join(' · ');
+  const long = host.oldest_xmin_seconds > LONG_TRANSACTION_S;
+  return card(
+    'Host database',
+    host.oldest_xmin_seconds > 0 ? span(host.oldest_xmin_seconds) : 'no open snapshot',
+    long ? 'warn' : 'good',
+    `oldest transaction holding the xmin horizon${long ? ': vacuum cannot keep up behind it' : ''}; dead rows: ${dead || 'none'}`,
+  );
 }
 
 /** Every kind's queue in one card: the jobs waiting in all of them, each kind's share, and what runs. */

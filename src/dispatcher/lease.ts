@@ -1,0 +1,80 @@
+// A claim's lease as the process that holds it knows it. The database ends the lease at
+// lease_expires_at, by its clock; this process keeps a deadline of its own, on the monotonic clock, a
+// little before that: from the moment it sent the claim, or the last renewal that succeeded, plus the
+// TTL (the database's now() for that statement came later). A renewal that fails or hangs never moves
+// it. When the deadline passes the call is aborted with CallAbandoned (its outcome is not recorded, its
+// lease left to expire), so the process stops before anyone else can claim the operation. Timers fire
+// late after the process was stopped (SIGSTOP, a VM paused), so `check()` reads the clock itself: the
+// executor calls it right before sending, and a process that wakes past its lease sends nothing.
+import type { Logger } from '../log.ts';
+import { CallAbandoned } from '../payments/executor.ts';
+
+export interface LocalLease {
+  /** Aborts the call now if the deadline has passed. */
+  check(): void;
+  /** The call is over: no more renewals. */
+  stop(): void;
+}
+
+/** Kept this far before the TTL runs out: for the two clocks' drift and the abort to take effect. */
+export const leaseMargin = (ttlMs: number): number => Math.min(1_000, Math.floor(ttlMs / 5));
+
+/**
+ * Renews the lease every third of `ttlMs` while the call runs (one renewal at a time) and aborts `call`
+ * when it is lost (`renew` says false: another claim took it over) or when its local deadline passes.
+ * `claimSentAt`: performance.now() when the claim was sent.
+ */
+export function keepLease(
+  call: AbortController,
+  opts: { ttlMs: number; claimSentAt: number; renew: () => Promise<boolean>; log: Logger },
+): LocalLease {
+  const { ttlMs, log } = opts;
+  const margin = leaseMargin(ttlMs);
+  let deadline = opts.claimSentAt + ttlMs - margin;
+  let timer: NodeJS.Timeout | undefined;
+  let renewing = false;
+  let stopped = false;
+
+  const check = () => {
+    if (call.signal.aborted || stopped) return;
+    const left = deadline - performance.now();
+    if (left > 0) return;
+    log.warn({ leaseTtlMs: ttlMs, overdueMs: Math.round(-left) }, 'lease deadline passed without a renewal: the call is given up before another claim can take it');
+    call.abort(new CallAbandoned(`the lease's deadline passed without a renewal (${ttlMs} ms lease): given up before another claim can take the operation`));
+  };
+  const arm = () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      check();
+      if (!call.signal.aborted && !stopped) arm(); // a timer that fired early (renewed meanwhile)
+    }, Math.max(0, deadline - performance.now()));
+  };
+  const renewal = setInterval(() => {
+    check();
+    if (renewing || stopped || call.signal.aborted) return;
+    renewing = true;
+    const sentAt = performance.now();
+    opts
+      .renew()
+      .then((held) => {
+        if (!held) {
+          if (!call.signal.aborted) log.warn('lease taken over during the call: its outcome will be fenced out');
+          call.abort(new Error('the lease on this operation was lost'));
+          return;
+        }
+        deadline = Math.max(deadline, sentAt + ttlMs - margin);
+      })
+      .catch((err: Error) => log.warn({ err }, 'lease renewal failed'))
+      .finally(() => (renewing = false));
+  }, Math.max(250, Math.floor(ttlMs / 3)));
+  arm();
+
+  return {
+    check,
+    stop() {
+      stopped = true;
+      clearInterval(renewal);
+      clearTimeout(timer);
+    },
+  };
+}
