@@ -8,6 +8,7 @@
 // plain row keeps it near the raw insert rate, and one insert() of a batch costs little per job.
 import type pg from 'pg';
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
+import { beginBossTransaction } from './db/bossTransaction.ts';
 import { bossDb, inTransaction, type Pool } from './db/pool.ts';
 import { BUILT_IN_KINDS } from './effects/registry.ts';
 import { createSettlementQueues, relaySettlements } from './settlements.ts';
@@ -92,7 +93,7 @@ export function createBoss(
   return new PgBoss({
     ...(typeof connection === 'string'
       ? { connectionString: connection, max }
-      : { db: { executeSql: (text: string, values?: unknown[]) => connection.query(text, values) } }),
+      : { db: { executeSql: (text: string, values?: unknown[]) => connection.query(text, values), beginTransaction: () => beginBossTransaction(connection) } }),
     schema: bossSchemaFor(schema),
     application_name: `outboxd-boss-${role}`,
     migrate: role === 'migrator',

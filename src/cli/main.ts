@@ -321,9 +321,9 @@ program
   .description('send dead-lettered settlement events to onSettled again, once the failing handler is fixed')
   .option('--json', 'machine-readable output')
   .action(async (o) => {
-    await withDatabase(({ url }) =>
+    await withDatabase(({ url, pool }) =>
       withBoss(url, async (boss) => {
-        const redriven = await redriveSettlements(boss);
+        const redriven = await redriveSettlements(pool, boss);
         console.log(o.json ? JSON.stringify({ redriven }) : `${redriven} settlement events sent again`);
       }),
     );

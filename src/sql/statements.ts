@@ -135,6 +135,30 @@ function build(schema: string) {
       `select count(*)::int as rows from ${s}.settlement_outbox`,
     ),
 
+    /** The named subscribers' queues (pg-boss's subscriptions to the event `settled`), for the relay. */
+    settlementSubscriberQueues: statement<[event: string]>(
+      'outboxd_settlement_subscriber_queues',
+      `select name from ${boss}.subscription where event = $1 order by name`,
+    ),
+
+    /** First statement of a transactional delivery: its statements and its idle gaps bounded by the
+     * handler's timeout, or by a tighter bound the role or the server already sets. */
+    boundSettlementTransaction: statement<[timeoutMs: number]>(
+      'outboxd_bound_settlement_transaction',
+      `select set_config(g.name, least($1::bigint, nullif(p.setting::bigint, 0))::text, true)
+       from unnest(array['statement_timeout', 'idle_in_transaction_session_timeout']) g(name)
+       join pg_settings p on p.name = g.name`,
+    ),
+
+    /** Records `subscriber` consuming the operation's settlement, inside the delivery's transaction: no
+     * row back means it consumed it already. */
+    consumeSettlement: statement<[subscriber: string, operationId: string]>(
+      'outboxd_consume_settlement',
+      `insert into ${s}.settlement_consumption (subscriber, operation_id) values ($1, $2)
+       on conflict (subscriber, operation_id) do nothing
+       returning operation_id`,
+    ),
+
     // ─── payment operations: creation and reads ────────────────────────────────────────────────────────
 
     /**
