@@ -51,12 +51,17 @@ describe('transactional subscribers', () => {
       await tx.query('insert into receipts values ($1, $2)', ['send-receipt', event.operationId]);
       if (thrown++ === 0) throw new Error('the mail service is down');
     }, { transactional: true, subscriber: 'send-receipt' });
+    // A named subscriber at least once, beside them: it consumes each event too, whatever they do.
+    const notified: string[] = [];
+    await outboxd.onSettled((event) => void notified.push(event.operationId), { subscriber: 'notify' });
     try {
       const ops = [await settle(), await settle(), await settle()];
       for (const subscriber of ['mark-paid', 'send-receipt']) {
         await waitUntil(() => allCompleted(subscriber, ops), 60_000, `${subscriber} consumed every event`);
       }
       expect(thrown).toBe(4);
+      await waitUntil(() => allCompleted('notify', ops), 30_000, 'notify consumed every event');
+      expect(notified.filter((op) => ops.includes(op)).sort()).toEqual([...ops].sort());
       const { rows } = await t.pool.query(`select subscriber, count(*)::int as n from receipts where operation_id = any($1) group by subscriber, operation_id`, [ops]);
       expect(rows).toHaveLength(6);
       expect(rows.every((r) => r.n === 1)).toBe(true);
@@ -130,6 +135,31 @@ describe('transactional subscribers', () => {
   });
 });
 
+describe('the CLI’s built-in example', () => {
+  it('`outboxd order follow` marks the example’s orders paid or payment_failed, in the transaction that consumes each settlement', async () => {
+    const follower = spawn(process.execPath, [BIN, 'order', 'follow'], { env: { ...process.env, DATABASE_URL: t.url, LOG_LEVEL: 'info' }, stdio: ['ignore', 'ignore', 'pipe'] });
+    const exited = new Promise<number | null>((resolve) => follower.once('exit', resolve));
+    let stderr = '';
+    follower.stderr!.on('data', (d) => (stderr += d));
+    try {
+      await waitUntil(() => stderr.includes('following settlements'), 60_000, 'the follower subscribed');
+      const paid = await settle();
+      const declined = await confirm(t, { paymentMethod: 'pm_card_chargeDeclined' });
+      await executeOperation(t.pool, new FakeStripe(), declined, await claim(t, declined));
+      await relay(t);
+      const statusOf = async (op: string) =>
+        (await t.pool.query(`select o.status from outboxd.orders o join outboxd.payment_operations p on p.order_id = o.id where p.id = $1`, [op])).rows[0]?.status;
+      await waitUntil(async () => (await statusOf(paid)) === 'paid' && (await statusOf(declined)) === 'payment_failed', 30_000, 'both orders settled');
+      const consumed = await t.pool.query(`select operation_id from outboxd.settlement_consumption where subscriber = 'example-orders' order by operation_id`);
+      expect(consumed.rows.map((r) => r.operation_id).sort()).toEqual([paid, declined].sort());
+    } finally {
+      follower.kill('SIGTERM');
+    }
+    expect(await exited).toBe(0);
+  });
+});
+
+const BIN = fileURLToPath(new URL('../bin/outboxd.js', import.meta.url));
 const APP = fileURLToPath(new URL('./support/settledApp.ts', import.meta.url));
 
 /** The application as a process of its own, once both its subscribers are subscribed. */

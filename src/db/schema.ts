@@ -25,7 +25,8 @@ export const orders = outboxd.table(
     confirmedAt: timestamp('confirmed_at', { withTimezone: true }).notNull().defaultNow(),
     ...timestamps,
   },
-  (t) => [check('orders_status_check', sql`${t.status} in ('confirmed')`)],
+  // confirmed by `order confirm`; paid or payment_failed by its settlement subscriber (`order follow`).
+  (t) => [check('orders_status_check', sql`${t.status} in ('confirmed', 'paid', 'payment_failed')`)],
 );
 
 export const paymentOperations = outboxd.table(

@@ -86,6 +86,13 @@ function build(schema: string) {
        on conflict (id) do nothing`,
     ),
 
+    /** The example's settlement subscriber (`order follow`): paid is final; a failed charge's event leaves
+     * an order another card already paid as it is. */
+    markOrderSettled: statement<[id: string, status: 'paid' | 'payment_failed']>(
+      'outboxd_mark_order_settled',
+      `update ${s}.orders set status = $2, updated_at = now() where id = $1 and status <> 'paid'`,
+    ),
+
     // ─── the outbox: written with the operation, relayed to pg-boss in batches ─────────────────────────
 
     outboxHasRows: statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from ${s}.charge_outbox) as any`),
