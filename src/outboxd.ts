@@ -287,17 +287,23 @@ export class Outboxd {
     const queue = settledQueueFor(name);
     if (this.#subscribedQueues.has(queue)) throw new TypeError(`onSettled: this instance already has the subscriber ${JSON.stringify(name)}`);
     this.#subscribedQueues.add(queue);
-    const boss = await this.#startBoss();
-    await subscribeSettlements(boss, name);
-    const work = { queue, subscriber: name, timeoutMs: this.#settlementTimeoutMs };
-    if (transactional) {
-      await workSettlementsInTransaction(boss, this.#db.sql, { ...work, slots: TRANSACTIONAL_SLOTS }, async (event, tx) => {
-        await (handler as TransactionalSettlementHandler)(event, tx);
-      });
-    } else {
-      await workSettlements(boss, { ...work, slots: SETTLED_SLOTS }, async (event) => {
-        await (handler as SettlementHandler)(event);
-      });
+    try {
+      const boss = await this.#startBoss();
+      await subscribeSettlements(boss, name);
+      const work = { queue, subscriber: name, timeoutMs: this.#settlementTimeoutMs };
+      if (transactional) {
+        await workSettlementsInTransaction(boss, this.#db.sql, { ...work, slots: TRANSACTIONAL_SLOTS }, async (event, tx) => {
+          await (handler as TransactionalSettlementHandler)(event, tx);
+        });
+      } else {
+        await workSettlements(boss, { ...work, slots: SETTLED_SLOTS }, async (event) => {
+          await (handler as SettlementHandler)(event);
+        });
+      }
+    } catch (err) {
+      // Not subscribed: the same name may be tried again.
+      this.#subscribedQueues.delete(queue);
+      throw err;
     }
   }
 

@@ -142,7 +142,8 @@ function build(schema: string) {
       `select count(*)::int as rows from ${s}.settlement_outbox`,
     ),
 
-    /** The named subscribers' queues (pg-boss's subscriptions to the event `settled`), for the relay. */
+    /** The named subscribers' queues (pg-boss's subscriptions to the event `settled`, which its foreign
+     * key keeps to existing queues), for the relay. */
     settlementSubscriberQueues: statement<[event: string]>(
       'outboxd_settlement_subscriber_queues',
       `select name from ${boss}.subscription where event = $1 order by name`,
