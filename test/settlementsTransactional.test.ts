@@ -5,10 +5,11 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createMetrics } from '../src/dispatcher/metrics.ts';
 import { Outboxd } from '../src/index.ts';
 import { createBoss } from '../src/outbox.ts';
 import { executeOperation } from '../src/payments/executor.ts';
-import { settledQueueFor } from '../src/settlements.ts';
+import { settledQueueFor, subscribeSettlements } from '../src/settlements.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { FakeStripe } from './support/fakeStripe.ts';
@@ -131,6 +132,25 @@ describe('transactional subscribers', () => {
     } finally {
       release();
       await outboxd.stop();
+    }
+  });
+});
+
+describe('/metrics', () => {
+  it('counts the events each named subscriber has not consumed yet', async () => {
+    await subscribeSettlements(t.boss, 'metered');
+    await settle();
+    await settle();
+    // A worker's /metrics (its pg-boss supervises, which refreshes the queue counts).
+    const boss = createBoss(t.url, 'worker', 2, t.schema);
+    boss.on('error', () => {});
+    await boss.start();
+    const metrics = createMetrics({ db: t.pool, boss });
+    const waiting = async () => (await metrics.subscriberEvents.get()).values.find((v) => v.labels.subscriber === 'metered')?.value ?? 0;
+    try {
+      await waitUntil(async () => (await waiting()) >= 2, 30_000, 'the gauge counts them');
+    } finally {
+      await boss.stop({ graceful: false });
     }
   });
 });
