@@ -5,7 +5,7 @@ export { EffectFailed, type CheckResult, type EffectContext, type EffectDefiniti
 export { EffectConflictError, type EffectRequested } from './effects/request.ts';
 export type { Policy } from './effects/registry.ts';
 export type { EffectWorker } from './dispatcher/inProcess.ts';
-export { SettlementTimeoutError, type SettlementEvent, type SettlementTransaction } from './settlements.ts';
+export type { SettlementEvent, SettlementTransaction } from './settlements.ts';
 export type { SettlementSource } from './payments/operation.ts';
 export type { ChargeRequested } from './payments/request.ts';
 export type { OperationStatus } from './payments/operation.ts';

@@ -230,7 +230,8 @@ async function withinTimeout<T>(fn: () => Promise<T> | T, ms: number): Promise<T
 /**
  * Sends dead-lettered events back to the queue they died on (once the failing handler is fixed), in one
  * transaction: taken from the dead letter, inserted and completed together, so an interrupted redrive
- * changes nothing (no event lost or doubled, no retry of the dead letter spent). How many it sent.
+ * changes nothing (no event lost or doubled, no retry of the dead letter spent). An event of a subscriber
+ * whose queue was deleted (retired) has nowhere to go: it is completed, not sent. How many it sent.
  */
 export async function redriveSettlements(db: Pool, boss: PgBoss, limit = 1000): Promise<number> {
   return inTransaction(db, async (tx) => {
@@ -241,8 +242,13 @@ export async function redriveSettlements(db: Pool, boss: PgBoss, limit = 1000): 
       const queue = j.data.queue ?? SETTLED_QUEUE;
       (byQueue.get(queue) ?? byQueue.set(queue, []).get(queue)!).push({ data: j.data });
     }
-    for (const [queue, jobs] of byQueue) await boss.insert(queue, jobs, { db: bossDb(tx) });
+    let sent = 0;
+    for (const [queue, jobs] of byQueue) {
+      if (!(await boss.getQueue(queue))) continue;
+      await boss.insert(queue, jobs, { db: bossDb(tx) });
+      sent += jobs.length;
+    }
     await boss.complete(SETTLED_DEAD_QUEUE, dead, undefined, { db: bossDb(tx) });
-    return dead.length;
+    return sent;
   });
 }

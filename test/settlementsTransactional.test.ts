@@ -3,13 +3,14 @@
 // boundary where "exactly once" is true: each subscriber's table sees each event once, through throws,
 // timeouts, claims taken over and kill -9 of the application's process.
 import { spawn, type ChildProcess } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createMetrics } from '../src/dispatcher/metrics.ts';
 import { Outboxd } from '../src/index.ts';
 import { createBoss } from '../src/outbox.ts';
 import { executeOperation } from '../src/payments/executor.ts';
-import { settledQueueFor, subscribeSettlements } from '../src/settlements.ts';
+import { redriveSettlements, SETTLED_DEAD_QUEUE, settledQueueFor, subscribeSettlements } from '../src/settlements.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { FakeStripe } from './support/fakeStripe.ts';
@@ -133,6 +134,27 @@ describe('transactional subscribers', () => {
       release();
       await outboxd.stop();
     }
+  });
+});
+
+describe('`outboxd settlements redrive`', () => {
+  it('sends a subscriber’s dead-lettered event back to that subscriber’s queue; a retired subscriber’s stops no other', async () => {
+    await subscribeSettlements(t.boss, 'mark-paid');
+    await subscribeSettlements(t.boss, 'retired');
+    const dead = async (queue: string) => {
+      const op = randomUUID();
+      const data = { operationId: op, orderId: null, kind: 'charge', key: null, status: 'succeeded', externalId: null, amount: 1, currency: 'eur', settledAt: new Date().toISOString(), source: 'admin', queue };
+      await t.boss.send(SETTLED_DEAD_QUEUE, data);
+      return op;
+    };
+    const op = await dead(settledQueueFor('mark-paid'));
+    const orphan = await dead(settledQueueFor('retired'));
+    await t.boss.deleteQueue(settledQueueFor('retired'));
+    expect(await redriveSettlements(t.pool, t.boss)).toBeGreaterThanOrEqual(1);
+    expect(await subscriberJobs('mark-paid', [op])).toEqual([{ state: 'created', retry_count: 0 }]);
+    expect((await t.pool.query(`select 1 from pgboss.job where name = 'settled' and data->>'operationId' = $1`, [op])).rows).toEqual([]);
+    const left = await t.pool.query(`select state from pgboss.job where name = $1 and data->>'operationId' = any($2) order by state`, [SETTLED_DEAD_QUEUE, [op, orphan]]);
+    expect(left.rows).toEqual([{ state: 'completed' }, { state: 'completed' }]);
   });
 });
 
