@@ -98,7 +98,6 @@ export async function relaySettlements(db: Pool, boss: PgBoss, limit: number): P
   });
 }
 
-
 /** A named subscriber's events: a queue of its own, so that each subscriber consumes each event once,
  * independently of the others (a throwing "send receipt" never redelivers to "mark paid"). */
 export const settledQueueFor = (subscriber: string): string => `${SETTLED_QUEUE}.${subscriber}`;
@@ -127,7 +126,7 @@ export interface SettlementTransaction {
 }
 
 /** A delivery whose handler ran past the settlement handler timeout: failed, and retried with backoff. */
-export class SettlementTimeoutError extends Error {
+class SettlementTimeoutError extends Error {
   override name = 'SettlementTimeoutError';
 }
 
