@@ -5,6 +5,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
+import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createMetrics } from '../src/dispatcher/metrics.ts';
 import { Outboxd } from '../src/index.ts';
@@ -98,6 +99,33 @@ describe('transactional subscribers', () => {
       ]);
     } finally {
       await outboxd.stop();
+    }
+  });
+
+  it('on the application’s own pool, a handler abandoned at its timeout can write nothing afterwards', async () => {
+    await t.pool.query('create table late (operation_id uuid not null, delivery int not null)');
+    const appPool = new pg.Pool({ connectionString: t.url, max: 6 });
+    const outboxd = new Outboxd({ pool: appPool, onError: () => {}, settlementHandlerTimeoutMs: 1_500 });
+    let deliveries = 0;
+    let refused: unknown;
+    await outboxd.onSettled(async (event, tx) => {
+      const delivery = ++deliveries;
+      if (delivery === 1) {
+        await new Promise((resolve) => setTimeout(resolve, 4_000)); // past its timeout: rolled back meanwhile
+        refused = await tx.query('insert into late values ($1, $2)', [event.operationId, delivery]).then(() => 'written', (err: Error) => err.message);
+        return;
+      }
+      await tx.query('insert into late values ($1, $2)', [event.operationId, delivery]);
+    }, { transactional: true, subscriber: 'late' });
+    try {
+      const op = await settle();
+      await waitUntil(() => refused !== undefined && deliveries >= 2, 60_000, 'the abandoned handler tried to write');
+      await waitUntil(() => allCompleted('late', [op]), 30_000, 'the retry committed');
+      expect(refused).toMatch(/settled/);
+      expect((await t.pool.query('select delivery from late where operation_id = $1', [op])).rows).toEqual([{ delivery: 2 }]);
+    } finally {
+      await outboxd.stop();
+      await appPool.end();
     }
   });
 
