@@ -161,15 +161,16 @@ export async function workSettlementsInTransaction(
   work: { queue: string; subscriber: string; slots: number; timeoutMs: number },
   handle: (event: SettlementEvent, tx: SettlementTransaction) => Promise<void>,
 ): Promise<void> {
-  // The database's own bound on the transaction (transaction_timeout where the server has it), a little
-  // past the handler's, for a process that stops issuing statements without ever returning.
+  // The database's own bounds on the transaction (pg-boss's transaction_timeout where the server has it,
+  // and the idle one) are a few seconds past the handler's: the process's own timeout comes first, with
+  // a clean rollback; they are for a process that stops issuing statements without ever returning.
   const transactionTimeoutSeconds = Math.ceil(work.timeoutMs / 1000) + 5;
   await workSlots(boss, work.queue, work.slots, { transactional: true, transactionTimeoutSeconds }, async (job, txDb) => {
     const { settledAt, traceparent, queue: _queue, ...event } = job.data;
     const tx: SettlementTransaction = { query: (text, values) => txDb!.executeSql(text as string, values) as never };
     await traceDelivery({ ...event, traceparent }, job.retryCount, async () => {
-      // No statement of the handler's waits longer than the handler may take, nor does an idle gap.
-      await tx.query(sql.boundSettlementTransaction(work.timeoutMs));
+      // No statement of the handler's runs longer than the handler may take.
+      await tx.query(sql.boundSettlementTransaction(work.timeoutMs, transactionTimeoutSeconds * 1000));
       const { rows } = await tx.query(sql.consumeSettlement(work.subscriber, event.operationId));
       if (rows.length === 0) return;
       await withinTimeout(() => handle({ ...event, settledAt: new Date(settledAt) }, tx), work.timeoutMs);

@@ -77,7 +77,7 @@ describe('transactional subscribers', () => {
     }
   });
 
-  it('its transaction is bounded: statement_timeout and idle_in_transaction_session_timeout are the handler’s timeout', async () => {
+  it('its transaction is bounded: statement_timeout is the handler’s timeout, idle_in_transaction_session_timeout a little past it', async () => {
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 1_500 });
     const seen: { statement_timeout: string; idle: string }[] = [];
     let slept = false;
@@ -94,8 +94,8 @@ describe('transactional subscribers', () => {
       const op = await settle();
       await waitUntil(() => allCompleted('bounded', [op]), 60_000, 'the retried delivery completes');
       expect(seen).toEqual([
-        { statement_timeout: '1500ms', idle: '1500ms' },
-        { statement_timeout: '1500ms', idle: '1500ms' },
+        { statement_timeout: '1500ms', idle: '7s' },
+        { statement_timeout: '1500ms', idle: '7s' },
       ]);
     } finally {
       await outboxd.stop();

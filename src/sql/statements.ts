@@ -149,12 +149,12 @@ function build(schema: string) {
       `select name from ${boss}.subscription where event = $1 order by name`,
     ),
 
-    /** First statement of a transactional delivery: its statements and its idle gaps bounded by the
-     * handler's timeout, or by a tighter bound the role or the server already sets. */
-    boundSettlementTransaction: statement<[timeoutMs: number]>(
+    /** First statement of a transactional delivery: its statement_timeout and its
+     * idle_in_transaction_session_timeout, or a tighter bound the role or the server already sets. */
+    boundSettlementTransaction: statement<[statementMs: number, idleMs: number]>(
       'outboxd_bound_settlement_transaction',
-      `select set_config(g.name, least($1::bigint, nullif(p.setting::bigint, 0))::text, true)
-       from unnest(array['statement_timeout', 'idle_in_transaction_session_timeout']) g(name)
+      `select set_config(g.name, least(g.ms, nullif(p.setting::bigint, 0))::text, true)
+       from (values ('statement_timeout', $1::bigint), ('idle_in_transaction_session_timeout', $2::bigint)) g(name, ms)
        join pg_settings p on p.name = g.name`,
     ),
 
