@@ -179,7 +179,7 @@ describe('onSettled', () => {
 });
 
 describe('a handler’s time is bounded', () => {
-  it('a handler that hangs on one event holds up no other: later settlements are delivered meanwhile', async () => {
+  it('a handler that hangs on one event holds up no other: later settlements are delivered meanwhile', { timeout: 120_000 }, async () => {
     // The timeout is far off: what keeps the others flowing is that each delivery has a slot of its own.
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 600_000 });
     const hung = await settle();
@@ -201,7 +201,7 @@ describe('a handler’s time is bounded', () => {
     }
   });
 
-  it('past SETTLEMENT_HANDLER_TIMEOUT_MS the delivery counts as failed and is retried with backoff', async () => {
+  it('past SETTLEMENT_HANDLER_TIMEOUT_MS the delivery counts as failed and is retried with backoff', { timeout: 120_000 }, async () => {
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 1_500 });
     const op = await settle();
     let deliveries = 0;

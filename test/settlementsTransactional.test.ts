@@ -43,7 +43,7 @@ const allCompleted = async (subscriber: string, ops: string[]) => {
 };
 
 describe('transactional subscribers', () => {
-  it('each subscriber consumes each event once, in the application’s transaction; a throw rolls both back and redelivers', async () => {
+  it('each subscriber consumes each event once, in the application’s transaction; a throw rolls both back and redelivers', { timeout: 180_000 }, async () => {
     await t.pool.query('create table receipts (subscriber text not null, operation_id uuid not null)');
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
     let thrown = 0;
@@ -77,7 +77,7 @@ describe('transactional subscribers', () => {
     }
   });
 
-  it('its transaction is bounded: statement_timeout is the handler’s timeout, idle_in_transaction_session_timeout a little past it', async () => {
+  it('its transaction is bounded: statement_timeout is the handler’s timeout, idle_in_transaction_session_timeout a little past it', { timeout: 180_000 }, async () => {
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 1_500 });
     const seen: { statement_timeout: string; idle: string }[] = [];
     let slept = false;
@@ -102,7 +102,7 @@ describe('transactional subscribers', () => {
     }
   });
 
-  it('on the application’s own pool, a handler abandoned at its timeout can write nothing afterwards', async () => {
+  it('on the application’s own pool, a handler abandoned at its timeout can write nothing afterwards', { timeout: 180_000 }, async () => {
     await t.pool.query('create table late (operation_id uuid not null, delivery int not null)');
     const appPool = new pg.Pool({ connectionString: t.url, max: 6 });
     const outboxd = new Outboxd({ pool: appPool, onError: () => {}, settlementHandlerTimeoutMs: 1_500 });
@@ -129,7 +129,7 @@ describe('transactional subscribers', () => {
     }
   });
 
-  it('a delivery whose claim was taken over commits nothing: the delivery holding the claim does', async () => {
+  it('a delivery whose claim was taken over commits nothing: the delivery holding the claim does', { timeout: 180_000 }, async () => {
     await t.pool.query('create table ledger (operation_id uuid not null, delivery text not null)');
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 120_000 });
     let deliveries = 0;
@@ -206,7 +206,7 @@ describe('/metrics', () => {
 });
 
 describe('the CLI’s built-in example', () => {
-  it('`outboxd order follow` marks the example’s orders paid or payment_failed, in the transaction that consumes each settlement', async () => {
+  it('`outboxd order follow` marks the example’s orders paid or payment_failed, in the transaction that consumes each settlement', { timeout: 180_000 }, async () => {
     const follower = spawn(process.execPath, [BIN, 'order', 'follow'], { env: { ...process.env, DATABASE_URL: t.url, LOG_LEVEL: 'info' }, stdio: ['ignore', 'ignore', 'pipe'] });
     const exited = new Promise<number | null>((resolve) => follower.once('exit', resolve));
     let stderr = '';
