@@ -69,6 +69,9 @@ export const envSchema = z.object({
   /** A failed resolution waits this long after the last create that may have executed: Stripe's search
    * normally lags under a minute, longer during incidents. */
   SEARCH_FRESHNESS_SECONDS: intInRange(0, 7 * 86_400, 3_600),
+  /** One onSettled delivery's time (the application's handler, and a transactional one's transaction)
+   * before it counts as failed and is retried. Read by the library (settlementHandlerTimeoutFromEnv). */
+  SETTLEMENT_HANDLER_TIMEOUT_MS: intInRange(100, 3_600_000, 30_000),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   // OpenTelemetry's standard variables (traces only). No endpoint: tracing is off and no SDK is started.
   OTEL_SDK_DISABLED: z.stringbool().default(false),
@@ -226,6 +229,13 @@ function tracingConfig(e: Env): TracingConfig | undefined {
 export function schemaFromEnv(env: NodeJS.ProcessEnv = process.env): string {
   const parsed = envSchema.shape.OUTBOXD_SCHEMA.safeParse(env.OUTBOXD_SCHEMA);
   if (!parsed.success) throw new ConfigError(`invalid environment: OUTBOXD_SCHEMA: ${parsed.error.issues[0]!.message}`);
+  return parsed.data;
+}
+
+/** SETTLEMENT_HANDLER_TIMEOUT_MS alone, for the library (as schemaFromEnv). */
+export function settlementHandlerTimeoutFromEnv(env: NodeJS.ProcessEnv = process.env): number {
+  const parsed = envSchema.shape.SETTLEMENT_HANDLER_TIMEOUT_MS.safeParse(env.SETTLEMENT_HANDLER_TIMEOUT_MS?.trim() || undefined);
+  if (!parsed.success) throw new ConfigError(`invalid environment: SETTLEMENT_HANDLER_TIMEOUT_MS: ${parsed.error.issues[0]!.message}`);
   return parsed.data;
 }
 

@@ -8,6 +8,7 @@
 // plain row keeps it near the raw insert rate, and one insert() of a batch costs little per job.
 import type pg from 'pg';
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
+import { beginBossTransaction } from './db/bossTransaction.ts';
 import { PooledBossDb } from './db/bossDb.ts';
 import { bossDb, inTransaction, isPooled, type Pool } from './db/pool.ts';
 import { BUILT_IN_KINDS } from './effects/registry.ts';
@@ -109,7 +110,7 @@ export function createBoss(
   const database = { connectionString: connection as string, max, application_name, keepAlive: true };
   return new PgBoss({
     ...(typeof connection !== 'string'
-      ? { db: { executeSql: (text: string, values?: unknown[]) => connection.query(text, values) } }
+      ? { db: { executeSql: (text: string, values?: unknown[]) => connection.query(text, values), beginTransaction: () => beginBossTransaction(connection) } }
       : listens && pooled
         ? { db: new PooledBossDb(database, directUrl!) }
         : database),

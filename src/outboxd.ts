@@ -3,7 +3,7 @@
 // started in the application's process (startWorker), do the rest.
 import type pg from 'pg';
 import type { PgBoss } from 'pg-boss';
-import { schemaFromEnv } from './config.ts';
+import { schemaFromEnv, settlementHandlerTimeoutFromEnv } from './config.ts';
 import { callerTransaction } from './db/caller.ts';
 import { migrate } from './db/migrate.ts';
 import { createPool, isPooled, type Pool, type Queryable } from './db/pool.ts';
@@ -16,10 +16,34 @@ import type { Policy } from './effects/registry.ts';
 import { requestEffect, type EffectRequested } from './effects/request.ts';
 import { startInProcessWorker, type EffectWorker } from './dispatcher/inProcess.ts';
 import { createBoss } from './outbox.ts';
-import { SETTLED_QUEUE, workSettlements, type SettlementEvent } from './settlements.ts';
+import {
+  SETTLED_QUEUE,
+  SETTLED_SLOTS,
+  settledQueueFor,
+  subscribeSettlements,
+  SUBSCRIBER_NAME,
+  TRANSACTIONAL_SLOTS,
+  workSettlements,
+  workSettlementsInTransaction,
+  type SettlementEvent,
+  type SettlementTransaction,
+} from './settlements.ts';
 import { SCHEMA_NAME, statementsFor } from './sql/statements.ts';
 
 export type SettlementHandler = (event: SettlementEvent) => Promise<void> | void;
+/** A transactional subscriber's handler: its writes through `tx` commit with the event's consumption. */
+export type TransactionalSettlementHandler = (event: SettlementEvent, tx: SettlementTransaction) => Promise<void> | void;
+
+/** What onSettled takes beside the handler. */
+export interface SettledOptions {
+  /** The handler runs in the transaction that records the event consumed by this subscriber: its
+   * writes through `tx` and the consumption commit together, once (see onSettled). */
+  transactional?: boolean;
+  /** This subscriber's name (a-z, 0-9, `-`, `_`; at most 40): it consumes each event once, whatever
+   * the other subscribers do, and the processes that subscribe under one name share its events. A
+   * transactional subscriber without one is `default`. */
+  subscriber?: string;
+}
 
 export type OutboxdOptions = (
   | { connectionString: string; pool?: undefined }
@@ -35,6 +59,9 @@ export type OutboxdOptions = (
   schema?: string;
   /** Errors of the onSettled subscription's connection (it reconnects by itself); default: console.error. */
   onError?: (err: Error) => void;
+  /** One onSettled delivery's time before it counts as failed and is retried; default
+   * SETTLEMENT_HANDLER_TIMEOUT_MS, else 30 s. */
+  settlementHandlerTimeoutMs?: number;
 };
 
 /** What requestCharge takes. */
@@ -124,7 +151,11 @@ export class Outboxd {
   readonly #onError: (err: Error) => void;
   readonly #handlers: SettlementHandler[] = [];
   readonly #effects = new Map<string, EffectDefinition>();
-  #subscription: Promise<PgBoss> | undefined;
+  readonly #settlementTimeoutMs: number;
+  /** The queues this instance works: `settled` for the unnamed handlers, one per named subscriber. */
+  readonly #subscribedQueues = new Set<string>();
+  #boss: Promise<PgBoss> | undefined;
+  #subscription: Promise<void> | undefined;
   #worker: Promise<EffectWorker> | undefined;
   #stopped = false;
 
@@ -141,6 +172,8 @@ export class Outboxd {
     // Unset: the connection string is the session connection too (DATABASE_DIRECT_URL's default); with only
     // the application's pool there is none, and the subscription polls.
     this.#direct = direct ?? connectionString;
+    this.#settlementTimeoutMs = options.settlementHandlerTimeoutMs ?? settlementHandlerTimeoutFromEnv();
+    if (!Number.isSafeInteger(this.#settlementTimeoutMs) || this.#settlementTimeoutMs < 1) throw new TypeError('settlementHandlerTimeoutMs: a positive integer of milliseconds');
     if (pool) {
       this.#connection = pool;
       this.#db = { sql: statementsFor(this.schema), query: pool.query.bind(pool) as pg.Pool['query'] };
@@ -238,28 +271,82 @@ export class Outboxd {
 
   /**
    * Calls `handler` with every settlement of an operation (succeeded or failed), from whichever
-   * process settled it, AT LEAST ONCE: make it idempotent (the operationId identifies the settlement).
-   * A handler that throws gets the event again later, with backoff; after hours of failures the event
-   * is dead-lettered (see the runbook). All handlers of this instance see each event, one after the
-   * other; up to 10 events (of different operations) are handled at once; the instances of several
-   * processes share the events between them. Resolves once subscribed.
+   * process settled it. Resolves once subscribed.
+   *
+   * By default AT LEAST ONCE: make it idempotent (the operationId identifies the settlement). A handler
+   * that throws, or runs past settlementHandlerTimeoutMs, gets the event again later, with backoff;
+   * after hours of failures the event is dead-lettered (see the runbook). Up to 10 events (of
+   * different operations) are handled at once, each on its own, so a slow one holds up no other.
+   * Unnamed handlers of this instance all see each event, one after the other; the instances of
+   * several processes share the events between them.
+   *
+   * `{ transactional: true }`: `handler(event, tx)` runs in a transaction in which outboxd also records
+   * this event consumed by this subscriber; its writes through `tx` (`tx.query(text, values)`) and that
+   * record commit together when it returns, and roll back together when it throws or times out (the
+   * event is then redelivered with backoff). A delivery whose claim expired and was taken over commits
+   * nothing. So the application's own tables see each event once. Calls to other services from the
+   * handler are not covered: give them an idempotency key.
+   *
+   * `{ subscriber }`: the subscriber's name; each named subscriber consumes each event independently
+   * (on a queue of its own), from the first batch relayed after it first subscribed.
    */
-  async onSettled(handler: SettlementHandler): Promise<void> {
+  async onSettled(handler: SettlementHandler, options?: SettledOptions & { transactional?: false }): Promise<void>;
+  async onSettled(handler: TransactionalSettlementHandler, options: SettledOptions & { transactional: true }): Promise<void>;
+  async onSettled(handler: SettlementHandler | TransactionalSettlementHandler, options: SettledOptions = {}): Promise<void> {
     if (this.#stopped) throw new Error('this Outboxd is stopped');
     if (typeof handler !== 'function') throw new TypeError('onSettled takes a function');
-    this.#handlers.push(handler);
-    this.#subscription ??= this.#subscribe();
-    await this.#subscription;
+    const { transactional = false, subscriber } = options ?? {};
+    if (typeof transactional !== 'boolean') throw new TypeError('onSettled: transactional is true or false');
+    if (subscriber === undefined && !transactional) {
+      this.#handlers.push(handler as SettlementHandler);
+      this.#subscription ??= this.#subscribe();
+      return this.#subscription;
+    }
+    const name = subscriber ?? 'default';
+    if (typeof name !== 'string' || !SUBSCRIBER_NAME.test(name)) {
+      throw new TypeError(`onSettled: subscriber is a name of a-z, 0-9, - and _ (at most 40): ${JSON.stringify(name)}`);
+    }
+    const queue = settledQueueFor(name);
+    if (this.#subscribedQueues.has(queue)) throw new TypeError(`onSettled: this instance already has the subscriber ${JSON.stringify(name)}`);
+    this.#subscribedQueues.add(queue);
+    try {
+      const boss = await this.#startBoss();
+      await subscribeSettlements(boss, name);
+      const work = { queue, subscriber: name, timeoutMs: this.#settlementTimeoutMs };
+      if (transactional) {
+        await workSettlementsInTransaction(boss, this.#db.sql, { ...work, slots: TRANSACTIONAL_SLOTS }, async (event, tx) => {
+          await (handler as TransactionalSettlementHandler)(event, tx);
+        });
+      } else {
+        await workSettlements(boss, { ...work, slots: SETTLED_SLOTS }, async (event) => {
+          await (handler as SettlementHandler)(event);
+        });
+      }
+    } catch (err) {
+      // Not subscribed: the same name may be tried again.
+      this.#subscribedQueues.delete(queue);
+      throw err;
+    }
   }
 
-  async #subscribe(): Promise<PgBoss> {
-    const boss = createBoss(this.#connection, 'subscriber', 3, this.schema, this.#direct);
-    boss.on('error', this.#onError);
-    await boss.start();
-    await workSettlements(boss, async (event) => {
+  async #subscribe(): Promise<void> {
+    const boss = await this.#startBoss();
+    this.#subscribedQueues.add(SETTLED_QUEUE);
+    await workSettlements(boss, { queue: SETTLED_QUEUE, slots: SETTLED_SLOTS, timeoutMs: this.#settlementTimeoutMs }, async (event) => {
       for (const handler of this.#handlers) await handler(event);
     });
-    return boss;
+  }
+
+  /** The pg-boss every subscription of this instance works on: a few connections for fetching and
+   * settling, and one for each transactional delivery in hand. */
+  #startBoss(): Promise<PgBoss> {
+    this.#boss ??= (async () => {
+      const boss = createBoss(this.#connection, 'subscriber', 4 + 2 * TRANSACTIONAL_SLOTS, this.schema, this.#direct);
+      boss.on('error', this.#onError);
+      await boss.start();
+      return boss;
+    })();
+    return this.#boss;
   }
 
   /** Stops the worker (calls in flight finish first) and the subscription (a handler running finishes
@@ -268,8 +355,8 @@ export class Outboxd {
     if (this.#stopped) return;
     this.#stopped = true;
     await (await this.#worker?.catch(() => undefined))?.stop();
-    const boss = await this.#subscription?.catch(() => undefined);
-    await boss?.offWork(SETTLED_QUEUE, { wait: true });
+    const boss = await this.#boss?.catch(() => undefined);
+    for (const queue of this.#subscribedQueues) await boss?.offWork(queue, { wait: true });
     await boss?.stop({ graceful: true, timeout: 10_000 });
     await this.#ownPool?.end();
   }

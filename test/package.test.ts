@@ -147,7 +147,7 @@ export default {
 
 /** The types ship with it: a TypeScript file of the application checks against them. */
 const TYPED = `
-import { Outboxd, OrderConflictError, RefundRefused, EffectFailed, type EffectDefinition, type PaymentOperation, type SettlementEvent } from 'outboxd';
+import { Outboxd, OrderConflictError, RefundRefused, EffectFailed, type EffectDefinition, type PaymentOperation, type SettlementEvent, type SettlementTransaction } from 'outboxd';
 const outboxd = new Outboxd({ connectionString: 'postgres://localhost/app' });
 const onEvent = async (event: SettlementEvent): Promise<void> => {
   const status: 'succeeded' | 'failed' = event.status;
@@ -155,6 +155,11 @@ const onEvent = async (event: SettlementEvent): Promise<void> => {
   void status, when;
 };
 void outboxd.onSettled(onEvent);
+void outboxd.onSettled(async (event: SettlementEvent, tx: SettlementTransaction) => {
+  await tx.query('update orders set status = $1 where id = $2', [event.status, event.orderId]);
+}, { transactional: true, subscriber: 'mark-paid' });
+// @ts-expect-error a transactional handler needs transactional: true
+void outboxd.onSettled(async (event: SettlementEvent, tx: SettlementTransaction) => void [event, tx], { subscriber: 'x' });
 const op: Promise<PaymentOperation | undefined> = outboxd.getOperation('id');
 void op, OrderConflictError;
 // @ts-expect-error amounts are integers of minor units

@@ -3,6 +3,7 @@
 // job, and onSettled handlers get it at least once: again after a throw, dead-lettered after many, and
 // sent again by `outboxd settlements redrive`.
 import { spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import type Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -15,7 +16,7 @@ import { createBoss } from '../src/outbox.ts';
 import { executeOperation } from '../src/payments/executor.ts';
 import { settleFromOutside, StaleFenceError } from '../src/payments/operation.ts';
 import { reconcileSweep } from '../src/reconcile/sweep.ts';
-import { SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../src/settlements.ts';
+import { redriveSettlements, SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../src/settlements.ts';
 import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
@@ -174,6 +175,75 @@ describe('onSettled', () => {
     } finally {
       await fixed.stop();
     }
+  });
+});
+
+describe('a handler’s time is bounded', () => {
+  it('a handler that hangs on one event holds up no other: later settlements are delivered meanwhile', { timeout: 120_000 }, async () => {
+    // The timeout is far off: what keeps the others flowing is that each delivery has a slot of its own.
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 600_000 });
+    const hung = await settle();
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const seen: string[] = [];
+    await outboxd.onSettled(async (event) => {
+      seen.push(event.operationId);
+      if (event.operationId === hung) await gate;
+    });
+    try {
+      await waitUntil(() => seen.includes(hung), 30_000, 'the hanging delivery has begun');
+      const later: string[] = [];
+      for (let i = 0; i < 5; i++) later.push(await settle());
+      await waitUntil(() => later.every((op) => seen.includes(op)), 20_000, 'the 5 later settlements, delivered while one handler hangs');
+    } finally {
+      release();
+      await outboxd.stop();
+    }
+  });
+
+  it('past SETTLEMENT_HANDLER_TIMEOUT_MS the delivery counts as failed and is retried with backoff', { timeout: 120_000 }, async () => {
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 1_500 });
+    const op = await settle();
+    let deliveries = 0;
+    await outboxd.onSettled(async (event) => {
+      if (event.operationId !== op) return;
+      if (deliveries++ === 0) await new Promise(() => {}); // never returns
+    });
+    try {
+      await waitUntil(async () => (await jobs(SETTLED_QUEUE, op))[0]?.state === 'completed', 60_000, 'the retried delivery completes');
+      expect(deliveries).toBe(2);
+      const { rows } = await t.pool.query(`select retry_count from pgboss.job where name = $1 and data->>'operationId' = $2`, [SETTLED_QUEUE, op]);
+      expect(rows[0].retry_count).toBe(1);
+    } finally {
+      await outboxd.stop();
+    }
+  });
+});
+
+describe('`outboxd settlements redrive` is one transaction', () => {
+  it('interrupted between sending the event again and completing its dead letter: nothing changed, no retry spent', async () => {
+    const op = randomUUID();
+    const data = { operationId: op, orderId: null, kind: 'charge', key: null, status: 'succeeded', externalId: null, amount: 1, currency: 'eur', settledAt: new Date().toISOString(), source: 'admin' };
+    await t.boss.send(SETTLED_DEAD_QUEUE, data);
+    const dead = async () => (await t.pool.query(`select state, retry_count from pgboss.job where name = $1 and data->>'operationId' = $2`, [SETTLED_DEAD_QUEUE, op])).rows;
+    const before = await dead();
+    // The dead letter's completion, the redrive's last step, fails as a crash there would.
+    await t.pool.query(`create function pgboss.interrupt_redrive() returns trigger language plpgsql as $$
+      begin raise exception 'the redrive was interrupted'; end $$`);
+    await t.pool.query(`create trigger interrupt_redrive after update on pgboss.job for each row
+      when (new.name = 'settled_dead' and new.state = 'completed') execute function pgboss.interrupt_redrive()`);
+    try {
+      await expect(redriveSettlements(t.pool, t.boss)).rejects.toThrow('the redrive was interrupted');
+    } finally {
+      await t.pool.query(`drop trigger interrupt_redrive on pgboss.job; drop function pgboss.interrupt_redrive()`);
+    }
+    expect(await jobs(SETTLED_QUEUE, op)).toEqual([]);
+    expect(await dead()).toEqual(before);
+    expect(before).toEqual([{ state: 'created', retry_count: 0 }]);
+
+    expect(await redriveSettlements(t.pool, t.boss)).toBeGreaterThanOrEqual(1);
+    expect(await jobs(SETTLED_QUEUE, op)).toHaveLength(1);
+    expect((await dead()).map((j) => j.state)).toEqual(['completed']);
   });
 });
 

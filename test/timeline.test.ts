@@ -9,6 +9,7 @@ import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../src/payments
 import { claimAttempt, flagFromOutside, releaseLease, settleFromOutside } from '../src/payments/operation.ts';
 import { createLogger } from '../src/log.ts';
 import { createKindQueues, relayOutbox } from '../src/outbox.ts';
+import { settledQueueFor, subscribeSettlements } from '../src/settlements.ts';
 import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
 import { timeline } from '../src/console/timeline.ts';
 import { operationRecord, overview, overviewCharts } from '../src/console/queries.ts';
@@ -202,6 +203,18 @@ describe('the operation timeline', () => {
     const job = jobs.find((j) => j.data.operationId === op);
     await t.boss.complete('settled', job!.id);
     expect((await shown()).map((x) => x.title)).toEqual(['settlement event queued for onSettled', 'settlement event delivered to onSettled']);
+  });
+
+  it("a named subscriber's delivery joins the timeline beside the unnamed handlers'", async () => {
+    await subscribeSettlements(t.boss, 'mark-paid');
+    const op = await confirm(t);
+    await executeOperation(t.pool, e.gateway(), op, await claim(t, op));
+    while ((await relayOutbox(t.pool, t.boss)) > 0);
+    const shown = async () => timeline(await operation(t, op), await operationRecord(t.pool, await operation(t, op))).filter((x) => x.kind === 'settlement');
+    expect((await shown()).map((x) => x.title).sort()).toEqual(['settlement event queued for onSettled', 'settlement event queued for subscriber mark-paid']);
+    const jobs = await t.boss.fetch<{ operationId: string }>(settledQueueFor('mark-paid'), { batchSize: 100 });
+    await t.boss.complete(settledQueueFor('mark-paid'), jobs.find((j) => j.data.operationId === op)!.id);
+    expect((await shown()).map((x) => x.title)).toContain('settlement event delivered to subscriber mark-paid');
   });
 
   it("the console's overview shows the fleet's Stripe budget: off, room to spare, or in full use", async () => {

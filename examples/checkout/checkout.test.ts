@@ -40,6 +40,9 @@ it('an order is confirmed with its charge request, then paid from onSettled', as
   expect(await order(body.orderId)).toMatchObject({ totalCents: 3100, payment: { id: body.operationId, status: 'succeeded', amount: 3100 } });
   const { rows } = await t.pool.query(`select count(*)::int as n from public.orders`);
   expect(rows[0].n).toBeGreaterThanOrEqual(1);
+  // Paid in the transaction that recorded the checkout's subscriber consuming the settlement.
+  const consumed = await t.pool.query(`select subscriber from outboxd.settlement_consumption where operation_id = $1`, [body.operationId]);
+  expect(consumed.rows).toEqual([{ subscriber: 'checkout-orders' }]);
 });
 
 it('a declined card fails the payment; another card for the same order pays it', async () => {

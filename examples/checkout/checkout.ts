@@ -3,14 +3,14 @@
 //   POST /orders/:id/payment   { paymentMethod } → 202 { operationId }   (another card after a decline)
 //   GET  /orders/:id           → the order, with its payment operation
 // The order and its charge request commit in ONE transaction of the checkout's own; the order becomes
-// paid (or payment_failed) when outboxd reports the settlement through onSettled, at least once, so
-// the handler's updates are conditional and idempotent.
+// paid (or payment_failed) in ANOTHER: the transaction in which outboxd delivers the settlement to the
+// checkout's transactional subscriber and records it consumed, so the order is updated once per event.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { and, eq } from 'drizzle-orm';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import pg from 'pg';
 // In your application: import { Outboxd, … } from 'outboxd';
-import { OrderConflictError, Outboxd, ValidationError, type SettlementEvent } from '../../src/index.ts';
+import { OrderConflictError, Outboxd, ValidationError, type SettlementEvent, type SettlementTransaction } from '../../src/index.ts';
 import { CREATE_ORDERS, orders } from './schema.ts';
 
 export interface Checkout {
@@ -25,12 +25,14 @@ export function createCheckout(databaseUrl: string): Checkout {
   const db = drizzle({ client: pool });
   const outboxd = new Outboxd({ pool });
 
-  /** At least once: the `status = 'awaiting_payment'` condition makes a repeated event change nothing,
-   * and an event of an operation the order no longer waits for (a superseded card) is ignored. */
-  async function onSettled(event: SettlementEvent): Promise<void> {
+  /** The checkout's subscriber: its writes through `tx` commit with outboxd's record that it consumed the
+   * event, or neither does (a throw, a timeout, a crash: the event comes back). An event of an operation
+   * the order no longer waits for (a superseded card) changes nothing. */
+  async function onSettled(event: SettlementEvent, tx: SettlementTransaction): Promise<void> {
     // Refunds (and any other kind) settle too: an order waits for its charge only.
     if (event.kind !== 'charge' || event.orderId === null) return;
-    await db
+    // drizzle over the delivery's transaction: anything with query(text, values) serves as its client.
+    await drizzle({ client: tx as unknown as pg.PoolClient })
       .update(orders)
       .set({ status: event.status === 'succeeded' ? 'paid' : 'payment_failed' })
       .where(and(eq(orders.id, event.orderId), eq(orders.paymentOperationId, event.operationId), eq(orders.status, 'awaiting_payment')));
@@ -101,7 +103,7 @@ export function createCheckout(databaseUrl: string): Checkout {
     async start(port) {
       await outboxd.migrate();
       await db.execute(CREATE_ORDERS);
-      await outboxd.onSettled(onSettled);
+      await outboxd.onSettled(onSettled, { transactional: true, subscriber: 'checkout-orders' });
       await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
       return (server.address() as { port: number }).port;
     },

@@ -7,6 +7,8 @@ import { migrate } from '../db/migrate.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { BULK_CONCURRENCY, confirmFromFile, type BulkSummary } from '../orders/bulk.ts';
 import { confirmOrder } from '../orders/confirm.ts';
+import { EXAMPLE_SUBSCRIBER, followOrders } from '../orders/follow.ts';
+import { Outboxd } from '../outboxd.ts';
 import { parseOrderInput } from '../orders/validate.ts';
 import { REFUND_REASONS } from '../payments/gateway.ts';
 import { requestRefund } from '../payments/refund.ts';
@@ -154,6 +156,25 @@ order
       if (!created && !o.json) {
         const op = await showOperation(pool, operationId);
         console.error(`order ${input.orderId} was already confirmed: operation ${operationId} (status ${op.status})`);
+      }
+    });
+  });
+
+order
+  .command('follow')
+  .description("the example's settlement subscriber: marks its orders paid or payment_failed, once per settlement (a transactional onSettled), until SIGTERM/SIGINT")
+  .action(async () => {
+    await withDatabase(async ({ url }) => {
+      const outboxd = new Outboxd({ connectionString: url, schema: config.schema, onError: (err) => log!.warn({ err }, 'settlement subscription error') });
+      try {
+        await followOrders(outboxd);
+        log!.info({ subscriber: EXAMPLE_SUBSCRIBER }, 'following settlements');
+        await new Promise<void>((resolve) => {
+          process.once('SIGINT', resolve);
+          process.once('SIGTERM', resolve);
+        });
+      } finally {
+        await outboxd.stop();
       }
     });
   });
@@ -322,9 +343,9 @@ program
   .description('send dead-lettered settlement events to onSettled again, once the failing handler is fixed')
   .option('--json', 'machine-readable output')
   .action(async (o) => {
-    await withDatabase(({ url }) =>
+    await withDatabase(({ url, pool }) =>
       withBoss(url, async (boss) => {
-        const redriven = await redriveSettlements(boss);
+        const redriven = await redriveSettlements(pool, boss);
         console.log(o.json ? JSON.stringify({ redriven }) : `${redriven} settlement events sent again`);
       }),
     );

@@ -1,7 +1,7 @@
 // What the console's pages read. Every list is a keyset page over (created_at, id), newest first, so a
 // page costs the same on the first page as on the ten-thousandth and with a million operations
 // (EXPLAIN in docs/runbook.md, "Console").
-import { SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../settlements.ts';
+import { SETTLED_DEAD_QUEUE, SETTLED_EVENT, SETTLED_QUEUE } from '../settlements.ts';
 import type { PgBoss } from 'pg-boss';
 import { listAudit, type AuditRow } from '../admin/audit.ts';
 import type { Pool } from '../db/pool.ts';
@@ -210,7 +210,9 @@ export async function operationRecord(pool: Pool, op: Operation): Promise<Operat
     pool.query(pool.sql.webhookEventsOf(op.id, HISTORY_LIMIT)),
     listAudit(pool, { operationId: op.id, limit: HISTORY_LIMIT }),
     op.order_id === null ? { rows: [] } : pool.query(pool.sql.operationsOfOrder(op.order_id, 50)),
-    pool.query(pool.sql.settlementEventsOf(op.id, [SETTLED_QUEUE, SETTLED_DEAD_QUEUE], HISTORY_LIMIT)),
+    pool
+      .query(pool.sql.settlementSubscriberQueues(SETTLED_EVENT))
+      .then(({ rows }) => pool.query(pool.sql.settlementEventsOf(op.id, [SETTLED_QUEUE, SETTLED_DEAD_QUEUE, ...rows.map((r: { name: string }) => r.name)], HISTORY_LIMIT))),
   ]);
   return {
     events: events.rows,

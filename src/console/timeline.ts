@@ -144,14 +144,16 @@ const audit: Source = (_op, record) =>
     };
   });
 
-/** Each settlement event's way to the application's onSettled handlers (at least once). */
+/** Each settlement event's way to the application's onSettled handlers: the unnamed ones' queue
+ * (`settled`), each named subscriber's (`settled.<name>`), and the dead letter. */
 const settlements: Source = (_op, record) =>
   record.settlements.flatMap((j) => {
-    const dead = j.name !== 'settled';
+    const dead = j.name === 'settled_dead';
+    const to = j.name.startsWith('settled.') ? `subscriber ${j.name.slice('settled.'.length)}` : 'onSettled';
     const facts: Entry['facts'] = [['event job', j.id], ['settled by', j.source], ['handler retries', j.retry_count]];
-    const queued: Entry = { at: j.created_on, kind: 'settlement', title: dead ? 'settlement event dead-lettered (handlers kept failing)' : 'settlement event queued for onSettled', tone: dead ? 'bad' : 'info', facts };
+    const queued: Entry = { at: j.created_on, kind: 'settlement', title: dead ? 'settlement event dead-lettered (handlers kept failing)' : `settlement event queued for ${to}`, tone: dead ? 'bad' : 'info', facts };
     if (dead || j.state !== 'completed' || !j.completed_on) return [queued];
-    return [queued, { at: j.completed_on, kind: 'settlement', title: 'settlement event delivered to onSettled', tone: 'good', facts }];
+    return [queued, { at: j.completed_on, kind: 'settlement', title: `settlement event delivered to ${to}`, tone: 'good', facts }];
   });
 
 const SOURCES: Source[] = [created, history, webhooks, audit, settlements];

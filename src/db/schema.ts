@@ -4,7 +4,7 @@
 // They live in their own schema, written here as "outboxd": src/db/migrate.ts applies the migrations
 // to whichever schema OUTBOXD_SCHEMA names.
 import { sql } from 'drizzle-orm';
-import { bigint, boolean, check, doublePrecision, index, integer, jsonb, pgSchema, text, timestamp, uniqueIndex, uuid, type AnyPgColumn } from 'drizzle-orm/pg-core';
+import { bigint, boolean, check, doublePrecision, index, integer, jsonb, pgSchema, primaryKey, text, timestamp, uniqueIndex, uuid, type AnyPgColumn } from 'drizzle-orm/pg-core';
 import { OPERATION_STATUSES, POLICIES } from '../payments/status.ts';
 
 const outboxd = pgSchema('outboxd');
@@ -26,7 +26,8 @@ export const orders = outboxd.table(
     confirmedAt: timestamp('confirmed_at', { withTimezone: true }).notNull().defaultNow(),
     ...timestamps,
   },
-  (t) => [check('orders_status_check', sql`${t.status} in ('confirmed')`)],
+  // confirmed by `order confirm`; paid or payment_failed by its settlement subscriber (`order follow`).
+  (t) => [check('orders_status_check', sql`${t.status} in ('confirmed', 'paid', 'payment_failed')`)],
 );
 
 export const paymentOperations = outboxd.table(
@@ -234,6 +235,24 @@ export const settlementOutbox = outboxd.table('settlement_outbox', {
   source: text('source').notNull(),
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
 });
+
+/**
+ * Which transactional subscriber consumed which settlement (src/settlements.ts): written in the
+ * delivery's transaction, beside the application's own writes and the job's fenced completion, so the
+ * three commit together. The key makes a second consumption of one event by one subscriber impossible,
+ * whatever delivered it twice.
+ */
+export const settlementConsumption = outboxd.table(
+  'settlement_consumption',
+  {
+    /** onSettled's `subscriber` name. */
+    subscriber: text('subscriber').notNull(),
+    /** The settled operation: its settlement is one event. */
+    operationId: uuid('operation_id').notNull(),
+    consumedAt: timestamp('consumed_at', { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [primaryKey({ columns: [t.subscriber, t.operationId] })],
+);
 
 /**
  * Signed-in operators of the console (src/console/session.ts). The cookie carries a random secret; only

@@ -6,7 +6,7 @@ import type { StripeMode } from '../config.ts';
 import type { Queryable } from '../db/pool.ts';
 import { BUILT_IN_KINDS } from '../effects/registry.ts';
 import { queueFor } from '../outbox.ts';
-import { SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../settlements.ts';
+import { SETTLED_DEAD_QUEUE, SETTLED_EVENT, SETTLED_QUEUE } from '../settlements.ts';
 
 export type Metrics = ReturnType<typeof createMetrics>;
 
@@ -118,6 +118,18 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
         );
         if (waiting) this.set({ state: 'waiting' }, waiting.queuedCount);
         if (dead) this.set({ state: 'dead' }, dead.queuedCount);
+      },
+    }),
+    subscriberEvents: new Gauge({
+      name: 'outboxd_settlement_subscriber_events_waiting',
+      help: 'Settlement events a named onSettled subscriber has not consumed yet (its dead ones count in outboxd_settlement_events)',
+      labelNames: ['subscriber'],
+      registers: r,
+      async collect() {
+        const { rows } = await source.db.query(source.db.sql.settlementSubscriberQueues(SETTLED_EVENT));
+        const queues = await Promise.all(rows.map((q: { name: string }) => source.boss.getQueue(q.name).catch(() => null)));
+        this.reset();
+        for (const q of queues) if (q) this.set({ subscriber: q.name.slice(SETTLED_QUEUE.length + 1) }, q.queuedCount);
       },
     }),
     oldestUnsettled: new Gauge({

@@ -135,6 +135,13 @@ function build(schema: string, prepared: boolean) {
        on conflict (id) do nothing`,
     ),
 
+    /** The example's settlement subscriber (`order follow`): paid is final; a failed charge's event leaves
+     * an order another card already paid as it is. */
+    markOrderSettled: statement<[id: string, status: 'paid' | 'payment_failed']>(
+      'outboxd_mark_order_settled',
+      `update ${s}.orders set status = $2, updated_at = now() where id = $1 and status <> 'paid'`,
+    ),
+
     // ─── the outbox: written with the operation, relayed to pg-boss in batches ─────────────────────────
 
     outboxHasRows: statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from ${s}.charge_outbox) as any`),
@@ -182,6 +189,31 @@ function build(schema: string, prepared: boolean) {
     settlementOutboxDepth: statement<[]>(
       'outboxd_settlement_outbox_depth',
       `select count(*)::int as rows from ${s}.settlement_outbox`,
+    ),
+
+    /** The named subscribers' queues (pg-boss's subscriptions to the event `settled`, which its foreign
+     * key keeps to existing queues), for the relay. */
+    settlementSubscriberQueues: statement<[event: string]>(
+      'outboxd_settlement_subscriber_queues',
+      `select name from ${boss}.subscription where event = $1 order by name`,
+    ),
+
+    /** First statement of a transactional delivery: its statement_timeout and its
+     * idle_in_transaction_session_timeout, or a tighter bound the role or the server already sets. */
+    boundSettlementTransaction: statement<[statementMs: number, idleMs: number]>(
+      'outboxd_bound_settlement_transaction',
+      `select set_config(g.name, least(g.ms, nullif(p.setting::bigint, 0))::text, true)
+       from (values ('statement_timeout', $1::bigint), ('idle_in_transaction_session_timeout', $2::bigint)) g(name, ms)
+       join pg_settings p on p.name = g.name`,
+    ),
+
+    /** Records `subscriber` consuming the operation's settlement, inside the delivery's transaction: no
+     * row back means it consumed it already. */
+    consumeSettlement: statement<[subscriber: string, operationId: string]>(
+      'outboxd_consume_settlement',
+      `insert into ${s}.settlement_consumption (subscriber, operation_id) values ($1, $2)
+       on conflict (subscriber, operation_id) do nothing
+       returning operation_id`,
     ),
 
     // ─── payment operations: creation and reads ────────────────────────────────────────────────────────
