@@ -167,13 +167,26 @@ export async function workSettlementsInTransaction(
   const transactionTimeoutSeconds = Math.ceil(work.timeoutMs / 1000) + 5;
   await workSlots(boss, work.queue, work.slots, { transactional: true, transactionTimeoutSeconds }, async (job, txDb) => {
     const { settledAt, traceparent, queue: _queue, ...event } = job.data;
-    const tx: SettlementTransaction = { query: (text, values) => txDb!.executeSql(text as string, values) as never };
+    // Closed the moment the delivery is over (the handler returned, threw or ran out of time), before
+    // pg-boss sends its COMMIT or ROLLBACK: a statement the handler issues later would otherwise queue
+    // behind the ROLLBACK on the same connection and run on its own, committed, outside the transaction.
+    let open = true;
+    const tx: SettlementTransaction = {
+      query: (text, values) =>
+        open
+          ? (txDb!.executeSql(text as string, values) as never)
+          : Promise.reject(new Error('this settlement delivery is over (returned, threw or timed out): its transaction is settled, nothing more is written')),
+    };
     await traceDelivery({ ...event, traceparent }, job.retryCount, async () => {
       // No statement of the handler's runs longer than the handler may take.
       await tx.query(sql.boundSettlementTransaction(work.timeoutMs, transactionTimeoutSeconds * 1000));
       const { rows } = await tx.query(sql.consumeSettlement(work.subscriber, event.operationId));
       if (rows.length === 0) return;
-      await withinTimeout(() => handle({ ...event, settledAt: new Date(settledAt) }, tx), work.timeoutMs);
+      try {
+        await withinTimeout(() => handle({ ...event, settledAt: new Date(settledAt) }, tx), work.timeoutMs);
+      } finally {
+        open = false;
+      }
     });
   });
 }

@@ -40,7 +40,7 @@ describe('operation health gauges', () => {
       const { text } = t.pool.sql.operationHealth();
       const { rows } = await client.query(`explain (format json) ${text}`);
       const plan = JSON.stringify(rows[0]['QUERY PLAN']);
-      expect(plan).toContain('payment_operations_review_idx');
+      expect(plan).toContain('payment_operations_review_created_idx');
       expect(plan).toContain('payment_operations_unsettled_idx');
       expect(plan).not.toContain('payment_operations_pkey');
       expect(plan).not.toContain('Seq Scan');

@@ -129,6 +129,34 @@ describe('transactional subscribers', () => {
     }
   });
 
+  it('a handler whose statement is still running at its timeout writes nothing after it, not even outside the transaction', { timeout: 180_000 }, async () => {
+    await t.pool.query('create table after_timeout (operation_id uuid not null, delivery int not null)');
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 1_500 });
+    let deliveries = 0;
+    let refused: unknown;
+    await outboxd.onSettled(async (event, tx) => {
+      const delivery = ++deliveries;
+      if (delivery === 1) {
+        // Its last statement starts before the timeout and ends after it (within its own statement_timeout):
+        // pg-boss's ROLLBACK waits behind it on the connection, and the insert comes after that.
+        await new Promise((resolve) => setTimeout(resolve, 1_000));
+        await tx.query('select pg_sleep(1)');
+        refused = await tx.query('insert into after_timeout values ($1, $2)', [event.operationId, delivery]).then(() => 'written', (err: Error) => err.message);
+        return;
+      }
+      await tx.query('insert into after_timeout values ($1, $2)', [event.operationId, delivery]);
+    }, { transactional: true, subscriber: 'after-timeout' });
+    try {
+      const op = await settle();
+      await waitUntil(() => refused !== undefined && deliveries >= 2, 60_000, 'the abandoned handler tried to write');
+      await waitUntil(() => allCompleted('after-timeout', [op]), 30_000, 'the retry committed');
+      expect(refused).toMatch(/delivery is over/);
+      expect((await t.pool.query('select delivery from after_timeout where operation_id = $1', [op])).rows).toEqual([{ delivery: 2 }]);
+    } finally {
+      await outboxd.stop();
+    }
+  });
+
   it('a delivery whose claim was taken over commits nothing: the delivery holding the claim does', { timeout: 180_000 }, async () => {
     await t.pool.query('create table ledger (operation_id uuid not null, delivery text not null)');
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 120_000 });

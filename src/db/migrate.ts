@@ -16,6 +16,8 @@ const MIGRATION_LOCK = 7_411_001;
  * long transaction would queue every statement on that table behind it (the application's, the old
  * replicas'). Past it the migration fails, changing nothing, and is run again later. */
 export const MIGRATION_LOCK_TIMEOUT_MS = 5_000;
+/** The same for a `concurrently` statement, which waits for every older transaction without blocking anyone. */
+const CONCURRENT_LOCK_TIMEOUT_MS = 15 * 60_000;
 /** A migration with such a statement cannot run in a transaction (PostgreSQL refuses): see applyMigrations. */
 const CONCURRENTLY = /\b(create|drop)\s+(unique\s+)?index\s+concurrently\b|\breindex\b.*\bconcurrently\b/i;
 
@@ -76,7 +78,12 @@ export async function migrate(connection: string | pg.Pool, schema: string, fold
 
 async function migrateWith(client: PoolClient, connection: string | pg.Pool, schema: string, folder: string): Promise<void> {
   try {
-    await client.query('select pg_advisory_lock($1)', [MIGRATION_LOCK]);
+    // Taken by polling, not by waiting in pg_advisory_lock: a statement that waits keeps its snapshot,
+    // and `create index concurrently` in the migration that holds the lock waits for every snapshot, so
+    // two migrators started at once would deadlock.
+    while (!(await client.query('select pg_try_advisory_lock($1) as locked', [MIGRATION_LOCK])).rows[0].locked) {
+      await new Promise((resolve) => setTimeout(resolve, 100 + Math.random() * 200));
+    }
     // After the migrators' own lock, which may rightly be waited for as long as another migration runs.
     await client.query(`set lock_timeout = ${MIGRATION_LOCK_TIMEOUT_MS}`);
     await client.query(`create schema if not exists "${schema}"`);
@@ -138,7 +145,11 @@ async function applyMigrations(client: PoolClient, schema: string, folder: strin
       batch = [];
       const { rows } = await client.query(`select coalesce(max(created_at), 0) as last from "${schema}".${MIGRATIONS_TABLE}`);
       if (Number(rows[0].last) >= migration.folderMillis) continue;
+      // `concurrently` blocks no writer while it waits for older transactions to end: it may wait longer
+      // than a statement that holds a table's lock would be let (an application's long transaction).
+      await client.query(`set lock_timeout = ${CONCURRENT_LOCK_TIMEOUT_MS}`);
       for (const statement of migration.sql) await client.query(statement);
+      await client.query(`set lock_timeout = ${MIGRATION_LOCK_TIMEOUT_MS}`);
       await client.query(`insert into "${schema}".${MIGRATIONS_TABLE} (hash, created_at) values ($1, $2)`, [migration.hash, migration.folderMillis]);
     }
     if (batch.length) await dialect.migrate(batch, session, config);

@@ -120,7 +120,7 @@ export const paymentOperations = outboxd.table(
       .where(sql`${t.status} in ('pending', 'unknown')`),
     // By created_at, the order the review queue is read in; not by updated_at, which every claim and
     // renewal changes: a column of any index makes each update write every index anew (no HOT update).
-    index('payment_operations_review_idx')
+    index('payment_operations_review_created_idx')
       .on(t.createdAt, t.id)
       .where(sql`${t.reviewReason} is not null`),
     // The console's lists: newest first by (created_at, id) keyset, for any kind and status filter

@@ -10,6 +10,7 @@ import { BUILT_IN_KINDS, type EffectDefinitions } from '../effects/registry.ts';
 import { consoleRoutes } from '../console/routes.ts';
 import { checkDatabase } from '../db/check.ts';
 import { adminRoutes } from '../http/admin.ts';
+import { accessTokens } from '../http/tokens.ts';
 import { sendJson, startHttpServer, type HttpServer, type Route } from '../http/server.ts';
 import { webhookRoutes } from '../http/webhooks.ts';
 import type { Logger } from '../log.ts';
@@ -53,7 +54,7 @@ export async function loadEffects(file: string): Promise<EffectDefinitions> {
 export async function runWorker(config: Config, baseLog: Logger, effects?: EffectDefinitions): Promise<void> {
   const workerId = `${hostname()}:${process.pid}:${randomBytes(2).toString('hex')}`;
   const log = baseLog.child({ workerId });
-  const { db, gateway, pool, boss, dispatcher, http, adminHttp } = await openReplica(config, log, workerId, effects);
+  const { db, gateway, pool, adminPool, boss, dispatcher, http, adminHttp } = await openReplica(config, log, workerId, effects);
   log.info(
     { httpPort: http.port, adminHttpPort: adminHttp?.port, concurrency: config.worker.concurrency, embeddedDatabase: db.embedded, kinds: dispatcher.kinds },
     'worker ready',
@@ -70,6 +71,7 @@ export async function runWorker(config: Config, baseLog: Logger, effects?: Effec
   await boss.stop({ graceful: true, timeout: 2_000 });
   await http.close();
   await adminHttp?.close();
+  if (adminPool !== pool) await adminPool.end();
   await pool.end();
   await gateway.close();
   await db.close();
@@ -107,13 +109,17 @@ async function openReplica(config: Config, log: Logger, workerId: string, effect
         leaseTtlMs: config.worker.leaseTtlMs,
         reconcileCron: config.worker.reconcileCron,
         webhookRetentionDays: config.webhookRetentionDays,
-      pruneCron: PRUNE_CRON,
-      retentionDays: config.retentionDays,
+        pruneCron: PRUNE_CRON,
+        retentionDays: config.retentionDays,
       },
     );
     let dispatching = false;
 
-    const adminDeps = { pool, boss, gateway: gateway.evidence ? gateway.gateway : undefined, log, config, workerId, metrics };
+    // The admin API and the console on a small pool of their own: whatever anyone sends them (token
+    // guesses, heavy pages) waits for these connections, never for the dispatcher's.
+    const adminPool = accessTokens(config).length > 0 ? openPool(db, 'outboxd-admin', 4) : pool;
+    if (adminPool !== pool) opened.push(() => adminPool.end());
+    const adminDeps = { pool: adminPool, boss, gateway: gateway.evidence ? gateway.gateway : undefined, log, config, workerId, metrics };
     const admin = [...adminRoutes(adminDeps), ...consoleRoutes(adminDeps)];
     // ADMIN_HTTP_PORT moves the admin API and the console off the listener that Stripe (and so anyone) can reach.
     const ownAdminListener = config.admin.httpPort !== undefined;
@@ -152,7 +158,7 @@ async function openReplica(config: Config, log: Logger, workerId: string, effect
     await boss.start();
     await dispatcher.start();
     dispatching = true;
-    return { db, gateway, pool, boss, dispatcher, http, adminHttp };
+    return { db, gateway, pool, adminPool, boss, dispatcher, http, adminHttp };
   } catch (err) {
     for (const close of opened.reverse()) await close().catch(() => {});
     throw err;

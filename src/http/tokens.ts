@@ -7,7 +7,8 @@
 // a guesser's count at the admin token).
 //
 // Each check holds its subjects' rows locked from the look at the wait to the count of the failure, so
-// a burst of simultaneous guesses is judged one at a time: none passes a wait that an earlier one began.
+// a burst of simultaneous guesses is judged one at a time: none passes a wait that an earlier one began,
+// and one that finds the rows locked is refused at once (429) rather than waiting.
 //
 // The client is the socket's address: X-Forwarded-For is anyone's to write, so behind a proxy every
 // client shares the proxy's count (a guesser there makes everyone wait), and the operator name's count
@@ -60,6 +61,8 @@ export type TokenCheck =
   /** `wait`: seconds before the subjects' next token is looked at (0: none yet, for a wrong token). */
   | { refused: 'throttled' | 'wrong_token'; wait: number };
 
+const LOCK_NOT_AVAILABLE = '55P03';
+
 /** How often a replica drops the failures that count for nothing any more. */
 const PRUNE_EVERY_MS = 60_000;
 const lastPruned = new WeakMap<Pool, number>();
@@ -72,7 +75,14 @@ export async function checkToken(pool: Pool, subjects: string[], given: string, 
   }
   return inTransaction(pool, async (tx) => {
     await tx.query(tx.sql.ensureSignInSubjects(subjects));
-    const { rows } = await tx.query(tx.sql.lockSignInSubjects(subjects));
+    const locked = await tx.query(tx.sql.lockSignInSubjects(subjects)).catch((err: { code?: string }) => {
+      // Another check of the same client or name is under way: this one is not looked at, and no
+      // request ever waits on another's lock (a flood of them would hold the pool's connections).
+      if (err.code === LOCK_NOT_AVAILABLE) return undefined;
+      throw err;
+    });
+    if (!locked) return { refused: 'throttled', wait: 1 };
+    const { rows } = locked;
     const wait = Math.max(0, ...rows.map((r: { wait_seconds: number }) => r.wait_seconds));
     if (wait > 0) return { refused: 'throttled', wait };
     const access = accessOf(given, tokens);

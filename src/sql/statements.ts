@@ -739,12 +739,13 @@ function build(schema: string, prepared: boolean) {
        on conflict (subject) do nothing`,
     ),
 
-    /** Each subject's row, locked for the rest of the transaction, with the seconds it must still wait. */
+    /** Each subject's row, locked for the rest of the transaction, with the seconds it must still wait;
+     * refused at once (55P03) when another check holds one. */
     lockSignInSubjects: statement<[subjects: string[]]>(
       'outboxd_lock_sign_in_subjects',
       `select subject, greatest(0, ceil(extract(epoch from blocked_until - now())))::int as wait_seconds
        from ${s}.console_sign_in_failures where subject = any($1::text[])
-       order by subject for update`,
+       order by subject for update nowait`,
     ),
 
     /**
