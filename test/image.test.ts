@@ -13,8 +13,8 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { parse } from 'yaml';
-import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { createEmptyDatabase } from '../scripts/lib/database.ts';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectedEmptyDatabase } from './support/db.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 import { PROBES } from '../src/dispatcher/worker.ts';
 import { checkConsole } from './support/consoleCheck.ts';
@@ -77,16 +77,7 @@ async function logLines(container: string): Promise<Record<string, any>[]> {
 }
 const inspect = async (container: string, format: string) => docker('inspect', '--format', format, container);
 
-async function database(prefix: string): Promise<{ url: string; client: pg.Client }> {
-  const db = await createEmptyDatabase(inject('adminUrl'), prefix);
-  const client = new pg.Client({ connectionString: db.url });
-  await client.connect();
-  drops.push(async () => {
-    await client.end();
-    await db.drop();
-  });
-  return { url: db.url, client };
-}
+const database = (prefix: string) => connectedEmptyDatabase(prefix, drops);
 
 /** The emulator as compose's stripe-emulator service runs it (its own container), on a free port. */
 async function emulatorContainer(name: string): Promise<string> {

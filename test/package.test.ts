@@ -9,10 +9,9 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { promisify } from 'node:util';
-import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { checkConsole } from './support/consoleCheck.ts';
-import { createEmptyDatabase } from '../scripts/lib/database.ts';
+import { connectedEmptyDatabase } from './support/db.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 import { startEmulator, TEST_KEY, type RunningEmulator } from './support/emulator.ts';
 import { createReleaseDatabase, dumpTables, insertReleaseRows, ROOT } from './support/release.ts';
@@ -225,16 +224,7 @@ afterAll(async () => {
   for (const d of drops.reverse()) await d();
 });
 
-async function database(prefix: string): Promise<{ url: string; client: pg.Client }> {
-  const db = await createEmptyDatabase(inject('adminUrl'), prefix);
-  const client = new pg.Client({ connectionString: db.url });
-  await client.connect();
-  drops.push(async () => {
-    await client.end();
-    await db.drop();
-  });
-  return { url: db.url, client };
-}
+const database = (prefix: string) => connectedEmptyDatabase(prefix, drops);
 
 const env = (url: string) => ({
   ...process.env,

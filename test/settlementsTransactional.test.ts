@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createMetrics } from '../src/dispatcher/metrics.ts';
-import { Outboxd } from '../src/index.ts';
+import { Outboxd, type SettlementTransaction } from '../src/index.ts';
 import { createBoss } from '../src/outbox.ts';
 import { executeOperation } from '../src/payments/executor.ts';
 import { redriveSettlements, SETTLED_DEAD_QUEUE, settledQueueFor, subscribeSettlements } from '../src/settlements.ts';
@@ -102,27 +102,36 @@ describe('transactional subscribers', () => {
     }
   });
 
-  it('on the application’s own pool, a handler abandoned at its timeout can write nothing afterwards', { timeout: 180_000 }, async () => {
-    await t.pool.query('create table late (operation_id uuid not null, delivery int not null)');
-    const appPool = new pg.Pool({ connectionString: t.url, max: 6 });
-    const outboxd = new Outboxd({ pool: appPool, onError: () => {}, settlementHandlerTimeoutMs: 1_500 });
+  /**
+   * The first delivery is abandoned at its 1.5 s timeout while its handler still means to write (after
+   * `pause`): that write is refused, and only the redelivery's row is left.
+   */
+  async function abandonedWriteRefused(table: string, outboxd: Outboxd, pause: (tx: SettlementTransaction) => Promise<unknown>): Promise<void> {
+    await t.pool.query(`create table ${table} (operation_id uuid not null, delivery int not null)`);
     let deliveries = 0;
     let refused: unknown;
     await outboxd.onSettled(async (event, tx) => {
       const delivery = ++deliveries;
       if (delivery === 1) {
-        await new Promise((resolve) => setTimeout(resolve, 4_000)); // past its timeout: rolled back meanwhile
-        refused = await tx.query('insert into late values ($1, $2)', [event.operationId, delivery]).then(() => 'written', (err: Error) => err.message);
+        await pause(tx);
+        refused = await tx.query(`insert into ${table} values ($1, $2)`, [event.operationId, delivery]).then(() => 'written', (err: Error) => err.message);
         return;
       }
-      await tx.query('insert into late values ($1, $2)', [event.operationId, delivery]);
-    }, { transactional: true, subscriber: 'late' });
+      await tx.query(`insert into ${table} values ($1, $2)`, [event.operationId, delivery]);
+    }, { transactional: true, subscriber: table });
+    const op = await settle();
+    await waitUntil(() => refused !== undefined && deliveries >= 2, 60_000, 'the abandoned handler tried to write');
+    await waitUntil(() => allCompleted(table, [op]), 30_000, 'the retry committed');
+    expect(refused).toMatch(/delivery is over/);
+    expect((await t.pool.query(`select delivery from ${table} where operation_id = $1`, [op])).rows).toEqual([{ delivery: 2 }]);
+  }
+
+  it('on the application’s own pool, a handler abandoned at its timeout can write nothing afterwards', { timeout: 180_000 }, async () => {
+    const appPool = new pg.Pool({ connectionString: t.url, max: 6 });
+    const outboxd = new Outboxd({ pool: appPool, onError: () => {}, settlementHandlerTimeoutMs: 1_500 });
     try {
-      const op = await settle();
-      await waitUntil(() => refused !== undefined && deliveries >= 2, 60_000, 'the abandoned handler tried to write');
-      await waitUntil(() => allCompleted('late', [op]), 30_000, 'the retry committed');
-      expect(refused).toMatch(/settled/);
-      expect((await t.pool.query('select delivery from late where operation_id = $1', [op])).rows).toEqual([{ delivery: 2 }]);
+      // Past its timeout: rolled back meanwhile.
+      await abandonedWriteRefused('late', outboxd, () => new Promise((resolve) => setTimeout(resolve, 4_000)));
     } finally {
       await outboxd.stop();
       await appPool.end();
@@ -130,28 +139,14 @@ describe('transactional subscribers', () => {
   });
 
   it('a handler whose statement is still running at its timeout writes nothing after it, not even outside the transaction', { timeout: 180_000 }, async () => {
-    await t.pool.query('create table after_timeout (operation_id uuid not null, delivery int not null)');
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 1_500 });
-    let deliveries = 0;
-    let refused: unknown;
-    await outboxd.onSettled(async (event, tx) => {
-      const delivery = ++deliveries;
-      if (delivery === 1) {
-        // Its last statement starts before the timeout and ends after it (within its own statement_timeout):
-        // pg-boss's ROLLBACK waits behind it on the connection, and the insert comes after that.
+    try {
+      // Its last statement starts before the timeout and ends after it (within its own statement_timeout):
+      // pg-boss's ROLLBACK waits behind it on the connection, and the insert comes after that.
+      await abandonedWriteRefused('after_timeout', outboxd, async (tx) => {
         await new Promise((resolve) => setTimeout(resolve, 1_000));
         await tx.query('select pg_sleep(1)');
-        refused = await tx.query('insert into after_timeout values ($1, $2)', [event.operationId, delivery]).then(() => 'written', (err: Error) => err.message);
-        return;
-      }
-      await tx.query('insert into after_timeout values ($1, $2)', [event.operationId, delivery]);
-    }, { transactional: true, subscriber: 'after-timeout' });
-    try {
-      const op = await settle();
-      await waitUntil(() => refused !== undefined && deliveries >= 2, 60_000, 'the abandoned handler tried to write');
-      await waitUntil(() => allCompleted('after-timeout', [op]), 30_000, 'the retry committed');
-      expect(refused).toMatch(/delivery is over/);
-      expect((await t.pool.query('select delivery from after_timeout where operation_id = $1', [op])).rows).toEqual([{ delivery: 2 }]);
+      });
     } finally {
       await outboxd.stop();
     }

@@ -1,11 +1,11 @@
 // A fresh, migrated database per test file, so files run in parallel without seeing each other.
-import type pg from 'pg';
 import type { PgBoss } from 'pg-boss';
 import { inject } from 'vitest';
 import { createPool, type Pool } from '../../src/db/pool.ts';
 import { createBoss } from '../../src/outbox.ts';
 import { DEFAULT_SCHEMA } from '../../src/sql/statements.ts';
-import { createMigratedDatabase } from '../../scripts/lib/database.ts';
+import pg from 'pg';
+import { createEmptyDatabase, createMigratedDatabase } from '../../scripts/lib/database.ts';
 
 export interface TestDb {
   url: string;
@@ -49,4 +49,16 @@ export async function inAppTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolCli
   } finally {
     client.release();
   }
+}
+
+/** An empty database with a client connected to it; `drops` gets what ends both, for the file's afterAll. */
+export async function connectedEmptyDatabase(prefix: string, drops: (() => Promise<void>)[]): Promise<{ url: string; client: pg.Client }> {
+  const db = await createEmptyDatabase(inject('adminUrl'), prefix);
+  const client = new pg.Client({ connectionString: db.url });
+  await client.connect();
+  drops.push(async () => {
+    await client.end();
+    await db.drop();
+  });
+  return { url: db.url, client };
 }
