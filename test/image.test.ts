@@ -7,13 +7,13 @@
 import { execFile, execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { writeFile, mkdtemp, rm, chmod } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import pg from 'pg';
 import { parse } from 'yaml';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { freePort } from '../src/db/embedded.ts';
 import { connectedEmptyDatabase } from './support/db.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 import { PROBES } from '../src/dispatcher/worker.ts';
@@ -46,14 +46,6 @@ const WORKER = WORKER_TMP_FLAGS;
 const started: string[] = [];
 const drops: (() => Promise<void>)[] = [];
 let work: string;
-
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as { port: number };
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 const envArgs = (env: Record<string, string>) => Object.entries(env).flatMap(([k, v]) => ['-e', `${k}=${v}`]);
 

@@ -4,13 +4,13 @@
 // make databases. One pack and install for the file (about 15–25 s), shared by its tests.
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { createInterface } from 'node:readline';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { checkConsole } from './support/consoleCheck.ts';
+import { freePort } from '../src/db/embedded.ts';
 import { connectedEmptyDatabase } from './support/db.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 import { startEmulator, TEST_KEY, type RunningEmulator } from './support/emulator.ts';
@@ -383,15 +383,6 @@ describe('what the tarball holds', () => {
     expect(packed.size).toBeLessThan(5 * 1024 * 1024);
   });
 });
-
-/** A port nothing listens on now, for a process that must be told its port before it starts. */
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as { port: number };
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 describe('the installed bin', () => {
   it('`outboxd --version` is package.json’s version', async () => {
