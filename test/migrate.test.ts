@@ -4,13 +4,13 @@
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import pg from 'pg';
-import { afterAll, describe, expect, inject, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { migrate } from '../src/db/migrate.ts';
 import { createPool, type Pool } from '../src/db/pool.ts';
 import { confirmOrder } from '../src/orders/confirm.ts';
 import { createBoss, relayOutbox } from '../src/outbox.ts';
 import { acquireLease } from '../src/payments/operation.ts';
-import { createEmptyDatabase } from '../scripts/lib/database.ts';
+import { connectedEmptyDatabase } from './support/db.ts';
 import { orderInput } from './support/fixtures.ts';
 import { createReleaseDatabase, dumpTables as dump, insertReleaseRows, RELEASE_TABLES as TABLES, ROOT } from './support/release.ts';
 
@@ -19,16 +19,7 @@ afterAll(async () => {
   for (const c of cleanups.reverse()) await c();
 });
 
-async function database(prefix: string): Promise<{ url: string; client: pg.Client }> {
-  const db = await createEmptyDatabase(inject('adminUrl'), prefix);
-  const client = new pg.Client({ connectionString: db.url });
-  await client.connect();
-  cleanups.push(async () => {
-    await client.end();
-    await db.drop();
-  });
-  return { url: db.url, client };
-}
+const database = (prefix: string) => connectedEmptyDatabase(prefix, cleanups);
 
 function pool(url: string, schema = 'outboxd'): Pool {
   const p = createPool(url, { schema, max: 4, applicationName: 'migrate-test' });
