@@ -2,7 +2,7 @@
 // "outboxd"; `outboxd migrate` applies them to OUTBOXD_SCHEMA (src/db/migrate.ts), and only it should
 // apply them. What drizzle-kit reads from a database (push, pull, studio) follows OUTBOXD_SCHEMA here.
 import { defineConfig } from 'drizzle-kit';
-import { loadConfig } from './src/config.ts';
+import { loadConfig } from './src/runtime/config.ts';
 
 const { schema, databaseUrl } = loadConfig();
 

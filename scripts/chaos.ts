@@ -7,10 +7,10 @@
 // order meets which fault, which refunds are asked, which replica is killed); timing is the machine's.
 import { parseArgs } from 'node:util';
 import { inTransaction } from '../src/db/pool.ts';
-import { confirmOrder } from '../src/orders/confirm.ts';
-import { queueFor } from '../src/outbox.ts';
-import { KEY_WINDOW_SECONDS } from '../src/payments/executor.ts';
-import { RefundRefused, requestRefund, type RefundRequested } from '../src/payments/refund.ts';
+import { confirmOrder } from '../src/exampleApp/confirm.ts';
+import { queueFor } from '../src/outbox/outbox.ts';
+import { KEY_WINDOW_SECONDS } from '../src/engine/executor.ts';
+import { RefundRefused, requestRefund, type RefundRequested } from '../src/kinds/refund/request.ts';
 import type { Fault } from '../src/stripe/emulator/emulator.ts';
 import { checkAgainstLedger, type Violation } from './lib/ledger.ts';
 import { seededRandom } from './lib/random.ts';

@@ -3,8 +3,8 @@
 // every operation's path and its agreement with the emulator's ledger.
 import { randomUUID } from 'node:crypto';
 import { reconcileNow } from '../src/admin/reconcile.ts';
-import { createLogger } from '../src/log.ts';
-import { confirmOrder } from '../src/orders/confirm.ts';
+import { createLogger } from '../src/telemetry/log.ts';
+import { confirmOrder } from '../src/exampleApp/confirm.ts';
 import { checkAgainstLedger, pathOf } from './lib/ledger.ts';
 import { waitUntil } from './lib/replica.ts';
 import { startWorld } from './lib/world.ts';

@@ -3,19 +3,20 @@
 // started in the application's process (startWorker), do the rest.
 import type pg from 'pg';
 import type { PgBoss } from 'pg-boss';
-import { schemaFromEnv, settlementHandlerTimeoutFromEnv } from './config.ts';
+import { schemaFromEnv, settlementHandlerTimeoutFromEnv } from './runtime/config.ts';
 import { callerTransaction } from './db/caller.ts';
 import { migrate } from './db/migrate.ts';
 import { createPool, isPooled, type Pool, type Queryable } from './db/pool.ts';
-import { isOperationId, type Operation, type OperationStatus } from './payments/operation.ts';
-import { requestCharge, type ChargeRequested } from './payments/request.ts';
-import { requestRefund, type RefundRequested } from './payments/refund.ts';
-import type { RefundReason } from './payments/gateway.ts';
-import { validDefinition, type EffectDefinition } from './effects/application.ts';
-import type { Policy } from './effects/registry.ts';
-import { requestEffect, type EffectRequested } from './effects/request.ts';
-import { startInProcessWorker, type EffectWorker } from './dispatcher/inProcess.ts';
-import { createBoss } from './outbox.ts';
+import { isOperationId, type Operation, type OperationStatus } from './engine/operation.ts';
+import { requestCharge, type ChargeRequested } from './kinds/charge/request.ts';
+import { requestRefund, type RefundRequested } from './kinds/refund/request.ts';
+import type { RefundReason } from './stripe/gateway.ts';
+import { validDefinition, type EffectDefinition } from './kinds/application/definition.ts';
+import { RESERVED_KINDS } from './kinds/index.ts';
+import type { Policy } from './engine/kinds.ts';
+import { requestEffect, type EffectRequested } from './kinds/application/request.ts';
+import { startInProcessWorker, type EffectWorker } from './runtime/inProcess.ts';
+import { createBoss } from './outbox/outbox.ts';
 import {
   SETTLED_QUEUE,
   SETTLED_SLOTS,
@@ -27,7 +28,7 @@ import {
   workSettlementsInTransaction,
   type SettlementEvent,
   type SettlementTransaction,
-} from './settlements.ts';
+} from './outbox/settlements.ts';
 import { SCHEMA_NAME, statementsFor } from './sql/statements.ts';
 
 export type SettlementHandler = (event: SettlementEvent) => Promise<void> | void;
@@ -232,7 +233,7 @@ export class Outboxd {
    */
   defineEffect(kind: string, definition: EffectDefinition): void {
     if (this.#worker) throw new Error('define every effect before startWorker');
-    this.#effects.set(kind, validDefinition(kind, definition));
+    this.#effects.set(kind, validDefinition(kind, definition, RESERVED_KINDS));
   }
 
   /**

@@ -2,14 +2,15 @@
 import Stripe from 'stripe';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { requeueOperation, requeueStuck } from '../src/admin/requeue.ts';
-import { loadConfig } from '../src/config.ts';
+import { loadConfig } from '../src/runtime/config.ts';
 import { adminRoutes } from '../src/http/admin.ts';
 import { startHttpServer, type HttpServer } from '../src/http/server.ts';
 import { webhookRoutes } from '../src/http/webhooks.ts';
 import { pruneWebhookEvents } from '../src/webhooks/inbox.ts';
-import { createLogger } from '../src/log.ts';
-import { executeOperation } from '../src/payments/executor.ts';
-import { releaseLease } from '../src/payments/operation.ts';
+import { createLogger } from '../src/telemetry/log.ts';
+import { executeOperation } from '../src/engine/executor.ts';
+import { kindsFor } from '../src/kinds/index.ts';
+import { releaseLease } from '../src/engine/operation.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startDispatcher } from './support/dispatcher.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
@@ -75,7 +76,7 @@ describe('requeue (invariant 10)', () => {
     await t.pool.query(`delete from pgboss.job where data->>'operationId' = $1`, [queued]);
     const fence = await claim(t, queued);
     expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'skipped', reason: expect.stringMatching(/leased/) });
-    await executeOperation(t.pool, e.gateway(), queued, fence);
+    await executeOperation(t.pool, kindsFor(e.gateway()), queued, fence);
     await releaseLease(t.pool, queued, fence);
     expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'refused', reason: 'operation is succeeded' });
   });
@@ -183,7 +184,7 @@ describe('Stripe webhook inbox', () => {
     const op = await confirm(t);
     const fence = await claim(t, op);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'truncate' } });
-    expect((await executeOperation(t.pool, e.gateway(), op, fence)).operation.status).toBe('unknown');
+    expect((await executeOperation(t.pool, kindsFor(e.gateway()), op, fence)).operation.status).toBe('unknown');
     await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 5_000, 'webhook settles');
     expect((await operation(t, op)).external_id).toBe(charges(op)[0]!.paymentIntent.id);
     const requestsBefore = e.emulator.requests().length;
@@ -195,7 +196,7 @@ describe('Stripe webhook inbox', () => {
   it('a duplicate delivery is acknowledged and not reprocessed', async () => {
     e.emulator.configureWebhooks({ url: `${base}/webhooks/stripe`, secret: WEBHOOK_SECRET });
     const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
-    await executeOperation(t.pool, e.gateway(), op, await claim(t, op));
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
     const pi = charges(op)[0]!.paymentIntent;
     e.emulator.settle(pi.id, 'succeeded');
     await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 5_000, 'webhook settles');
@@ -245,7 +246,7 @@ describe('Stripe webhook inbox', () => {
 
   it('a PaymentIntent other than the operation\'s known charge is a mismatch, not a settlement', async () => {
     const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
-    await executeOperation(t.pool, e.gateway(), op, await claim(t, op));
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
     const stray = await createPi(op);
     const event = eventFor('evt_stray', { id: stray.id });
     expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'mismatch' });

@@ -4,10 +4,11 @@
 import { randomUUID } from 'node:crypto';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createPool, type Pool } from '../src/db/pool.ts';
-import { createLogger } from '../src/log.ts';
-import { executeOperation } from '../src/payments/executor.ts';
-import { RetryLater, type PaymentGateway } from '../src/payments/gateway.ts';
-import { acquireLease } from '../src/payments/operation.ts';
+import { createLogger } from '../src/telemetry/log.ts';
+import { executeOperation } from '../src/engine/executor.ts';
+import { kindsFor } from '../src/kinds/index.ts';
+import { RetryLater, type PaymentGateway } from '../src/stripe/gateway.ts';
+import { acquireLease } from '../src/engine/operation.ts';
 import { reconcileSweep } from '../src/reconcile/sweep.ts';
 import { Budget, budgetMetrics, type BudgetMetrics, type Priority } from '../src/stripe/budget.ts';
 import { BudgetedGateway, gatewayMetrics, inBackground, type Budgets } from '../src/stripe/budgetedGateway.ts';
@@ -199,7 +200,7 @@ describe('the budgeted gateway', () => {
 
     // Through the executor: status unchanged, the key window not started.
     const id = await confirm(t);
-    const run = await executeOperation(t.pool, g, id, await claim(t, id));
+    const run = await executeOperation(t.pool, kindsFor(g), id, await claim(t, id));
     expect(run.outcome).toMatchObject({ kind: 'rate_limited' });
     expect(run.operation).toMatchObject({ status: 'pending', first_attempted_at: null, last_outcome: 'rate_limited' });
     expect(e.emulator.requests()).toHaveLength(0);

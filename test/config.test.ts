@@ -1,7 +1,7 @@
 // The environment as operators write it: env files leave optional values empty, and listeners are
 // placed by port and address.
 import { describe, expect, it } from 'vitest';
-import { ConfigError, envSchema, loadConfig } from '../src/config.ts';
+import { ConfigError, envSchema, loadConfig } from '../src/runtime/config.ts';
 
 describe('loadConfig', () => {
   it('an empty or blank value of any variable means unset', () => {

@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { inTransaction } from '../src/db/pool.ts';
-import { confirmOrder } from '../src/orders/confirm.ts';
-import { ValidationError } from '../src/orders/validate.ts';
-import { CHARGE_DEAD_QUEUE, CHARGE_QUEUE, chargeQueueOptions, relayOutbox } from '../src/outbox.ts';
-import { OrderConflictError, requestCharge } from '../src/payments/request.ts';
+import { confirmOrder } from '../src/exampleApp/confirm.ts';
+import { ValidationError } from '../src/types/errors.ts';
+import { deadQueueFor, KIND_QUEUE_OPTIONS, queueFor, relayOutbox } from '../src/outbox/outbox.ts';
+import { OrderConflictError, requestCharge } from '../src/kinds/charge/request.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { chargeJobs, counts, operation, orderInput, outboxRows, relay } from './support/fixtures.ts';
 
@@ -89,8 +89,8 @@ describe('the outbox relay', () => {
     await relay(t);
     expect(await outboxRows(t, op)).toBe(0);
     expect(await chargeJobs(t, op)).toBe(1);
-    const [job] = await t.boss.findJobs(CHARGE_QUEUE, { data: { operationId: op } });
-    expect(job).toMatchObject({ heartbeatSeconds: chargeQueueOptions.heartbeatSeconds, deadLetter: CHARGE_DEAD_QUEUE, retryLimit: chargeQueueOptions.retryLimit });
+    const [job] = await t.boss.findJobs(queueFor('charge'), { data: { operationId: op } });
+    expect(job).toMatchObject({ heartbeatSeconds: KIND_QUEUE_OPTIONS.heartbeatSeconds, deadLetter: deadQueueFor('charge'), retryLimit: KIND_QUEUE_OPTIONS.retryLimit });
     expect(await relay(t)).toBe(0);
     expect(await chargeJobs(t, op)).toBe(1);
   });

@@ -6,8 +6,8 @@
 // Each page is saved to test/screenshots/ (gitignored).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { inTransaction } from '../src/db/pool.ts';
-import { requestCharge } from '../src/payments/request.ts';
-import { EMULATOR_KEY } from '../src/runtime.ts';
+import { requestCharge } from '../src/kinds/charge/request.ts';
+import { EMULATOR_KEY } from '../src/runtime/open.ts';
 import { endSession, parseOperatorName, sessionOf, startSession } from '../src/console/session.ts';
 import type { IncomingMessage } from 'node:http';
 import { startReplica, waitUntil, type Replica } from '../scripts/lib/replica.ts';

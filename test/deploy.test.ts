@@ -14,10 +14,10 @@ import { Ingress } from 'kubernetes-models/networking.k8s.io/v1';
 import { Ajv2020 } from 'ajv/dist/2020.js';
 import { parse, parseAllDocuments } from 'yaml';
 import { describe, expect, it } from 'vitest';
-import { envSchema, loadConfig } from '../src/config.ts';
-import { PROBES } from '../src/dispatcher/worker.ts';
+import { envSchema, loadConfig } from '../src/runtime/config.ts';
+import { PROBES } from '../src/runtime/worker.ts';
 import { webhookRoutes } from '../src/http/webhooks.ts';
-import { createLogger } from '../src/log.ts';
+import { createLogger } from '../src/telemetry/log.ts';
 import { DEPLOYED_NODE_ARGS, DEPLOYED_NODE_OPTIONS } from '../scripts/lib/world.ts';
 import { RUN_AS_USER, WORKER_TMP } from './support/hardening.ts';
 

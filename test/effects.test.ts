@@ -8,17 +8,18 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { EffectFailed, type CheckResult, type EffectContext, type EffectDefinition } from '../src/effects/application.ts';
-import { EffectConflictError } from '../src/effects/request.ts';
+import { EffectFailed, type CheckResult, type EffectContext, type EffectDefinition } from '../src/kinds/application/definition.ts';
+import { EffectConflictError } from '../src/kinds/application/request.ts';
 import { resolveOperation, type Resolution } from '../src/admin/resolve.ts';
-import { createLogger } from '../src/log.ts';
-import { executeOperation } from '../src/payments/executor.ts';
+import { createLogger } from '../src/telemetry/log.ts';
+import { executeOperation } from '../src/engine/executor.ts';
+import { kindsFor } from '../src/kinds/index.ts';
 import { reconcileSweep } from '../src/reconcile/sweep.ts';
 import { Outboxd, ValidationError, type SettlementEvent } from '../src/index.ts';
 import { createTestDatabase, inAppTransaction, type TestDb } from './support/db.ts';
 import { startDispatcher } from './support/dispatcher.ts';
 import { FakeStripe } from './support/fakeStripe.ts';
-import { acquireLease } from '../src/payments/operation.ts';
+import { acquireLease } from '../src/engine/operation.ts';
 import { claim, operation, relay } from './support/fixtures.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 
@@ -96,7 +97,7 @@ function app(defs: Record<string, EffectDefinition>): Outboxd {
   return o;
 }
 const execute = async (op: string, defs: Record<string, EffectDefinition>, fence?: number) =>
-  executeOperation(t.pool, new FakeStripe(), op, fence ?? (await claim(t, op)), { effects: new Map(Object.entries(defs)), log });
+  executeOperation(t.pool, kindsFor(new FakeStripe(), new Map(Object.entries(defs))), op, fence ?? (await claim(t, op)), { log });
 
 describe('defining an effect: its policy is declared, and checked', () => {
   const execute = async () => null;

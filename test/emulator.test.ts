@@ -5,11 +5,11 @@ import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import Stripe from 'stripe';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { loadConfig } from '../src/config.ts';
-import { createLogger } from '../src/log.ts';
-import { openGateway, serveEmulator, type ServedEmulator } from '../src/runtime.ts';
+import { loadConfig } from '../src/runtime/config.ts';
+import { createLogger } from '../src/telemetry/log.ts';
+import { openGateway, serveEmulator, type ServedEmulator } from '../src/runtime/open.ts';
 import { PgState } from '../src/stripe/emulator/pgState.ts';
-import { stripeClient } from '../src/stripe/gateway.ts';
+import { stripeClient } from '../src/stripe/sdkGateway.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, TEST_KEY, type RunningEmulator } from './support/emulator.ts';
 

@@ -3,8 +3,8 @@
 // rate_limit fault's two codes, rate_limit and lock_timeout, as the SDK and our gateway see them.
 import { randomUUID } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { RetryLater } from '../src/payments/gateway.ts';
-import { serveEmulator, type ServedEmulator } from '../src/runtime.ts';
+import { RetryLater } from '../src/stripe/gateway.ts';
+import { serveEmulator, type ServedEmulator } from '../src/runtime/open.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, TEST_KEY, type RunningEmulator } from './support/emulator.ts';
 

@@ -2,9 +2,10 @@
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../src/payments/executor.ts';
-import { AmbiguousOutcome, idempotencyKeyFor, IdempotencyKeyMisuse, type PaymentGateway } from '../src/payments/gateway.ts';
-import { claimAttempt, recordOutcome, StaleFenceError, type Lease, type BegunAttempt } from '../src/payments/operation.ts';
+import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../src/engine/executor.ts';
+import { kindsFor } from '../src/kinds/index.ts';
+import { AmbiguousOutcome, idempotencyKeyFor, IdempotencyKeyMisuse, type PaymentGateway } from '../src/stripe/gateway.ts';
+import { claimAttempt, recordOutcome, StaleFenceError, type Lease, type BegunAttempt } from '../src/engine/operation.ts';
 import { counting } from './support/counting.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { FakeStripe } from './support/fakeStripe.ts';
@@ -28,14 +29,14 @@ const claimWithAttempt = (id: string, owner = 'worker-a', kind = 'charge') =>
 /** The dispatcher's path: claimWithAttempt, then the executor from the attempt that claim began. */
 async function runClaimed(stripe: PaymentGateway, id: string, owner = 'worker-a') {
   const { lease } = await claimWithAttempt(id, owner);
-  return executeOperation(t.pool, stripe, id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
+  return executeOperation(t.pool, kindsFor(stripe), id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
 }
 
 describe('executeOperation (a charge)', () => {
   it('charges once and settles succeeded, with the key derived from the operation id (invariant 2)', async () => {
     const stripe = new FakeStripe();
     const id = await confirm(t);
-    const run = await executeOperation(t.pool, stripe, id, await claim(t, id));
+    const run = await executeOperation(t.pool, kindsFor(stripe), id, await claim(t, id));
     expect(run.operation.status).toBe('succeeded');
     expect(run.operation.external_id).toBe(stripe.charges[0]!.id);
     expect(run.operation.first_attempted_at).toBeInstanceOf(Date);
@@ -47,9 +48,9 @@ describe('executeOperation (a charge)', () => {
     const id = await confirm(t);
     const fence = await claim(t, id);
     stripe.loseResponseOnce = true;
-    const first = await executeOperation(t.pool, stripe, id, fence);
+    const first = await executeOperation(t.pool, kindsFor(stripe), id, fence);
     expect(first.operation).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous', external_id: null });
-    const second = await executeOperation(t.pool, stripe, id, fence);
+    const second = await executeOperation(t.pool, kindsFor(stripe), id, fence);
     expect(second.operation.status).toBe('succeeded');
     expect(stripe.charges).toHaveLength(1);
     expect(new Set(creates(stripe).map((c) => c.key))).toEqual(new Set([idempotencyKeyFor(id)]));
@@ -68,10 +69,10 @@ describe('executeOperation (a charge)', () => {
     const stripe = new FakeStripe();
     const id = await confirm(t, { paymentMethod: 'pm_card_chargeDeclined' });
     const fence = await claim(t, id);
-    const run = await executeOperation(t.pool, stripe, id, fence);
+    const run = await executeOperation(t.pool, kindsFor(stripe), id, fence);
     expect(run.operation).toMatchObject({ status: 'failed', last_outcome: 'failed' });
     expect(run.operation.settled_at).toBeInstanceOf(Date);
-    const again = await executeOperation(t.pool, stripe, id, fence);
+    const again = await executeOperation(t.pool, kindsFor(stripe), id, fence);
     expect(again.call).toBeNull();
     expect(stripe.calls).toHaveLength(1);
   });
@@ -80,10 +81,10 @@ describe('executeOperation (a charge)', () => {
     const stripe = new FakeStripe();
     const id = await confirm(t, { paymentMethod: 'pm_card_processing' });
     const fence = await claim(t, id);
-    const first = await executeOperation(t.pool, stripe, id, fence);
+    const first = await executeOperation(t.pool, kindsFor(stripe), id, fence);
     expect(first.operation).toMatchObject({ status: 'unknown', external_id: stripe.charges[0]!.id });
     stripe.settle(stripe.charges[0]!.id, 'succeeded');
-    const second = await executeOperation(t.pool, stripe, id, fence);
+    const second = await executeOperation(t.pool, kindsFor(stripe), id, fence);
     expect(second.call).toBe('retrieve');
     expect(second.operation.status).toBe('succeeded');
     expect(creates(stripe)).toHaveLength(1);
@@ -94,9 +95,9 @@ describe('executeOperation (a charge)', () => {
     const id = await confirm(t);
     const fence = await claim(t, id);
     stripe.rateLimitNext = 1;
-    const first = await executeOperation(t.pool, stripe, id, fence);
+    const first = await executeOperation(t.pool, kindsFor(stripe), id, fence);
     expect(first.operation).toMatchObject({ status: 'pending', last_outcome: 'rate_limited' });
-    const second = await executeOperation(t.pool, stripe, id, fence);
+    const second = await executeOperation(t.pool, kindsFor(stripe), id, fence);
     expect(second.operation.status).toBe('succeeded');
     expect(creates(stripe).map((c) => c.key)).toEqual([idempotencyKeyFor(id), idempotencyKeyFor(id)]);
   });
@@ -121,7 +122,7 @@ describe('executeOperation (a charge)', () => {
       listRefunds: async () => [],
     };
     const id = await confirm(t);
-    const run = await executeOperation(t.pool, misuse, id, await claim(t, id));
+    const run = await executeOperation(t.pool, kindsFor(misuse), id, await claim(t, id));
     expect(run.operation.status).toBe('unknown');
     expect(run.operation.needs_review).toBe(true);
     expect(run.operation.review_reason).toMatch(/idempotency key misuse/);
@@ -133,10 +134,10 @@ describe('executeOperation (a charge)', () => {
       const id = await confirm(t);
       const fence = await claim(t, id);
       stripe.loseResponseOnce = true;
-      await executeOperation(t.pool, stripe, id, fence);
+      await executeOperation(t.pool, kindsFor(stripe), id, fence);
       stripe.pruneKeys();
       await ageFirstAttempt(id, 24);
-      const run = await executeOperation(t.pool, stripe, id, fence);
+      const run = await executeOperation(t.pool, kindsFor(stripe), id, fence);
       expect(run.call).toBe('search');
       expect(run.operation).toMatchObject({ status: 'succeeded', external_id: stripe.charges[0]!.id });
       expect(creates(stripe)).toHaveLength(1);
@@ -148,9 +149,9 @@ describe('executeOperation (a charge)', () => {
       const id = await confirm(t);
       const fence = await claim(t, id);
       stripe.loseResponseOnce = true;
-      await executeOperation(t.pool, stripe, id, fence);
+      await executeOperation(t.pool, kindsFor(stripe), id, fence);
       await ageFirstAttempt(id, 22.9);
-      const run = await executeOperation(t.pool, stripe, id, fence);
+      const run = await executeOperation(t.pool, kindsFor(stripe), id, fence);
       expect(run.call).toBe('create');
       expect(run.operation.status).toBe('succeeded');
       expect(stripe.charges).toHaveLength(1);
@@ -162,7 +163,7 @@ describe('executeOperation (a charge)', () => {
       const fence = await claim(t, id);
       await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() - interval '2 days' where id = $1`, [id]);
       stripe.addCharge({ status: 'requires_payment_method', amount: 2599, currency: 'eur', operationId: id });
-      const run = await executeOperation(t.pool, stripe, id, fence);
+      const run = await executeOperation(t.pool, kindsFor(stripe), id, fence);
       expect(run.operation.status).toBe('failed');
       expect(creates(stripe)).toHaveLength(0);
     });
@@ -172,17 +173,17 @@ describe('executeOperation (a charge)', () => {
       const id = await confirm(t);
       const fence = await claim(t, id);
       stripe.loseResponseOnce = true;
-      await executeOperation(t.pool, stripe, id, fence);
+      await executeOperation(t.pool, kindsFor(stripe), id, fence);
       stripe.pruneKeys();
       stripe.searchIndexed = false;
       await ageFirstAttempt(id, 30);
-      const run = await executeOperation(t.pool, stripe, id, fence);
+      const run = await executeOperation(t.pool, kindsFor(stripe), id, fence);
       expect(run.operation).toMatchObject({ status: 'unknown', needs_review: true });
       expect(run.operation.review_reason).toMatch(/no charge/);
       expect(creates(stripe)).toHaveLength(1);
       // Once the index catches up, the next pass settles it and clears the review.
       stripe.searchIndexed = true;
-      const later = await executeOperation(t.pool, stripe, id, fence);
+      const later = await executeOperation(t.pool, kindsFor(stripe), id, fence);
       expect(later.operation).toMatchObject({ status: 'succeeded', needs_review: false });
     });
 
@@ -193,7 +194,7 @@ describe('executeOperation (a charge)', () => {
       await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() - interval '25 hours' where id = $1`, [id]);
       stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: id });
       stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: id });
-      const run = await executeOperation(t.pool, stripe, id, fence);
+      const run = await executeOperation(t.pool, kindsFor(stripe), id, fence);
       expect(run.operation).toMatchObject({ status: 'unknown', needs_review: true, external_id: null });
       expect(run.operation.review_reason).toMatch(/2 charges/);
     });
@@ -204,7 +205,7 @@ describe('executeOperation (a charge)', () => {
       const fence = await claim(t, id);
       await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() - interval '25 hours' where id = $1`, [id]);
       stripe.addCharge({ status: 'succeeded', amount: 1, currency: 'eur', operationId: id });
-      const run = await executeOperation(t.pool, stripe, id, fence);
+      const run = await executeOperation(t.pool, kindsFor(stripe), id, fence);
       expect(run.operation).toMatchObject({ status: 'unknown', needs_review: true });
     });
 
@@ -212,7 +213,7 @@ describe('executeOperation (a charge)', () => {
       const stripe = new FakeStripe();
       const id = await confirm(t);
       await t.pool.query(`update outboxd.payment_operations set created_at = now() - interval '3 days' where id = $1`, [id]);
-      const run = await executeOperation(t.pool, stripe, id, await claim(t, id));
+      const run = await executeOperation(t.pool, kindsFor(stripe), id, await claim(t, id));
       expect(run.call).toBe('create');
       expect(run.operation.status).toBe('succeeded');
     });
@@ -227,7 +228,7 @@ describe('executeOperation (a charge)', () => {
       const current = await claim(t, id, 'worker-b');
       expect(current).toBeGreaterThan(stale);
       const before = await operation(t, id);
-      await expect(executeOperation(t.pool, stripe, id, stale)).rejects.toBeInstanceOf(StaleFenceError);
+      await expect(executeOperation(t.pool, kindsFor(stripe), id, stale)).rejects.toBeInstanceOf(StaleFenceError);
       expect(stripe.calls).toHaveLength(0);
       expect(await operation(t, id)).toEqual(before);
     });
@@ -238,7 +239,7 @@ describe('executeOperation (a charge)', () => {
       const stale = await claim(t, id, 'worker-a');
       let release!: () => void;
       stripe.hold = new Promise((r) => (release = r));
-      const running = executeOperation(t.pool, stripe, id, stale);
+      const running = executeOperation(t.pool, kindsFor(stripe), id, stale);
       await waitUntil(() => stripe.calls.length === 1, 5_000, 'the gateway call');
       await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [id]);
       await claim(t, id, 'worker-b');
@@ -257,13 +258,13 @@ describe('executeOperation (a charge)', () => {
       const { lease } = await claimWithAttempt(id);
       expect(lease!.begun).toMatchObject({ call: 'create', attempt: { attempts: 1, prev_first_attempted_at: null } });
       expect(await operation(t, id)).toMatchObject({ attempts: 1, first_attempted_at: expect.any(Date), lease_owner: 'worker-a', fence: 1 });
-      const limited = await executeOperation(t.pool, stripe, id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
+      const limited = await executeOperation(t.pool, kindsFor(stripe), id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
       expect(limited.operation).toMatchObject({ status: 'pending', last_outcome: 'rate_limited', first_attempted_at: null, last_attempted_at: null, lease_owner: null });
 
       const again = await claimWithAttempt(id, 'worker-b');
       const sent = again.lease!.operation.first_attempted_at;
       expect(sent).toBeInstanceOf(Date);
-      const run = await executeOperation(t.pool, stripe, id, again.lease!.fence, { claimed: again.lease!.operation, begun: again.lease!.begun });
+      const run = await executeOperation(t.pool, kindsFor(stripe), id, again.lease!.fence, { claimed: again.lease!.operation, begun: again.lease!.begun });
       expect(run.operation).toMatchObject({ status: 'succeeded', first_attempted_at: sent });
       expect(creates(stripe).map((c) => c.key)).toEqual([idempotencyKeyFor(id), idempotencyKeyFor(id)]);
     });
@@ -277,7 +278,7 @@ describe('executeOperation (a charge)', () => {
       const { lease } = await claimWithAttempt(id, 'worker-b');
       expect(lease!.begun?.call).toBe('retrieve');
       expect(await operation(t, id)).toMatchObject({ attempts: 2, first_attempted_at: before.first_attempted_at, last_attempted_at: before.last_attempted_at });
-      const run = await executeOperation(t.pool, stripe, id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
+      const run = await executeOperation(t.pool, kindsFor(stripe), id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
       expect(run).toMatchObject({ call: 'retrieve', operation: { status: 'succeeded' } });
       expect(creates(stripe)).toHaveLength(1);
     });
@@ -298,7 +299,7 @@ describe('executeOperation (a charge)', () => {
       await ageFirstAttempt(id, 24);
       const past = await claimWithAttempt(id, 'worker-c');
       expect(past.lease!.begun?.call).toBe('search');
-      const run = await executeOperation(t.pool, stripe, id, past.lease!.fence, { claimed: past.lease!.operation, begun: past.lease!.begun });
+      const run = await executeOperation(t.pool, kindsFor(stripe), id, past.lease!.fence, { claimed: past.lease!.operation, begun: past.lease!.begun });
       expect(run.operation).toMatchObject({ status: 'succeeded', external_id: stripe.charges[0]!.id });
       expect(creates(stripe)).toHaveLength(1);
     });
@@ -312,7 +313,7 @@ describe('executeOperation (a charge)', () => {
       await expireLease(id);
       const next = await claimWithAttempt(id, 'worker-b');
       expect(next.lease).toMatchObject({ previousOwner: 'worker-a', fence: 2, begun: { call: 'create' }, operation: { attempts: 2, first_attempted_at: stamp } });
-      const run = await executeOperation(t.pool, stripe, id, next.lease!.fence, { claimed: next.lease!.operation, begun: next.lease!.begun });
+      const run = await executeOperation(t.pool, kindsFor(stripe), id, next.lease!.fence, { claimed: next.lease!.operation, begun: next.lease!.begun });
       expect(run.operation.status).toBe('succeeded');
       expect(stripe.charges).toHaveLength(1);
       expect(creates(stripe).map((c) => c.key)).toEqual([idempotencyKeyFor(id)]);
@@ -323,7 +324,7 @@ describe('executeOperation (a charge)', () => {
       const id = await confirm(t);
       const { lease } = await claimWithAttempt(id, 'worker-a');
       expect(await claimWithAttempt(id, 'worker-b')).toEqual({ current: { status: 'pending', lease_owner: 'worker-a', locked: false } });
-      await executeOperation(t.pool, stripe, id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
+      await executeOperation(t.pool, kindsFor(stripe), id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
       expect(await claimWithAttempt(id, 'worker-c')).toEqual({ current: { status: 'succeeded', lease_owner: null, locked: false } });
       expect(await operation(t, id)).toMatchObject({ status: 'succeeded', attempts: 1, fence: 1 });
       expect(await claimWithAttempt(randomUUID())).toEqual({ current: undefined });
@@ -389,7 +390,7 @@ describe('executeOperation (a charge)', () => {
       const { lease } = await claimWithAttempt(id, 'worker-a', 'refund');
       expect(lease!.begun).toBeUndefined();
       expect(await operation(t, id)).toMatchObject({ attempts: 0, first_attempted_at: null });
-      const run = await executeOperation(t.pool, stripe, id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
+      const run = await executeOperation(t.pool, kindsFor(stripe), id, lease!.fence, { claimed: lease!.operation, begun: lease!.begun });
       expect(run).toMatchObject({ call: 'create', operation: { status: 'succeeded', attempts: 1 } });
     });
 
@@ -408,7 +409,7 @@ describe('executeOperation (a charge)', () => {
     stripe.hold = new Promise((r) => (release = r));
     const pool = (await import('../src/db/pool.ts')).createPool(t.url, { schema: t.schema, max: 2, applicationName: 'executor-under-test' });
     try {
-      const running = executeOperation(pool, stripe, id, await claim(t, id));
+      const running = executeOperation(pool, kindsFor(stripe), id, await claim(t, id));
       await waitUntil(() => stripe.calls.length === 1, 5_000, 'the gateway call');
       const observer = new pg.Client({ connectionString: t.url });
       await observer.connect();

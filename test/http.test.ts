@@ -4,7 +4,7 @@ import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadConfig } from '../src/config.ts';
+import { loadConfig } from '../src/runtime/config.ts';
 import { createPool } from '../src/db/pool.ts';
 import { freePort } from '../src/db/embedded.ts';
 import { adminRoutes } from '../src/http/admin.ts';

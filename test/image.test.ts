@@ -16,7 +16,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from '../src/db/embedded.ts';
 import { connectedEmptyDatabase } from './support/db.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
-import { PROBES } from '../src/dispatcher/worker.ts';
+import { PROBES } from '../src/runtime/worker.ts';
 import { checkConsole } from './support/consoleCheck.ts';
 import { HARDENED_DOCKER_FLAGS, RUN_AS_USER, WORKER_TMP_FLAGS } from './support/hardening.ts';
 import { ROOT } from './support/release.ts';

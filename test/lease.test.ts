@@ -9,11 +9,12 @@ import path from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startReplica, waitUntil } from '../scripts/lib/replica.ts';
-import { CallAbandoned, executeOperation } from '../src/payments/executor.ts';
-import { acquireLease } from '../src/payments/operation.ts';
+import { CallAbandoned, executeOperation } from '../src/engine/executor.ts';
+import { kindsFor } from '../src/kinds/index.ts';
+import { acquireLease } from '../src/engine/operation.ts';
 import { Outboxd, type EffectDefinition } from '../src/index.ts';
-import type { EffectContext } from '../src/effects/application.ts';
-import { createLogger } from '../src/log.ts';
+import type { EffectContext } from '../src/kinds/application/definition.ts';
+import { createLogger } from '../src/telemetry/log.ts';
 import { createTestDatabase, inAppTransaction, type TestDb } from './support/db.ts';
 import { startDispatcher } from './support/dispatcher.ts';
 import { FakeStripe } from './support/fakeStripe.ts';
@@ -134,7 +135,7 @@ describe('a replica stopped past its lease (SIGSTOP) sends nothing when it wakes
       await waitUntil(async () => {
         const fence = await acquireLease(t.pool, op, 'other-replica', 30_000);
         if (fence === undefined) return false;
-        await executeOperation(t.pool, new FakeStripe(), op, fence, { effects, log: createLogger('silent') });
+        await executeOperation(t.pool, kindsFor(new FakeStripe(), effects), op, fence, { log: createLogger('silent') });
         return (await operation(t, op)).status === 'succeeded';
       }, 30_000, 'the other replica to settle it');
       // Woken once the stopped call's own timer is due: without a deadline of its own it would reserve now.

@@ -6,7 +6,8 @@ import { drizzle } from 'drizzle-orm/node-postgres';
 import { numeric, pgTable, text, uuid } from 'drizzle-orm/pg-core';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { executeOperation } from '../src/payments/executor.ts';
+import { executeOperation } from '../src/engine/executor.ts';
+import { kindsFor } from '../src/kinds/index.ts';
 import { Outboxd, OrderConflictError, RefundRefused, TransactionTypeError, ValidationError, type ChargeRequest } from '../src/index.ts';
 import { createTestDatabase, inAppTransaction, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
@@ -235,7 +236,7 @@ describe('the rest of the API', () => {
   it('metadata reaches Stripe beside operation_id', async () => {
     const req = charge({ metadata: { cart: 'c-17', channel: 'web' } });
     const { operationId } = await inPgTransaction((client) => outboxd.requestCharge(client, req));
-    const run = await executeOperation(t.pool, emu.gateway(), operationId, await claim(t, operationId));
+    const run = await executeOperation(t.pool, kindsFor(emu.gateway()), operationId, await claim(t, operationId));
     expect(run.operation.status).toBe('succeeded');
     const pi = await emu.client().paymentIntents.retrieve(run.operation.external_id!);
     expect(pi.metadata).toEqual({ cart: 'c-17', channel: 'web', operation_id: operationId });
@@ -244,7 +245,7 @@ describe('the rest of the API', () => {
   it('requestRefund joins the caller’s transaction (here one reading bigints as strings): the same key is the same refund; too much is refused', async () => {
     const req = charge({ amount: 1000 });
     const { operationId: chargeOp } = await inPgTransaction((client) => outboxd.requestCharge(client, req));
-    await executeOperation(t.pool, emu.gateway(), chargeOp, await claim(t, chargeOp));
+    await executeOperation(t.pool, kindsFor(emu.gateway()), chargeOp, await claim(t, chargeOp));
     const refund = { chargeOperationId: chargeOp, amount: 600, key: 'return-1', reason: 'requested_by_customer' } as const;
     const first = await drizzle({ client: appPool }).transaction((tx) => outboxd.requestRefund(tx, refund));
     expect(first.created).toBe(true);

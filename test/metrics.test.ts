@@ -3,7 +3,7 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../scripts/lib/replica.ts';
-import { createMetrics } from '../src/dispatcher/metrics.ts';
+import { createMetrics } from '../src/telemetry/metrics.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { confirm } from './support/fixtures.ts';
 

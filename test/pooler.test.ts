@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Outboxd } from '../src/outboxd.ts';
-import type { SettlementEvent } from '../src/settlements.ts';
+import type { SettlementEvent } from '../src/outbox/settlements.ts';
 import { startReplica, waitUntil, type Replica } from '../scripts/lib/replica.ts';
 import { createTestDatabase, inAppTransaction, type TestDb } from './support/db.ts';
 import { startEmulator, TEST_KEY, type RunningEmulator } from './support/emulator.ts';

@@ -3,9 +3,10 @@ import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { ResolutionRefused, resolveOperation, type Resolution } from '../src/admin/resolve.ts';
-import { createLogger } from '../src/log.ts';
-import { executeOperation } from '../src/payments/executor.ts';
-import { claimOperation, releaseLease } from '../src/payments/operation.ts';
+import { createLogger } from '../src/telemetry/log.ts';
+import { executeOperation } from '../src/engine/executor.ts';
+import { kindsFor } from '../src/kinds/index.ts';
+import { claimOperation, releaseLease } from '../src/engine/operation.ts';
 import { driftReport } from '../src/reconcile/drift.ts';
 import { reconcileSweep } from '../src/reconcile/sweep.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
@@ -104,7 +105,7 @@ describe('reconcile sweep (past the key window)', () => {
     await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() where id = $1`, [inside]);
     const known = await confirm(t, { paymentMethod: 'pm_card_processing' });
     const fence = await claim(t, known);
-    await executeOperation(t.pool, e.gateway(), known, fence);
+    await executeOperation(t.pool, kindsFor(e.gateway()), known, fence);
     await releaseLease(t.pool, known, fence); // a live lease would (rightly) keep the sweep away
     const pi = e.emulator.ledger().find((l) => l.paymentIntent.metadata.operation_id === known)!.paymentIntent;
     e.emulator.settle(pi.id, 'succeeded');
@@ -121,9 +122,9 @@ describe('drift report', () => {
     const op = await confirm(t);
     const fence = await claim(t, op);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'truncate' } });
-    await executeOperation(t.pool, e.gateway(), op, fence);
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, fence);
     e.emulator.pruneKeys(); // Stripe forgot the key early: the resend charges again
-    await executeOperation(t.pool, e.gateway(), op, fence);
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, fence);
     const orphan = await chargeFor('00000000-0000-4000-8000-000000000000');
     const missing = await confirm(t);
     await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now(), external_id = 'pi_doesnotexist' where id = $1`, [missing]);
@@ -140,7 +141,7 @@ describe('drift report', () => {
     const since = new Date(Date.now() - 1000);
     await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '1 day' where settled_at >= $1`, [since]);
     const op = await confirm(t);
-    await executeOperation(t.pool, e.gateway(), op, await claim(t, op));
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
     expect((await driftReport(t.pool, e.gateway(), since)).drift).toEqual([]);
   });
 
@@ -204,7 +205,7 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
     await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 1_500 } });
     const fence = await claim(t, op, 'worker-w');
-    const inFlight = executeOperation(t.pool, e.gateway({ timeoutMs: 5_000 }), op, fence);
+    const inFlight = executeOperation(t.pool, kindsFor(e.gateway({ timeoutMs: 5_000 })), op, fence);
     await waitUntil(async () => (await operation(t, op)).first_attempted_at !== null, 5_000, 'the create is sent');
     // Search shows nothing yet: the create has not returned. The resolution must not write `failed`.
     await expect(resolve(op, { outcome: 'failed', reason: 'no charge in the dashboard' })).rejects.toThrow(/leased by worker-w until .*try again/);
@@ -235,7 +236,7 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
   it('--failed is refused while the known charge is processing', async () => {
     const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
     await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
-    const run = await executeOperation(t.pool, e.gateway(), op, await claim(t, op));
+    const run = await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
     expect(run.operation).toMatchObject({ status: 'unknown', external_id: expect.stringMatching(/^pi_/) });
     await t.pool.query(`update outboxd.payment_operations set last_attempted_at = now() - interval '2 hours' where id = $1`, [op]);
     await expect(resolve(op, { outcome: 'failed', reason: 'x' })).rejects.toThrow(/is processing, not failed/);
@@ -262,7 +263,7 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
   it('--succeeded must name the operation\'s known charge when it has one', async () => {
     const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
     await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
-    await executeOperation(t.pool, e.gateway(), op, await claim(t, op));
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
     const other = await chargeFor(op);
     await expect(resolve(op, { outcome: 'succeeded', externalId: other!.id })).rejects.toThrow(/is known to Stripe as pi_/);
   });
@@ -273,7 +274,7 @@ describe('the sweep drives what no job drives (issue 10)', () => {
     const op = await confirm(t);
     await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'hang' } });
-    const lost = await executeOperation(t.pool, e.gateway({ timeoutMs: 300 }), op, await claim(t, op));
+    const lost = await executeOperation(t.pool, kindsFor(e.gateway({ timeoutMs: 300 })), op, await claim(t, op));
     expect(lost.operation).toMatchObject({ status: 'unknown', external_id: null });
     await t.pool.query(`update outboxd.payment_operations set review_reason = 'retries exhausted' where id = $1`, [op]);
     const report = await sweep();

@@ -13,12 +13,13 @@ import { operationPage } from '../src/console/views/operation.ts';
 import { opHref } from '../src/console/views/parts.ts';
 import { ResolutionRefused, resolveOperation } from '../src/admin/resolve.ts';
 import { inTransaction } from '../src/db/pool.ts';
-import { createLogger } from '../src/log.ts';
-import { ValidationError } from '../src/orders/validate.ts';
-import { executeOperation } from '../src/payments/executor.ts';
-import { refundIdempotencyKeyFor } from '../src/payments/gateway.ts';
-import { OperationNotFoundError } from '../src/payments/operation.ts';
-import { RefundRefused, requestRefund } from '../src/payments/refund.ts';
+import { createLogger } from '../src/telemetry/log.ts';
+import { ValidationError } from '../src/types/errors.ts';
+import { executeOperation } from '../src/engine/executor.ts';
+import { kindsFor } from '../src/kinds/index.ts';
+import { refundIdempotencyKeyFor } from '../src/stripe/gateway.ts';
+import { OperationNotFoundError } from '../src/engine/operation.ts';
+import { RefundRefused, requestRefund } from '../src/kinds/refund/request.ts';
 import { driftReport } from '../src/reconcile/drift.ts';
 import { reconcileSweep } from '../src/reconcile/sweep.ts';
 import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
@@ -42,7 +43,7 @@ beforeEach(() => e.emulator.clearFaults());
 /** A charge operation that succeeded through the executor: its id and its PaymentIntent. */
 async function paidCharge(amount = 2599): Promise<{ charge: string; pi: string }> {
   const charge = await confirm(t, { amount });
-  const run = await executeOperation(t.pool, e.gateway(), charge, await claim(t, charge));
+  const run = await executeOperation(t.pool, kindsFor(e.gateway()), charge, await claim(t, charge));
   expect(run.operation.status).toBe('succeeded');
   await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [charge]);
   return { charge, pi: run.operation.external_id! };
@@ -59,7 +60,7 @@ const counts = async () =>
   (await t.pool.query(`select (select count(*)::int from outboxd.payment_operations) as ops, (select count(*)::int from outboxd.charge_outbox) as outbox`)).rows[0];
 const refundsOf = (op: string) => e.emulator.refundLedger().filter((r) => r.refund.metadata.operation_id === op);
 const refundCreates = (op: string) => e.emulator.requests().filter((r) => r.endpoint === 'create_refund' && r.operationId === op);
-const run = async (op: string, fence?: number) => executeOperation(t.pool, e.gateway({ timeoutMs: 1_000 }), op, fence ?? (await claim(t, op)));
+const run = async (op: string, fence?: number) => executeOperation(t.pool, kindsFor(e.gateway({ timeoutMs: 1_000 })), op, fence ?? (await claim(t, op)));
 
 describe('requesting a refund: refused before anything is written', () => {
   it('a refund operation and its outbox row, linked to the charge, with the charge’s order and currency', async () => {
@@ -88,7 +89,7 @@ describe('requesting a refund: refused before anything is written', () => {
   it('a charge that has not succeeded (pending, failed) or is no charge is refused', async () => {
     const pending = await confirm(t);
     const declined = await confirm(t, { paymentMethod: 'pm_card_chargeDeclined' });
-    await executeOperation(t.pool, e.gateway(), declined, await claim(t, declined));
+    await executeOperation(t.pool, kindsFor(e.gateway()), declined, await claim(t, declined));
     const { charge } = await paidCharge();
     const aRefund = await requested(charge, 1);
     const before = await counts();

@@ -4,9 +4,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../scripts/lib/replica.ts';
 import { recordAudit } from '../src/admin/audit.ts';
-import { createQueues, JOB_RETENTION } from '../src/outbox.ts';
-import { PRUNE_QUEUE, pruneHistory } from '../src/retention.ts';
-import { SETTLED_DEAD_QUEUE } from '../src/settlements.ts';
+import { createQueues, JOB_RETENTION } from '../src/outbox/outbox.ts';
+import { PRUNE_QUEUE, pruneHistory } from '../src/outbox/retention.ts';
+import { SETTLED_DEAD_QUEUE } from '../src/outbox/settlements.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startDispatcher } from './support/dispatcher.ts';
 import { FakeStripe } from './support/fakeStripe.ts';

@@ -9,14 +9,15 @@ import type Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { resolveOperation } from '../src/admin/resolve.ts';
 import { inTransaction } from '../src/db/pool.ts';
-import { createMetrics } from '../src/dispatcher/metrics.ts';
+import { createMetrics } from '../src/telemetry/metrics.ts';
 import { Outboxd, type SettlementEvent } from '../src/index.ts';
-import { createLogger } from '../src/log.ts';
-import { createBoss } from '../src/outbox.ts';
-import { executeOperation } from '../src/payments/executor.ts';
-import { settleFromOutside, StaleFenceError } from '../src/payments/operation.ts';
+import { createLogger } from '../src/telemetry/log.ts';
+import { createBoss } from '../src/outbox/outbox.ts';
+import { executeOperation } from '../src/engine/executor.ts';
+import { kindsFor } from '../src/kinds/index.ts';
+import { settleFromOutside, StaleFenceError } from '../src/engine/operation.ts';
 import { reconcileSweep } from '../src/reconcile/sweep.ts';
-import { redriveSettlements, SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../src/settlements.ts';
+import { redriveSettlements, SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../src/outbox/settlements.ts';
 import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
@@ -39,12 +40,12 @@ describe('every settlement writes its event with the status change', () => {
   it('the executor: a success and a decline each write one event; an ambiguous outcome none', async () => {
     const stripe = new FakeStripe();
     const paid = await confirm(t);
-    await executeOperation(t.pool, stripe, paid, await claim(t, paid));
+    await executeOperation(t.pool, kindsFor(stripe), paid, await claim(t, paid));
     const declined = await confirm(t, { paymentMethod: 'pm_card_chargeDeclined' });
-    await executeOperation(t.pool, stripe, declined, await claim(t, declined));
+    await executeOperation(t.pool, kindsFor(stripe), declined, await claim(t, declined));
     const lost = await confirm(t);
     stripe.loseResponseOnce = true;
-    expect((await executeOperation(t.pool, stripe, lost, await claim(t, lost))).operation.status).toBe('unknown');
+    expect((await executeOperation(t.pool, kindsFor(stripe), lost, await claim(t, lost))).operation.status).toBe('unknown');
     expect(await events(paid)).toEqual([{ source: 'dispatcher' }]);
     expect(await events(declined)).toEqual([{ source: 'dispatcher' }]);
     expect(await events(lost)).toEqual([]);
@@ -85,7 +86,7 @@ describe('every settlement writes its event with the status change', () => {
     const stale = await claim(t, op, 'w1');
     await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
     await claim(t, op, 'w2'); // takes the operation over: w1's outcome must write nothing
-    await expect(executeOperation(t.pool, new FakeStripe(), op, stale)).rejects.toBeInstanceOf(StaleFenceError);
+    await expect(executeOperation(t.pool, kindsFor(new FakeStripe()), op, stale)).rejects.toBeInstanceOf(StaleFenceError);
     expect(await events(op)).toEqual([]);
 
     expect(await settleFromOutside(t.pool, op, 'failed', null, 'resolved_by_admin', 'by hand')).toBeDefined();
@@ -95,7 +96,7 @@ describe('every settlement writes its event with the status change', () => {
 
   it('the relay makes each event one `settled` job carrying the operation’s settlement', async () => {
     const op = await confirm(t);
-    await executeOperation(t.pool, new FakeStripe(), op, await claim(t, op));
+    await executeOperation(t.pool, kindsFor(new FakeStripe()), op, await claim(t, op));
     await relay(t);
     expect(await events(op)).toEqual([]);
     const [job] = await jobs(SETTLED_QUEUE, op);
@@ -109,7 +110,7 @@ describe('every settlement writes its event with the status change', () => {
 /** Settles a new operation through the executor and relays its event. */
 async function settle(over: Parameters<typeof confirm>[1] = {}): Promise<string> {
   const op = await confirm(t, over);
-  await executeOperation(t.pool, new FakeStripe(), op, await claim(t, op));
+  await executeOperation(t.pool, kindsFor(new FakeStripe()), op, await claim(t, op));
   await relay(t);
   return op;
 }

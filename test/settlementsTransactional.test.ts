@@ -7,11 +7,12 @@ import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createMetrics } from '../src/dispatcher/metrics.ts';
+import { createMetrics } from '../src/telemetry/metrics.ts';
 import { Outboxd, type SettlementTransaction } from '../src/index.ts';
-import { createBoss } from '../src/outbox.ts';
-import { executeOperation } from '../src/payments/executor.ts';
-import { redriveSettlements, SETTLED_DEAD_QUEUE, settledQueueFor, subscribeSettlements } from '../src/settlements.ts';
+import { createBoss } from '../src/outbox/outbox.ts';
+import { executeOperation } from '../src/engine/executor.ts';
+import { kindsFor } from '../src/kinds/index.ts';
+import { redriveSettlements, SETTLED_DEAD_QUEUE, settledQueueFor, subscribeSettlements } from '../src/outbox/settlements.ts';
 import { waitUntil } from '../scripts/lib/replica.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { FakeStripe } from './support/fakeStripe.ts';
@@ -27,7 +28,7 @@ afterAll(() => t.close());
 /** Settles a new operation through the executor, without relaying its event. */
 async function settleUnrelayed(): Promise<string> {
   const op = await confirm(t);
-  await executeOperation(t.pool, new FakeStripe(), op, await claim(t, op));
+  await executeOperation(t.pool, kindsFor(new FakeStripe()), op, await claim(t, op));
   return op;
 }
 async function settle(): Promise<string> {
@@ -238,7 +239,7 @@ describe('the CLI’s built-in example', () => {
       await waitUntil(() => stderr.includes('following settlements'), 60_000, 'the follower subscribed');
       const paid = await settle();
       const declined = await confirm(t, { paymentMethod: 'pm_card_chargeDeclined' });
-      await executeOperation(t.pool, new FakeStripe(), declined, await claim(t, declined));
+      await executeOperation(t.pool, kindsFor(new FakeStripe()), declined, await claim(t, declined));
       await relay(t);
       const statusOf = async (op: string) =>
         (await t.pool.query(`select o.status from outboxd.orders o join outboxd.payment_operations p on p.order_id = o.id where p.id = $1`, [op])).rows[0]?.status;

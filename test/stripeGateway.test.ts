@@ -1,10 +1,11 @@
 // The seed's table again, over HTTP: executeOperation → StripeGateway → the real stripe SDK → the emulator.
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { executeOperation } from '../src/payments/executor.ts';
+import { executeOperation } from '../src/engine/executor.ts';
+import { kindsFor } from '../src/kinds/index.ts';
 import { createServer } from 'node:net';
-import { AmbiguousOutcome, idempotencyKeyFor, NotExecuted, Rejected, RetryLater } from '../src/payments/gateway.ts';
-import { StaleFenceError } from '../src/payments/operation.ts';
-import { StripeGateway } from '../src/stripe/gateway.ts';
+import { AmbiguousOutcome, idempotencyKeyFor, NotExecuted, Rejected, RetryLater } from '../src/stripe/gateway.ts';
+import { StaleFenceError } from '../src/engine/operation.ts';
+import { StripeGateway } from '../src/stripe/sdkGateway.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, type RunningEmulator } from './support/emulator.ts';
 import { claim, confirm, operation } from './support/fixtures.ts';
@@ -29,7 +30,7 @@ const passKeyWindow = (op: string) =>
 describe('executeOperation over HTTP with the real SDK', () => {
   it('charges once; every create for the operation carries payment-op:<id> and nothing else', async () => {
     const op = await confirm(t);
-    const run = await executeOperation(t.pool, gateway, op, await claim(t, op));
+    const run = await executeOperation(t.pool, kindsFor(gateway), op, await claim(t, op));
     expect(run.operation).toMatchObject({ status: 'succeeded', external_id: charges(op)[0]!.paymentIntent.id });
     expect(creates(op).map((r) => r.idempotencyKey)).toEqual([idempotencyKeyFor(op)]);
   });
@@ -42,9 +43,9 @@ describe('executeOperation over HTTP with the real SDK', () => {
       // a reset is resent once by the SDK itself, so that answer must be lost too
       const count = mode === 'reset' ? 2 : 1;
       e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode }, count });
-      const first = await executeOperation(t.pool, gateway, op, fence);
+      const first = await executeOperation(t.pool, kindsFor(gateway), op, fence);
       expect(first.operation).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous' });
-      const second = await executeOperation(t.pool, gateway, op, fence);
+      const second = await executeOperation(t.pool, kindsFor(gateway), op, fence);
       expect(second.operation.status).toBe('succeeded');
       expect(charges(op)).toHaveLength(1);
       expect(new Set(creates(op).map((r) => r.idempotencyKey))).toEqual(new Set([idempotencyKeyFor(op)]));
@@ -56,14 +57,14 @@ describe('executeOperation over HTTP with the real SDK', () => {
     const fence = await claim(t, op);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'error_after_commit', status: 500 } });
     for (let i = 0; i < 3; i++) {
-      const run = await executeOperation(t.pool, gateway, op, fence);
+      const run = await executeOperation(t.pool, kindsFor(gateway), op, fence);
       expect(run.operation.status).toBe('unknown');
     }
     expect(creates(op).map((r) => r.replayed)).toEqual([false, true, true]);
     e.emulator.advanceClock(24 * 3600_000);
     e.emulator.pruneKeys();
     await passKeyWindow(op);
-    const reconciled = await executeOperation(t.pool, gateway, op, fence);
+    const reconciled = await executeOperation(t.pool, kindsFor(gateway), op, fence);
     expect(reconciled.call).toBe('search');
     expect(reconciled.operation).toMatchObject({ status: 'succeeded', external_id: charges(op)[0]!.paymentIntent.id });
     expect(creates(op)).toHaveLength(3);
@@ -74,15 +75,15 @@ describe('executeOperation over HTTP with the real SDK', () => {
     const op = await confirm(t);
     const staleFence = await claim(t, op, 'replica-a');
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 2_000 } });
-    const slow = executeOperation(t.pool, e.gateway({ timeoutMs: 10_000 }), op, staleFence);
+    const slow = executeOperation(t.pool, kindsFor(e.gateway({ timeoutMs: 10_000 })), op, staleFence);
     await new Promise((r) => setTimeout(r, 300));
     await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
     const fence = await claim(t, op, 'replica-b');
-    const during = await executeOperation(t.pool, gateway, op, fence);
+    const during = await executeOperation(t.pool, kindsFor(gateway), op, fence);
     expect(during.operation).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous' });
     expect(during.operation.last_error).toMatch(/409.*idempotency_key_in_use/);
     await expect(slow).rejects.toBeInstanceOf(StaleFenceError);
-    const after = await executeOperation(t.pool, gateway, op, fence);
+    const after = await executeOperation(t.pool, kindsFor(gateway), op, fence);
     expect(after.operation.status).toBe('succeeded');
     expect(charges(op)).toHaveLength(1);
   });
@@ -91,8 +92,8 @@ describe('executeOperation over HTTP with the real SDK', () => {
     const op = await confirm(t);
     const fence = await claim(t, op);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'rate_limit' } });
-    expect((await executeOperation(t.pool, gateway, op, fence)).operation).toMatchObject({ status: 'pending', last_outcome: 'rate_limited' });
-    expect((await executeOperation(t.pool, gateway, op, fence)).operation.status).toBe('succeeded');
+    expect((await executeOperation(t.pool, kindsFor(gateway), op, fence)).operation).toMatchObject({ status: 'pending', last_outcome: 'rate_limited' });
+    expect((await executeOperation(t.pool, kindsFor(gateway), op, fence)).operation.status).toBe('succeeded');
     expect(creates(op).map((r) => [r.idempotencyKey, r.status])).toEqual([
       [idempotencyKeyFor(op), 429],
       [idempotencyKeyFor(op), 200],
@@ -104,12 +105,12 @@ describe('executeOperation over HTTP with the real SDK', () => {
     const fence = await claim(t, op);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'rate_limit' }, count: 3 });
     for (let i = 0; i < 3; i++) {
-      const run = await executeOperation(t.pool, gateway, op, fence);
+      const run = await executeOperation(t.pool, kindsFor(gateway), op, fence);
       expect(run.operation).toMatchObject({ status: 'pending', last_outcome: 'rate_limited', first_attempted_at: null, last_attempted_at: null });
     }
     // A day passes: any window the 429s had opened would now be closed.
     await t.pool.query(`update outboxd.payment_operations set first_attempted_at = first_attempted_at - interval '1 day' where id = $1`, [op]);
-    const run = await executeOperation(t.pool, gateway, op, fence);
+    const run = await executeOperation(t.pool, kindsFor(gateway), op, fence);
     expect(run).toMatchObject({ call: 'create', operation: { status: 'succeeded' } });
     expect(charges(op)).toHaveLength(1);
   });
@@ -118,25 +119,25 @@ describe('executeOperation over HTTP with the real SDK', () => {
     const op = await confirm(t);
     const fence = await claim(t, op);
     const badKey = new StripeGateway({ secretKey: 'sk_live_wrong', apiBase: e.url, timeoutMs: 1_000 });
-    expect((await executeOperation(t.pool, badKey, op, fence)).operation).toMatchObject({ status: 'pending', last_outcome: 'not_executed', first_attempted_at: null });
+    expect((await executeOperation(t.pool, kindsFor(badKey), op, fence)).operation).toMatchObject({ status: 'pending', last_outcome: 'not_executed', first_attempted_at: null });
     const nowhere = new StripeGateway({ secretKey: 'sk_test_x', apiBase: 'http://127.0.0.1:1', timeoutMs: 500 });
-    expect((await executeOperation(t.pool, nowhere, op, fence)).operation).toMatchObject({ status: 'pending', last_outcome: 'not_executed', first_attempted_at: null });
+    expect((await executeOperation(t.pool, kindsFor(nowhere), op, fence)).operation).toMatchObject({ status: 'pending', last_outcome: 'not_executed', first_attempted_at: null });
   });
 
   it('a 429 after an attempt that may have executed keeps the window from that attempt: past it, search, never create', async () => {
     const op = await confirm(t);
     const fence = await claim(t, op);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'error_after_commit', status: 500 } });
-    const first = (await executeOperation(t.pool, gateway, op, fence)).operation;
+    const first = (await executeOperation(t.pool, kindsFor(gateway), op, fence)).operation;
     expect(first).toMatchObject({ status: 'unknown', first_attempted_at: expect.any(Date) });
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'rate_limit' } });
-    const limited = (await executeOperation(t.pool, gateway, op, fence)).operation;
+    const limited = (await executeOperation(t.pool, kindsFor(gateway), op, fence)).operation;
     expect(limited).toMatchObject({ status: 'unknown', last_outcome: 'rate_limited' });
     expect(limited.first_attempted_at).toEqual(first.first_attempted_at);
     expect(limited.last_attempted_at).toEqual(first.last_attempted_at);
     await passKeyWindow(op);
     e.emulator.pruneKeys();
-    const after = await executeOperation(t.pool, gateway, op, fence);
+    const after = await executeOperation(t.pool, kindsFor(gateway), op, fence);
     expect(after).toMatchObject({ call: 'search', operation: { status: 'succeeded' } });
     expect(charges(op)).toHaveLength(1);
   });
@@ -144,19 +145,19 @@ describe('executeOperation over HTTP with the real SDK', () => {
   it('decline (402) → failed with the PaymentIntent id, never called again', async () => {
     const op = await confirm(t, { paymentMethod: 'pm_card_chargeDeclinedInsufficientFunds' });
     const fence = await claim(t, op);
-    const run = await executeOperation(t.pool, gateway, op, fence);
+    const run = await executeOperation(t.pool, kindsFor(gateway), op, fence);
     expect(run.operation).toMatchObject({ status: 'failed', external_id: charges(op)[0]!.paymentIntent.id });
     expect(run.operation.last_error).toMatch(/card_declined/);
-    await executeOperation(t.pool, gateway, op, fence);
+    await executeOperation(t.pool, kindsFor(gateway), op, fence);
     expect(e.emulator.requests()).toHaveLength(1);
   });
 
   it('processing → unknown; settled later, found by retrieve', async () => {
     const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
     const fence = await claim(t, op);
-    expect((await executeOperation(t.pool, gateway, op, fence)).operation.status).toBe('unknown');
+    expect((await executeOperation(t.pool, kindsFor(gateway), op, fence)).operation.status).toBe('unknown');
     e.emulator.settle(charges(op)[0]!.paymentIntent.id, 'succeeded');
-    const run = await executeOperation(t.pool, gateway, op, fence);
+    const run = await executeOperation(t.pool, kindsFor(gateway), op, fence);
     expect(run.call).toBe('retrieve');
     expect(run.operation.status).toBe('succeeded');
   });
@@ -166,12 +167,12 @@ describe('executeOperation over HTTP with the real SDK', () => {
     const op = await confirm(t);
     const fence = await claim(t, op);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'truncate' } });
-    await executeOperation(t.pool, gateway, op, fence);
+    await executeOperation(t.pool, kindsFor(gateway), op, fence);
     await passKeyWindow(op);
-    const early = await executeOperation(t.pool, gateway, op, fence);
+    const early = await executeOperation(t.pool, kindsFor(gateway), op, fence);
     expect(early.operation).toMatchObject({ status: 'unknown', needs_review: true });
     e.emulator.advanceClock(60_000);
-    const late = await executeOperation(t.pool, gateway, op, fence);
+    const late = await executeOperation(t.pool, kindsFor(gateway), op, fence);
     expect(late.operation).toMatchObject({ status: 'succeeded', needs_review: false });
     expect(charges(op)).toHaveLength(1);
   });
@@ -179,7 +180,7 @@ describe('executeOperation over HTTP with the real SDK', () => {
   it('whatever the SDK retry settings, every attempt carries our key', async () => {
     const op = await confirm(t);
     e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'error_before_commit', status: 503 }, count: 2 });
-    const run = await executeOperation(t.pool, e.gateway({ maxNetworkRetries: 3 }), op, await claim(t, op));
+    const run = await executeOperation(t.pool, kindsFor(e.gateway({ maxNetworkRetries: 3 })), op, await claim(t, op));
     expect(run.operation.status).toBe('succeeded');
     expect(creates(op).map((r) => r.idempotencyKey)).toEqual(Array(3).fill(idempotencyKeyFor(op)));
   });
@@ -190,7 +191,7 @@ describe('executeOperation over HTTP with the real SDK', () => {
       { amount: 1, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } },
       { idempotencyKey: idempotencyKeyFor(op) },
     );
-    const run = await executeOperation(t.pool, gateway, op, await claim(t, op));
+    const run = await executeOperation(t.pool, kindsFor(gateway), op, await claim(t, op));
     expect(run.operation).toMatchObject({ status: 'unknown', needs_review: true });
     expect(run.operation.review_reason).toMatch(/idempotency key misuse/);
   });

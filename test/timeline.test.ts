@@ -5,11 +5,12 @@
 import type Stripe from 'stripe';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { Pool } from '../src/db/pool.ts';
-import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../src/payments/executor.ts';
-import { claimAttempt, flagFromOutside, releaseLease, settleFromOutside } from '../src/payments/operation.ts';
-import { createLogger } from '../src/log.ts';
-import { createKindQueues, relayOutbox } from '../src/outbox.ts';
-import { settledQueueFor, subscribeSettlements } from '../src/settlements.ts';
+import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../src/engine/executor.ts';
+import { kindsFor } from '../src/kinds/index.ts';
+import { claimAttempt, flagFromOutside, releaseLease, settleFromOutside } from '../src/engine/operation.ts';
+import { createLogger } from '../src/telemetry/log.ts';
+import { createKindQueues, relayOutbox } from '../src/outbox/outbox.ts';
+import { settledQueueFor, subscribeSettlements } from '../src/outbox/settlements.ts';
 import { receiveStripeEvent } from '../src/webhooks/inbox.ts';
 import { timeline } from '../src/console/timeline.ts';
 import { operationRecord, overview, overviewCharts } from '../src/console/queries.ts';
@@ -49,7 +50,7 @@ describe('the operation timeline', () => {
 
     const run = counting(t.pool);
     const lease = await claimWithAttempt(run.pool, op, 'worker-a');
-    const result = await executeOperation(run.pool, e.gateway(), op, lease.fence, { claimed: lease.operation, begun: lease.begun });
+    const result = await executeOperation(run.pool, kindsFor(e.gateway()), op, lease.fence, { claimed: lease.operation, begun: lease.begun });
     expect(result.operation.status).toBe('succeeded');
     // the claim with the attempt (recording both), the outcome (recording it): no begin, no commit
     expect(run.statements()).toBe(2);
@@ -80,7 +81,7 @@ describe('the operation timeline', () => {
 
   it('a decline keeps the request id Stripe sent with the error', async () => {
     const op = await confirm(t, { paymentMethod: 'pm_card_chargeDeclined' });
-    await executeOperation(t.pool, e.gateway(), op, await claim(t, op));
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
     const create = e.emulator.requests().find((r) => r.endpoint === 'create' && r.operationId === op)!;
     const outcome = (await events(op)).find((x) => x.type === 'outcome')!;
     expect(outcome.details).toMatchObject({ outcome: 'failed', request_id: create.requestId, error: expect.stringMatching(/^Declined 402: card_declined/) });
@@ -93,7 +94,7 @@ describe('the operation timeline', () => {
     await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
     const second = await claimWithAttempt(t.pool, op, 'worker-b');
     expect(second.previousOwner).toBe('worker-a');
-    await executeOperation(t.pool, e.gateway(), op, second.fence, { claimed: second.operation, begun: second.begun });
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, second.fence, { claimed: second.operation, begun: second.begun });
 
     const rows = await events(op);
     expect(rows.filter((r) => r.type === 'claimed')).toEqual([
@@ -147,7 +148,7 @@ describe('the operation timeline', () => {
     stripe.rateLimitNext = 3;
     const round = async (owner: string) => {
       const lease = await claimWithAttempt(t.pool, op, owner);
-      return executeOperation(t.pool, stripe, op, lease.fence, { claimed: lease.operation, begun: lease.begun });
+      return executeOperation(t.pool, kindsFor(stripe), op, lease.fence, { claimed: lease.operation, begun: lease.begun });
     };
     for (const owner of ['worker-a', 'worker-b', 'worker-a']) expect((await round(owner)).outcome?.kind).toBe('rate_limited');
     expect((await round('worker-b')).operation.status).toBe('succeeded');
@@ -179,7 +180,7 @@ describe('the operation timeline', () => {
     for (let i = 0; i < 2; i++) {
       stripe.loseResponseOnce = true;
       const lease = await claimWithAttempt(t.pool, lost, `worker-${i}`);
-      expect((await executeOperation(t.pool, stripe, lost, lease.fence, { claimed: lease.operation, begun: lease.begun })).outcome?.kind).toBe('ambiguous');
+      expect((await executeOperation(t.pool, kindsFor(stripe), lost, lease.fence, { claimed: lease.operation, begun: lease.begun })).outcome?.kind).toBe('ambiguous');
     }
     expect((await events(lost)).map((r) => r.type)).toEqual(['claimed', 'sent', 'outcome', 'claimed', 'sent', 'outcome']);
   });
@@ -189,13 +190,13 @@ describe('the operation timeline', () => {
     const stale = await claim(t, op, 'worker-a');
     await releaseLease(t.pool, op, stale);
     await claim(t, op, 'worker-b');
-    await expect(executeOperation(t.pool, e.gateway(), op, stale)).rejects.toThrow(/fence/);
+    await expect(executeOperation(t.pool, kindsFor(e.gateway()), op, stale)).rejects.toThrow(/fence/);
     expect((await events(op)).map((r) => r.type)).toEqual(['claimed', 'claimed']);
   });
 
   it("its settlement event's way to onSettled joins the timeline: queued, then delivered", async () => {
     const op = await confirm(t);
-    await executeOperation(t.pool, e.gateway(), op, await claim(t, op));
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
     while ((await relayOutbox(t.pool, t.boss)) > 0);
     const shown = async () => timeline(await operation(t, op), await operationRecord(t.pool, await operation(t, op))).filter((x) => x.kind === 'settlement');
     expect((await shown()).map((x) => x.title)).toEqual(['settlement event queued for onSettled']);
@@ -208,7 +209,7 @@ describe('the operation timeline', () => {
   it("a named subscriber's delivery joins the timeline beside the unnamed handlers'", async () => {
     await subscribeSettlements(t.boss, 'mark-paid');
     const op = await confirm(t);
-    await executeOperation(t.pool, e.gateway(), op, await claim(t, op));
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
     while ((await relayOutbox(t.pool, t.boss)) > 0);
     const shown = async () => timeline(await operation(t, op), await operationRecord(t.pool, await operation(t, op))).filter((x) => x.kind === 'settlement');
     expect((await shown()).map((x) => x.title).sort()).toEqual(['settlement event queued for onSettled', 'settlement event queued for subscriber mark-paid']);

@@ -5,7 +5,7 @@
 // test/budgetFleet.test.ts holds it to its goals.
 import { randomUUID } from 'node:crypto';
 import type { Pool } from '../../src/db/pool.ts';
-import { confirmOrder } from '../../src/orders/confirm.ts';
+import { confirmOrder } from '../../src/exampleApp/confirm.ts';
 import type { StripeEmulator } from '../../src/stripe/emulator/emulator.ts';
 import { checkAgainstLedger, type Violation } from './ledger.ts';
 import { waitUntil, type Replica } from './replica.ts';

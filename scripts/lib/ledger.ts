@@ -1,8 +1,8 @@
 // The agreement check shared by the demo and chaos: the emulator's ledger is the truth about money,
 // PaymentIntents for the charges and Refunds for the refunds.
 import type { Pool } from '../../src/db/pool.ts';
-import { idempotencyKeyFor, refundIdempotencyKeyFor } from '../../src/payments/gateway.ts';
-import type { Operation } from '../../src/payments/operation.ts';
+import { idempotencyKeyFor, refundIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
+import type { Operation } from '../../src/engine/operation.ts';
 import type { StripeEmulator } from '../../src/stripe/emulator/emulator.ts';
 
 export interface Violation {

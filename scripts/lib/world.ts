@@ -7,12 +7,12 @@ import path from 'node:path';
 import type { PgBoss } from 'pg-boss';
 import { freePort, startEmbeddedPostgres, type EmbeddedCluster } from '../../src/db/embedded.ts';
 import { createPool, type Pool } from '../../src/db/pool.ts';
-import { createLogger } from '../../src/log.ts';
-import { createBoss } from '../../src/outbox.ts';
-import { EMULATOR_KEY } from '../../src/runtime.ts';
+import { createLogger } from '../../src/telemetry/log.ts';
+import { createBoss } from '../../src/outbox/outbox.ts';
+import { EMULATOR_KEY } from '../../src/runtime/open.ts';
 import { DEFAULT_SCHEMA } from '../../src/sql/statements.ts';
 import { StripeEmulator, type EmulatorOptions } from '../../src/stripe/emulator/emulator.ts';
-import { StripeGateway } from '../../src/stripe/gateway.ts';
+import { StripeGateway } from '../../src/stripe/sdkGateway.ts';
 import { createMigratedDatabase } from './database.ts';
 import { startReplica, type Replica } from './replica.ts';
 

@@ -1,7 +1,7 @@
 // Read-side of the admin capability: listings for people and scripts.
 import type { Queryable } from '../db/pool.ts';
-import { ValidationError } from '../orders/validate.ts';
-import { isOperationId, OperationNotFoundError, type Operation } from '../payments/operation.ts';
+import { ValidationError } from '../types/errors.ts';
+import { isOperationId, OperationNotFoundError, type Operation } from '../engine/operation.ts';
 
 function parseOperationId(id: string): string {
   if (!isOperationId(id)) throw new ValidationError('operationId', `not an operation id (a UUID): ${JSON.stringify(id)}`);

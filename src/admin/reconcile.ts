@@ -1,7 +1,7 @@
 import type { PgBoss } from 'pg-boss';
 import type { Pool } from '../db/pool.ts';
-import type { Logger } from '../log.ts';
-import type { PaymentGateway } from '../payments/gateway.ts';
+import type { Logger } from '../telemetry/log.ts';
+import type { PaymentGateway } from '../stripe/gateway.ts';
 import { reconcileSweep, type SweepReport } from '../reconcile/sweep.ts';
 import { recordAudit } from './audit.ts';
 

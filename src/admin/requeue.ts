@@ -2,9 +2,9 @@
 // is driven with the same idempotency key and cannot create a second effect (invariant 10).
 import type { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
-import { enqueueOperation, LIVE_JOB_STATES, queueFor, type ChargeJob } from '../outbox.ts';
-import type { Operation } from '../payments/operation.ts';
-import { traceOperation, withSpan } from '../tracing.ts';
+import { enqueueOperation, LIVE_JOB_STATES, queueFor, type OperationJob } from '../outbox/outbox.ts';
+import type { Operation } from '../engine/operation.ts';
+import { traceOperation, withSpan } from '../telemetry/tracing.ts';
 import { recordAudit } from './audit.ts';
 import { showOperation } from './operations.ts';
 
@@ -44,7 +44,7 @@ async function requeue(pool: Pool, boss: PgBoss, id: string, opts: { actor: stri
     }
     const { rows: waiting } = await tx.query(tx.sql.outboxRowFor(op.id));
     if (waiting[0]) return { operationId: op.id, result: 'skipped', reason: 'waiting in the outbox to be relayed' };
-    const jobs = await boss.findJobs<ChargeJob>(queueFor(current.kind), { data: { operationId: op.id }, db: bossDb(tx) });
+    const jobs = await boss.findJobs<OperationJob>(queueFor(current.kind), { data: { operationId: op.id }, db: bossDb(tx) });
     const live = jobs.find((j) => LIVE_JOB_STATES.has(j.state));
     if (live) return { operationId: op.id, result: 'skipped', reason: `job ${live.id} is ${live.state}` };
     if (opts.dryRun) return { operationId: op.id, result: 'would_requeue' };

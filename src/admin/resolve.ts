@@ -4,21 +4,22 @@
 //      lease is live, a row waits in the outbox, or a job for the operation is queued or active;
 //   2. check the evidence against Stripe with the lease held (renewed while the checks run);
 //   3. write the settlement fenced by that lease, with the audit entry, in one transaction.
-// --succeeded must name a PaymentIntent (a Refund, for a refund) that carries this operation's id, amount
-// and currency and has succeeded. --failed is refused while any charge (refund) Stripe shows for the
-// operation is not definitively failed, and while the known one is anything but failed; for a charge
-// also while the last create that may have executed is younger than the search-freshness horizon
-// (Search is not read-after-write; a PaymentIntent's list of refunds is). An effect of the application's
-// own kind has no provider outboxd could ask: the person's word (any reference of theirs as the external
-// id) is recorded as the evidence, after the same lease and refusals.
+// What counts as evidence is the kind's (src/kinds/<kind>/evidence.ts): --succeeded must name the kind's
+// provider object (a PaymentIntent for a charge, a Refund for a refund) that matches the operation by the
+// kind's one rule and has succeeded; --failed is refused while any object the provider shows for the
+// operation is not definitively failed (for a charge also while Search may not show its last create yet).
+// An effect of the application's own kind has no provider outboxd could ask: the person's word (any
+// reference of theirs as the external id) is recorded as the evidence, after the same lease and refusals.
 import type { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
-import { isStorableText, ValidationError } from '../orders/validate.ts';
-import { liveJobFor, queueFor } from '../outbox.ts';
-import { FAILED_CHARGE_STATUSES, FAILED_REFUND_STATUSES, type PaymentGateway } from '../payments/gateway.ts';
-import { refundMismatch, type RefundPayload } from '../payments/refund.ts';
-import { claimOperation, isSettled, releaseLease, renewLease, settleUnderLease, type Operation } from '../payments/operation.ts';
-import { traceOperation, withSpan } from '../tracing.ts';
+import { ValidationError } from '../types/errors.ts';
+import { isStorableText } from '../types/input.ts';
+import { liveJobFor, queueFor } from '../outbox/outbox.ts';
+import type { PaymentGateway } from '../stripe/gateway.ts';
+import { kindsFor, namingOf } from '../kinds/index.ts';
+import type { KindEvidence } from '../types/kind.ts';
+import { claimOperation, isSettled, releaseLease, renewLease, settleUnderLease, type Operation } from '../engine/operation.ts';
+import { traceOperation, withSpan } from '../telemetry/tracing.ts';
 import { recordAudit } from './audit.ts';
 import { showOperation } from './operations.ts';
 
@@ -65,7 +66,7 @@ async function resolve(
   if (resolution.outcome === 'failed' && !resolution.reason.trim()) throw new ValidationError('reason', 'a failed resolution needs the reason');
   const found = await showOperation(pool, id);
   if (resolution.outcome === 'succeeded') {
-    const expected = EXTERNAL_ID[found.kind];
+    const expected = namingOf(found.kind)?.externalId;
     if (expected && !expected.pattern.test(resolution.externalId)) throw new ValidationError('externalId', `must be ${expected.what}`);
   }
   if (isSettled(found.status)) throw new ResolutionRefused(`operation ${found.id} is already ${found.status}; a settled operation is never overwritten`);
@@ -80,9 +81,10 @@ async function resolve(
     await refuseWhileDriven(pool, boss, op);
 
     // 2. The evidence, with no transaction open.
+    const rules = kindsFor(gateway).get(op.kind)?.evidence;
     const evidence = resolution.outcome === 'succeeded'
-      ? await evidenceOfSuccess(gateway, op, resolution.externalId)
-      : await evidenceOfFailure(pool, gateway, op, resolution.reason, opts.searchFreshnessSeconds);
+      ? await evidenceOfSuccess(rules, op, resolution.externalId)
+      : await evidenceOfFailure(pool, rules, op, resolution.reason, opts.searchFreshnessSeconds);
 
     // 3. Settle under the lease, audited in the same transaction.
     return await inTransaction(pool, async (tx) => {
@@ -126,83 +128,30 @@ async function refuseWhileDriven(pool: Pool, boss: PgBoss, op: Operation): Promi
   }
 }
 
-/** What names the effect at Stripe, per kind; an application's kind names any reference of its own. */
-export const EXTERNAL_ID: Record<string, { pattern: RegExp; what: string }> = {
-  charge: { pattern: /^pi_\w+$/, what: 'a PaymentIntent id (pi_…)' },
-  refund: { pattern: /^re_\w+$/, what: 'a Refund id (re_…)' },
-};
+const refuse = (message: string) => new ResolutionRefused(message);
 
-async function evidenceOfSuccess(gateway: PaymentGateway, op: Operation, externalId: string): Promise<Record<string, unknown>> {
+/** The object must match the operation by its kind's one rule (src/kinds/<kind>/evidence.ts) and have
+ * succeeded. An application's kind has no provider to ask: the person's word is the evidence. */
+async function evidenceOfSuccess(rules: KindEvidence | undefined, op: Operation, externalId: string): Promise<Record<string, unknown>> {
   if (op.external_id && op.external_id !== externalId) {
     throw new ResolutionRefused(`operation ${op.id} is known to Stripe as ${op.external_id}, not ${externalId}; resolve it with its own ${op.kind}`);
   }
-  if (op.kind === 'refund') {
-    const refund = await gateway.retrieveRefund(externalId);
-    const mismatch = refundMismatch(op, refund);
-    if (mismatch) throw new ResolutionRefused(`${mismatch}; it cannot settle this operation`);
-    if (refund.status !== 'succeeded') throw new ResolutionRefused(`${refund.id} is ${refund.status}, not succeeded; try again when it has settled in Stripe`);
-    return { refund };
-  }
-  if (op.kind === 'charge') return evidenceOfCharge(gateway, op, externalId);
-  return { reference: externalId, checked: `nothing: outboxd cannot check an effect of kind ${op.kind}` };
-}
-
-async function evidenceOfCharge(gateway: PaymentGateway, op: Operation, externalId: string): Promise<Record<string, unknown>> {
-  const charge = await gateway.retrieveCharge(externalId);
-  if (charge.operationId !== op.id) throw new ResolutionRefused(`${charge.id} belongs to operation ${charge.operationId ?? '(none)'}, not ${op.id}`);
-  if (charge.amount !== op.amount || charge.currency !== op.currency) {
-    throw new ResolutionRefused(`${charge.id} is ${charge.amount} ${charge.currency}; the operation is ${op.amount} ${op.currency}`);
-  }
-  if (charge.status !== 'succeeded') throw new ResolutionRefused(`${charge.id} is ${charge.status}, not succeeded; try again when it has settled in Stripe`);
-  return { charge };
+  if (!rules) return { reference: externalId, checked: `nothing: outboxd cannot check an effect of kind ${op.kind}` };
+  const object = await rules.retrieve(externalId);
+  const mismatch = rules.mismatch(op, object);
+  if (mismatch) throw new ResolutionRefused(`${mismatch}; it cannot settle this operation`);
+  if (object.status !== 'succeeded') throw new ResolutionRefused(`${object.id} is ${object.status}, not succeeded; try again when it has settled in Stripe`);
+  return { [op.kind]: object };
 }
 
 async function evidenceOfFailure(
   pool: Pool,
-  gateway: PaymentGateway,
+  rules: KindEvidence | undefined,
   op: Operation,
   reason: string,
   horizonSeconds: number,
 ): Promise<Record<string, unknown>> {
-  if (op.kind === 'refund') return evidenceOfNoRefund(gateway, op, reason);
-  if (op.kind !== 'charge') return { reason, checked: `nothing: outboxd cannot check an effect of kind ${op.kind}` };
-  const { rows } = await pool.query(pool.sql.lastAttemptAge(op.id));
-  const age: number | null = rows[0]?.age_seconds ?? null;
-  if (age !== null && age < horizonSeconds) {
-    const wait = Math.ceil(horizonSeconds - age);
-    throw new ResolutionRefused(
-      `the last attempt to charge was ${Math.floor(age)} s ago: Stripe's search may not show its charge yet (freshness horizon ${horizonSeconds} s); try again in ${wait} s`,
-    );
-  }
-  let known;
-  if (op.external_id) {
-    known = await gateway.retrieveCharge(op.external_id);
-    if (!FAILED_CHARGE_STATUSES.has(known.status)) {
-      throw new ResolutionRefused(`${known.id} is ${known.status}, not failed: ${known.status === 'succeeded' ? 'the customer was charged' : 'it may still charge; try again when it is final in Stripe'}`);
-    }
-  }
-  const charges = await gateway.findCharges(op.id);
-  const live = charges.filter((c) => !FAILED_CHARGE_STATUSES.has(c.status));
-  if (live.length > 0) {
-    throw new ResolutionRefused(`Stripe shows charges for this operation that have not failed: ${live.map((c) => `${c.id} (${c.status})`).join(', ')}`);
-  }
-  return { reason, knownCharge: known ?? null, searchedCharges: charges.map((c) => ({ id: c.id, status: c.status })), lastAttemptAgeSeconds: age };
-}
-
-/** No refund of the operation's that has not failed: the known one, and every one the PaymentIntent's
- * list shows for the operation (a list is read-after-write: no freshness horizon to wait out). */
-async function evidenceOfNoRefund(gateway: PaymentGateway, op: Operation, reason: string): Promise<Record<string, unknown>> {
-  let known;
-  if (op.external_id) {
-    known = await gateway.retrieveRefund(op.external_id);
-    if (!FAILED_REFUND_STATUSES.has(known.status)) {
-      throw new ResolutionRefused(`${known.id} is ${known.status}, not failed: ${known.status === 'succeeded' ? 'the money went back' : 'it may still succeed; try again when it is final in Stripe'}`);
-    }
-  }
-  const refunds = (await gateway.findRefunds((op.payload as RefundPayload).payment_intent)).filter((r) => r.operationId === op.id);
-  const live = refunds.filter((r) => !FAILED_REFUND_STATUSES.has(r.status));
-  if (live.length > 0) {
-    throw new ResolutionRefused(`Stripe shows refunds for this operation that have not failed: ${live.map((r) => `${r.id} (${r.status})`).join(', ')}`);
-  }
-  return { reason, knownRefund: known ?? null, listedRefunds: refunds.map((r) => ({ id: r.id, status: r.status })) };
+  if (!rules) return { reason, checked: `nothing: outboxd cannot check an effect of kind ${op.kind}` };
+  const lastAttemptAge = async (): Promise<number | null> => (await pool.query(pool.sql.lastAttemptAge(op.id))).rows[0]?.age_seconds ?? null;
+  return rules.noneSucceeded(op, reason, refuse, lastAttemptAge, horizonSeconds);
 }

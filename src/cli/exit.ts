@@ -1,10 +1,10 @@
 import { CommanderError } from 'commander';
-import { ConfigError } from '../config.ts';
-import { OrderConflictError } from '../payments/request.ts';
-import { ValidationError } from '../orders/validate.ts';
-import { OperationNotFoundError } from '../payments/operation.ts';
+import { ConfigError } from '../runtime/config.ts';
+import { OrderConflictError } from '../kinds/charge/request.ts';
+import { ValidationError } from '../types/errors.ts';
+import { OperationNotFoundError } from '../engine/operation.ts';
 import { ResolutionRefused } from '../admin/resolve.ts';
-import { RefundRefused } from '../payments/refund.ts';
+import { RefundRefused } from '../kinds/refund/request.ts';
 
 /** Exit codes: 0 done; 1 failure; 2 bad usage, input or a refused action; 3 partly done (bulk lines
  * refused); 4 not found; 5 drift between Stripe and the operations. */

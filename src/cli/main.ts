@@ -2,31 +2,31 @@
 // prints its result on stdout (JSON with --json) and its errors on stderr with a non-zero exit.
 import { readFileSync } from 'node:fs';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
-import { loadConfig, type Config } from '../config.ts';
+import { loadConfig, type Config } from '../runtime/config.ts';
 import { migrate } from '../db/migrate.ts';
-import { createLogger, type Logger } from '../log.ts';
-import { BULK_CONCURRENCY, confirmFromFile, type BulkSummary } from '../orders/bulk.ts';
-import { confirmOrder } from '../orders/confirm.ts';
-import { EXAMPLE_SUBSCRIBER, followOrders } from '../orders/follow.ts';
+import { createLogger, type Logger } from '../telemetry/log.ts';
+import { BULK_CONCURRENCY, confirmFromFile, type BulkSummary } from '../exampleApp/bulk.ts';
+import { confirmOrder } from '../exampleApp/confirm.ts';
+import { EXAMPLE_SUBSCRIBER, followOrders } from '../exampleApp/follow.ts';
 import { Outboxd } from '../outboxd.ts';
-import { parseOrderInput } from '../orders/validate.ts';
-import { REFUND_REASONS } from '../payments/gateway.ts';
-import { requestRefund } from '../payments/refund.ts';
+import { parseOrderInput } from '../kinds/charge/input.ts';
+import { REFUND_REASONS } from '../stripe/gateway.ts';
+import { requestRefund } from '../kinds/refund/request.ts';
 import { inTransaction } from '../db/pool.ts';
-import { createBoss } from '../outbox.ts';
+import { createBoss } from '../outbox/outbox.ts';
 import type { PgBoss } from 'pg-boss';
-import { openDatabase, openGateway, openPool, serveEmulator, type Database } from '../runtime.ts';
+import { openDatabase, openGateway, openPool, serveEmulator, type Database } from '../runtime/open.ts';
 import { findOperation, listOperations, showOperation } from '../admin/operations.ts';
 import { listAudit } from '../admin/audit.ts';
-import { loadEffects, runWorker } from '../dispatcher/worker.ts';
+import { loadEffects, runWorker } from '../runtime/worker.ts';
 import { userInfo } from 'node:os';
 import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
 import { resolveOperation, type Resolution } from '../admin/resolve.ts';
 import { driftReport } from '../reconcile/drift.ts';
 import { reconcileNow } from '../admin/reconcile.ts';
-import { redriveSettlements } from '../settlements.ts';
-import type { PaymentGateway } from '../payments/gateway.ts';
-import type { Tracing } from '../tracingSdk.ts';
+import { redriveSettlements } from '../outbox/settlements.ts';
+import type { PaymentGateway } from '../stripe/gateway.ts';
+import type { Tracing } from '../telemetry/tracingSdk.ts';
 import { parseDuration } from './duration.ts';
 import { errorMessage, EXIT, exitCodeOf, flagOf } from './exit.ts';
 import { printAudit, printOperations, ranges } from './print.ts';
@@ -55,7 +55,7 @@ program.hook('preAction', async () => {
   config = loadConfig();
   log = createLogger(config.logLevel, { cmd: 'outboxd' });
   // Only with an endpoint: otherwise the SDK is not even loaded, and every span is the API's no-op.
-  if (config.tracing) tracing = (await import('../tracingSdk.ts')).startTracing(config.tracing, { serviceVersion: version, log });
+  if (config.tracing) tracing = (await import('../telemetry/tracingSdk.ts')).startTracing(config.tracing, { serviceVersion: version, log });
 });
 
 /** Runs `fn` with an open database and pool, closing both however it ends. */

@@ -1,5 +1,5 @@
 import type { AuditRow } from '../admin/audit.ts';
-import type { Operation } from '../payments/operation.ts';
+import type { Operation } from '../engine/operation.ts';
 
 export function printOperations(rows: Operation[], json: boolean): void {
   if (json) return console.log(JSON.stringify(rows));

@@ -1,14 +1,14 @@
 // What the console's pages read. Every list is a keyset page over (created_at, id), newest first, so a
 // page costs the same on the first page as on the ten-thousandth and with a million operations
 // (EXPLAIN in docs/runbook.md, "Console").
-import { SETTLED_DEAD_QUEUE, SETTLED_EVENT, SETTLED_QUEUE } from '../settlements.ts';
+import { SETTLED_DEAD_QUEUE, SETTLED_EVENT, SETTLED_QUEUE } from '../outbox/settlements.ts';
 import type { PgBoss } from 'pg-boss';
 import { listAudit, type AuditRow } from '../admin/audit.ts';
 import type { Pool } from '../db/pool.ts';
-import { OPERATION_STATUSES } from '../payments/status.ts';
-import { queueFor } from '../outbox.ts';
-import { isOperationId, type Operation } from '../payments/operation.ts';
-import type { HostHealth } from '../dispatcher/metrics.ts';
+import { OPERATION_STATUSES } from '../types/status.ts';
+import { queueFor } from '../outbox/outbox.ts';
+import { isOperationId, type Operation } from '../engine/operation.ts';
+import type { HostHealth } from '../telemetry/metrics.ts';
 
 export type Listed = Operation & { cursor_at: string };
 
@@ -132,7 +132,7 @@ export interface Charts {
 }
 
 /** A call the budget refused (src/stripe/budgetedGateway.ts) as the executor records its error
- * (`<error class>[ <HTTP status>]: <message>`, src/payments/executor.ts): never sent, so no call. */
+ * (`<error class>[ <HTTP status>]: <message>`, src/engine/executor.ts): never sent, so no call. */
 const NOT_SENT = 'RetryLater: not sent:%';
 
 export const CHART_HOURS = 3;

@@ -1,7 +1,7 @@
 // An operation's story, oldest first, from every kind of history outboxd keeps. Each source turns one
 // kind of stored history into entries; another table of history is one more source read in queries.ts
 // and listed in SOURCES.
-import type { Operation } from '../payments/operation.ts';
+import type { Operation } from '../engine/operation.ts';
 import { duration } from './html.ts';
 import type { OperationRecord } from './queries.ts';
 

@@ -19,8 +19,8 @@ import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { promisify } from 'node:util';
 import pg from 'pg';
-import { ConfigError } from '../config.ts';
-import type { Logger } from '../log.ts';
+import { ConfigError } from '../runtime/config.ts';
+import type { Logger } from '../telemetry/log.ts';
 
 export interface EmbeddedCluster {
   url: string;

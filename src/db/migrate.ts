@@ -1,7 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
-import { createBoss, createQueues } from '../outbox.ts';
+import { createBoss, createQueues } from '../outbox/outbox.ts';
 import { createPool, withClient, type PoolClient } from './pool.ts';
 
 const MIGRATIONS = fileURLToPath(new URL('../../drizzle', import.meta.url));

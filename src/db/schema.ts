@@ -5,7 +5,7 @@
 // to whichever schema OUTBOXD_SCHEMA names.
 import { sql } from 'drizzle-orm';
 import { bigint, boolean, check, doublePrecision, index, integer, jsonb, pgSchema, primaryKey, text, timestamp, uniqueIndex, uuid, type AnyPgColumn } from 'drizzle-orm/pg-core';
-import { OPERATION_STATUSES, POLICIES } from '../payments/status.ts';
+import { OPERATION_STATUSES, POLICIES } from '../types/status.ts';
 
 const outboxd = pgSchema('outboxd');
 
@@ -37,7 +37,7 @@ export const paymentOperations = outboxd.table(
     /** The application's order (any table of its own, or the example orders below): not a foreign key.
      * A refund's is its charge's; an application's own kind of effect has none. */
     orderId: text('order_id'),
-    /** What the effect is, and so its policy on an ambiguous outcome (src/effects/registry.ts). */
+    /** What the effect is, and so its policy on an ambiguous outcome (src/engine/kinds.ts). */
     kind: text('kind').notNull().default('charge'),
     /** The kind's policy when the operation was requested; a worker that defines the kind otherwise
      * holds it for a person rather than apply another. */
@@ -102,7 +102,7 @@ export const paymentOperations = outboxd.table(
     uniqueIndex('payment_operations_effect_key_idx')
       .on(t.kind, t.effectKey)
       .where(sql`${t.kind} not in ('charge', 'refund')`),
-    // Any kind's name is its queue's (src/outbox.ts), and `<kind>_dead` its dead letter's.
+    // Any kind's name is its queue's (src/outbox/outbox.ts), and `<kind>_dead` its dead letter's.
     check('payment_operations_kind_check', sql`${t.kind} ~ '^[a-z][a-z0-9_]{0,39}$'`),
     check('payment_operations_policy_check', sql`${t.policy} in ('idempotent-key', 'at-least-once', 'reconcile-before-retry')`),
     check('payment_operations_money_check', sql`${t.kind} not in ('charge', 'refund') or (${t.orderId} is not null and ${t.amount} is not null and ${t.currency} is not null)`),
@@ -237,7 +237,7 @@ export const settlementOutbox = outboxd.table('settlement_outbox', {
 });
 
 /**
- * Which transactional subscriber consumed which settlement (src/settlements.ts): written in the
+ * Which transactional subscriber consumed which settlement (src/outbox/settlements.ts): written in the
  * delivery's transaction, beside the application's own writes and the job's fenced completion, so the
  * three commit together. The key makes a second consumption of one event by one subscriber impossible,
  * whatever delivered it twice.

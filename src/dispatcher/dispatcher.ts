@@ -22,14 +22,15 @@
 //           ─▶ abandoned at shutdown and then failed: nothing recorded, the lease left to expire
 import type { Job, JobResult, PgBoss } from 'pg-boss';
 import { bossDb, type Pool } from '../db/pool.ts';
-import type { Logger } from '../log.ts';
-import { BUILT_IN_KINDS, effectFor, type EffectCall, type EffectDefinitions, type Policy } from '../effects/registry.ts';
-import { chargeQueueOptions, createKindQueues, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type ChargeJob } from '../outbox.ts';
+import type { Logger } from '../telemetry/log.ts';
+import type { EffectCall, KindRegistry, Policy } from '../engine/kinds.ts';
+import { BUILT_IN_KINDS } from '../kinds/names.ts';
+import { KIND_QUEUE_OPTIONS, createKindQueues, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type OperationJob } from '../outbox/outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
 import { pruneWebhookEvents } from '../webhooks/inbox.ts';
-import { createPruneQueue, DEFAULT_RETENTION_DAYS, PRUNE_QUEUE, pruneHistory, type RetentionDays } from '../retention.ts';
-import { CallAbandoned, callTable, executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
-import type { PaymentGateway } from '../payments/gateway.ts';
+import { createPruneQueue, DEFAULT_RETENTION_DAYS, PRUNE_QUEUE, pruneHistory, type RetentionDays } from '../outbox/retention.ts';
+import { CallAbandoned, callTable, executeOperation, KEY_WINDOW_SECONDS } from '../engine/executor.ts';
+import type { PaymentGateway } from '../stripe/gateway.ts';
 import {
   claimAttempt,
   claimOperation,
@@ -43,9 +44,9 @@ import {
   StaleFenceError,
   type OperationState,
   type Outcome,
-} from '../payments/operation.ts';
-import { traceDispatch, traceOperation, untraced } from '../tracing.ts';
-import type { Metrics } from './metrics.ts';
+} from '../engine/operation.ts';
+import { traceDispatch, traceOperation, untraced } from '../telemetry/tracing.ts';
+import type { Metrics } from '../telemetry/metrics.ts';
 import { keepLease } from './lease.ts';
 import { Slots } from './slots.ts';
 
@@ -59,7 +60,7 @@ export interface DispatcherOptions {
   reconcileCron?: string;
   /** Stored webhook events older than this are deleted after each scheduled sweep. */
   webhookRetentionDays?: number;
-  /** Schedule the retention job (src/retention.ts) with this cron: one run at a time across replicas. */
+  /** Schedule the retention job (src/outbox/retention.ts) with this cron: one run at a time across replicas. */
   pruneCron?: string;
   retentionDays?: RetentionDays;
   /** How often an idle relay looks for new outbox rows (a full batch is followed at once). */
@@ -77,11 +78,13 @@ export const FETCH_BATCH = 8;
 export interface DispatcherDeps {
   boss: PgBoss;
   pool: Pool;
+  /** Stripe, for the reconcile sweep. */
   gateway: PaymentGateway;
   log: Logger;
   metrics: Metrics;
-  /** The application's kinds this replica carries out too (outboxd.startWorker, `worker --effects`). */
-  effects?: EffectDefinitions;
+  /** The kinds this replica carries out: the built-in ones and the application's (outboxd.startWorker,
+   * `worker --effects`), registered alike (src/kinds/index.ts: kindsFor). */
+  kinds: KindRegistry;
 }
 
 type Disposition = Omit<JobResult, 'id'>;
@@ -96,7 +99,7 @@ function notAnAttemptDelaySeconds(outcome: Outcome): number {
 const completed: Disposition = { status: 'completed' };
 const retryLater = (reason: string): Disposition => ({ status: 'failed', output: { reason } });
 /** The operation a job drives, when its payload names one: anything else is a malformed job. */
-const operationIdOf = (job: Job<ChargeJob>): string | undefined => {
+const operationIdOf = (job: Job<OperationJob>): string | undefined => {
   const id: unknown = job.data?.operationId;
   return typeof id === 'string' && isOperationId(id) ? id : undefined;
 };
@@ -126,7 +129,7 @@ export class Dispatcher {
 
   /** The kinds whose queues this replica works. */
   get kinds(): readonly string[] {
-    return [...BUILT_IN_KINDS, ...(this.deps.effects?.keys() ?? [])];
+    return this.deps.kinds.names;
   }
 
   /**
@@ -146,9 +149,9 @@ export class Dispatcher {
   async start(): Promise<void> {
     const { boss } = this.deps;
     const loop = { perJobResults: true, notifyPollingIntervalSeconds: 2, pollingIntervalSeconds: 0.5 } as const;
-    const register = async (queue: string, handle: (job: Job<ChargeJob>) => Promise<Disposition>, batchSize = 1) => {
+    const register = async (queue: string, handle: (job: Job<OperationJob>) => Promise<Disposition>, batchSize = 1) => {
       let loopId: string | undefined;
-      loopId = await boss.work<ChargeJob>(queue, { ...loop, batchSize }, async (jobs: Job<ChargeJob>[]) => {
+      loopId = await boss.work<OperationJob>(queue, { ...loop, batchSize }, async (jobs: Job<OperationJob>[]) => {
         const results = await Promise.all(jobs.map(async (job) => ({ id: job.id, ...(await handle(job)) })));
         if (loopId && !this.draining) boss.notifyWorker(loopId);
         return results;
@@ -157,10 +160,10 @@ export class Dispatcher {
     const slots = new Slots(this.opts.concurrency);
     for (const kind of this.kinds) {
       if (!BUILT_IN_KINDS.includes(kind)) await createKindQueues(boss, kind); // the built-in ones: by migrate
-      const { policy } = effectFor(kind, this.deps.gateway, this.deps.effects)!;
+      const { policy } = this.deps.kinds.get(kind)!;
       this.policies.set(kind, { policy, calls: callTable(policy) });
       const batch = Math.min(this.opts.fetchBatch ?? FETCH_BATCH, this.opts.concurrency);
-      const handle = (job: Job<ChargeJob>) => traceDispatch(job, async () => {
+      const handle = (job: Job<OperationJob>) => traceDispatch(job, async () => {
         const release = await slots.take();
         try {
           return await this.handle(job, kind, release);
@@ -253,8 +256,8 @@ export class Dispatcher {
   }
 
   /** `endCall` gives the job's slot back once its call has returned (the outcome is recorded outside it). */
-  private async handle(job: Job<ChargeJob>, kind: string, endCall: () => void): Promise<Disposition> {
-    const { pool, gateway, boss, metrics } = this.deps;
+  private async handle(job: Job<OperationJob>, kind: string, endCall: () => void): Promise<Disposition> {
+    const { pool, kinds, boss, metrics } = this.deps;
     const operationId = operationIdOf(job);
     const log = this.log.child({ jobId: job.id, operationId, kind, jobRetry: job.retryCount });
     if (operationId === undefined) {
@@ -291,12 +294,11 @@ export class Dispatcher {
     });
     let released = false;
     try {
-      const run = await executeOperation(pool, gateway, operationId, fence, {
+      const run = await executeOperation(pool, kinds, operationId, fence, {
         keyWindowSeconds,
         claimed: lease.operation,
         begun: lease.begun,
         log: opLog,
-        effects: this.deps.effects,
         signal: call.signal,
         checkLease: held.check,
         onCallEnded: endCall,
@@ -384,7 +386,7 @@ export class Dispatcher {
   /** Retries ran out, or the outcome held the operation for a person at once: it is flagged (never
    * silently dropped), keeping a reason the executor already recorded. Should this handler itself keep
    * failing, the reconcile sweep flags any unsettled operation that no job drives. */
-  private async handleDeadLetter(job: Job<ChargeJob>, kind: string): Promise<Disposition> {
+  private async handleDeadLetter(job: Job<OperationJob>, kind: string): Promise<Disposition> {
     const { pool } = this.deps;
     const operationId = operationIdOf(job);
     const log = this.log.child({ jobId: job.id, operationId, queue: deadQueueFor(kind) });
@@ -392,7 +394,7 @@ export class Dispatcher {
     const lease = await claimOperation(pool, operationId, this.opts.workerId, this.opts.leaseTtlMs, 0);
     if (!lease) return this.notClaimed(await peekOperation(pool, operationId), log);
     const op = lease.operation;
-    const reason = op.review_reason ?? `retries exhausted: the ${kind} job was dead-lettered after ${chargeQueueOptions.retryLimit} retries (last error: ${op.last_error ?? 'none'})`;
+    const reason = op.review_reason ?? `retries exhausted: the ${kind} job was dead-lettered after ${KIND_QUEUE_OPTIONS.retryLimit} retries (last error: ${op.last_error ?? 'none'})`;
     try {
       await flagForReview(pool, operationId, lease.fence, reason);
     } catch (err) {

@@ -6,8 +6,8 @@
 // lease left to expire), so the process stops before anyone else can claim the operation. Timers fire
 // late after the process was stopped (SIGSTOP, a VM paused), so `check()` reads the clock itself: the
 // executor calls it right before sending, and a process that wakes past its lease sends nothing.
-import type { Logger } from '../log.ts';
-import { CallAbandoned } from '../payments/executor.ts';
+import type { Logger } from '../telemetry/log.ts';
+import { CallAbandoned } from '../engine/executor.ts';
 
 export interface LocalLease {
   /** Aborts the call now if the deadline has passed. */

@@ -3,7 +3,7 @@
 // failure ends as a 4xx/5xx answer or a closed socket, never as an exception outside a handler.
 import { createServer, STATUS_CODES, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
-import type { Logger } from '../log.ts';
+import type { Logger } from '../telemetry/log.ts';
 
 export interface Request {
   req: IncomingMessage;

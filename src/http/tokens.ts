@@ -15,7 +15,7 @@
 // still applies.
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
-import type { Config } from '../config.ts';
+import type { Config } from '../runtime/config.ts';
 import { inTransaction, type Pool } from '../db/pool.ts';
 
 /** What a token may do: `act` (ADMIN_TOKEN) or only `read` (ADMIN_READONLY_TOKEN). */

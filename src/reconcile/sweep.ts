@@ -1,5 +1,5 @@
 // The reconcile sweep: settles what idempotency keys can no longer settle, for the kinds whose policy is
-// idempotent-key (src/effects/registry.ts). Operations past the key window, and operations held for
+// idempotent-key (src/engine/kinds.ts: reconciled). Operations past the key window, and operations held for
 // review after an attempt that may have acted, are looked up at the provider (Search for charges: all
 // pages, a single match is then retrieved); operations with a known external object are retrieved;
 // other operations inside the window are left to the dispatcher. It never creates, and it claims each
@@ -8,15 +8,16 @@
 // that kept failing, a job lost by hand): never neither driven nor flagged.
 import type { PgBoss } from 'pg-boss';
 import type { Pool } from '../db/pool.ts';
-import type { Logger } from '../log.ts';
-import { RECONCILED_KINDS, type EffectCall } from '../effects/registry.ts';
-import { deadQueueFor, liveJobFor, queueFor } from '../outbox.ts';
+import type { Logger } from '../telemetry/log.ts';
+import type { EffectCall } from '../engine/kinds.ts';
+import { kindsFor } from '../kinds/index.ts';
+import { deadQueueFor, liveJobFor, queueFor } from '../outbox/outbox.ts';
 import { bossDb } from '../db/pool.ts';
-import { executeOperation, KEY_WINDOW_SECONDS } from '../payments/executor.ts';
-import type { PaymentGateway } from '../payments/gateway.ts';
-import { claimOperation, flagForReview, releaseLease, StaleFenceError, type Operation } from '../payments/operation.ts';
+import { executeOperation, KEY_WINDOW_SECONDS } from '../engine/executor.ts';
+import type { PaymentGateway } from '../stripe/gateway.ts';
+import { claimOperation, flagForReview, releaseLease, StaleFenceError, type Operation } from '../engine/operation.ts';
 import { inBackground } from '../stripe/budgetedGateway.ts';
-import { ATTR, traceOperation, withSpan } from '../tracing.ts';
+import { ATTR, traceOperation, withSpan } from '../telemetry/tracing.ts';
 
 /** An unsettled operation untouched this long, with no lease, outbox row or live job, is flagged. */
 export const UNDRIVEN_AFTER_SECONDS = 15 * 60;
@@ -52,11 +53,11 @@ export interface SweepOptions {
 
 export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: PgBoss, opts: SweepOptions): Promise<SweepReport> {
   const keyWindowSeconds = opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
-  const { rows } = await pool.query(pool.sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500, RECONCILED_KINDS));
-  const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, undriven: [], decisions: [] };
   // Reconciliation yields to the dispatchers in the fleet's Stripe budget. Once the budget (or Stripe's
   // 429) turns a call away, the rest waits for the next sweep instead of each candidate waiting in turn.
-  const stripe = inBackground(gateway);
+  const kinds = kindsFor(inBackground(gateway));
+  const { rows } = await pool.query(pool.sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500, kinds.reconciled));
+  const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, undriven: [], decisions: [] };
   let rateLimited = false;
   const sweepOne = (id: string) => withSpan('outboxd.reconcile', { [ATTR.operationId]: id }, async () => {
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, keyWindowSeconds);
@@ -67,7 +68,7 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
     traceOperation(lease.operation, lease.fence);
     const log = opts.log.child({ operationId: id, kind: lease.operation.kind, fence: lease.fence });
     try {
-      const run = await executeOperation(pool, stripe, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log });
+      const run = await executeOperation(pool, kinds, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log });
       rateLimited = run.outcome?.kind === 'rate_limited';
       const op: Operation = run.operation;
       const decision: SweepDecision = {

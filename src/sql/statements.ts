@@ -3,7 +3,7 @@
 // planned once per connection: measured, about 40 % of the server's CPU per settled operation); on an
 // application's connections and behind a transaction pooler they are unnamed (a pooler hands the next
 // transaction to another server connection, where a name prepared earlier does not exist).
-// Status writes are only ever issued by src/payments/operation.ts, the operation's state machine.
+// Status writes are only ever issued by src/engine/operation.ts, the operation's state machine.
 //
 // The statements are built for one schema (OUTBOXD_SCHEMA) and name every table with it: some run on
 // the application's own connection, inside its transaction, whose search_path is not ours. Their
@@ -16,7 +16,7 @@ import type { QueryConfig } from 'pg';
 
 export const DEFAULT_SCHEMA = 'outboxd';
 /** A lower-case identifier (never needs quoting rules of its own), short enough that the pg-boss schema
- * derived from it (src/outbox.ts) stays within pg-boss's 50 bytes. */
+ * derived from it (src/outbox/outbox.ts) stays within pg-boss's 50 bytes. */
 export const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,39}$/;
 
 const UNSETTLED = `status in ('pending', 'unknown')`;
@@ -584,7 +584,7 @@ function build(schema: string, prepared: boolean) {
     ),
 
     /**
-     * One batch of the timeline's retention (src/retention.ts): the $3 oldest rows after id $2, of which
+     * One batch of the timeline's retention (src/outbox/retention.ts): the $3 oldest rows after id $2, of which
      * those last seen over $1 days ago, of an operation settled over $1 days ago, are deleted. An
      * unsettled operation's history (held for review, or still being driven) is kept whatever its age.
      * Rows are scanned in id order (the primary key), so a batch reads $3 rows, however large the table;
@@ -659,7 +659,7 @@ function build(schema: string, prepared: boolean) {
     ),
 
     /** Unsettled, unflagged operations of any kind untouched for a while with no lease, nothing in the
-     * outbox and no live job in their kind's queue or its dead letter (src/outbox.ts: queueFor,
+     * outbox and no live job in their kind's queue or its dead letter (src/outbox/outbox.ts: queueFor,
      * deadQueueFor; one anti-join over pg-boss's job table, so a large backlog of queued jobs costs one
      * scan): the sweep claims each, checks again for a live job, and flags one that nothing drives. */
     undrivenCandidates: statement<[idleSeconds: number, limit: number]>(
@@ -690,10 +690,10 @@ function build(schema: string, prepared: boolean) {
       `select ${operationColumns()} from ${s}.payment_operations where id = any($1::uuid[])`,
     ),
 
-    /** Charge operations known to Stripe by these PaymentIntents (the drift report's refunds of our charges). */
-    chargeOperationsByExternalIds: statement<[externalIds: string[]]>(
-      'outboxd_charge_operations_by_external_ids',
-      `select ${operationColumns()} from ${s}.payment_operations where kind = 'charge' and external_id = any($1::text[])`,
+    /** Operations of a kind known to the provider by these ids (the drift report's refunds of our charges). */
+    operationsByExternalIds: statement<[kind: string, externalIds: string[]]>(
+      'outboxd_operations_by_external_ids',
+      `select ${operationColumns()} from ${s}.payment_operations where kind = $1 and external_id = any($2::text[])`,
     ),
 
     /** Succeeded operations settled since a time: each must have its charge (refund) in Stripe. */

@@ -18,7 +18,7 @@
 // the last YIELD_MS (the row remembers when one last did). Under a sustained backlog, reconciliation waits.
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import type { Queryable } from '../db/pool.ts';
-import type { Logger } from '../log.ts';
+import type { Logger } from '../telemetry/log.ts';
 
 export type Priority = 'dispatch' | 'background';
 

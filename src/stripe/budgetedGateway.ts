@@ -14,7 +14,7 @@
 //     takes nothing for a moment; the call then waits for a token and is sent again, within its deadline.
 // Neither was an attempt: nothing executed at Stripe.
 import { Counter, type Registry } from 'prom-client';
-import { RetryLater, type BeforeNextPage, type Charge, type ChargeRequest, type PaymentGateway, type Refund, type RefundRequest } from '../payments/gateway.ts';
+import { RetryLater, type BeforeNextPage, type Charge, type CreateChargeParams, type PaymentGateway, type Refund, type CreateRefundParams } from './gateway.ts';
 import { BudgetTimeout, type Budget, type BudgetMetrics, type Priority } from './budget.ts';
 
 /** Sends of one call, 429s included. */
@@ -54,7 +54,7 @@ export class BudgetedGateway implements PaymentGateway {
   }
 
   // One line per method: which budgets its request takes from.
-  createCharge(req: ChargeRequest): Promise<Charge> {
+  createCharge(req: CreateChargeParams): Promise<Charge> {
     return this.budgeted('request', () => this.inner.createCharge(req));
   }
 
@@ -70,7 +70,7 @@ export class BudgetedGateway implements PaymentGateway {
     return this.budgeted('request', (nextPage) => this.inner.listCharges(since, nextPage), 'page');
   }
 
-  createRefund(req: RefundRequest): Promise<Refund> {
+  createRefund(req: CreateRefundParams): Promise<Refund> {
     return this.budgeted('request', () => this.inner.createRefund(req));
   }
 

@@ -1,239 +1,144 @@
-// PaymentGateway over the real Stripe SDK. It reports what Stripe said, classified by HTTP status and
-// raw error type (docs/architecture.md §2.4 and §5), never by error class alone: a 409 is a StripeAPIError but
-// means "the same key is still executing"; a cut-off body is a StripeConnectionError.
-import Stripe from 'stripe';
-import {
-  AmbiguousOutcome,
-  Declined,
-  GatewayError,
-  IdempotencyKeyMisuse,
-  NotExecuted,
-  Rejected,
-  RetryLater,
-  type BeforeNextPage,
-  type Charge,
-  type ChargeRequest,
-  type PaymentGateway,
-  type Refund,
-  type RefundRequest,
-} from '../payments/gateway.ts';
-import { tracedHttpClient } from './tracedHttpClient.ts';
+// The contract between the executor's built-in kinds (charge, refund) and a payment provider. The real implementation drives the
+// Stripe SDK (src/stripe/sdkGateway.ts); tests also use an in-process fake with the same idempotency model.
+// A gateway reports what Stripe said; deciding what that means for the operation is the executor's job.
 
-export interface StripeGatewayOptions {
-  secretKey: string;
-  /** e.g. http://127.0.0.1:12111; unset: api.stripe.com */
-  apiBase?: string | undefined;
-  /** Per attempt (the SDK's timeout is not a total). */
-  timeoutMs: number;
-  /** The SDK's own retries; they reuse our key. A reset connection is retried once even at 0. */
-  maxNetworkRetries?: number;
+export interface CreateChargeParams {
+  operationId: string;
+  amount: number;
+  currency: string;
+  customer: string;
+  paymentMethod: string;
+  /** The application's metadata; the gateway adds operation_id. */
+  metadata: Record<string, string>;
+  /** Always `payment-op:<operation id>`; never generated per attempt. */
+  idempotencyKey: string;
 }
 
-export function stripeClient(opts: StripeGatewayOptions): Stripe {
-  const base = opts.apiBase ? new URL(opts.apiBase) : undefined;
-  return new Stripe(opts.secretKey, {
-    maxNetworkRetries: opts.maxNetworkRetries ?? 0,
-    timeout: opts.timeoutMs,
-    telemetry: false,
-    httpClient: tracedHttpClient(),
-    ...(base
-      ? {
-          host: base.hostname,
-          port: Number(base.port || (base.protocol === 'https:' ? 443 : 80)),
-          protocol: base.protocol === 'https:' ? 'https' : 'http',
-        }
-      : {}),
-  });
+/** The fields of a PaymentIntent the executor reads. */
+export interface Charge {
+  id: string;
+  status: string;
+  amount: number;
+  currency: string;
+  /** metadata.operation_id, when the charge carries it */
+  operationId: string | undefined;
+  /** Stripe's id of the response it was read from (its Request-Id), for the operation's timeline. */
+  requestId?: string | undefined;
 }
 
-const SEARCH_PAGE = 100;
-/** Stripe's largest list page. */
-const LIST_PAGE = 100;
+/** PaymentIntent statuses that are final and charged nothing (an off-session confirm that was declined
+ * leaves requires_payment_method). Anything else may still charge, or has. */
+export const FAILED_CHARGE_STATUSES: ReadonlySet<string> = new Set(['canceled', 'requires_payment_method']);
 
-export class StripeGateway implements PaymentGateway {
-  private readonly stripe: Stripe;
-  /** Sends of each create in flight, by idempotency key (the SDK emits 'request' for every send). */
-  private readonly sends = new Map<string, number>();
+/** Stripe's reasons for a refund. */
+export const REFUND_REASONS = ['requested_by_customer', 'duplicate', 'fraudulent'] as const;
+export type RefundReason = (typeof REFUND_REASONS)[number];
 
-  constructor(opts: StripeGatewayOptions) {
-    this.stripe = stripeClient(opts);
-    this.stripe.on('request', (event: { idempotency_key?: string }) => {
-      const key = event.idempotency_key;
-      if (key !== undefined && this.sends.has(key)) this.sends.set(key, this.sends.get(key)! + 1);
-    });
-  }
+export interface CreateRefundParams {
+  operationId: string;
+  /** The charge's PaymentIntent (pi_…). */
+  paymentIntent: string;
+  amount: number;
+  reason: RefundReason | null;
+  /** Always `refund-op:<operation id>`; never generated per attempt. */
+  idempotencyKey: string;
+}
 
-  async createCharge(req: ChargeRequest): Promise<Charge> {
-    const pi = await this.create(req.idempotencyKey, () =>
-      this.stripe.paymentIntents.create(
-        {
-          amount: req.amount,
-          currency: req.currency,
-          customer: req.customer,
-          payment_method: req.paymentMethod,
-          confirm: true,
-          off_session: true,
-          // operation_id last: reconciliation finds the charge by it, whatever the application sent.
-          metadata: { ...req.metadata, operation_id: req.operationId },
-        },
-        { idempotencyKey: req.idempotencyKey },
-      ),
-    );
-    return toCharge(pi);
-  }
+/** The fields of a Refund the executor reads. */
+export interface Refund {
+  id: string;
+  /** pending, requires_action, succeeded, failed or canceled: only succeeded is done. */
+  status: string;
+  amount: number;
+  currency: string;
+  paymentIntent: string | null;
+  /** metadata.operation_id, when the refund carries it */
+  operationId: string | undefined;
+  /** Stripe's Request-Id of the response this came in (a list's items share it). */
+  requestId?: string | undefined;
+}
 
-  async createRefund(req: RefundRequest): Promise<Refund> {
-    const refund = await this.create(req.idempotencyKey, () =>
-      this.stripe.refunds.create(
-        {
-          payment_intent: req.paymentIntent,
-          amount: req.amount,
-          ...(req.reason ? { reason: req.reason } : {}),
-          metadata: { operation_id: req.operationId },
-        },
-        { idempotencyKey: req.idempotencyKey },
-      ),
-    );
-    return toRefund(refund);
-  }
+/** Refund statuses that are final and returned nothing. */
+export const FAILED_REFUND_STATUSES: ReadonlySet<string> = new Set(['failed', 'canceled']);
 
-  /**
-   * A create under `key`. The SDK resends once after a reset even with retries off, and that earlier
-   * send may have executed: an answer that proves nothing ran (a 429, a 401/403, a refused connection)
-   * proves it only for a request that was sent once.
-   */
-  private async create<T>(key: string, send: () => Promise<T>): Promise<T> {
-    this.sends.set(key, 0);
-    try {
-      return await send();
-    } catch (err) {
-      const classified = classify(err);
-      const sends = this.sends.get(key) ?? 0;
-      if ((classified instanceof RetryLater || classified instanceof NotExecuted) && sends !== 1) {
-        throw new AmbiguousOutcome(`sent ${sends} times; an earlier send may have executed: ${classified.message}`, classified.httpStatus, undefined, { cause: err, requestId: classified.requestId });
-      }
-      throw classified;
-    } finally {
-      this.sends.delete(key);
-    }
-  }
+/** Awaited before each page after the first of a read that spans pages: every page is a request to
+ * Stripe, and the fleet's budget (src/stripe/budgetedGateway.ts) takes a token for it there. */
+export type BeforeNextPage = () => Promise<void>;
 
-  async retrieveCharge(externalId: string): Promise<Charge> {
-    try {
-      return toCharge(await this.stripe.paymentIntents.retrieve(externalId));
-    } catch (err) {
-      throw classify(err);
-    }
-  }
+export interface PaymentGateway {
+  createCharge(req: CreateChargeParams): Promise<Charge>;
+  retrieveCharge(externalId: string): Promise<Charge>;
+  /** Every charge whose metadata carries this operation id, all pages. Not read-after-write. */
+  findCharges(operationId: string, beforeNextPage?: BeforeNextPage): Promise<Charge[]>;
+  /** Every charge created at or after `since`, all pages (the drift report reads them). */
+  listCharges(since: Date, beforeNextPage?: BeforeNextPage): Promise<Charge[]>;
+  createRefund(req: CreateRefundParams): Promise<Refund>;
+  retrieveRefund(externalId: string): Promise<Refund>;
+  /** Every refund of a PaymentIntent, all pages: a list, so read-after-write (unlike Search). */
+  findRefunds(paymentIntent: string, beforeNextPage?: BeforeNextPage): Promise<Refund[]>;
+  /** Every refund created at or after `since`, all pages (the drift report reads them). */
+  listRefunds(since: Date, beforeNextPage?: BeforeNextPage): Promise<Refund[]>;
+}
 
-  async findCharges(operationId: string, beforeNextPage?: BeforeNextPage): Promise<Charge[]> {
-    const found: Charge[] = [];
-    let page: string | undefined;
-    try {
-      for (;;) {
-        const result = await this.stripe.paymentIntents.search({
-          query: `metadata['operation_id']:'${operationId.replaceAll("'", "\\'")}'`,
-          limit: SEARCH_PAGE,
-          ...(page ? { page } : {}),
-        });
-        found.push(...result.data.map(toCharge));
-        if (!result.has_more) return found;
-        // More matches, and no way to them: an answer cut short is no evidence of what is not there.
-        if (!result.next_page) throw new AmbiguousOutcome('a search page said has_more without next_page');
-        page = result.next_page;
-        await beforeNextPage?.();
-      }
-    } catch (err) {
-      throw classify(err);
-    }
-  }
-
-  async listCharges(since: Date, beforeNextPage?: BeforeNextPage): Promise<Charge[]> {
-    const created = { gte: Math.floor(since.getTime() / 1000) };
-    return (await this.pages((after) => this.stripe.paymentIntents.list({ created, limit: LIST_PAGE, ...after }), beforeNextPage)).map(toCharge);
-  }
-
-  async retrieveRefund(externalId: string): Promise<Refund> {
-    try {
-      return toRefund(await this.stripe.refunds.retrieve(externalId));
-    } catch (err) {
-      throw classify(err);
-    }
-  }
-
-  async findRefunds(paymentIntent: string, beforeNextPage?: BeforeNextPage): Promise<Refund[]> {
-    return this.refunds({ payment_intent: paymentIntent }, beforeNextPage);
-  }
-
-  async listRefunds(since: Date, beforeNextPage?: BeforeNextPage): Promise<Refund[]> {
-    return this.refunds({ created: { gte: Math.floor(since.getTime() / 1000) } }, beforeNextPage);
-  }
-
-  private async refunds(params: Stripe.RefundListParams, beforeNextPage?: BeforeNextPage): Promise<Refund[]> {
-    return (await this.pages((after) => this.stripe.refunds.list({ ...params, limit: LIST_PAGE, ...after }), beforeNextPage)).map(toRefund);
-  }
-
-  /** Every item of a Stripe list, page by page (`starting_after` the last item of the page before), so
-   * that each further page is a request the caller can pace (the SDK's auto-paging sends them unasked). */
-  private async pages<T extends { id: string }>(list: (after: { starting_after?: string }) => Promise<Stripe.ApiList<T>>, beforeNextPage?: BeforeNextPage): Promise<T[]> {
-    const found: T[] = [];
-    try {
-      for (let page = await list({}); ; ) {
-        found.push(...page.data);
-        if (!page.has_more) return found;
-        // More items, and no last one to continue after: a list cut short is no evidence of what is not there.
-        const last = page.data.at(-1);
-        if (!last) throw new AmbiguousOutcome('a list page said has_more with no items');
-        await beforeNextPage?.();
-        page = await list({ starting_after: last.id });
-      }
-    } catch (err) {
-      throw classify(err);
-    }
+export abstract class GatewayError extends Error {
+  abstract readonly outcome: 'declined' | 'rate_limited' | 'not_executed' | 'ambiguous' | 'idempotency_bug' | 'rejected';
+  readonly httpStatus: number | undefined;
+  /** The PaymentIntent (or Refund) the error names, when the provider returned one. */
+  readonly externalId: string | undefined;
+  /** The provider's id of the response, when one arrived (Stripe's Request-Id). */
+  readonly requestId: string | undefined;
+  constructor(message: string, httpStatus?: number, externalId?: string, options?: ErrorOptions & { requestId?: string | undefined }) {
+    super(message, options);
+    this.httpStatus = httpStatus;
+    this.externalId = externalId;
+    this.requestId = options?.requestId;
   }
 }
 
-/** `lastResponse` is set on a PaymentIntent the SDK returned itself, not on one inside a list. */
-function toCharge(pi: Stripe.PaymentIntent & { lastResponse?: { requestId?: string } }): Charge {
-  return { id: pi.id, status: pi.status, amount: pi.amount, currency: pi.currency, operationId: pi.metadata?.operation_id, requestId: pi.lastResponse?.requestId };
+/** 402: the card was declined. Definitive: the operation failed and is never retried. */
+export class Declined extends GatewayError {
+  override name = 'Declined';
+  readonly outcome = 'declined';
 }
 
-function toRefund(r: Stripe.Refund & { lastResponse?: { requestId?: string } }): Refund {
-  const paymentIntent = typeof r.payment_intent === 'string' ? r.payment_intent : (r.payment_intent?.id ?? null);
-  return { id: r.id, status: r.status ?? 'pending', amount: r.amount, currency: r.currency, paymentIntent, operationId: r.metadata?.operation_id, requestId: r.lastResponse?.requestId };
-}
-
-/** docs/architecture.md §2.4, by HTTP status (what stripe@23 itself decides the class by) and raw type. */
-function classify(err: unknown): GatewayError {
-  // Already classified: a page that got no budget token (RetryLater: not sent), a page cut short.
-  if (err instanceof GatewayError) return err;
-  if (!(err instanceof Stripe.errors.StripeError)) return new AmbiguousOutcome(String(err), undefined, undefined, { cause: err });
-  const status = err.statusCode;
-  const pi = (err.payment_intent as { id?: string } | undefined)?.id;
-  const message = err.message;
-  const opts = { cause: err, requestId: err.requestId };
-  // No status: connection error, timeout, a body cut off after the headers, unreadable JSON. Only a
-  // connection that never opened proves that this send reached nothing.
-  if (status === undefined) {
-    if (neverSent(err)) return new NotExecuted(`${err.type}: ${message}`, undefined, undefined, opts);
-    return new AmbiguousOutcome(`${err.type}: ${message}`, undefined, pi, opts);
+/** 429: Stripe's rate limiter answers before its idempotency layer, so nothing executed and no key was
+ * stored. Try again later with the same key. `code`: why, e.g. `rate_limit` (the account's budget) or
+ * `lock_timeout` (another request holds the object). */
+export class RetryLater extends GatewayError {
+  override name = 'RetryLater';
+  readonly outcome = 'rate_limited';
+  readonly code: string | undefined;
+  constructor(message: string, httpStatus?: number, externalId?: string, options?: ErrorOptions & { code?: string | undefined }) {
+    super(message, httpStatus, externalId, options);
+    this.code = options?.code;
   }
-  if (status === 402) return new Declined(`${err.code ?? 'card_error'}: ${message}`, status, pi, opts);
-  if (status === 429 || (status === 400 && err.code === 'rate_limit')) return new RetryLater(message, status, pi, { ...opts, code: err.code });
-  if (status === 400 && err.rawType === 'idempotency_error') return new IdempotencyKeyMisuse(message, status, pi, opts);
-  if (status === 409 || status >= 500) return new AmbiguousOutcome(`${err.code ?? err.type}: ${message}`, status, pi, opts);
-  // Bad key or missing permission: nothing executed; an operator must fix the configuration.
-  if (status === 401 || status === 403) return new NotExecuted(`${err.type}: ${message}`, status, pi, opts);
-  return new Rejected(`${err.code ?? err.type}: ${message}`, status, pi, opts);
 }
 
-/** Errors of a connection that was never established: the request cannot have reached Stripe. */
-const NEVER_CONNECTED = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN']);
-
-/** A StripeConnectionError for a connection that never opened (the SDK keeps the socket error as
- * `detail`). Whether an earlier send of the same request may have executed is the caller's to judge. */
-function neverSent(err: InstanceType<typeof Stripe.errors.StripeError>): boolean {
-  if (!(err instanceof Stripe.errors.StripeConnectionError)) return false;
-  const code = (err.detail as { code?: string } | undefined)?.code;
-  return code !== undefined && NEVER_CONNECTED.has(code);
+/** Provably never executed: 401/403 (bad key or missing permission, refused before anything runs) or a
+ * connection refused on the first and only attempt (no byte reached Stripe). Retry later, same key. */
+export class NotExecuted extends GatewayError {
+  override name = 'NotExecuted';
+  readonly outcome = 'not_executed';
 }
+
+/** Nobody knows whether the charge happened: timeouts, resets, cut-off bodies, 5xx, 409. */
+export class AmbiguousOutcome extends GatewayError {
+  override name = 'AmbiguousOutcome';
+  readonly outcome = 'ambiguous';
+}
+
+/** 400 idempotency_error: the same key was sent with other parameters. A bug in key design, never normal. */
+export class IdempotencyKeyMisuse extends GatewayError {
+  override name = 'IdempotencyKeyMisuse';
+  readonly outcome = 'idempotency_bug';
+}
+
+/** Any other 4xx on a create: Stripe refused the request before executing it, so nothing was charged
+ * (or refunded: a refund of more than remains, say). */
+export class Rejected extends GatewayError {
+  override name = 'Rejected';
+  readonly outcome = 'rejected';
+}
+
+export const idempotencyKeyFor = (operationId: string): string => `payment-op:${operationId}`;
+export const refundIdempotencyKeyFor = (operationId: string): string => `refund-op:${operationId}`;

@@ -6,7 +6,7 @@
 // when the answer's headers arrive: a body cut off after them shows on the executor's gateway span.
 import { SpanKind, SpanStatusCode } from '@opentelemetry/api';
 import Stripe from 'stripe';
-import { withSpan } from '../tracing.ts';
+import { withSpan } from '../telemetry/tracing.ts';
 
 /** Stripe's object ids in a path (pi_3Mt…, re_…) become {id}: a span name must not be unique per object.
  * An id has a digit or a capital after its prefix; a resource name (payment_intents) has neither. */

@@ -1,7 +1,7 @@
-// The Stripe webhook inbox. An event is a hint, never evidence: on any payment_intent.* event the
-// PaymentIntent is retrieved from Stripe (no transaction open), on refund.* and charge.refund.updated
-// the Refund, checked against the operation its metadata names (its kind, operation id, amount,
-// currency, the object already known), and the operation is settled from the RETRIEVED status only,
+// The Stripe webhook inbox. An event is a hint, never evidence: the object it names is retrieved from
+// Stripe (no transaction open) by the kind whose objects it names (a PaymentIntent for payment_intent.*,
+// a Refund for refund.*: each kind's evidence, src/kinds/<kind>/evidence.ts), checked against the operation its
+// metadata names by that kind's one rule, and the operation is settled from the RETRIEVED status only,
 // through the same guarded write as any outside settlement:
 // never over a settled status, and with a fence bump so a worker mid-call writes nothing after it.
 // Each event is recorded by its id in the transaction that acts on it, so a redelivery (Stripe
@@ -10,11 +10,12 @@
 // for the retention period.
 import type Stripe from 'stripe';
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
-import type { Logger } from '../log.ts';
-import { FAILED_CHARGE_STATUSES, FAILED_REFUND_STATUSES, Rejected, type Charge, type PaymentGateway, type Refund } from '../payments/gateway.ts';
-import { flagFromOutside, isOperationId, isSettled, settleFromOutside, type Operation } from '../payments/operation.ts';
-import { refundMismatch } from '../payments/refund.ts';
-import { traceOperation, withSpan } from '../tracing.ts';
+import type { Logger } from '../telemetry/log.ts';
+import { Rejected, type PaymentGateway } from '../stripe/gateway.ts';
+import { evidenceOf } from '../kinds/index.ts';
+import type { KindEvidence, ProviderObject } from '../types/kind.ts';
+import { flagFromOutside, isOperationId, isSettled, settleFromOutside, type Operation } from '../engine/operation.ts';
+import { traceOperation, withSpan } from '../telemetry/tracing.ts';
 
 export type InboxResult =
   | 'settled'
@@ -48,37 +49,38 @@ export function receiveStripeEvent(deps: InboxDeps, event: Stripe.Event): Promis
   });
 }
 
-/** What Stripe says of the object an event names, retrieved: a charge's PaymentIntent or a Refund. */
-type Evidence = { kind: 'charge'; object: Charge } | { kind: 'refund'; object: Refund };
-
-/** The object an event is about: payment_intent.* name a PaymentIntent, refund.* and
- * charge.refund.updated a Refund; anything else is ignored. */
-function hintOf(event: Stripe.Event): { kind: Evidence['kind']; id: string } | undefined {
-  const id = (event.data.object as { id?: unknown }).id;
-  if (typeof id !== 'string') return undefined;
-  if (event.type.startsWith('payment_intent.') && /^pi_\w+$/.test(id)) return { kind: 'charge', id };
-  if ((event.type.startsWith('refund.') || event.type === 'charge.refund.updated') && /^re_\w+$/.test(id)) return { kind: 'refund', id };
-  return undefined;
+/** What Stripe says of the object an event names, retrieved, with the kind whose evidence it is. */
+interface Evidence {
+  kind: string;
+  rules: KindEvidence;
+  object: ProviderObject;
 }
 
-async function retrieve(gateway: PaymentGateway, hint: { kind: Evidence['kind']; id: string }): Promise<Evidence | undefined> {
-  if (hint.kind === 'charge') {
-    const object = await gateway.retrieveCharge(hint.id).catch(unlessRejected);
-    return object && { kind: 'charge', object };
-  }
-  const object = await gateway.retrieveRefund(hint.id).catch(unlessRejected);
-  return object && { kind: 'refund', object };
+type Hint = { kind: string; rules: KindEvidence; id: string };
+
+/** The object an event is about, by the kind whose objects it names (payment_intent.* a PaymentIntent,
+ * refund.* and charge.refund.updated a Refund); anything else is ignored. */
+function hintOf(gateway: PaymentGateway, event: Stripe.Event): Hint | undefined {
+  const id = (event.data.object as { id?: unknown }).id;
+  if (typeof id !== 'string') return undefined;
+  const found = evidenceOf(gateway).find(({ evidence }) => evidence.names(event.type, id));
+  return found && { kind: found.kind, rules: found.evidence, id };
+}
+
+async function retrieve(hint: Hint): Promise<Evidence | undefined> {
+  const object = await hint.rules.retrieve(hint.id).catch(unlessRejected);
+  return object && { kind: hint.kind, rules: hint.rules, object };
 }
 
 async function receive(deps: InboxDeps, event: Stripe.Event): Promise<InboxResult> {
   const { pool, log } = deps;
-  const hint = hintOf(event);
+  const hint = hintOf(deps.gateway, event);
   if ((await pool.query(pool.sql.webhookEventSeen(event.id))).rows[0]) return 'duplicate';
 
   // The evidence, fetched before any transaction opens (invariant 3). An object Stripe refuses to show
   // (another account's, say) is no evidence of anything; any other failure answers 5xx and Stripe
   // delivers the event again later.
-  const evidence = hint ? await retrieve(deps.gateway, hint) : undefined;
+  const evidence = hint ? await retrieve(hint) : undefined;
   const named = evidence?.object.operationId;
   const opId = named && isOperationId(named) ? named : null;
   const status = evidence?.object.status;
@@ -87,12 +89,12 @@ async function receive(deps: InboxDeps, event: Stripe.Event): Promise<InboxResul
       const result = evidence ? await act(tx, evidence, opId, event.type) : hint ? 'no_operation' : 'ignored';
       const { rows } = await tx.query(tx.sql.insertWebhookEvent(event.id, event.type, opId, result, JSON.stringify(trimmed(event, evidence))));
       if (!rows[0]) throw new Duplicate(); // recorded by a concurrent delivery: undo whatever this one did
-      log.info({ eventId: event.id, type: event.type, operationId: opId, [hint?.kind === 'refund' ? 'refund' : 'paymentIntent']: hint?.id, status, result }, 'stripe event received');
+      log.info({ eventId: event.id, type: event.type, operationId: opId, [hint?.rules.record.log ?? 'object']: hint?.id, status, result }, 'stripe event received');
       if (result === 'mismatch' || result === 'contradiction') {
         deps.onMismatch?.(result);
         log.error({ eventId: event.id, operationId: opId, object: hint?.id, status, result },
           result === 'mismatch'
-            ? `stripe event names a ${hint?.kind === 'refund' ? 'refund' : 'payment intent'} that does not match its operation: flagged for review`
+            ? `stripe event names a ${hint?.rules.naming.object} that does not match its operation: flagged for review`
             : 'stripe contradicts a settled operation: see the drift report');
       }
       return result;
@@ -125,25 +127,18 @@ async function act(tx: Tx, evidence: Evidence, opId: string | null, type: string
     await flagFromOutside(tx, op.id, `webhook ${type}: ${mismatch}`);
     return 'mismatch';
   }
-  const failed = evidence.kind === 'charge' ? FAILED_CHARGE_STATUSES : FAILED_REFUND_STATUSES;
-  const status = object.status === 'succeeded' ? 'succeeded' : failed.has(object.status) ? 'failed' : undefined;
+  const status = evidence.rules.settles(object);
   if (!status) return 'not_final';
-  const reason = status === 'failed' ? `${type}: ${evidence.kind === 'charge' ? 'payment intent' : 'refund'} ${object.status}` : null;
+  const reason = status === 'failed' ? `${type}: ${evidence.rules.naming.object} ${object.status}` : null;
   const settled = await settleFromOutside(tx, op.id, status, object.id, `webhook:${type}`, reason);
   return settled ? 'settled' : 'already_settled';
 }
 
+/** The kind's own rule, after the one every kind shares: the object is of the operation's kind. */
 function mismatchOf(op: Operation, evidence: Evidence): string | null {
   const { object } = evidence;
   if (op.kind !== evidence.kind) return `${object.id} names operation ${op.id}, which is a ${op.kind}, not a ${evidence.kind}`;
-  if (evidence.kind === 'refund') {
-    const mismatch = refundMismatch(op, evidence.object);
-    if (mismatch) return mismatch;
-  } else if (object.amount !== op.amount || object.currency !== op.currency) {
-    return `${object.id} is ${object.amount} ${object.currency}, the operation ${op.amount} ${op.currency}`;
-  }
-  if (op.external_id && op.external_id !== object.id) return `${object.id} is not the operation's ${op.kind} ${op.external_id}`;
-  return null;
+  return evidence.rules.mismatch(op, object);
 }
 
 function unlessRejected(err: unknown): undefined {
@@ -159,7 +154,7 @@ function trimmed(event: Stripe.Event, evidence: Evidence | undefined) {
     type: event.type,
     created: event.created,
     livemode: event.livemode,
-    payment_intent: evidence?.kind === 'charge' ? object : null,
-    ...(evidence?.kind === 'refund' ? { refund: object } : {}),
+    payment_intent: null,
+    ...(evidence ? { [evidence.rules.record.event]: object } : {}),
   };
 }

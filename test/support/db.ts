@@ -2,7 +2,7 @@
 import type { PgBoss } from 'pg-boss';
 import { inject } from 'vitest';
 import { createPool, type Pool } from '../../src/db/pool.ts';
-import { createBoss } from '../../src/outbox.ts';
+import { createBoss } from '../../src/outbox/outbox.ts';
 import { DEFAULT_SCHEMA } from '../../src/sql/statements.ts';
 import pg from 'pg';
 import { createEmptyDatabase, createMigratedDatabase } from '../../scripts/lib/database.ts';

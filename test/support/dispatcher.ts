@@ -1,10 +1,11 @@
 import type { PgBoss } from 'pg-boss';
 import { Dispatcher } from '../../src/dispatcher/dispatcher.ts';
-import { createMetrics, type Metrics } from '../../src/dispatcher/metrics.ts';
-import type { EffectDefinitions } from '../../src/effects/registry.ts';
-import { createLogger, type Logger } from '../../src/log.ts';
-import { createBoss } from '../../src/outbox.ts';
-import type { PaymentGateway } from '../../src/payments/gateway.ts';
+import { createMetrics, type Metrics } from '../../src/telemetry/metrics.ts';
+import type { EffectDefinitions } from '../../src/kinds/application/definition.ts';
+import { kindsFor } from '../../src/kinds/index.ts';
+import { createLogger, type Logger } from '../../src/telemetry/log.ts';
+import { createBoss } from '../../src/outbox/outbox.ts';
+import type { PaymentGateway } from '../../src/stripe/gateway.ts';
 import type { TestDb } from './db.ts';
 
 export interface InProcessReplica {
@@ -27,7 +28,7 @@ export async function startDispatcher(
   opts.beforeStart?.(boss);
   const metrics = createMetrics({ db: t.pool, boss });
   const dispatcher = new Dispatcher(
-    { boss, pool: t.pool, gateway, log: opts.log ?? createLogger('silent'), metrics, ...(opts.effects ? { effects: opts.effects } : {}) },
+    { boss, pool: t.pool, gateway, log: opts.log ?? createLogger('silent'), metrics, kinds: kindsFor(gateway, opts.effects) },
     { workerId, concurrency: opts.concurrency ?? 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000, ...(opts.fetchBatch ? { fetchBatch: opts.fetchBatch } : {}), ...(opts.pruneCron ? { pruneCron: opts.pruneCron } : {}) },
   );
   await dispatcher.start();

@@ -1,5 +1,5 @@
 import { StripeEmulator, type EmulatorOptions } from '../../src/stripe/emulator/emulator.ts';
-import { StripeGateway, stripeClient, type StripeGatewayOptions } from '../../src/stripe/gateway.ts';
+import { StripeGateway, stripeClient, type StripeGatewayOptions } from '../../src/stripe/sdkGateway.ts';
 
 export const TEST_KEY = 'sk_test_outboxd';
 

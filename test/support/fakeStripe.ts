@@ -8,11 +8,11 @@ import {
   Rejected,
   RetryLater,
   type Charge,
-  type ChargeRequest,
+  type CreateChargeParams,
   type PaymentGateway,
   type Refund,
-  type RefundRequest,
-} from '../../src/payments/gateway.ts';
+  type CreateRefundParams,
+} from '../../src/stripe/gateway.ts';
 
 interface Stored {
   charge?: Charge;
@@ -38,7 +38,7 @@ export class FakeStripe implements PaymentGateway {
   /** Charges are only found by search while this is true (Search is not read-after-write). */
   searchIndexed = true;
 
-  async createCharge(req: ChargeRequest): Promise<Charge> {
+  async createCharge(req: CreateChargeParams): Promise<Charge> {
     this.calls.push({ method: 'create', key: req.idempotencyKey });
     if (this.hold) await this.hold;
     if (this.rateLimitNext > 0) {
@@ -76,7 +76,7 @@ export class FakeStripe implements PaymentGateway {
   }
 
   /** Refunds succeed at once, unless their PaymentIntent holds less than they ask (refused, as at Stripe). */
-  async createRefund(req: RefundRequest): Promise<Refund> {
+  async createRefund(req: CreateRefundParams): Promise<Refund> {
     this.calls.push({ method: 'create_refund', key: req.idempotencyKey });
     let stored = this.keys.get(req.idempotencyKey);
     if (!stored) {
@@ -130,7 +130,7 @@ export class FakeStripe implements PaymentGateway {
     return c;
   }
 
-  private execute(req: ChargeRequest): Stored {
+  private execute(req: CreateChargeParams): Stored {
     const status =
       req.paymentMethod === 'pm_card_processing'
         ? 'processing'

@@ -1,8 +1,8 @@
 import { randomUUID } from 'node:crypto';
-import { confirmOrder } from '../../src/orders/confirm.ts';
-import type { OrderInput } from '../../src/orders/validate.ts';
-import { relayOutbox } from '../../src/outbox.ts';
-import { acquireLease, type Operation } from '../../src/payments/operation.ts';
+import { confirmOrder } from '../../src/exampleApp/confirm.ts';
+import type { OrderInput } from '../../src/kinds/charge/input.ts';
+import { relayOutbox } from '../../src/outbox/outbox.ts';
+import { acquireLease, type Operation } from '../../src/engine/operation.ts';
 import type { TestDb } from './db.ts';
 
 export function orderInput(overrides: Partial<OrderInput> = {}): OrderInput {

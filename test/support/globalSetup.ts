@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import type { TestProject } from 'vitest/node';
 import { startEmbeddedPostgres } from '../../src/db/embedded.ts';
-import { createLogger } from '../../src/log.ts';
+import { createLogger } from '../../src/telemetry/log.ts';
 
 declare module 'vitest' {
   export interface ProvidedContext {

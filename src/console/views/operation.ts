@@ -1,9 +1,8 @@
 // An operation's page: every field, its timeline, the operations of the same order, and what a person
 // may do with it (resolve with evidence, requeue).
-import { KEY_WINDOW_SECONDS } from '../../payments/executor.ts';
-import { EXTERNAL_ID } from '../../admin/resolve.ts';
-import { idempotencyKeyFor, refundIdempotencyKeyFor } from '../../payments/gateway.ts';
-import { isSettled, type Operation } from '../../payments/operation.ts';
+import { KEY_WINDOW_SECONDS } from '../../engine/executor.ts';
+import { namingOf } from '../../kinds/index.ts';
+import { isSettled, type Operation } from '../../engine/operation.ts';
 import { ago, html, nothing, span, utc, when, type Fragment, type Safe } from '../html.ts';
 import type { OperationRecord } from '../queries.ts';
 import type { Entry } from '../timeline.ts';
@@ -55,10 +54,10 @@ ${op.review_reason ? html`<div class="held" role="note"><strong>Held for review.
         ${field('Payment method', html`<span class="mono">${op.payment_method}</span>`)}
         ${field('Status', html`${statusPill(op.status)} ${op.settled_at ? html`settled ${when(op.settled_at, now)}` : nothing}`)}
         ${field('Stripe object', stripeLink(op.external_id, opts.dashboard))}
-        ${field('Idempotency key', KEY_OF[op.kind] ? html`<span class="mono">${KEY_OF[op.kind]!(op.id)}</span>` : html`<span class="muted">none: policy ${op.policy ?? '—'}</span>`)}
+        ${field('Idempotency key', keyOf(op.kind) ? html`<span class="mono">${keyOf(op.kind)!(op.id)}</span>` : html`<span class="muted">none: policy ${op.policy ?? '—'}</span>`)}
         ${field('Gateway calls', String(op.attempts))}
         ${field('First create sent', when(op.first_attempted_at, now))}
-        ${KEY_OF[op.kind] ? field('Key window', keyWindow(op, now), true) : nothing}
+        ${keyOf(op.kind) ? field('Key window', keyWindow(op, now), true) : nothing}
         ${field('Last create sent', when(op.last_attempted_at, now))}
         ${field('Last outcome', op.last_outcome ?? '—')}
         ${field('Last error', op.last_error ? html`<span class="error-text">${op.last_error}</span>` : '—', true)}
@@ -110,11 +109,12 @@ function metadata(m: Record<string, string> | null): Fragment {
 }
 
 /** Each Stripe kind's idempotency key; an application's kinds have none of ours. */
-const KEY_OF: Record<string, (operationId: string) => string> = { charge: idempotencyKeyFor, refund: refundIdempotencyKeyFor };
+const keyOf = (kind: string): ((operationId: string) => string) | undefined => namingOf(kind)?.idempotencyKey;
 
 function resolveSucceededField(op: Operation, value: string): Safe {
-  const expected = EXTERNAL_ID[op.kind];
-  const label = op.kind === 'charge' ? 'PaymentIntent that charged' : op.kind === 'refund' ? 'Refund that returned the money' : 'Your reference for the effect';
+  const naming = namingOf(op.kind);
+  const expected = naming?.externalId;
+  const label = naming?.settledBy ?? 'Your reference for the effect';
   const help = expected ? `${expected.what}, carrying this operation's id, amount and currency` : 'checked by nobody but you: outboxd cannot ask your service';
   return html`<label for="external_id">${label} <span class="help">${help}</span></label>
     <input id="external_id" name="external_id" type="text" required maxlength="255" ${expected ? html`pattern="${expected.pattern.source.replace(/^\^|\$$/g, '')}"` : nothing} spellcheck="false" autocomplete="off" class="mono" value="${value}">`;

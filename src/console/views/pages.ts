@@ -1,7 +1,7 @@
 // The console's pages other than the operation's own (operation.ts): sign-in, overview, review queue,
 // lists, search, requeue of stuck operations, drift report, errors.
 import type { RequeueResult } from '../../admin/requeue.ts';
-import type { Operation } from '../../payments/operation.ts';
+import type { Operation } from '../../engine/operation.ts';
 import type { DriftReport } from '../../reconcile/drift.ts';
 import { ago, html, nothing, span, type Fragment, type Safe } from '../html.ts';
 import type { Charts, ListFilter, Listed, Overview, Page, SearchResult } from '../queries.ts';
@@ -293,7 +293,7 @@ export function driftPage(opts: { hours: number; report: DriftReport | undefined
 ${r
   ? html`<section class="panel" aria-labelledby="drift-title">
   <h2 id="drift-title">${r.drift.length === 0 ? 'No drift' : `${r.drift.length} finding${r.drift.length === 1 ? '' : 's'}`}</h2>
-  <p class="muted">Since ${r.since}: ${r.charges} charges in Stripe, ${r.operations} operations compared.</p>
+  <p class="muted">Since ${r.since}: ${Number(r.charges ?? 0)} charges in Stripe, ${r.operations} operations compared.</p>
   ${r.drift.length === 0
     ? html`<p class="good-text">Stripe and the operations agree.</p>`
     : html`<div class="table-wrap"><table class="data">

@@ -1,5 +1,5 @@
 // Pieces every page uses: status, links to an operation, amounts, tables of operations.
-import type { Operation } from '../../payments/operation.ts';
+import type { Operation } from '../../engine/operation.ts';
 import { ago, html, money, nothing, shortId, type Fragment, type Safe } from '../html.ts';
 
 export const opHref = (id: string): string => `/console/operations/${encodeURIComponent(id)}`;

@@ -1,0 +1,55 @@
+// The charge's calls (policy idempotent-key): a PaymentIntent created under `payment-op:<operation id>`,
+// read back by id, or found through Search once the key may be gone. What each answer means for the
+// operation is decided here; errors are the executor's.
+import type { EffectCalls } from '../../types/kind.ts';
+import type { LoadedOperation, Operation, Outcome } from '../../types/operation.ts';
+import { FAILED_CHARGE_STATUSES, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
+import { chargeMismatch } from './evidence.ts';
+
+export function chargeCalls(gateway: PaymentGateway): EffectCalls {
+  return {
+    create: async (op) =>
+      fromCharge(
+        op,
+        await gateway.createCharge({
+          operationId: op.id,
+          // A charge has them all (payment_operations_money_check, payment_operations_charge_check).
+          amount: op.amount!,
+          currency: op.currency!,
+          customer: op.customer_id!,
+          paymentMethod: op.payment_method!,
+          metadata: op.metadata,
+          idempotencyKey: idempotencyKeyFor(op.id),
+        }),
+      ),
+    retrieve: async (op) => fromCharge(op, await gateway.retrieveCharge(op.external_id!)),
+    search: async (op) => {
+      // Search results may be stale: a single match settles by what retrieve says now.
+      const matches = await gateway.findCharges(op.id);
+      if (matches.length !== 1) return fromSearch(op, matches);
+      return fromCharge(op, await gateway.retrieveCharge(matches[0]!.id));
+    },
+  };
+}
+
+/** docs/architecture.md §2.4: a 2xx is not success by itself; the PaymentIntent's status decides. */
+function fromCharge(op: Operation, charge: Charge): Outcome {
+  const { requestId } = charge;
+  const mismatch = chargeMismatch(op, charge);
+  if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch, retry: false, requestId };
+  if (charge.status === 'succeeded') return { kind: 'succeeded', externalId: charge.id, requestId };
+  if (FAILED_CHARGE_STATUSES.has(charge.status)) return { kind: 'failed', externalId: charge.id, reason: `payment intent ${charge.status}`, requestId };
+  return { kind: 'ambiguous', externalId: charge.id, reason: `payment intent ${charge.status}`, requestId };
+}
+
+/** Zero or several matches (one is retrieved and settles by its status): search is not read-after-write,
+ * so zero never means "not charged" — it waits, searched again later; several is a double charge for a
+ * person. */
+function fromSearch(op: LoadedOperation, matches: Charge[]): Outcome {
+  if (matches.length === 0) {
+    const when = op.key_window_passed ? 'key window passed and search' : 'search';
+    return { kind: 'needs_review', externalId: null, retry: true, reason: `${when} found no charge for this operation (search may lag; not proof of no charge)` };
+  }
+  const reason = `search found ${matches.length} charges for this operation: ${matches.map((m) => m.id).join(', ')}`;
+  return { kind: 'needs_review', externalId: null, reason, retry: false };
+}

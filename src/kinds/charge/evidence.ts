@@ -1,0 +1,121 @@
+// How a PaymentIntent matches and settles a charge operation: one rule, used by the charge's own calls,
+// the webhooks, a person's resolution and the drift report.
+import type { Operation } from '../../types/operation.ts';
+import { isOperationId } from '../../types/operation.ts';
+import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
+import { FAILED_CHARGE_STATUSES, idempotencyKeyFor, type PaymentGateway } from '../../stripe/gateway.ts';
+
+/** The kind's name: its queue's, and the operations' `kind`. */
+export const CHARGE = 'charge';
+
+export const CHARGE_NAMING: KindNaming = {
+  externalId: { pattern: /^pi_\w+$/, what: 'a PaymentIntent id (pi_…)' },
+  settledBy: 'PaymentIntent that charged',
+  object: 'payment intent',
+  idempotencyKey: idempotencyKeyFor,
+};
+
+/** A PaymentIntent that does not carry this operation's id, amount and currency, or is another than the
+ * one the operation already knows, must not settle it. */
+export function chargeMismatch(op: Operation, charge: ProviderObject): string | null {
+  if (charge.operationId !== op.id) return `${charge.id} belongs to operation ${charge.operationId ?? '(none)'}, not ${op.id}`;
+  if (charge.amount !== op.amount || charge.currency !== op.currency) return `${charge.id} is ${charge.amount} ${charge.currency}; the operation is ${op.amount} ${op.currency}`;
+  if (op.external_id && op.external_id !== charge.id) return `${charge.id} is not the operation's charge ${op.external_id}`;
+  return null;
+}
+
+export function chargeEvidence(gateway: PaymentGateway): KindEvidence {
+  return {
+    naming: CHARGE_NAMING,
+    record: { event: 'payment_intent', log: 'paymentIntent' },
+    names: (type, id) => type.startsWith('payment_intent.') && CHARGE_NAMING.externalId.pattern.test(id),
+    retrieve: (id) => gateway.retrieveCharge(id),
+    mismatch: chargeMismatch,
+    settles: (charge) => (charge.status === 'succeeded' ? 'succeeded' : FAILED_CHARGE_STATUSES.has(charge.status) ? 'failed' : undefined),
+    noneSucceeded: (op, reason, refuse, lastAttemptAge, horizon) => noCharge(gateway, op, reason, refuse, lastAttemptAge, horizon),
+    drift: (ctx) => chargeDrift(gateway, ctx),
+  };
+}
+
+/** --failed is refused while any charge Stripe shows for the operation has not failed, and while the last
+ * create that may have executed is younger than Search's freshness horizon (Search is not
+ * read-after-write). */
+async function noCharge(
+  gateway: PaymentGateway,
+  op: Operation,
+  reason: string,
+  refuse: Refuse,
+  lastAttemptAge: () => Promise<number | null>,
+  horizonSeconds: number,
+): Promise<Record<string, unknown>> {
+  const age = await lastAttemptAge();
+  if (age !== null && age < horizonSeconds) {
+    const wait = Math.ceil(horizonSeconds - age);
+    throw refuse(
+      `the last attempt to charge was ${Math.floor(age)} s ago: Stripe's search may not show its charge yet (freshness horizon ${horizonSeconds} s); try again in ${wait} s`,
+    );
+  }
+  let known;
+  if (op.external_id) {
+    known = await gateway.retrieveCharge(op.external_id);
+    if (!FAILED_CHARGE_STATUSES.has(known.status)) {
+      throw refuse(`${known.id} is ${known.status}, not failed: ${known.status === 'succeeded' ? 'the customer was charged' : 'it may still charge; try again when it is final in Stripe'}`);
+    }
+  }
+  const charges = await gateway.findCharges(op.id);
+  const live = charges.filter((c) => !FAILED_CHARGE_STATUSES.has(c.status));
+  if (live.length > 0) {
+    throw refuse(`Stripe shows charges for this operation that have not failed: ${live.map((c) => `${c.id} (${c.status})`).join(', ')}`);
+  }
+  return { reason, knownCharge: known ?? null, searchedCharges: charges.map((c) => ({ id: c.id, status: c.status })), lastAttemptAgeSeconds: age };
+}
+
+/**
+ * The charges' side of the drift report:
+ * - orphan_charge: a charge whose metadata names no operation of ours;
+ * - duplicate_charge: more than one succeeded charge carries the same operation id;
+ * - charged_not_succeeded: a succeeded charge for an operation that is not succeeded;
+ * - amount_mismatch: the operation's charge has another amount or currency;
+ * - missing_charge: a succeeded operation whose charge is not among Stripe's charges.
+ */
+async function chargeDrift(gateway: PaymentGateway, { since, operations, succeeded }: DriftContext) {
+  const charges = (await gateway.listCharges(since)).filter((c) => c.operationId !== undefined);
+  const ids = [...new Set(charges.map((c) => c.operationId!))].filter(isOperationId);
+  const ops = new Map((await operations(ids)).map((o) => [o.id, o]));
+  const drift: Drift[] = [];
+
+  const byOperation = new Map<string, typeof charges>();
+  for (const c of charges) byOperation.set(c.operationId!, [...(byOperation.get(c.operationId!) ?? []), c]);
+
+  for (const [operationId, list] of byOperation) {
+    const found = ops.get(operationId);
+    const op = found?.kind === CHARGE ? found : undefined;
+    const paid = list.filter((c) => c.status === 'succeeded');
+    if (!op) {
+      drift.push({ kind: 'orphan_charge', operationId, chargeIds: list.map((c) => c.id), detail: 'no operation with this id' });
+      continue;
+    }
+    if (paid.length > 1) {
+      drift.push({ kind: 'duplicate_charge', operationId, chargeIds: paid.map((c) => c.id), detail: `${paid.length} succeeded charges for one operation` });
+    }
+    if (paid.length > 0 && op.status !== 'succeeded') {
+      drift.push({ kind: 'charged_not_succeeded', operationId, chargeIds: paid.map((c) => c.id), detail: `operation is ${op.status}` });
+    }
+    for (const c of list) {
+      if (c.amount !== op.amount || c.currency !== op.currency) {
+        drift.push({ kind: 'amount_mismatch', operationId, chargeIds: [c.id], detail: `charge ${c.amount} ${c.currency}, operation ${op.amount} ${op.currency}` });
+      }
+    }
+  }
+  const listed = new Set(charges.map((c) => c.id));
+  for (const op of succeeded) {
+    if (!op.external_id || !listed.has(op.external_id)) {
+      // It may predate `since`: retrieve it before calling it missing.
+      const found = op.external_id ? await gateway.retrieveCharge(op.external_id).catch(() => undefined) : undefined;
+      if (!found || found.status !== 'succeeded') {
+        drift.push({ kind: 'missing_charge', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `charge is ${found.status}` : 'charge not found' });
+      }
+    }
+  }
+  return { listed: charges.length, label: 'charges', drift, operationIds: [...ops.keys()] };
+}

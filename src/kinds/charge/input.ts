@@ -1,0 +1,72 @@
+// A charge's input, validated (the example's order confirmation takes the same) (invariant 11): everything
+// is checked before anything is written, and a refusal names the field.
+import { z } from 'zod';
+import { isStorableText, MAX_AMOUNT, MAX_ID_LENGTH, UNSTORABLE, validationErrorOf } from '../../types/input.ts';
+import { STRIPE_CURRENCIES } from './currencies.ts';
+
+
+
+
+
+const id = (what: string) =>
+  z
+    .string({ error: `${what} must be a string` })
+    .trim()
+    .min(1, `${what} must not be empty`)
+    .max(MAX_ID_LENGTH, `${what} must be at most ${MAX_ID_LENGTH} characters`)
+    // eslint-disable-next-line no-control-regex
+    .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), `${what} must not contain control characters`)
+    .refine(isStorableText, `${what} ${UNSTORABLE}`);
+
+/** Stripe's metadata limits: 50 keys, one of them operation_id, outboxd's own (reconciliation searches by it). */
+export const METADATA_LIMITS = { keys: 49, keyLength: 40, valueLength: 500 } as const;
+
+const metadata = z
+  .record(
+    z
+      .string()
+      .min(1, 'metadata keys must not be empty')
+      .max(METADATA_LIMITS.keyLength, `metadata keys must be at most ${METADATA_LIMITS.keyLength} characters`)
+      .refine((k) => !/[[\]]/.test(k), 'metadata keys must not contain square brackets')
+      .refine((k) => k !== 'operation_id', 'metadata key operation_id is reserved for outboxd')
+      .refine(isStorableText, `metadata keys ${UNSTORABLE}`),
+    z
+      .string({ error: 'metadata values must be strings' })
+      .min(1, 'metadata values must not be empty')
+      .max(METADATA_LIMITS.valueLength, `metadata values must be at most ${METADATA_LIMITS.valueLength} characters`)
+      .refine(isStorableText, `metadata values ${UNSTORABLE}`),
+  )
+  .refine(
+    (m) => Object.keys(m).length <= METADATA_LIMITS.keys,
+    `metadata takes at most ${METADATA_LIMITS.keys} keys (Stripe's 50, less outboxd's operation_id)`,
+  );
+
+export const orderInputSchema = z.strictObject({
+  orderId: id('order id'),
+  amount: z
+    .number({ error: 'amount must be a number of minor units' })
+    .int('amount must be an integer number of minor units')
+    .positive('amount must be positive')
+    .max(MAX_AMOUNT, `amount must be at most ${MAX_AMOUNT} minor units`),
+  currency: z
+    .string({ error: 'currency must be a string' })
+    .trim()
+    .toLowerCase()
+    .refine((c) => STRIPE_CURRENCIES.has(c), 'currency must be an ISO 4217 code Stripe accepts'),
+  customer: id('customer'),
+  paymentMethod: id('payment method'),
+  /** Sent to Stripe with the charge, beside operation_id. */
+  metadata: metadata.optional(),
+  /** After every earlier charge of the order failed: a new one even with the same payment method. */
+  retry: z.boolean({ error: 'retry must be true or false' }).optional(),
+});
+
+export type OrderInput = z.infer<typeof orderInputSchema>;
+
+/** Parses untrusted input into an OrderInput or throws a ValidationError naming the first bad field. */
+export function parseOrderInput(input: unknown): OrderInput {
+  const result = orderInputSchema.safeParse(input);
+  if (result.success) return result.data;
+  throw validationErrorOf(result.error.issues[0]!);
+}
+

@@ -1,0 +1,50 @@
+// The refund's calls (policy idempotent-key): `POST /v1/refunds` under `refund-op:<refund operation id>`,
+// read back by id, and past the key window found in the PaymentIntent's list of refunds by its operation
+// id, never created again.
+import type { EffectCalls } from '../../types/kind.ts';
+import type { LoadedOperation, Operation, Outcome } from '../../types/operation.ts';
+import { FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
+import { payloadOf, refundMismatch } from './evidence.ts';
+
+export function refundCalls(gateway: PaymentGateway): EffectCalls {
+  return {
+    create: async (op) => {
+      const { payment_intent, reason } = payloadOf(op);
+      const refund = await gateway.createRefund({
+        operationId: op.id,
+        paymentIntent: payment_intent,
+        amount: op.amount!, // a refund has one (payment_operations_money_check)
+        reason,
+        idempotencyKey: refundIdempotencyKeyFor(op.id),
+      });
+      return fromRefund(op, refund);
+    },
+    retrieve: async (op) => fromRefund(op, await gateway.retrieveRefund(op.external_id!)),
+    search: async (op) => {
+      // A list, not a search: what it shows is current, so the one match settles by its own status.
+      const mine = (await gateway.findRefunds(payloadOf(op).payment_intent)).filter((r) => r.operationId === op.id);
+      if (mine.length === 1) return fromRefund(op, mine[0]!);
+      return fromList(op, mine);
+    },
+  };
+}
+
+/** A 2xx is not success by itself: the Refund's status decides (only succeeded is done). */
+function fromRefund(op: Operation, refund: Refund): Outcome {
+  const { requestId } = refund;
+  const mismatch = refundMismatch(op, refund);
+  if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch, retry: false, requestId };
+  if (refund.status === 'succeeded') return { kind: 'succeeded', externalId: refund.id, requestId };
+  if (FAILED_REFUND_STATUSES.has(refund.status)) return { kind: 'failed', externalId: refund.id, reason: `refund ${refund.status}`, requestId };
+  return { kind: 'ambiguous', externalId: refund.id, reason: `refund ${refund.status}`, requestId };
+}
+
+/** Zero or several refunds carry this operation's id. The list is read-after-write, so waiting will not
+ * change it: a person decides. */
+function fromList(op: LoadedOperation, mine: Refund[]): Outcome {
+  const when = op.key_window_passed ? 'key window passed and ' : '';
+  const reason = mine.length === 0
+    ? `${when}the PaymentIntent's refunds list none for this operation`
+    : `the PaymentIntent's refunds list ${mine.length} for this operation: ${mine.map((r) => r.id).join(', ')}`;
+  return { kind: 'needs_review', externalId: null, reason, retry: false };
+}

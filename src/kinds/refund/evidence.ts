@@ -1,0 +1,115 @@
+// How a Refund matches and settles a refund operation: one rule, used by the refund's own calls, the
+// webhooks, a person's resolution and the drift report.
+import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
+import { isOperationId, type Operation } from '../../types/operation.ts';
+import { FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
+import { CHARGE } from '../charge/evidence.ts';
+import type { RefundPayload } from './request.ts';
+
+/** The kind's name: its queue's, and the operations' `kind`. */
+export const REFUND = 'refund';
+
+export const REFUND_NAMING: KindNaming = {
+  externalId: { pattern: /^re_\w+$/, what: 'a Refund id (re_…)' },
+  settledBy: 'Refund that returned the money',
+  object: 'refund',
+  idempotencyKey: refundIdempotencyKeyFor,
+};
+
+export const payloadOf = (op: Operation): RefundPayload => op.payload as RefundPayload;
+
+/** A refund that does not carry this operation's id, amount, currency and PaymentIntent, or is another
+ * than the one the operation already knows, must not settle it. */
+export function refundMismatch(op: Operation, refund: Refund): string | null {
+  if (refund.operationId !== op.id) return `refund ${refund.id} belongs to operation ${refund.operationId ?? '(none)'}`;
+  if (refund.amount !== op.amount || refund.currency !== op.currency)
+    return `refund ${refund.id} is ${refund.amount} ${refund.currency}, operation is ${op.amount} ${op.currency}`;
+  const paymentIntent = payloadOf(op).payment_intent;
+  if (refund.paymentIntent !== paymentIntent) return `refund ${refund.id} refunds ${refund.paymentIntent}, not ${paymentIntent}`;
+  if (op.external_id && op.external_id !== refund.id) return `${refund.id} is not the operation's refund ${op.external_id}`;
+  return null;
+}
+
+export function refundEvidence(gateway: PaymentGateway): KindEvidence {
+  return {
+    naming: REFUND_NAMING,
+    record: { event: 'refund', log: 'refund' },
+    names: (type, id) => (type.startsWith('refund.') || type === 'charge.refund.updated') && REFUND_NAMING.externalId.pattern.test(id),
+    retrieve: (id) => gateway.retrieveRefund(id),
+    // Only what retrieve returned reaches here: a Refund.
+    mismatch: (op, object: ProviderObject) => refundMismatch(op, object as Refund),
+    settles: (refund) => (refund.status === 'succeeded' ? 'succeeded' : FAILED_REFUND_STATUSES.has(refund.status) ? 'failed' : undefined),
+    noneSucceeded: (op, reason, refuse) => noRefund(gateway, op, reason, refuse),
+    drift: (ctx) => refundDrift(gateway, ctx),
+  };
+}
+
+/** No refund of the operation's that has not failed: the known one, and every one the PaymentIntent's
+ * list shows for the operation (a list is read-after-write: no freshness horizon to wait out). */
+async function noRefund(gateway: PaymentGateway, op: Operation, reason: string, refuse: Refuse): Promise<Record<string, unknown>> {
+  let known;
+  if (op.external_id) {
+    known = await gateway.retrieveRefund(op.external_id);
+    if (!FAILED_REFUND_STATUSES.has(known.status)) {
+      throw refuse(`${known.id} is ${known.status}, not failed: ${known.status === 'succeeded' ? 'the money went back' : 'it may still succeed; try again when it is final in Stripe'}`);
+    }
+  }
+  const refunds = (await gateway.findRefunds(payloadOf(op).payment_intent)).filter((r) => r.operationId === op.id);
+  const live = refunds.filter((r) => !FAILED_REFUND_STATUSES.has(r.status));
+  if (live.length > 0) {
+    throw refuse(`Stripe shows refunds for this operation that have not failed: ${live.map((r) => `${r.id} (${r.status})`).join(', ')}`);
+  }
+  return { reason, knownRefund: known ?? null, listedRefunds: refunds.map((r) => ({ id: r.id, status: r.status })) };
+}
+
+/**
+ * The refunds' side of the drift report, each refund with its operation, each succeeded refund operation
+ * with its refund:
+ * - orphan_refund: a refund that names no refund operation of ours, or none at all while it refunds one
+ *   of our charges;
+ * - duplicate_refund: more than one refund that has not failed carries the same operation id;
+ * - refunded_not_succeeded: a succeeded refund for an operation that is not succeeded;
+ * - amount_mismatch: the operation's refund has another amount, currency or PaymentIntent;
+ * - missing_refund: a succeeded refund operation whose refund has not succeeded, or is not found.
+ */
+async function refundDrift(gateway: PaymentGateway, { since, operations, byExternalIds, succeeded }: DriftContext) {
+  const refunds = await gateway.listRefunds(since);
+  const drift: Drift[] = [];
+  // A refund made outside outboxd (the dashboard) names no operation: drift only when it takes money back
+  // from one of our charges, whose unrefunded amount outboxd would otherwise misjudge.
+  const anonymous = refunds.filter((r) => r.operationId === undefined && r.paymentIntent !== null);
+  const ours = anonymous.length ? await byExternalIds(CHARGE, anonymous.map((r) => r.paymentIntent!)) : [];
+  for (const r of anonymous) {
+    const charge = ours.find((o) => o.external_id === r.paymentIntent);
+    if (charge) drift.push({ kind: 'orphan_refund', operationId: null, chargeIds: [r.id], detail: `refunds ${r.amount} ${r.currency} of charge operation ${charge.id} without naming a refund operation` });
+  }
+  const ids = [...new Set(refunds.flatMap((r) => (r.operationId === undefined ? [] : [r.operationId])))].filter(isOperationId);
+  const ops = new Map((await operations(ids)).map((o) => [o.id, o]));
+  const byOperation = new Map<string, Refund[]>();
+  for (const r of refunds) if (r.operationId !== undefined) byOperation.set(r.operationId, [...(byOperation.get(r.operationId) ?? []), r]);
+  for (const [operationId, list] of byOperation) {
+    const op = ops.get(operationId);
+    if (op?.kind !== REFUND) {
+      drift.push({ kind: 'orphan_refund', operationId, chargeIds: list.map((r) => r.id), detail: op ? `names a ${op.kind} operation` : 'no operation with this id' });
+      continue;
+    }
+    const live = list.filter((r) => r.status !== 'failed' && r.status !== 'canceled');
+    if (live.length > 1) drift.push({ kind: 'duplicate_refund', operationId, chargeIds: live.map((r) => r.id), detail: `${live.length} refunds for one operation` });
+    const done = list.filter((r) => r.status === 'succeeded');
+    if (done.length > 0 && op.status !== 'succeeded') drift.push({ kind: 'refunded_not_succeeded', operationId, chargeIds: done.map((r) => r.id), detail: `operation is ${op.status}` });
+    for (const r of list) {
+      if (r.amount !== op.amount || r.currency !== op.currency || r.paymentIntent !== payloadOf(op).payment_intent) {
+        drift.push({ kind: 'amount_mismatch', operationId, chargeIds: [r.id], detail: `refund ${r.amount} ${r.currency} of ${r.paymentIntent}, operation ${op.amount} ${op.currency}` });
+      }
+    }
+  }
+  const listed = new Map(refunds.map((r) => [r.id, r]));
+  for (const op of succeeded) {
+    // It may predate `since`: retrieve it before calling it missing.
+    const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveRefund(op.external_id).catch(() => undefined))) : undefined;
+    if (!found || found.status !== 'succeeded') {
+      drift.push({ kind: 'missing_refund', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `refund is ${found.status}` : 'refund not found' });
+    }
+  }
+  return { listed: refunds.length, label: 'refunds', drift, operationIds: [...ops.keys()] };
+}

@@ -1,0 +1,206 @@
+// The outbox. requestCharge (and every other request of an effect) writes a plain charge_outbox row in
+// the caller's transaction; workers relay the rows to the pg-boss queue of the operation's kind in
+// batches (insert the jobs and delete the rows in one transaction), and pg-boss then gives claiming,
+// retries with backoff, heartbeats and dead letter. A job carries only the operation id: the operation
+// row is the durable truth, the job is the reminder to drive it (at least once).
+//
+// Measured here (npm run bench): a pg-boss send() inside the business transaction halves its rate; a
+// plain row keeps it near the raw insert rate, and one insert() of a batch costs little per job.
+import type pg from 'pg';
+import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
+import { beginBossTransaction } from '../db/bossTransaction.ts';
+import { PooledBossDb } from '../db/bossDb.ts';
+import { bossDb, inTransaction, isPooled, type Pool } from '../db/pool.ts';
+import { BUILT_IN_KINDS } from '../kinds/names.ts';
+import { createSettlementQueues, relaySettlements, SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from './settlements.ts';
+import { bossSchemaFor } from '../sql/statements.ts';
+import { traceContextPropagator, traceRelay, untraced } from '../telemetry/tracing.ts';
+import { createPruneQueue, PRUNE_QUEUE } from './retention.ts';
+
+export { bossSchemaFor };
+
+/**
+ * Each kind of effect has a queue of its own, named as the kind, so that only replicas that can carry a
+ * kind out take its jobs, and one kind's backlog never holds up another's; its dead letter is the kind's
+ * name with `_dead` (src/sql/statements.ts's undrivenCandidates relies on both names).
+ */
+export const queueFor = (kind: string): string => kind;
+/** Where pg-boss moves a job whose retries ran out; a worker flags its operation for review. */
+export const deadQueueFor = (kind: string): string => `${kind}_dead`;
+
+/** What a kind's job carries: the operation it drives. */
+export interface OperationJob {
+  operationId: string;
+  /** Set by the relay when the operation was traced: its first dispatch continues that trace. pg-boss's
+   * own propagation cannot carry it, as one insert() stores a single context for the whole batch. */
+  traceparent?: string;
+}
+
+/**
+ * pg-boss's own retention, set on every queue of outboxd's rather than left to its defaults: a completed
+ * job is deleted three days after it completed (the ledger and the timeline keep what happened; three days
+ * keep a settlement's delivery on the console's timeline through a weekend), a job never taken
+ * after two weeks (the reconcile sweep flags an operation no job drives).
+ */
+export const JOB_RETENTION = { deleteAfterSeconds: 3 * 86_400, retentionSeconds: 14 * 86_400 } as const;
+
+/**
+ * Retries are the re-drive of ambiguous (`unknown`) and rate-limited operations: capped exponential
+ * backoff with jitter from 1 s to 5 min, always with the same idempotency key because the key is derived
+ * from the operation. 40 retries spans several hours; what is still unsettled then is dead-lettered and
+ * shown for review, and the reconcile path takes over once the key window has passed.
+ * heartbeatSeconds: a killed replica's job is retried within seconds, not after the 15-minute expiry.
+ */
+export const KIND_QUEUE_OPTIONS: Omit<Queue, 'name' | 'deadLetter'> = {
+  ...JOB_RETENTION,
+  retryLimit: 40,
+  retryDelay: 1,
+  retryBackoff: true,
+  retryDelayMax: 300,
+  heartbeatSeconds: 10,
+  expireInSeconds: 15 * 60,
+  notify: true,
+};
+
+/** Every kind's queue retries alike, into its own dead letter. */
+export const queueOptionsFor = (kind: string): Omit<Queue, 'name'> => ({ ...KIND_QUEUE_OPTIONS, deadLetter: deadQueueFor(kind) });
+
+/** Creates a kind's queue and its dead letter (idempotent). */
+export async function createKindQueues(boss: PgBoss, kind: string): Promise<void> {
+  await boss.createQueue(deadQueueFor(kind), { ...JOB_RETENTION, retryLimit: 5, retryBackoff: true, notify: true });
+  await boss.createQueue(queueFor(kind), queueOptionsFor(kind));
+}
+
+/** The kinds whose queues a pg-boss instance has seen exist (the built-in ones: created by migrate). */
+const knownQueues = new WeakMap<PgBoss, Set<string>>();
+
+/** An application's kind may be requested before any replica that defines it has started: its first
+ * relayed row creates its queues (once per process), so the job waits there for such a replica. */
+async function ensureKindQueues(boss: PgBoss, kind: string): Promise<void> {
+  if (BUILT_IN_KINDS.includes(kind)) return;
+  const known = knownQueues.get(boss) ?? knownQueues.set(boss, new Set()).get(boss)!;
+  if (known.has(kind)) return;
+  await createKindQueues(boss, kind);
+  known.add(kind);
+}
+
+/**
+ * `migrator` installs or upgrades pg-boss's schema; `worker` also supervises (heartbeat and expiry
+ * checks every few seconds, so a lost job comes back fast) and listens for NOTIFY; `subscriber` (an
+ * application's onSettled) listens too; `client` only sends.
+ * `connection`: a connection string, or an application's pool (pg-boss then runs on it, and polls).
+ * `directUrl`: a session connection for LISTEN (DATABASE_DIRECT_URL); without one pg-boss polls, as a
+ * transaction pooler cannot keep a LISTEN.
+ */
+export function createBoss(
+  connection: string | pg.Pool,
+  role: 'migrator' | 'worker' | 'subscriber' | 'client',
+  max: number,
+  schema: string,
+  directUrl?: string,
+): PgBoss {
+  const worker = role === 'worker';
+  const listens = (worker || role === 'subscriber') && typeof connection === 'string' && directUrl !== undefined;
+  const application_name = `outboxd-boss-${role}`;
+  const pooled = typeof connection === 'string' && isPooled(connection, directUrl);
+  // A socket whose peer vanished (a failover) is noticed by the kernel and frees its slot.
+  const database = { connectionString: connection as string, max, application_name, keepAlive: true };
+  return new PgBoss({
+    ...(typeof connection !== 'string'
+      ? { db: { executeSql: (text: string, values?: unknown[]) => connection.query(text, values), beginTransaction: () => beginBossTransaction(connection) } }
+      : listens && pooled
+        ? { db: new PooledBossDb(database, directUrl!) }
+        : database),
+    schema: bossSchemaFor(schema),
+    application_name,
+    migrate: role === 'migrator',
+    createSchema: role === 'migrator',
+    supervise: worker,
+    schedule: worker,
+    useListenNotify: listens,
+    superviseIntervalSeconds: 5,
+    monitorIntervalSeconds: 5,
+    registerInstance: worker,
+    // A job sent inside a span (a requeue) is processed in that span's trace: pg-boss's own propagation,
+    // trace ids only (no baggage kept in the job table).
+    openTelemetry: { propagateContext: true, propagator: traceContextPropagator },
+  });
+}
+
+/** The scheduled reconcile sweep (pg-boss cron); one sweep at a time across all replicas. */
+export const RECONCILE_QUEUE = 'reconcile';
+
+/** Creates the queues (idempotent). Run by `outboxd migrate`, after pg-boss installed its schema. */
+export async function createQueues(boss: PgBoss): Promise<void> {
+  for (const kind of BUILT_IN_KINDS) await createKindQueues(boss, kind);
+  await boss.createQueue(RECONCILE_QUEUE, { policy: 'singleton', retryLimit: 0, expireInSeconds: 15 * 60 });
+  await createPruneQueue(boss);
+  await createSettlementQueues(boss);
+  // Queues made by an earlier release keep the options they were created with: set the retention on them.
+  const queues = [...BUILT_IN_KINDS.flatMap((kind) => [queueFor(kind), deadQueueFor(kind)]), RECONCILE_QUEUE, PRUNE_QUEUE, SETTLED_QUEUE];
+  for (const queue of queues) await boss.updateQueue(queue, JOB_RETENTION);
+  // The dead letter keeps its events for a redrive (src/outbox/settlements.ts); its completed ones go as any.
+  await boss.updateQueue(SETTLED_DEAD_QUEUE, { deleteAfterSeconds: JOB_RETENTION.deleteAfterSeconds });
+}
+
+export const RELAY_BATCH = 500;
+
+/**
+ * Relays both outboxes: operations to jobs of their kind's queue, settlement events to `settled` jobs
+ * (src/outbox/settlements.ts). Returns the larger batch: `limit` means more may be waiting.
+ */
+export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): Promise<number> {
+  return Math.max(await relayOperations(db, boss, limit), await relaySettlements(db, boss, limit));
+}
+
+/**
+ * Moves up to `limit` outbox rows to pg-boss jobs in one transaction: the rows are deleted as their
+ * jobs are inserted, so each row becomes exactly one job, and relays on several replicas take
+ * disjoint batches (SKIP LOCKED). Returns how many were relayed.
+ */
+async function relayOperations(db: Pool, boss: PgBoss, limit: number): Promise<number> {
+  const { rows: any } = await db.query(db.sql.outboxHasRows());
+  if (!any[0].any) return 0;
+  return inTransaction(db, async (tx) => {
+    const { rows } = await tx.query(tx.sql.takeOutboxBatch(limit));
+    if (rows.length === 0) return 0;
+    await traceRelay(rows, async (traceparents) => {
+      const byKind = new Map<string, { data: OperationJob }[]>();
+      rows.forEach((r: { operation_id: string; kind: string }, i) => {
+        const jobs = byKind.get(r.kind) ?? byKind.set(r.kind, []).get(r.kind)!;
+        jobs.push({ data: { operationId: r.operation_id, traceparent: traceparents[i] } });
+      });
+      for (const [kind, jobs] of byKind) {
+        await ensureKindQueues(boss, kind);
+        await untraced(() => boss.insert(queueFor(kind), jobs, { db: bossDb(tx) }));
+      }
+    });
+    return rows.length;
+  });
+}
+
+/** Job states in which pg-boss will still hand the job to a worker (or has). */
+export const LIVE_JOB_STATES: ReadonlySet<string> = new Set(['created', 'retry', 'active']);
+
+/** A job of `queue` that will still drive (or is driving) the operation: created, waiting to retry, or
+ * active. Read through `db`, so it can join the caller's transaction. */
+export async function liveJobFor(
+  boss: PgBoss,
+  db: IDatabase,
+  operationId: string,
+  queue: string,
+): Promise<{ id: string; state: string } | undefined> {
+  const jobs = await boss.findJobs<OperationJob>(queue, { data: { operationId }, db });
+  return jobs.find((j) => LIVE_JOB_STATES.has(j.state));
+}
+
+/** Enqueues a job for the operation on its kind's queue directly (admin re-drive, a reschedule), through
+ * `db` so it joins the caller's transaction. */
+export async function enqueueOperation(
+  boss: PgBoss,
+  db: IDatabase,
+  op: { id: string; kind: string },
+  startAfterSeconds?: number,
+): Promise<string | null> {
+  return boss.send(queueFor(op.kind), { operationId: op.id } satisfies OperationJob, { db, ...(startAfterSeconds !== undefined ? { startAfter: startAfterSeconds } : {}) });
+}

@@ -1,0 +1,55 @@
+// Bounded growth (issue 22): the ledger (payment_operations) is kept; the history around it is not.
+// The timeline (operation_events) is kept OPERATION_EVENTS_RETENTION_DAYS after its operation settled,
+// the audit trail AUDIT_RETENTION_DAYS; an unsettled operation's history is kept whatever its age (a
+// person may need it). Webhook events (WEBHOOK_RETENTION_DAYS) and console sessions are pruned as before;
+// pg-boss deletes its completed jobs by the retention set on outboxd's queues (src/outbox/outbox.ts).
+//
+// Pruning is a pg-boss cron job on a singleton queue: one replica at a time in the whole fleet, never in
+// a dispatch path, in small batches (each its own short statement: no long transaction, no lock held
+// between them, and no session state, so it runs behind a transaction pooler).
+import type { PgBoss } from 'pg-boss';
+import type { Pool } from '../db/pool.ts';
+
+/** The retention job's queue, and how often it runs (UTC cron). */
+export const PRUNE_QUEUE = 'prune';
+export const PRUNE_CRON = '*/10 * * * *';
+
+/** Rows each statement reads; a run stops after PRUNE_BUDGET_MS and the next one goes on. */
+const PRUNE_SCAN = 1_000;
+const PRUNE_BUDGET_MS = 60_000;
+
+export interface RetentionDays {
+  operationEvents: number;
+  audit: number;
+}
+
+export const DEFAULT_RETENTION_DAYS: RetentionDays = { operationEvents: 90, audit: 365 };
+
+export async function createPruneQueue(boss: PgBoss): Promise<void> {
+  await boss.createQueue(PRUNE_QUEUE, { policy: 'singleton', retryLimit: 0, expireInSeconds: 15 * 60 });
+}
+
+/** Deletes what has outlived its retention, batch by batch, for at most budgetMs. */
+export async function pruneHistory(
+  pool: Pool,
+  days: RetentionDays,
+  opts: { scan?: number; budgetMs?: number } = {},
+): Promise<{ operationEvents: number; audit: number }> {
+  const until = performance.now() + (opts.budgetMs ?? PRUNE_BUDGET_MS);
+  const scan = opts.scan ?? PRUNE_SCAN;
+  const prune = async (batch: (afterId: number) => ReturnType<Pool['sql']['pruneOperationEvents']>): Promise<number> => {
+    let deleted = 0;
+    for (let after = 0; performance.now() < until; ) {
+      const { rows } = await pool.query(batch(after));
+      const r = rows[0] as { last_id: number | null; deleted: number; reached_window: boolean };
+      deleted += r.deleted;
+      if (r.last_id === null || r.reached_window) break;
+      after = r.last_id;
+    }
+    return deleted;
+  };
+  return {
+    operationEvents: await prune((after) => pool.sql.pruneOperationEvents(days.operationEvents, after, scan)),
+    audit: await prune((after) => pool.sql.pruneAdminAudit(days.audit, after, scan)),
+  };
+}

@@ -1,0 +1,267 @@
+// Settlement events: the way back to the application. Every statement that settles an operation
+// (src/engine/operation.ts) inserts its settlement_outbox row, so the event commits or rolls back
+// with the status change. Workers relay the rows to the pg-boss `settled` queue in batches, like the
+// charge outbox; an application's onSettled handlers work that queue. Delivery is at least once: a
+// handler that throws or outlives SETTLEMENT_HANDLER_TIMEOUT_MS is retried with backoff, one that keeps
+// failing is dead-lettered to `settled_dead` (counted in /metrics) until `outboxd settlements redrive`
+// sends it again. A named subscriber (onSettled's `subscriber`, and every transactional one) has a
+// queue of its own, `settled.<name>`, to which the relay copies every event in the same transaction.
+import type { QueryConfig, QueryResult, QueryResultRow } from 'pg';
+import type { Db as IDatabase, Job, PgBoss, Queue, WorkHandler, WorkOptions } from 'pg-boss';
+import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
+import type { SettlementSource } from '../engine/operation.ts';
+import type { Statements } from '../sql/statements.ts';
+import { traceDelivery } from '../telemetry/tracing.ts';
+
+export const SETTLED_QUEUE = 'settled';
+export const SETTLED_DEAD_QUEUE = 'settled_dead';
+
+/** What onSettled handlers receive, once per settled operation (at least once). */
+export interface SettlementEvent {
+  operationId: string;
+  /** A charge's or a refund's order (null for an application's own kind). */
+  orderId: string | null;
+  /** `charge`, `refund`, or a kind the application defines. */
+  kind: string;
+  /** A refund's or an application effect's key (null for a charge). */
+  key: string | null;
+  status: 'succeeded' | 'failed';
+  /** The PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund; null when Stripe made none. */
+  externalId: string | null;
+  /** A charge's or a refund's (null for an application's own kind). */
+  amount: number | null;
+  currency: string | null;
+  settledAt: Date;
+  source: SettlementSource;
+}
+
+/** The job's data: the event as JSON. */
+type SettledJob = Omit<SettlementEvent, 'settledAt'> & {
+  settledAt: string;
+  /** The payment's trace context, for the delivery span's link; not part of the event. */
+  traceparent?: string | null;
+  /** A named subscriber's queue (redrive sends a dead copy back there); absent for `settled`. */
+  queue?: string;
+};
+
+/**
+ * Retries of a throwing handler: backoff from 1 s to 5 min, a few hours in all, then the dead letter.
+ * heartbeatSeconds: the event of an application process that died mid-handler comes back within a
+ * minute; expireInSeconds bounds one handler run.
+ */
+export const settledQueueOptions: Omit<Queue, 'name'> = {
+  retryLimit: 40,
+  retryDelay: 1,
+  retryBackoff: true,
+  retryDelayMax: 300,
+  heartbeatSeconds: 30,
+  expireInSeconds: 15 * 60,
+  deadLetter: SETTLED_DEAD_QUEUE,
+  notify: true,
+};
+
+export async function createSettlementQueues(boss: PgBoss): Promise<void> {
+  // Nobody works the dead letter: it keeps its events (30 days) for a redrive once the handler is fixed.
+  await boss.createQueue(SETTLED_DEAD_QUEUE, { retentionSeconds: 30 * 86400 });
+  await boss.createQueue(SETTLED_QUEUE, settledQueueOptions);
+}
+
+/** Moves up to `limit` settlement events to `settled` jobs, and to a job on each named subscriber's
+ * queue, in one transaction, as relayOutbox does for charges. */
+export async function relaySettlements(db: Pool, boss: PgBoss, limit: number): Promise<number> {
+  const { rows: any } = await db.query(db.sql.settlementOutboxHasRows());
+  if (!any[0].any) return 0;
+  return inTransaction(db, async (tx) => {
+    const { rows } = await tx.query(tx.sql.takeSettlementBatch(limit));
+    if (rows.length === 0) return 0;
+    const jobs = rows.map((r) => ({
+      data: {
+        operationId: r.operation_id,
+        orderId: r.order_id,
+        kind: r.kind,
+        key: r.effect_key,
+        status: r.status,
+        externalId: r.external_id,
+        amount: r.amount,
+        currency: r.currency,
+        settledAt: (r.settled_at as Date).toISOString(),
+        source: r.source,
+        traceparent: r.traceparent,
+      } satisfies SettledJob,
+    }));
+    await boss.insert(SETTLED_QUEUE, jobs, { db: bossDb(tx) });
+    const { rows: subscribed } = await tx.query(tx.sql.settlementSubscriberQueues(SETTLED_EVENT));
+    for (const { name } of subscribed as { name: string }[]) {
+      await boss.insert(name, jobs.map((j) => ({ data: { ...j.data, queue: name } })), { db: bossDb(tx) });
+    }
+    return rows.length;
+  });
+}
+
+/** A named subscriber's events: a queue of its own, so that each subscriber consumes each event once,
+ * independently of the others (a throwing "send receipt" never redelivers to "mark paid"). */
+export const settledQueueFor = (subscriber: string): string => `${SETTLED_QUEUE}.${subscriber}`;
+/** The pg-boss event whose subscriptions (pg-boss's `subscription` table) are the named subscribers' queues. */
+export const SETTLED_EVENT = 'settled';
+/** A subscriber's name: it identifies the subscriber across processes and restarts. */
+export const SUBSCRIBER_NAME = /^[a-z0-9][a-z0-9_-]{0,39}$/;
+
+/** Creates a named subscriber's queue and records its subscription: from the next relayed batch on,
+ * every settlement event is also a job on that queue (idempotent). */
+export async function subscribeSettlements(boss: PgBoss, subscriber: string): Promise<string> {
+  const queue = settledQueueFor(subscriber);
+  await boss.createQueue(queue, settledQueueOptions);
+  await boss.subscribe(SETTLED_EVENT, queue);
+  return queue;
+}
+
+/** Deliveries in hand at once per subscription of a process, each in a slot of its own. */
+export const SETTLED_SLOTS = 10;
+/** A transactional subscriber's slots: each holds a connection (its transaction) while its handler runs. */
+export const TRANSACTIONAL_SLOTS = 4;
+
+/** The transaction a transactional handler runs in: pg's `query(text, values)` (or a query config). */
+export interface SettlementTransaction {
+  query<R extends QueryResultRow = any>(text: string | QueryConfig, values?: unknown[]): Promise<QueryResult<R>>;
+}
+
+/** A delivery whose handler ran past the settlement handler timeout: failed, and retried with backoff. */
+class SettlementTimeoutError extends Error {
+  override name = 'SettlementTimeoutError';
+}
+
+/**
+ * Works `queue` with `handle`: a job completes when `handle` resolves for its event, and is retried
+ * with backoff when it throws or outlives `timeoutMs`. Resolves once subscribed.
+ */
+export async function workSettlements(
+  boss: PgBoss,
+  work: { queue: string; slots: number; timeoutMs: number },
+  handle: (event: SettlementEvent) => Promise<void>,
+): Promise<void> {
+  await workSlots(boss, work.queue, work.slots, {}, async (job) => {
+    const { settledAt, traceparent, queue: _queue, ...event } = job.data;
+    await traceDelivery({ ...event, traceparent }, job.retryCount, () =>
+      withinTimeout(() => handle({ ...event, settledAt: new Date(settledAt) }), work.timeoutMs),
+    );
+  });
+}
+
+/**
+ * Works a transactional subscriber's queue: each delivery is one transaction (pg-boss's transactional
+ * worker) in which outboxd records the event consumed by `subscriber`, `handle` runs its writes, and
+ * the job completes, fenced on the attempt this delivery claimed. So they commit together or not at
+ * all: a throw, a timeout or a claim taken over (the job expired and another process holds it) rolls
+ * everything back. An event this subscriber consumed already (a redriven copy) commits without the
+ * handler running. Resolves once subscribed.
+ */
+export async function workSettlementsInTransaction(
+  boss: PgBoss,
+  sql: Statements,
+  work: { queue: string; subscriber: string; slots: number; timeoutMs: number },
+  handle: (event: SettlementEvent, tx: SettlementTransaction) => Promise<void>,
+): Promise<void> {
+  // The database's own bounds on the transaction (pg-boss's transaction_timeout where the server has it,
+  // and the idle one) are a few seconds past the handler's: the process's own timeout comes first, with
+  // a clean rollback; they are for a process that stops issuing statements without ever returning.
+  const transactionTimeoutSeconds = Math.ceil(work.timeoutMs / 1000) + 5;
+  await workSlots(boss, work.queue, work.slots, { transactional: true, transactionTimeoutSeconds }, async (job, txDb) => {
+    const { settledAt, traceparent, queue: _queue, ...event } = job.data;
+    // Closed the moment the delivery is over (the handler returned, threw or ran out of time), before
+    // pg-boss sends its COMMIT or ROLLBACK: a statement the handler issues later would otherwise queue
+    // behind the ROLLBACK on the same connection and run on its own, committed, outside the transaction.
+    let open = true;
+    const tx: SettlementTransaction = {
+      query: (text, values) =>
+        open
+          ? (txDb!.executeSql(text as string, values) as never)
+          : Promise.reject(new Error('this settlement delivery is over (returned, threw or timed out): its transaction is settled, nothing more is written')),
+    };
+    await traceDelivery({ ...event, traceparent }, job.retryCount, async () => {
+      // No statement of the handler's runs longer than the handler may take.
+      await tx.query(sql.boundSettlementTransaction(work.timeoutMs, transactionTimeoutSeconds * 1000));
+      const { rows } = await tx.query(sql.consumeSettlement(work.subscriber, event.operationId));
+      if (rows.length === 0) return;
+      try {
+        await withinTimeout(() => handle({ ...event, settledAt: new Date(settledAt) }, tx), work.timeoutMs);
+      } finally {
+        open = false;
+      }
+    });
+  });
+}
+
+/**
+ * `slots` pg-boss loops on `queue`, one job each, so that a slow or hung handler holds only its own slot
+ * and every other event keeps flowing. A loop that got a job wakes the next one (a backlog spreads over
+ * the slots) and looks again itself once done; only the first polls every second or two when idle (the
+ * others every few seconds, or at once on NOTIFY), so an idle subscription costs about what one loop did.
+ */
+async function workSlots(
+  boss: PgBoss,
+  queue: string,
+  slots: number,
+  options: { transactional?: true; transactionTimeoutSeconds?: number },
+  deliver: (job: Job<SettledJob>, tx: IDatabase | undefined) => Promise<void>,
+): Promise<void> {
+  const ids: string[] = [];
+  for (let slot = 0; slot < slots; slot++) {
+    const polling = slot === 0 ? { pollingIntervalSeconds: 1, notifyPollingIntervalSeconds: 2 } : { pollingIntervalSeconds: 5, notifyPollingIntervalSeconds: 10 };
+    const handler = async (jobs: Job<SettledJob>[], tx?: IDatabase) => {
+      if (jobs.length === 0) return;
+      const next = ids[(slot + 1) % slots];
+      if (next) boss.notifyWorker(next);
+      try {
+        await deliver(jobs[0]!, tx);
+      } finally {
+        const self = ids[slot];
+        if (self) boss.notifyWorker(self);
+      }
+    };
+    ids.push(await boss.work<SettledJob>(queue, { ...options, ...polling, batchSize: 1 } as WorkOptions, handler as WorkHandler<SettledJob>));
+  }
+}
+
+/** `fn`'s promise, or a SettlementTimeoutError once `ms` have passed. The handler itself cannot be
+ * stopped: it is abandoned (a transactional one's transaction is rolled back, and refuses its later
+ * statements), and its slot takes the next event. */
+async function withinTimeout<T>(fn: () => Promise<T> | T, ms: number): Promise<T> {
+  const work = Promise.resolve().then(fn);
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new SettlementTimeoutError(`the settlement handler did not return within ${ms} ms (SETTLEMENT_HANDLER_TIMEOUT_MS)`)), ms);
+  });
+  // An abandoned handler that fails later has nobody left to tell.
+  work.catch(() => {});
+  try {
+    return await Promise.race([work, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * Sends dead-lettered events back to the queue they died on (once the failing handler is fixed), in one
+ * transaction: taken from the dead letter, inserted and completed together, so an interrupted redrive
+ * changes nothing (no event lost or doubled, no retry of the dead letter spent). An event of a subscriber
+ * whose queue was deleted (retired) has nowhere to go: it is completed, not sent. How many it sent.
+ */
+export async function redriveSettlements(db: Pool, boss: PgBoss, limit = 1000): Promise<number> {
+  return inTransaction(db, async (tx) => {
+    const dead = await boss.fetch<SettledJob>(SETTLED_DEAD_QUEUE, { batchSize: limit, db: bossDb(tx) });
+    if (dead.length === 0) return 0;
+    const byQueue = new Map<string, { data: SettledJob }[]>();
+    for (const j of dead) {
+      const queue = j.data.queue ?? SETTLED_QUEUE;
+      (byQueue.get(queue) ?? byQueue.set(queue, []).get(queue)!).push({ data: j.data });
+    }
+    let sent = 0;
+    for (const [queue, jobs] of byQueue) {
+      if (!(await boss.getQueue(queue))) continue;
+      await boss.insert(queue, jobs, { db: bossDb(tx) });
+      sent += jobs.length;
+    }
+    await boss.complete(SETTLED_DEAD_QUEUE, dead, undefined, { db: bossDb(tx) });
+    return sent;
+  });
+}

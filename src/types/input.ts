@@ -1,0 +1,48 @@
+// What any input is checked against before anything is written (invariant 11), whatever kind it asks
+// for: text PostgreSQL can store, ids of a bounded length, and zod's issues as a ValidationError.
+import type { z } from 'zod';
+import { ValidationError } from './errors.ts';
+
+/** Stripe's largest amount for a single charge, in minor units (8 digits). */
+export const MAX_AMOUNT = 99_999_999;
+export const MAX_ID_LENGTH = 255;
+
+/**
+ * PostgreSQL's text and jsonb cannot hold U+0000, and half a surrogate pair is no text at all (the driver
+ * would store U+FFFD in its place, another id than the caller's). Either is refused here, before any
+ * statement: one failing inside the caller's transaction would abort it.
+ */
+export const isStorableText = (s: string): boolean => !s.includes('\0') && s.isWellFormed();
+export const UNSTORABLE = 'must not contain U+0000 or half a surrogate pair';
+
+/** Where in a JSON value (keys and strings, nested) the first unstorable text is: 'a.b[2]', or undefined. */
+export function unstorableAt(value: unknown, path: string): string | undefined {
+  if (typeof value === 'string') return isStorableText(value) ? undefined : path;
+  if (Array.isArray(value)) {
+    for (let i = 0; i < value.length; i++) {
+      const at = unstorableAt(value[i], `${path}[${i}]`);
+      if (at) return at;
+    }
+    return undefined;
+  }
+  if (value === null || typeof value !== 'object') return undefined;
+  for (const [k, v] of Object.entries(value)) {
+    // The key itself goes unnamed when it cannot be stored: it is the bad part.
+    if (!isStorableText(k)) return `${path} (a key)`;
+    const at = unstorableAt(v, `${path}.${k}`);
+    if (at) return at;
+  }
+  return undefined;
+}
+
+/** The first issue zod found, as a ValidationError naming its field. A record's bad key is named with
+ * the key's own issue, and by the record alone when the key itself cannot be stored (nor shown). */
+export function validationErrorOf(issue: z.core.$ZodIssue): ValidationError {
+  if (issue.code === 'unrecognized_keys') return new ValidationError(issue.keys.join(', '), 'unknown field');
+  const path = issue.path.map(String);
+  if (issue.code === 'invalid_key') {
+    const named = isStorableText(path.at(-1) ?? '') ? path : path.slice(0, -1);
+    return new ValidationError(named.join('.') || 'input', issue.issues[0]?.message ?? issue.message);
+  }
+  return new ValidationError(path.join('.') || 'input', issue.message);
+}

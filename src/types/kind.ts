@@ -1,0 +1,110 @@
+// A kind of effect, as River's Worker[T]: everything about it travels with it, and the engine, the
+// webhooks, resolve, drift and the console ask it rather than branch on its name. Built-in kinds
+// (src/kinds/charge, src/kinds/refund) and an application's own (src/kinds/application) are all one of these.
+import type { LoadedOperation, Operation, Outcome } from './operation.ts';
+import type { Policy } from './status.ts';
+
+/**
+ * The calls the executor makes for an operation:
+ * - create: the one that may carry the effect out (a charge's create);
+ * - retrieve: reads the provider's object already known for it (external_id);
+ * - search: finds what the provider holds for it, past the key window or read-only (the sweep): Search
+ *   for a charge, the PaymentIntent's list of refunds for a refund;
+ * - check: establishes whether an earlier create that may have acted did (reconcile-before-retry).
+ */
+export type EffectCall = 'create' | 'retrieve' | 'search' | 'check';
+
+/** What a call may use besides the operation. */
+export interface CallContext {
+  /** This call's number among the operation's calls (1 for the first). */
+  attempt: number;
+  /** Aborted when the claim is lost or the worker shuts down past its grace period. */
+  signal: AbortSignal;
+}
+
+/** How one kind is carried out and checked: each call reports what it learned as an Outcome, or throws
+ * (the executor classifies the error). */
+export interface EffectCalls {
+  create(op: LoadedOperation, ctx: CallContext): Promise<Outcome>;
+  retrieve?(op: LoadedOperation, ctx: CallContext): Promise<Outcome>;
+  search?(op: LoadedOperation, ctx: CallContext): Promise<Outcome>;
+  check?(op: LoadedOperation, ctx: CallContext): Promise<Outcome>;
+}
+
+/** The provider's object that carries an operation out, as evidence reads it. */
+export interface ProviderObject {
+  id: string;
+  status: string;
+  amount: number;
+  currency: string;
+  /** metadata.operation_id, when it carries one */
+  operationId: string | undefined;
+}
+
+/** How a kind is named to people (the console, resolve's refusals), without a gateway. */
+export interface KindNaming {
+  /** What names its provider object: a resolution's external id must match it. */
+  externalId: { pattern: RegExp; what: string };
+  /** The console's label for the object that carried it out. */
+  settledBy: string;
+  /** What its provider object is called in a sentence ("payment intent", "refund"). */
+  object: string;
+  /** The idempotency key its creates are sent under. */
+  idempotencyKey(operationId: string): string;
+}
+
+/** A person's resolution refused by the evidence: the message says why, and when trying again helps. */
+export type Refuse = (message: string) => Error;
+
+/** One line of the drift report: money that moved without an operation to show for it, or the reverse. */
+export interface Drift {
+  kind: string;
+  operationId: string | null;
+  chargeIds: string[];
+  detail: string;
+}
+
+/** What the drift report hands each kind: the operations it may need, read once for every kind. */
+export interface DriftContext {
+  since: Date;
+  /** The operations with these ids (those its listed objects name). */
+  operations(ids: string[]): Promise<Operation[]>;
+  /** The operations of `kind` that these provider objects carried out. */
+  byExternalIds(kind: string, externalIds: string[]): Promise<Operation[]>;
+  /** Its succeeded operations since `since`. */
+  succeeded: Operation[];
+}
+
+/** How the provider's objects match and settle a kind's operations: ONE rule, used by its calls, the
+ * webhooks, a person's resolution and the drift report. */
+export interface KindEvidence {
+  naming: KindNaming;
+  /** Where a webhook event's stored record (`event`) and its log line (`log`) name the object. */
+  record: { event: string; log: string };
+  /** Whether a webhook event of this type names an object of this kind with this id. */
+  names(eventType: string, objectId: string): boolean;
+  retrieve(id: string): Promise<ProviderObject>;
+  /** Why `object` cannot settle `op` (another operation's, another amount, another object than the one
+   * known), or null when it can. */
+  mismatch(op: Operation, object: ProviderObject): string | null;
+  /** The status `object` settles its operation with, or undefined while it is not final. */
+  settles(object: ProviderObject): 'succeeded' | 'failed' | undefined;
+  /** Resolve --failed: what shows that no object of `op` can still succeed, or a refusal. */
+  noneSucceeded(op: Operation, reason: string, refuse: Refuse, lastAttemptAgeSeconds: () => Promise<number | null>, horizonSeconds: number): Promise<Record<string, unknown>>;
+  /** The drift report's part for this kind: what it listed since, and what does not add up. */
+  drift(ctx: DriftContext): Promise<{ listed: number; label: string; drift: Drift[]; operationIds: string[] }>;
+}
+
+export interface Kind {
+  readonly kind: string;
+  readonly policy: Policy;
+  readonly calls: EffectCalls;
+  /** A provider's evidence; absent for an application's kind (resolve records the person's word). */
+  readonly evidence?: KindEvidence;
+}
+
+/** The kinds one process carries out, by name: what the engine receives (River's Workers). */
+export interface KindRegistry {
+  get(kind: string): Kind | undefined;
+  readonly names: readonly string[];
+}
