@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { inTransaction } from '../src/db/pool.ts';
 import { confirmOrder } from '../src/exampleApp/confirm.ts';
 import { ValidationError } from '../src/types/errors.ts';
+import { exampleStatementsFor } from '../src/exampleApp/sql.ts';
 import { deadQueueFor, KIND_QUEUE_OPTIONS, queueFor, relayOutbox } from '../src/outbox/outbox.ts';
 import { OrderConflictError, requestCharge } from '../src/kinds/charge/request.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
@@ -62,7 +63,7 @@ describe('confirmOrder (invariant 1)', () => {
     const input = orderInput();
     await expect(
       inTransaction(t.pool, async (tx) => {
-        await tx.query(tx.sql.insertOrder(input.orderId, input.amount, input.currency, input.customer, input.paymentMethod));
+        await tx.query(exampleStatementsFor(t.schema).insertOrder(input.orderId, input.amount, input.currency, input.customer, input.paymentMethod));
         expect((await requestCharge(tx, input)).created).toBe(true);
         throw new Error('the application fails after writing the outbox row');
       }),

@@ -6,6 +6,7 @@
 // (its policy on an ambiguous outcome, and the calls that carry it out and read what happened) comes from
 // the registry the caller hands in (src/engine/kinds.ts); the engine never names a kind.
 import type { EffectCall, KindRegistry, Policy } from './kinds.ts';
+import { callTableIndex } from '../types/contracts.ts';
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import { ATTR, operationAttributes, outcomeOn, withSpan } from '../telemetry/tracing.ts';
@@ -158,11 +159,20 @@ export async function executeOperation(
   return { from: op.status, operation, policy: effect.policy, call, outcome, possibleDuplicate };
 }
 
-/** The facts of an operation a call is chosen by, in the order the dispatcher's claim indexes them
- * (claimAttempts: 1 + 4 × external id known + 2 × key window passed + attempted before). */
-const FACTS: readonly CallFacts[] = [null, 'known'].flatMap((external_id) =>
-  [false, true].flatMap((key_window_passed) =>
-    [null, new Date(0)].map((first_attempted_at) => ({ external_id, key_window_passed, first_attempted_at }))));
+/** Every combination of the facts a call is chosen by, each at the index the dispatcher's claim reads it
+ * from (src/types/contracts.ts: callTableIndex). */
+const FACTS: readonly CallFacts[] = (() => {
+  const table: CallFacts[] = [];
+  for (const externalIdKnown of [false, true])
+    for (const keyWindowPassed of [false, true])
+      for (const attemptedBefore of [false, true])
+        table[callTableIndex({ externalIdKnown, keyWindowPassed, attemptedBefore })] = {
+          external_id: externalIdKnown ? 'known' : null,
+          key_window_passed: keyWindowPassed,
+          first_attempted_at: attemptedBefore ? new Date(0) : null,
+        };
+  return table;
+})();
 
 /** A kind's policy as the table a claim chooses the call from, by what the row holds when it is claimed. */
 export function callTable(policy: Policy, readOnly = false): EffectCall[] {

@@ -5,12 +5,13 @@ import { inTransaction, type Pool } from '../db/pool.ts';
 import { requestValidCharge, type ChargeRequested } from '../kinds/charge/request.ts';
 import { ATTR, withSpan } from '../telemetry/tracing.ts';
 import { parseOrderInput } from '../kinds/charge/input.ts';
+import { exampleStatementsFor } from './sql.ts';
 
 export async function confirmOrder(db: Pool, input: unknown): Promise<ChargeRequested> {
   const order = parseOrderInput(input);
   return withSpan('outboxd.confirm', { [ATTR.orderId]: order.orderId }, () =>
     inTransaction(db, async (tx) => {
-      await tx.query(tx.sql.insertOrder(order.orderId, order.amount, order.currency, order.customer, order.paymentMethod));
+      await tx.query(exampleStatementsFor(tx.sql.schema).insertOrder(order.orderId, order.amount, order.currency, order.customer, order.paymentMethod));
       return requestValidCharge(tx, order);
     }),
   );

@@ -3,14 +3,14 @@
 // onSettled: the update commits with outboxd's record that the subscriber consumed the event, so each
 // settlement changes an order once.
 import type { Outboxd } from '../outboxd.ts';
-import { statementsFor } from '../sql/statements.ts';
+import { exampleStatementsFor } from './sql.ts';
 import { CHARGE } from '../kinds/charge/evidence.ts';
 
 export const EXAMPLE_SUBSCRIBER = 'example-orders';
 
 /** Subscribes the example's orders to their settlements; resolves once subscribed. */
 export async function followOrders(outboxd: Outboxd): Promise<void> {
-  const sql = statementsFor(outboxd.schema);
+  const sql = exampleStatementsFor(outboxd.schema);
   await outboxd.onSettled(
     async (event, tx) => {
       if (event.kind !== CHARGE || event.orderId === null) return;

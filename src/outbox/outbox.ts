@@ -12,6 +12,7 @@ import { beginBossTransaction } from '../db/bossTransaction.ts';
 import { PooledBossDb } from '../db/bossDb.ts';
 import { bossDb, inTransaction, isPooled, type Pool } from '../db/pool.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
+import { DEAD_LETTER_SUFFIX, LIVE_JOB_STATES as LIVE_JOB_STATE_LIST } from '../types/contracts.ts';
 import { createSettlementQueues, relaySettlements, SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from './settlements.ts';
 import { bossSchemaFor } from '../sql/statements.ts';
 import { traceContextPropagator, traceRelay, untraced } from '../telemetry/tracing.ts';
@@ -22,11 +23,11 @@ export { bossSchemaFor };
 /**
  * Each kind of effect has a queue of its own, named as the kind, so that only replicas that can carry a
  * kind out take its jobs, and one kind's backlog never holds up another's; its dead letter is the kind's
- * name with `_dead` (src/sql/statements.ts's undrivenCandidates relies on both names).
+ * name with DEAD_LETTER_SUFFIX (src/types/contracts.ts, which the sweep's SQL reads too).
  */
 export const queueFor = (kind: string): string => kind;
 /** Where pg-boss moves a job whose retries ran out; a worker flags its operation for review. */
-export const deadQueueFor = (kind: string): string => `${kind}_dead`;
+export const deadQueueFor = (kind: string): string => `${kind}${DEAD_LETTER_SUFFIX}`;
 
 /** What a kind's job carries: the operation it drives. */
 export interface OperationJob {
@@ -180,7 +181,7 @@ async function relayOperations(db: Pool, boss: PgBoss, limit: number): Promise<n
 }
 
 /** Job states in which pg-boss will still hand the job to a worker (or has). */
-export const LIVE_JOB_STATES: ReadonlySet<string> = new Set(['created', 'retry', 'active']);
+export const LIVE_JOB_STATES: ReadonlySet<string> = new Set(LIVE_JOB_STATE_LIST);
 
 /** A job of `queue` that will still drive (or is driving) the operation: created, waiting to retry, or
  * active. Read through `db`, so it can join the caller's transaction. */

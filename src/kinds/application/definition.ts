@@ -7,6 +7,7 @@
 //                            unknown (a person decides)
 // execute returns a result to record, or throws EffectFailed when the effect definitively did not and
 // will not happen; anything else (a timeout, a crash, any other error) is ambiguous.
+import { DEAD_LETTER_SUFFIX } from '../../types/contracts.ts';
 import type { CallContext, EffectCalls, Kind } from '../../types/kind.ts';
 import type { Operation, Outcome } from '../../types/operation.ts';
 
@@ -63,7 +64,7 @@ export function validDefinition(kind: unknown, def: unknown, reserved: ReadonlyS
   if (typeof kind !== 'string' || !KIND_NAME.test(kind)) {
     throw new TypeError(`an effect kind is a lower-case identifier of at most 40 characters (a-z, 0-9, _): ${JSON.stringify(kind)}`);
   }
-  if (reserved.has(kind) || kind.endsWith('_dead')) throw new TypeError(`the effect kind ${kind} is reserved by outboxd`);
+  if (reserved.has(kind) || kind.endsWith(DEAD_LETTER_SUFFIX)) throw new TypeError(`the effect kind ${kind} is reserved by outboxd`);
   const d = def as Partial<EffectDefinition> | null;
   if (d === null || typeof d !== 'object') throw new TypeError(`effect ${kind}: a definition is { policy, execute, check? }`);
   if (d.policy !== 'at-least-once' && d.policy !== 'reconcile-before-retry') {

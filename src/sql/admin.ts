@@ -1,0 +1,65 @@
+// The statements of the admin API and the CLI (src/admin/): listings, the audit trail, requeue and resolve.
+import type { SqlContext } from './context.ts';
+
+export const adminStatements = ({ UNSETTLED, operationColumns, s, statement }: SqlContext) => ({
+  /** How long ago the last create that may have executed was sent, by the database clock (null: never). */
+  lastAttemptAge: statement<[id: string]>(
+    'outboxd_last_attempt_age',
+    `select extract(epoch from now() - coalesce(last_attempted_at, first_attempted_at))::float8 as age_seconds
+     from ${s}.payment_operations where id = $1`,
+  ),
+
+  insertAudit: statement<[actor: string, action: string, operationId: string | null, details: string]>(
+    'outboxd_insert_audit',
+    `insert into ${s}.admin_audit (actor, action, operation_id, details) values ($1, $2, $3, $4::jsonb) returning id`,
+  ),
+
+  /** Serialises admin re-drives of one operation (check for a live job, then enqueue). */
+  lockOperationForRequeue: statement<[id: string]>(
+    'outboxd_lock_operation_for_requeue',
+    `select pg_advisory_xact_lock(hashtextextended('outboxd-requeue:' || $1, 0))`,
+  ),
+
+  /** Unsettled operations untouched for a while: candidates for `requeue --stuck`. */
+  stuckOperations: statement<[olderThanSeconds: number, limit: number]>(
+    'outboxd_stuck_operations',
+    `select ${operationColumns()} from ${s}.payment_operations
+     where ${UNSETTLED} and updated_at < now() - make_interval(secs => $1)
+     order by updated_at
+     limit $2`,
+  ),
+
+  listOperations: statement<[status: string | null, needsReview: boolean, limit: number]>(
+    'outboxd_list_operations',
+    `select ${operationColumns()} from ${s}.payment_operations
+     where ($1::text is null or status = $1) and (not $2 or needs_review)
+     order by created_at, id
+     limit $3`,
+  ),
+
+  showOperation: statement<[id: string]>(
+    'outboxd_show_operation',
+    `select ${operationColumns()} from ${s}.payment_operations where id = $1`,
+  ),
+
+  /** Operations whose id begins with a prefix (hex digits, dashes ignored): the short ids people copy.
+   * A range of the primary key (uuids order as their hex digits), not a scan of the table. */
+  operationsByIdPrefix: statement<[hexPrefix: string, limit: number]>(
+    'outboxd_operations_by_id_prefix',
+    `select ${operationColumns()} from ${s}.payment_operations
+     where id between rpad($1, 32, '0')::uuid and rpad($1, 32, 'f')::uuid
+     order by id limit $2`,
+  ),
+
+  /** The newest audit entries, of one operation or of all, returned oldest first. */
+  listAudit: statement<[operationId: string | null, limit: number]>(
+    'outboxd_list_audit',
+    `select * from (
+       select id, at, actor, action, operation_id, details from ${s}.admin_audit
+       where $1::uuid is null or operation_id = $1
+       order by at desc, id desc
+       limit $2
+     ) newest
+     order by at, id`,
+  ),
+});

@@ -1,0 +1,48 @@
+// The statements of Stripe's rate limit as buckets shared by the fleet (src/stripe/budget.ts).
+import type { SqlContext } from './context.ts';
+
+export const budgetStatements = ({ s, statement }: SqlContext) => ({
+  /** Each budget's bucket now, for the console: tokens left and how long since a dispatch call came up
+   * short anywhere in the fleet (the budget was the bound then). */
+  rateBudgetStates: statement<[]>(
+    'outboxd_rate_budget_states',
+    `select name, tokens, extract(epoch from now() - short_at)::float8 as short_seconds_ago
+     from ${s}.rate_budgets order by name`,
+  ),
+
+  /** A budget's bucket, empty: a first replica starts by waiting, not with a burst. */
+  ensureRateBudget: statement<[name: string]>(
+    'outboxd_ensure_rate_budget',
+    `insert into ${s}.rate_budgets (name, tokens, refilled_at) values ($1, 0, now()) on conflict (name) do nothing`,
+  ),
+
+  /**
+   * Refills the bucket by the database clock (rate $2/s, capacity $3) and grants up to $4 whole tokens,
+   * under the row's lock: every replica's takes are serialised, so together they never get more than
+   * rate × elapsed + capacity. refilled_at only moves forward (a take that waited for the lock has an
+   * older now()), so no interval is credited twice, unless it is over a second ahead: the database clock
+   * stepped back (a failover to a standby whose clock lags), and refilling from its now() (nothing for
+   * the step itself) keeps the bucket bounded without freezing it until the clock catches up; a short_at
+   * ahead likewise yields no longer than $6 s. $5: a background take, granted nothing while a
+   * dispatch take anywhere came up short in the last $6 s; a dispatch take that comes up short records
+   * when. No row: the bucket does not exist yet (ensureRateBudget).
+   */
+  takeRateBudget: statement<[name: string, rate: number, capacity: number, want: number, background: boolean, yieldSeconds: number]>(
+    'outboxd_take_rate_budget',
+    `with cur as (
+       select name,
+         least($3::float8, tokens + $2::float8 * greatest(0, extract(epoch from now() - refilled_at)::float8)) as avail,
+         $5::boolean and coalesce(short_at > now() - make_interval(secs => $6) and short_at < now() + interval '1 minute', false) as yielded
+       from ${s}.rate_budgets where name = $1
+       for update
+     ), g as (
+       select name, avail, yielded, case when yielded then 0 else greatest(0, least($4::int, floor(avail)::int)) end as granted from cur
+     )
+     update ${s}.rate_budgets b
+     set tokens = g.avail - g.granted,
+         refilled_at = case when b.refilled_at > now() + interval '1 second' then now() else greatest(b.refilled_at, now()) end,
+         short_at = case when not $5::boolean and g.granted < $4::int then now() else b.short_at end
+     from g where b.name = g.name
+     returning g.granted, (g.avail - g.granted)::float8 as remaining, g.yielded`,
+  ),
+});

@@ -1,0 +1,110 @@
+// What every area's statements are built from (src/sql/<area>.ts): the schema, quoted; the statement
+// builder that names a prepared statement per schema; the timeline and settlement-event CTEs several
+// writes share; and the column list every whole-row read names.
+import { createHash } from 'node:crypto';
+import pg from 'pg';
+import type { QueryConfig } from 'pg';
+
+export const DEFAULT_SCHEMA = 'outboxd';
+/** A lower-case identifier (never needs quoting rules of its own), short enough that the pg-boss schema
+ * derived from it (src/outbox/outbox.ts) stays within pg-boss's 50 bytes. */
+export const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,39}$/;
+
+export const UNSETTLED = `status in ('pending', 'unknown')`;
+
+/** payment_operations' columns (src/db/schema.ts), named in every statement that reads them whole: a
+ * statement prepared before a migration adds a column keeps its result type, where `*` would change it
+ * under a warm connection (0A000 cached plan must not change result type). */
+const OPERATION_COLUMNS = [
+  'id', 'order_id', 'kind', 'policy', 'amount', 'currency', 'customer_id', 'payment_method', 'metadata', 'status',
+  'external_id', 'attempts', 'first_attempted_at', 'last_attempted_at', 'last_error', 'last_outcome', 'review_reason',
+  'needs_review', 'settled_at', 'fence', 'lease_owner', 'lease_expires_at', 'traceparent', 'parent_operation_id',
+  'effect_key', 'payload', 'result', 'possible_duplicates', 'created_at', 'updated_at',
+] as const;
+export const operationColumns = (alias?: string): string => OPERATION_COLUMNS.map((c) => (alias ? `${alias}.${c}` : c)).join(', ');
+
+const INT8 = 20;
+/** bigint columns (amount, fence) hold values far below 2^53: read as numbers, on any connection (an
+ * application's own pool included) without changing how that connection parses its own columns. */
+export const resultTypes = {
+  getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
+    oid === INT8 ? Number : pg.types.getTypeParser(oid, format)) as typeof pg.types.getTypeParser,
+};
+
+/** pg-boss's schema for an outboxd schema: `pgboss` for the default one, its own for any other, so two
+ * outboxd schemas in one database never share queues. */
+export const bossSchemaFor = (schema: string): string => (schema === DEFAULT_SCHEMA ? 'pgboss' : `pgboss_${schema}`);
+
+export type SqlContext = ReturnType<typeof sqlContext>;
+
+/** The builders for `schema`; `prepared`: named statements (outboxd's own direct connections). */
+export function sqlContext(schema: string, prepared: boolean) {
+  if (!SCHEMA_NAME.test(schema)) throw new Error(`not a schema name outboxd accepts: ${JSON.stringify(schema)}`);
+  const s = `"${schema}"`;
+  const boss = `"${bossSchemaFor(schema)}"`;
+  // PostgreSQL compares prepared-statement names on their first 63 bytes: a short tag, not the name.
+  const tag = createHash('sha256').update(schema).digest('hex').slice(0, 8);
+  /** The CTE that records a settlement's event beside the update `op` that settled it; `source` is its parameter. */
+  const settlementEvent = (source: string) => `event as (
+         insert into ${s}.settlement_outbox (operation_id, source)
+         select id, ${source}::text from op where status in ('succeeded', 'failed')
+       )`;
+  const statement =
+    <A extends unknown[]>(name: string, text: string) =>
+    (...values: A): QueryConfig => ({ ...(prepared ? { name: `${name}_${tag}` } : {}), text, values, types: resultTypes });
+  /**
+   * Data-modifying CTEs that add to the operation's timeline, one row per row of `from`: `columns` selects
+   * operation_id, type, fence, actor, details. A refusal that repeats (the same flag, or an outcome that
+   * executed nothing or only read, with the same details but for the attempt, duration and request id,
+   * as the operation's latest event of its type) counts on that row instead (repeats, last_at). A repeated
+   * outcome's claim and call, which executed nothing, go with it: a revoked key retried every 30 s, a 429
+   * loop, a sweep that flags the same operation each run leave one row, not one a round.
+   */
+  const event = (from: string, columns: string) => {
+    const same = (d: string) => `(${d} - 'attempt' - 'duration_ms' - 'request_id')`;
+    return `${from}_ev as (
+         select c1::uuid as operation_id, c2::text as type, c3::bigint as fence, c4::text as actor, c5::jsonb as details,
+           row_number() over () as ord
+         from (select ${columns} from ${from}) raw (c1, c2, c3, c4, c5)
+       ), ${from}_repeat as (
+         select n.operation_id, n.type, n.fence, last.id
+         from ${from}_ev n
+         cross join lateral (
+           select l.id, l.details from ${s}.operation_events l
+           where l.operation_id = n.operation_id and l.type = n.type order by l.id desc limit 1
+         ) last
+         where (n.type = 'flagged' or (n.type = 'outcome' and (n.details->>'outcome' in ('rate_limited', 'not_executed') or n.details->>'call' <> 'create')))
+           and ${same('last.details')} = ${same('n.details')}
+       ), ${from}_counted as (
+         update ${s}.operation_events e set repeats = e.repeats + 1, last_at = now() from ${from}_repeat r where e.id = r.id
+       ), ${from}_cycle as (
+         delete from ${s}.operation_events e using ${from}_repeat r
+         where r.type = 'outcome' and e.operation_id = r.operation_id and e.fence = r.fence and e.type in ('claimed', 'sent') and e.id > r.id
+       ), ${from}_event as (
+         insert into ${s}.operation_events (operation_id, type, fence, actor, details)
+         select n.operation_id, n.type, n.fence, n.actor, n.details from ${from}_ev n
+         where not exists (select 1 from ${from}_repeat r where r.operation_id = n.operation_id and r.type = n.type)
+         order by n.ord
+       )`;
+  };
+  /** An operation's keyset cursor: created_at to the microsecond (a JavaScript Date keeps milliseconds). */
+  const CURSOR = `to_char(o.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`;
+  const operationsPage = (cmp: '<' | '>', dir: 'asc' | 'desc') =>
+    `select ${operationColumns('o')}, ${CURSOR} as cursor_at
+     from unnest($1::text[]) k(kind) cross join unnest($2::text[]) st(status)
+     cross join lateral (
+       select ${operationColumns('p')} from ${s}.payment_operations p
+       where p.kind = k.kind and p.status = st.status and (p.created_at, p.id) ${cmp} ($3::timestamptz, $4::uuid)
+       order by p.created_at ${dir}, p.id ${dir}
+       limit $5
+     ) o
+     order by o.created_at ${dir}, o.id ${dir}
+     limit $5`;
+  const reviewPage = (cmp: '<' | '>', dir: 'asc' | 'desc') =>
+    `select ${operationColumns('o')}, ${CURSOR} as cursor_at from ${s}.payment_operations o
+     where o.review_reason is not null and o.kind = any($1::text[]) and o.status = any($2::text[])
+       and (o.created_at, o.id) ${cmp} ($3::timestamptz, $4::uuid)
+     order by o.created_at ${dir}, o.id ${dir}
+     limit $5`;
+  return { schema, s, boss, statement, settlementEvent, event, CURSOR, operationsPage, reviewPage, UNSETTLED, operationColumns };
+}

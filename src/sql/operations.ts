@@ -1,0 +1,248 @@
+// The statements of the operation's state machine (src/engine/operation.ts), its only writer of status: the load, the
+// lease and fence (docs/architecture.md §3), the executor's fenced writes, and settlement from outside
+// the executor (a person's resolution, a Stripe webhook).
+import { CALL_FACT_WEIGHT as W } from '../types/contracts.ts';
+import type { SqlContext } from './context.ts';
+
+export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, settlementEvent, statement }: SqlContext) => ({
+  /** The operation, with whether its idempotency key window (seconds from first_attempted_at) has passed,
+   * judged by the database clock so that every replica agrees. */
+  loadOperation: statement<[id: string, keyWindowSeconds: number]>(
+    'outboxd_load_operation',
+    `select ${operationColumns()}, coalesce(first_attempted_at < now() - make_interval(secs => $2), false) as key_window_passed
+     from ${s}.payment_operations where id = $1`,
+  ),
+
+  /** Takes the lease if it is free or expired; every claim gets a strictly larger fencing token. A row
+   * another transaction holds (an application's `select … for update`) is skipped, not waited for: no row.
+   * Returns the claimed operation as loadOperation does (the executor needs no second read), and
+   * previous_owner when an expired lease was taken over (its holder died or stalled). The timeline
+   * records the claim in the same statement. */
+  acquireLease: statement<[id: string, owner: string, ttlMs: number, keyWindowSeconds: number]>(
+    'outboxd_acquire_lease',
+    `with prev as (select id, lease_owner from ${s}.payment_operations where id = $1 for update skip locked), claimed as (
+     update ${s}.payment_operations op
+     set fence = op.fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
+         updated_at = now()
+     from prev
+     where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
+     returning ${operationColumns('op')}, prev.lease_owner as previous_owner,
+       coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as key_window_passed
+     ), ${event('claimed', `id, 'claimed', fence, lease_owner, jsonb_strip_nulls(jsonb_build_object('previous_owner', previous_owner))`)}
+     select * from claimed`,
+  ),
+
+  /**
+   * The dispatcher's claims, each with the attempt of the call it leads to, many operations in ONE
+   * statement: each a claim as acquireLease makes, that also counts the call the kind's policy chooses
+   * for what the row holds, and stamps it as recordAttempt does (a create: first_attempted_at once,
+   * last_attempted_at now, the stamps before returned for an undo; an at-least-once create after one that
+   * may have acted counted as a possible duplicate). $7: the policy's call for each combination of the
+   * row's facts, indexed as src/types/contracts.ts says (CALL_FACT_WEIGHT), for
+   * kind $5 under policy $6; a row of another kind or requested under another policy is claimed without
+   * an attempt (call null), and the executor chooses and counts, or holds it for a person, as for any
+   * claim. A row another transaction holds (an application's `select … for update`) is skipped, not
+   * waited for, and an id asked twice is claimed for its first request only. The timeline records each claim and its call as
+   * sent, in that order. One row per request, in order: `id` is null when nothing was claimed for it
+   * (settled, leased by a live claim, locked: `locked`, or no such operation), and current_* say what the
+   * row holds (read without its lock when another transaction holds it).
+   */
+  claimAttempts: statement<
+    [ids: readonly string[], owner: string, ttlMs: number, keyWindowSeconds: number, kind: string, policy: string, calls: readonly string[]]
+  >(
+    'outboxd_claim_attempts',
+    `with req as (
+       select r.id, r.ord, row_number() over (partition by r.id order by r.ord) = 1 as first
+       from unnest($1::uuid[]) with ordinality r(id, ord)
+     ), prev as (
+       select op.id, op.kind, op.status, op.lease_owner, op.first_attempted_at, op.last_attempted_at,
+         w.passed as key_window_passed,
+         case when op.kind = $5 and op.policy = $6 then
+           ($7::text[])[1 + ${W.externalIdKnown} * (op.external_id is not null)::int + ${W.keyWindowPassed} * w.passed::int + ${W.attemptedBefore} * (op.first_attempted_at is not null)::int]
+         end as call
+       from ${s}.payment_operations op
+       cross join lateral (select coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as passed) w
+       where op.id = any($1::uuid[])
+       order by op.id
+       for update of op skip locked
+     ), claimed as (
+       update ${s}.payment_operations op
+       set fence = op.fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
+           updated_at = now(),
+           attempts = op.attempts + (prev.call is not null)::int,
+           first_attempted_at = case when prev.call = 'create' then coalesce(op.first_attempted_at, now()) else op.first_attempted_at end,
+           last_attempted_at = case when prev.call = 'create' then now() else op.last_attempted_at end,
+           possible_duplicates = op.possible_duplicates
+             + coalesce(prev.call = 'create' and $6 = 'at-least-once' and op.first_attempted_at is not null, false)::int
+       from prev
+       where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
+       returning ${operationColumns('op')}, prev.lease_owner as previous_owner, prev.key_window_passed, prev.call,
+         prev.first_attempted_at as prev_first_attempted_at, prev.last_attempted_at as prev_last_attempted_at
+     ), steps as (
+       select id, e.type, fence, e.actor, e.details from claimed cross join lateral (values
+         (1, 'claimed', lease_owner, jsonb_strip_nulls(jsonb_build_object('previous_owner', previous_owner))),
+         (2, 'sent', null, jsonb_build_object('call', call, 'attempt', attempts))
+       ) e(step, type, actor, details)
+       where e.type = 'claimed' or call is not null
+       order by id, e.step
+     ), ${event('steps', 'id, type, fence, actor, details')}
+     select mine.*, coalesce(prev.status, cur.status) as current_status,
+       coalesce(won.lease_owner, prev.lease_owner, cur.lease_owner) as current_owner, prev.id is null and cur.id is not null as locked
+     from req
+     left join ${s}.payment_operations cur on cur.id = req.id
+     left join prev on prev.id = req.id
+     left join claimed won on won.id = req.id
+     left join claimed mine on mine.id = req.id and req.first
+     order by req.ord`,
+  ),
+
+  renewLease: statement<[id: string, fence: number, ttlMs: number]>(
+    'outboxd_renew_lease',
+    `update ${s}.payment_operations set lease_expires_at = now() + make_interval(secs => $3 / 1000.0)
+     where id = $1 and fence = $2 and lease_owner is not null
+     returning lease_expires_at`,
+  ),
+
+  releaseLease: statement<[id: string, fence: number]>(
+    'outboxd_release_lease',
+    `update ${s}.payment_operations set lease_owner = null, lease_expires_at = null
+     where id = $1 and fence = $2 and lease_owner is not null`,
+  ),
+
+  /** At shutdown: gives back every lease this replica still holds but those of calls still in flight
+   * ($2), so others need not wait for expiry. */
+  releaseLeasesOf: statement<[owner: string, inFlight: readonly string[]]>(
+    'outboxd_release_leases_of',
+    `update ${s}.payment_operations set lease_owner = null, lease_expires_at = null
+     where lease_owner = $1 and id <> all($2::uuid[])
+     returning id`,
+  ),
+
+  /** Counts a call before it is made; for a create, records first_attempted_at (the first send,
+   * invariant 7) and last_attempted_at before the send, returning what they were, so that an outcome that
+   * proves nothing executed can put them back. $4: an at-least-once kind, whose create after one that
+   * may have acted (first_attempted_at already set) is counted as a possible duplicate. Zero rows: the
+   * fence moved or the operation settled, and the call must not be made. The timeline records the call
+   * as sent: one whose outcome never follows was in flight when its worker died or lost the lease. */
+  recordAttempt: statement<[id: string, fence: number, call: string, atLeastOnce: boolean]>(
+    'outboxd_record_attempt',
+    `with prev as (select first_attempted_at, last_attempted_at from ${s}.payment_operations where id = $1), attempt as (
+     update ${s}.payment_operations
+     set attempts = attempts + 1, updated_at = now(),
+         first_attempted_at = case when $3 = 'create' then coalesce(first_attempted_at, now()) else first_attempted_at end,
+         last_attempted_at = case when $3 = 'create' then now() else last_attempted_at end,
+         possible_duplicates = possible_duplicates + case when $3 = 'create' and $4 and first_attempted_at is not null then 1 else 0 end
+     where id = $1 and fence = $2 and ${UNSETTLED}
+     returning attempts, first_attempted_at,
+       (select first_attempted_at from prev) as prev_first_attempted_at,
+       (select last_attempted_at from prev) as prev_last_attempted_at
+     ), ${event('attempt', `$1, 'sent', $2, null, jsonb_build_object('call', $3::text, 'attempt', attempts)`)}
+     select * from attempt`,
+  ),
+
+  /** Writes outcomes, each ending its claim's lease, many operations in ONE statement ($1: a JSON array,
+   * one object per outcome with the fields below). Never touches a settled operation (invariant 5) and
+   * only with the claim's current fence (invariant 8). settled_at is set exactly when the new status is
+   * settled, and then, in the same statement, its settlement event (`source`: what settled it). `undo`:
+   * the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt stamps
+   * go back to first_attempted_at/last_attempted_at: a window that only such calls opened is not open (or
+   * a check found that no earlier execution happened: they go back to null). `event`: what the timeline
+   * keeps of the call (its outcome, duration, Stripe's request id), written by the same statement.
+   * `result`: an application effect's (JSON). One row per outcome, in order: `id` is null when the fence
+   * moved or the operation had settled, and current_* say what it holds. */
+  recordOutcomes: statement<[outcomes: string]>(
+    'outboxd_record_outcomes',
+    `with input as (
+       select * from jsonb_to_recordset($1::jsonb) as x(
+         ord int, id uuid, fence bigint, status text, external_id text, last_outcome text, last_error text,
+         review_reason text, undo boolean, first_attempted_at timestamptz, last_attempted_at timestamptz,
+         source text, event jsonb, result text)
+     ), op as (
+     update ${s}.payment_operations o
+     set status = x.status, external_id = coalesce(x.external_id, o.external_id), last_outcome = x.last_outcome,
+         last_error = x.last_error,
+         -- a review reason stays until the operation settles (a later ambiguous retry does not clear it)
+         review_reason = case when x.status in ('succeeded', 'failed') then null else coalesce(x.review_reason, o.review_reason) end,
+         first_attempted_at = case when x.undo then x.first_attempted_at else o.first_attempted_at end,
+         last_attempted_at = case when x.undo then x.last_attempted_at else o.last_attempted_at end,
+         result = coalesce(x.result::jsonb, o.result),
+         updated_at = now(), lease_owner = null, lease_expires_at = null,
+         settled_at = case when x.status in ('succeeded', 'failed') then now() end
+     from input x
+     where o.id = x.id and o.fence = x.fence and o.${UNSETTLED}
+     returning ${operationColumns('o')}, x.ord, x.source, x.event
+     ), settled_event as (
+       insert into ${s}.settlement_outbox (operation_id, source)
+       select id, source from op where status in ('succeeded', 'failed') order by ord
+     ), ${event('op', `id, 'outcome', fence, null, event`)}
+     select op.*, cur.fence as current_fence, cur.status as current_status
+     from input
+     left join op on op.ord = input.ord
+     left join ${s}.payment_operations cur on cur.id = input.id
+     order by input.ord`,
+  ),
+
+  /** Fenced: holds an unsettled operation for a person without changing its status; ends the claim. */
+  flagForReview: statement<[id: string, fence: number, reason: string]>(
+    'outboxd_flag_for_review',
+    `with flagged as (
+     update ${s}.payment_operations set review_reason = $3, updated_at = now(), lease_owner = null, lease_expires_at = null
+     where id = $1 and fence = $2 and ${UNSETTLED}
+     returning ${operationColumns()}
+     ), ${event('flagged', `id, 'flagged', $2, null, jsonb_build_object('reason', $3::text)`)}
+     select * from flagged`,
+  ),
+
+  fenceOf: statement<[id: string]>(
+    'outboxd_fence_of',
+    `select fence, status, lease_owner from ${s}.payment_operations where id = $1`,
+  ),
+
+  /** Settles an unsettled operation and bumps the fence, so a worker still holding a claim is fenced out;
+   * its settlement event ($6: what settled it) in the same statement. */
+  settleFromOutside: statement<
+    [id: string, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null, source: string]
+  >(
+    'outboxd_settle_from_outside',
+    `with op as (
+     update ${s}.payment_operations
+     set fence = fence + 1, lease_owner = null, lease_expires_at = null,
+         status = $2, external_id = coalesce($3, external_id), last_outcome = $4, last_error = $5,
+         review_reason = null, settled_at = now(), updated_at = now()
+     where id = $1 and ${UNSETTLED}
+     returning ${operationColumns()}
+     ), ${settlementEvent('$6')},
+     ${event('op', `id, 'settled', fence, last_outcome, jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', last_error))`)}
+     select * from op`,
+  ),
+
+  /** A person's resolution, written under the lease the resolution holds: fenced like any claim, so it
+   * cannot land after another claim took the operation over; its settlement event in the same statement. */
+  settleUnderLease: statement<
+    [id: string, fence: number, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null]
+  >(
+    'outboxd_settle_under_lease',
+    `with op as (
+     update ${s}.payment_operations
+     set lease_owner = null, lease_expires_at = null,
+         status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
+         review_reason = null, settled_at = now(), updated_at = now()
+     where id = $1 and fence = $2 and ${UNSETTLED}
+     returning ${operationColumns()}
+     ), ${settlementEvent("'admin'")},
+     ${event('op', `id, 'settled', fence, last_outcome, jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', last_error))`)}
+     select * from op`,
+  ),
+
+  /** Holds an unsettled operation for a person from outside any claim (a webhook that contradicts it).
+   * The status is not touched, so no fence is needed; a later outcome keeps the reason unless it settles. */
+  flagFromOutside: statement<[id: string, reason: string]>(
+    'outboxd_flag_from_outside',
+    `with flagged as (
+     update ${s}.payment_operations set review_reason = $2, updated_at = now()
+     where id = $1 and ${UNSETTLED}
+     returning id
+     ), ${event('flagged', `id, 'flagged', null, null, jsonb_build_object('reason', $2::text)`)}
+     select id from flagged`,
+  ),
+});

@@ -1,0 +1,75 @@
+// The statements of the outbox, written with the operation and relayed to pg-boss in batches, and the settlement events,
+// written by the statement that settles and relayed alike (src/outbox/).
+import type { SqlContext } from './context.ts';
+
+export const outboxStatements = ({ boss, event, s, statement }: SqlContext) => ({
+  outboxHasRows: statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from ${s}.charge_outbox) as any`),
+
+  /** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark.
+   * Each operation's timeline records the relay in the same statement. */
+  takeOutboxBatch: statement<[limit: number]>(
+    'outboxd_take_outbox_batch',
+    `with taken as (
+     delete from ${s}.charge_outbox
+     where id in (select id from ${s}.charge_outbox order by id limit $1 for update skip locked)
+     returning operation_id, traceparent, kind
+     ), ${event('taken', `operation_id, 'relayed', null, null, '{}'`)}
+     select operation_id, traceparent, kind from taken`,
+  ),
+
+  outboxRowFor: statement<[operationId: string]>(
+    'outboxd_outbox_row_for',
+    `select id, created_at from ${s}.charge_outbox where operation_id = $1 order by id limit 1`,
+  ),
+
+  outboxDepth: statement<[]>('outboxd_outbox_depth', `select count(*)::int as rows from ${s}.charge_outbox`),
+
+  settlementOutboxHasRows: statement<[]>(
+    'outboxd_settlement_outbox_has_rows',
+    `select exists (select 1 from ${s}.settlement_outbox) as any`,
+  ),
+
+  /** Takes the oldest events no other relay holds, with what they say (the settled operation's fields). */
+  takeSettlementBatch: statement<[limit: number]>(
+    'outboxd_take_settlement_batch',
+    `with taken as (
+       delete from ${s}.settlement_outbox
+       where id in (select id from ${s}.settlement_outbox order by id limit $1 for update skip locked)
+       returning id, operation_id, source
+     )
+     select op.id as operation_id, op.order_id, op.kind, op.effect_key, op.status, op.external_id, op.amount, op.currency,
+            op.settled_at, taken.source, op.traceparent
+     from taken join ${s}.payment_operations op on op.id = taken.operation_id
+     order by taken.id`,
+  ),
+
+  settlementOutboxDepth: statement<[]>(
+    'outboxd_settlement_outbox_depth',
+    `select count(*)::int as rows from ${s}.settlement_outbox`,
+  ),
+
+  /** The named subscribers' queues (pg-boss's subscriptions to the event `settled`, which its foreign
+   * key keeps to existing queues), for the relay. */
+  settlementSubscriberQueues: statement<[event: string]>(
+    'outboxd_settlement_subscriber_queues',
+    `select name from ${boss}.subscription where event = $1 order by name`,
+  ),
+
+  /** First statement of a transactional delivery: its statement_timeout and its
+   * idle_in_transaction_session_timeout, or a tighter bound the role or the server already sets. */
+  boundSettlementTransaction: statement<[statementMs: number, idleMs: number]>(
+    'outboxd_bound_settlement_transaction',
+    `select set_config(g.name, least(g.ms, nullif(p.setting::bigint, 0))::text, true)
+     from (values ('statement_timeout', $1::bigint), ('idle_in_transaction_session_timeout', $2::bigint)) g(name, ms)
+     join pg_settings p on p.name = g.name`,
+  ),
+
+  /** Records `subscriber` consuming the operation's settlement, inside the delivery's transaction: no
+   * row back means it consumed it already. */
+  consumeSettlement: statement<[subscriber: string, operationId: string]>(
+    'outboxd_consume_settlement',
+    `insert into ${s}.settlement_consumption (subscriber, operation_id) values ($1, $2)
+     on conflict (subscriber, operation_id) do nothing
+     returning operation_id`,
+  ),
+});

@@ -1,0 +1,57 @@
+// The statements of reconciliation (src/reconcile/): the sweep's candidates and the drift report's reads.
+import { DEAD_LETTER_SUFFIX, LIVE_JOB_STATES } from '../types/contracts.ts';
+import type { SqlContext } from './context.ts';
+
+export const reconcileStatements = ({ UNSETTLED, boss, operationColumns, s, statement }: SqlContext) => ({
+  /** What the reconcile sweep may decide, of the kinds it reconciles through the provider ($3): a known
+   * object to retrieve, a key window that has passed, or an operation held for review after an attempt
+   * that may have acted (searched read-only inside the window too: a dead-lettered job drives it no
+   * more). Other operations inside the window without an external id are the dispatcher's, and leased
+   * ones are busy. */
+  reconcileCandidates: statement<[keyWindowSeconds: number, limit: number, kinds: readonly string[]]>(
+    'outboxd_reconcile_candidates',
+    `select id from ${s}.payment_operations
+     where ${UNSETTLED} and kind = any($3::text[])
+       and (external_id is not null
+            or first_attempted_at < now() - make_interval(secs => $1)
+            or (review_reason is not null and first_attempted_at is not null))
+       and (lease_expires_at is null or lease_expires_at < now())
+     order by updated_at
+     limit $2`,
+  ),
+
+  /** Unsettled, unflagged operations of any kind untouched for a while with no lease, nothing in the
+   * outbox and no live job in their kind's queue or its dead letter (src/types/contracts.ts: DEAD_LETTER_SUFFIX,
+   * LIVE_JOB_STATES; one anti-join over pg-boss's job table, so a large backlog of queued jobs costs one
+   * scan): the sweep claims each, checks again for a live job, and flags one that nothing drives. */
+  undrivenCandidates: statement<[idleSeconds: number, limit: number]>(
+    'outboxd_undriven_candidates',
+    `select id from ${s}.payment_operations op
+     where ${UNSETTLED} and review_reason is null
+       and (lease_expires_at is null or lease_expires_at < now())
+       and updated_at < now() - make_interval(secs => $1)
+       and not exists (select 1 from ${s}.charge_outbox o where o.operation_id = op.id)
+       and not exists (
+         select 1 from ${boss}.job j
+         where j.name in (op.kind, op.kind || '${DEAD_LETTER_SUFFIX}') and j.state in (${LIVE_JOB_STATES.map((st) => `'${st}'`).join(', ')}) and j.data->>'operationId' = op.id::text)
+     order by updated_at
+     limit $2`,
+  ),
+
+  operationsByIds: statement<[ids: string[]]>(
+    'outboxd_operations_by_ids',
+    `select ${operationColumns()} from ${s}.payment_operations where id = any($1::uuid[])`,
+  ),
+
+  /** Operations of a kind known to the provider by these ids (the drift report's refunds of our charges). */
+  operationsByExternalIds: statement<[kind: string, externalIds: string[]]>(
+    'outboxd_operations_by_external_ids',
+    `select ${operationColumns()} from ${s}.payment_operations where kind = $1 and external_id = any($2::text[])`,
+  ),
+
+  /** Succeeded operations settled since a time: each must have its charge (refund) in Stripe. */
+  succeededSince: statement<[since: Date]>(
+    'outboxd_succeeded_since',
+    `select ${operationColumns()} from ${s}.payment_operations where status = 'succeeded' and settled_at >= $1`,
+  ),
+});

@@ -1,0 +1,51 @@
+// The statements of requesting a refund (src/kinds/refund/request.ts): of a succeeded charge, within what remains of it.
+import type { SqlContext } from './context.ts';
+
+export const refundStatements = ({ s, statement }: SqlContext) => ({
+  /**
+   * The first step of a refund request, in the caller's transaction: a succeeded charge operation,
+   * locked by an update (of nothing) until the caller commits, so that concurrent refund requests of
+   * one charge are decided one after the other. An update, not only a lock: under REPEATABLE READ a
+   * request that waited on a mere lock would go on reading the refunds committed before it began;
+   * an updated row makes it fail instead. No row: no such charge, or it has not succeeded.
+   */
+  lockChargeForRefund: statement<[chargeOperationId: string]>(
+    'outboxd_lock_charge_for_refund',
+    `update ${s}.payment_operations set updated_at = updated_at
+     where id = $1 and kind = 'charge' and status = 'succeeded'
+     returning id`,
+  ),
+
+  /**
+   * The refund operation and its outbox row, in ONE statement (after lockChargeForRefund, so it reads
+   * every refund of the charge committed before): created only when no refund of the charge has this
+   * key and the amount fits in what remains unrefunded, counting every refund that has not failed
+   * (pending and unknown ones may still succeed). Always one row: what it decided from.
+   */
+  insertRefundOperation: statement<[chargeOperationId: string, amount: number, key: string, reason: string | null, traceparent: string | null]>(
+    'outboxd_insert_refund_operation',
+    `with charge as (
+       select id, order_id, amount, currency, external_id from ${s}.payment_operations
+       where id = $1 and kind = 'charge' and status = 'succeeded'
+     ), existing as (
+       select id, amount, payload->>'reason' as reason from ${s}.payment_operations
+       where kind = 'refund' and parent_operation_id = $1 and effect_key = $3
+     ), spent as (
+       select coalesce(sum(amount), 0)::bigint as spent from ${s}.payment_operations
+       where kind = 'refund' and parent_operation_id = $1 and status <> 'failed'
+     ), op as (
+       insert into ${s}.payment_operations (order_id, kind, amount, currency, parent_operation_id, effect_key, payload, traceparent)
+       select charge.order_id, 'refund', $2::bigint, charge.currency, charge.id, $3::text,
+              jsonb_build_object('payment_intent', charge.external_id, 'reason', $4::text), $5::text
+       from charge, spent
+       where not exists (select 1 from existing) and spent.spent + $2::bigint <= charge.amount
+       on conflict (parent_operation_id, effect_key) where kind = 'refund' do nothing
+       returning id, traceparent
+     ), outbox as (
+       insert into ${s}.charge_outbox (operation_id, kind, traceparent) select id, 'refund', traceparent from op
+     )
+     select (select id from op) as created_id, existing.id as existing_id, existing.amount as existing_amount,
+            existing.reason as existing_reason, spent.spent, charge.amount as charge_amount
+     from spent left join charge on true left join existing on true`,
+  ),
+});

@@ -1,0 +1,42 @@
+// The statements of the history around the ledger, pruned past its retention (src/outbox/retention.ts).
+import type { SqlContext } from './context.ts';
+
+export const retentionStatements = ({ s, statement }: SqlContext) => ({
+  /**
+   * One batch of the timeline's retention (src/outbox/retention.ts): the $3 oldest rows after id $2, of which
+   * those last seen over $1 days ago, of an operation settled over $1 days ago, are deleted. An
+   * unsettled operation's history (held for review, or still being driven) is kept whatever its age.
+   * Rows are scanned in id order (the primary key), so a batch reads $3 rows, however large the table;
+   * reached_window: the batch's last row is inside the window, and so is every later one (ids and times
+   * grow together).
+   */
+  pruneOperationEvents: statement<[retentionDays: number, afterId: number, scan: number]>(
+    'outboxd_prune_operation_events',
+    `with scanned as (
+       select id, operation_id, coalesce(last_at, at) as seen from ${s}.operation_events where id > $2 order by id limit $3
+     ), gone as (
+       delete from ${s}.operation_events e
+       using scanned sc join ${s}.payment_operations o on o.id = sc.operation_id
+       where e.id = sc.id and sc.seen < now() - make_interval(days => $1) and o.settled_at < now() - make_interval(days => $1)
+       returning e.id
+     )
+     select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,
+       coalesce((select seen >= now() - make_interval(days => $1) from scanned order by id desc limit 1), true) as reached_window`,
+  ),
+
+  /** The audit trail's retention, as pruneOperationEvents: an action about an unsettled operation is kept. */
+  pruneAdminAudit: statement<[retentionDays: number, afterId: number, scan: number]>(
+    'outboxd_prune_admin_audit',
+    `with scanned as (
+       select id, operation_id, at from ${s}.admin_audit where id > $2 order by id limit $3
+     ), gone as (
+       delete from ${s}.admin_audit a
+       using scanned sc left join ${s}.payment_operations o on o.id = sc.operation_id
+       where a.id = sc.id and sc.at < now() - make_interval(days => $1)
+         and (sc.operation_id is null or o.settled_at < now() - make_interval(days => $1))
+       returning a.id
+     )
+     select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,
+       coalesce((select at >= now() - make_interval(days => $1) from scanned order by id desc limit 1), true) as reached_window`,
+  ),
+});
