@@ -10,9 +10,7 @@ import type { Logger } from './log.ts';
 import type { PaymentGateway } from './payments/gateway.ts';
 import { Budget, budgetMetrics } from './stripe/budget.ts';
 import { BudgetedGateway, gatewayMetrics } from './stripe/budgetedGateway.ts';
-import { EmulatorServer } from './stripe/emulator/emulator.ts';
-import { PgState } from './stripe/emulator/pgState.ts';
-import { MemoryState } from './stripe/emulator/state.ts';
+import { EmulatorServer, MemoryState, PgState } from './emulator/index.ts';
 import { StripeGateway } from './stripe/gateway.ts';
 
 export interface Database {

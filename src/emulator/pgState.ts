@@ -3,8 +3,7 @@
 // emulator from the same database sees one ledger, one set of idempotency keys (a key executing in one
 // process is a 409 in another), one clock, one set of faults, and all of it survives restarts.
 import pg from 'pg';
-import { DEFAULT_SCHEMA } from '../../sql/statements.ts';
-import { createPool, inTransaction, type Pool } from '../../db/pool.ts';
+import { inTransaction, openPool } from './pg.ts';
 import {
   endpointOf,
   pickFaults,
@@ -80,7 +79,7 @@ create table if not exists stripe_emulator.events (
 );`;
 
 export class PgState implements EmulatorState {
-  private readonly pool: Pool;
+  private readonly pool: pg.Pool;
   /**
    * A session held for this state's life: a key it claimed stays `executing` while the session lives,
    * and is free again once its process died before committing (the charge and the key's result commit
@@ -89,7 +88,7 @@ export class PgState implements EmulatorState {
   private readonly session: pg.Client;
   private readonly claimer: number;
 
-  private constructor(pool: Pool, session: pg.Client, claimer: number) {
+  private constructor(pool: pg.Pool, session: pg.Client, claimer: number) {
     this.pool = pool;
     this.session = session;
     this.claimer = claimer;
@@ -97,8 +96,7 @@ export class PgState implements EmulatorState {
 
   /** Opens the state on `url`, creating its schema on first use. */
   static async open(url: string): Promise<PgState> {
-    // outboxd's statements go unused here (the emulator's tables are its own, in stripe_emulator).
-    const pool = createPool(url, { schema: DEFAULT_SCHEMA, max: 4, applicationName: 'outboxd-stripe-emulator', timeouts: false });
+    const pool = openPool(url, 'outboxd-stripe-emulator');
     const session = new pg.Client({ connectionString: url, application_name: 'outboxd-stripe-emulator' });
     session.on('error', () => {}); // a lost session only frees this process's executing keys
     try {

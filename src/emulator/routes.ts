@@ -1,0 +1,232 @@
+// Stripe's API under /v1: authentication, the account's rate limit, then one handler per endpoint. A
+// write goes through faults (faults.ts), the idempotency layer (idempotency.ts), one commit of the object
+// with its key's result, and its webhook (webhooks.ts).
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { clock, trim, type Core, type RequestLogEntry } from './core.ts';
+import { deliver, latency, preflight, storedAfterCommit, tooManyRequests } from './faults.ts';
+import { parseForm, type FormValue } from './form.ts';
+import { apiKeyOf, error, header, invalidRequest, isRecord, json, newId, respond, str } from './http.ts';
+import { claimKey, refuseLongKey, underKey } from './idempotency.ts';
+import {
+  DECLINES,
+  currentIntent,
+  currentIntents,
+  currentRefund,
+  listPage,
+  newPaymentIntent,
+  newRefund,
+  validateCreate,
+  validateRefund,
+} from './resources.ts';
+import { matches, parseSearchQuery } from './search.ts';
+import { heldByRefunds, type Refund, type StoredResponse } from './state.ts';
+import { emit, emitIntent } from './webhooks.ts';
+
+export async function serveStripe(core: Core, req: IncomingMessage, url: URL, body: string, res: ServerResponse): Promise<void> {
+  const requestId = newId('req');
+  res.setHeader('Request-Id', requestId);
+  res.setHeader('Stripe-Version', String(req.headers['stripe-version'] ?? '2025-01-01'));
+  const entry: RequestLogEntry = {
+    requestId,
+    method: req.method!,
+    path: url.pathname,
+    endpoint: 'other',
+    idempotencyKey: header(req, 'idempotency-key'),
+    operationId: null,
+    status: 0,
+    replayed: false,
+    at: await clock(core),
+  };
+  core.log.push(entry);
+  trim(core, core.log);
+
+  const apiKey = apiKeyOf(header(req, 'authorization'));
+  if (!apiKey) {
+    return respond(res, entry, 401, error('invalid_request_error', 'Invalid API Key provided.'));
+  }
+  // The account's limiter answers before anything else runs, the idempotency layer included.
+  if (!(await core.state.admitRequest())) return respond(res, entry, 429, tooManyRequests('rate_limit'));
+  const retrieveIntent = /^\/v1\/payment_intents\/(pi_[A-Za-z0-9]+)$/.exec(url.pathname);
+  const refund = /^\/v1\/refunds\/(re_[A-Za-z0-9]+)$/.exec(url.pathname);
+  if (req.method === 'POST' && url.pathname === '/v1/payment_intents') {
+    entry.endpoint = 'create';
+    return create(core, apiKey, parseForm(body), res, entry);
+  }
+  if (req.method === 'GET' && url.pathname === '/v1/payment_intents/search') {
+    entry.endpoint = 'search';
+    return search(core, url, res, entry);
+  }
+  if (req.method === 'GET' && url.pathname === '/v1/payment_intents') {
+    entry.endpoint = 'list';
+    return list(core, url, res, entry);
+  }
+  if (req.method === 'GET' && retrieveIntent) {
+    entry.endpoint = 'retrieve';
+    return retrieve(core, retrieveIntent[1]!, res, entry);
+  }
+  if (req.method === 'POST' && url.pathname === '/v1/refunds') {
+    entry.endpoint = 'create_refund';
+    return createRefund(core, apiKey, parseForm(body), res, entry);
+  }
+  if (req.method === 'GET' && url.pathname === '/v1/refunds') {
+    entry.endpoint = 'list_refunds';
+    return listRefunds(core, url, res, entry);
+  }
+  if (req.method === 'GET' && refund) {
+    entry.endpoint = 'retrieve_refund';
+    return retrieveRefund(core, refund[1]!, res, entry);
+  }
+  return respond(res, entry, 404, error('invalid_request_error', `Unrecognized request URL (${req.method}: ${url.pathname}).`));
+}
+
+const metadataOf = (params: Record<string, FormValue>) => (isRecord(params.metadata) ? (params.metadata as Record<string, string>) : {});
+
+/** POST /v1/payment_intents. */
+async function create(core: Core, apiKey: string, params: Record<string, FormValue>, res: ServerResponse, entry: RequestLogEntry) {
+  const metadata = metadataOf(params);
+  entry.operationId = metadata.operation_id ?? null;
+  if (refuseLongKey(res, entry)) return;
+  const faults = await core.state.takeFaults('create', entry.operationId, str(params.customer));
+  if (await preflight(faults, res, entry)) return;
+  // A request that fails validation executes nothing and stores nothing under its key.
+  const invalid = validateCreate(params);
+  if (invalid) return respond(res, entry, 400, invalidRequest(invalid));
+
+  const claimed = await claimKey(core, apiKey, JSON.stringify(params), res, entry, faults);
+  if (!claimed) return;
+  const { storeKey } = claimed;
+  await underKey(core, storeKey, async () => {
+    await latency(faults);
+    // Commit: the charge exists from here on, whatever happens to the response.
+    const now = await clock(core);
+    const pi = newPaymentIntent(params, metadata, now);
+    const decline = DECLINES[pi.payment_method ?? ''];
+    const response = storedAfterCommit(faults, decline
+      ? { status: 402, body: json(error('card_error', decline.message, { code: decline.code, ...(decline.decline_code ? { decline_code: decline.decline_code } : {}), payment_intent: pi })) }
+      : { status: 200, body: json(pi) });
+    await core.state.commit({ paymentIntent: pi, idempotencyKey: entry.idempotencyKey, createdAtMs: now }, storeKey === null ? null : { storeKey, response });
+    await emitIntent(core, pi);
+    deliver(res, entry, response, faults);
+    return true;
+  });
+}
+
+/** POST /v1/refunds: a refund of a succeeded PaymentIntent, at most what it holds unrefunded. */
+async function createRefund(core: Core, apiKey: string, params: Record<string, FormValue>, res: ServerResponse, entry: RequestLogEntry) {
+  const metadata = metadataOf(params);
+  entry.operationId = metadata.operation_id ?? null;
+  if (refuseLongKey(res, entry)) return;
+  const piId = str(params.payment_intent);
+  const pi = piId ? (await core.state.intent(piId))?.paymentIntent : undefined;
+  const faults = await core.state.takeFaults('create_refund', entry.operationId, pi?.customer ?? null);
+  if (await preflight(faults, res, entry)) return;
+  const invalid = validateRefund(params, pi);
+  if (invalid) return respond(res, entry, 400, invalidRequest(invalid));
+
+  // The key's parameters are the endpoint's too: a charge's key sent to refunds is a mismatch.
+  const claimed = await claimKey(core, apiKey, JSON.stringify(['refunds', params]), res, entry, faults);
+  if (!claimed) return;
+  const { storeKey } = claimed;
+  await underKey(core, storeKey, async () => {
+    await latency(faults);
+    const now = await clock(core);
+    const held = heldByRefunds(await core.state.refunds(), pi!.id);
+    const status = faults.find((f) => f.kind === 'refund_status')?.status ?? 'succeeded';
+    const refund = newRefund(params, pi!, metadata, status, pi!.amount_received - held, now);
+    const response: StoredResponse = storedAfterCommit(faults, { status: 200, body: json(refund) });
+    // Commit, only if it fits: the refund exists from here on, whatever happens to the response.
+    const result = await core.state.commitRefund({ refund, idempotencyKey: entry.idempotencyKey, createdAtMs: now }, storeKey === null ? null : { storeKey, response });
+    if (!result.committed) {
+      if (result.remaining === 0) respond(res, entry, 400, error('invalid_request_error', `PaymentIntent ${pi!.id} has already been refunded.`, { code: 'charge_already_refunded' }));
+      else respond(res, entry, 400, error('invalid_request_error', `Refund amount (${refund.amount}) is greater than unrefunded amount on charge (${result.remaining})`, { code: 'amount_too_large', param: 'amount' }));
+      return false;
+    }
+    await emit(core, 'refund.created', refund);
+    deliver(res, entry, response, faults);
+    return true;
+  });
+}
+
+async function retrieveRefund(core: Core, refundId: string, res: ServerResponse, entry: RequestLogEntry) {
+  const found = await core.state.refund(refundId);
+  const customer = found ? ((await core.state.intent(found.refund.payment_intent))?.paymentIntent.customer ?? null) : null;
+  const object = found && { operationId: found.refund.metadata.operation_id ?? null, customer, current: () => currentRefund(core, found) };
+  return retrieveOne(core, 'retrieve_refund', object, res, entry, { message: `No such refund: '${refundId}'`, param: 'id' });
+}
+
+/** A GET of one object: its faults and latency, then the object as it is now, or Stripe's 404. */
+async function retrieveOne(
+  core: Core,
+  endpoint: 'retrieve' | 'retrieve_refund',
+  found: { operationId: string | null; customer: string | null; current: () => Promise<object> } | undefined,
+  res: ServerResponse,
+  entry: RequestLogEntry,
+  missing: { message: string; param: string },
+) {
+  entry.operationId = found?.operationId ?? null;
+  const faults = await core.state.takeFaults(endpoint, entry.operationId, found?.customer ?? null);
+  if (await preflight(faults, res, entry)) return;
+  await latency(faults);
+  if (!found) return respond(res, entry, 404, error('invalid_request_error', missing.message, { code: 'resource_missing', param: missing.param }));
+  return deliver(res, entry, { status: 200, body: json(await found.current()) }, faults);
+}
+
+/** GET /v1/refunds: newest first; `payment_intent`, `created[gte]`, `limit`, `starting_after` (a list: read-after-write). */
+async function listRefunds(core: Core, url: URL, res: ServerResponse, entry: RequestLogEntry) {
+  const paymentIntent = url.searchParams.get('payment_intent');
+  const customer = paymentIntent ? ((await core.state.intent(paymentIntent))?.paymentIntent.customer ?? null) : null;
+  const faults = await core.state.takeFaults('list_refunds', null, customer);
+  if (await preflight(faults, res, entry)) return;
+  await latency(faults);
+  const all: Refund[] = [];
+  for (const e of await core.state.refunds()) {
+    if (paymentIntent === null || e.refund.payment_intent === paymentIntent) all.push(await currentRefund(core, e));
+  }
+  return deliver(res, entry, { status: 200, body: json(listPage(all, url, '/v1/refunds')) }, faults);
+}
+
+async function retrieve(core: Core, piId: string, res: ServerResponse, entry: RequestLogEntry) {
+  const found = await core.state.intent(piId);
+  const object = found && { operationId: found.paymentIntent.metadata.operation_id ?? null, customer: found.paymentIntent.customer ?? null, current: () => currentIntent(core, found) };
+  return retrieveOne(core, 'retrieve', object, res, entry, { message: `No such payment_intent: '${piId}'`, param: 'intent' });
+}
+
+async function search(core: Core, url: URL, res: ServerResponse, entry: RequestLogEntry) {
+  const query = url.searchParams.get('query') ?? '';
+  let clauses;
+  try {
+    clauses = parseSearchQuery(query);
+  } catch (err) {
+    return respond(res, entry, 400, error('invalid_request_error', (err as Error).message, { param: 'query' }));
+  }
+  entry.operationId = clauses.find((c) => c.metadataKey === 'operation_id')?.value ?? null;
+  const faults = await core.state.takeFaults('search', entry.operationId, clauses.find((c) => c.field === 'customer')?.value ?? null);
+  if (await preflight(faults, res, entry)) return;
+  await latency(faults);
+  const limit = Math.min(Math.max(Number(url.searchParams.get('limit') ?? 10) || 10, 1), 100);
+  const offset = decodePage(url.searchParams.get('page'));
+  // Indexing lags writes by lagMs; while frozen (an outage) nothing newer than the freeze is indexed.
+  const { lagMs, frozenAtMs } = await core.state.searchSettings();
+  const indexedUntil = (frozenAtMs ?? (await clock(core))) - lagMs;
+  const hits = (await currentIntents(core, (await core.state.intents()).filter((e) => e.createdAtMs <= indexedUntil)))
+    .filter((pi) => matches(pi as unknown as Record<string, unknown>, clauses))
+    .sort((a, b) => b.created - a.created || (a.id < b.id ? -1 : 1));
+  const data = hits.slice(offset, offset + limit);
+  const hasMore = offset + limit < hits.length;
+  return deliver(res, entry, {
+    status: 200,
+    body: json({ object: 'search_result', data, has_more: hasMore, next_page: hasMore ? encodePage(offset + limit) : null, url: '/v1/payment_intents/search', total_count: hits.length }),
+  }, faults);
+}
+
+/** GET /v1/payment_intents: newest first, `created[gte]`, `limit`, `starting_after` (a list, not a search: read-after-write). */
+async function list(core: Core, url: URL, res: ServerResponse, entry: RequestLogEntry) {
+  const all = await currentIntents(core, await core.state.intents());
+  return deliver(res, entry, { status: 200, body: json(listPage(all, url, '/v1/payment_intents')) }, []);
+}
+
+const encodePage = (offset: number) => Buffer.from(`offset:${offset}`).toString('base64url');
+const decodePage = (page: string | null) => {
+  const m = page ? /^offset:(\d+)$/.exec(Buffer.from(page, 'base64url').toString()) : null;
+  return m ? Number(m[1]) : 0;
+};
