@@ -4,7 +4,7 @@ import type { ServerResponse } from 'node:http';
 import { clock, type Core } from './core.ts';
 import { faultRule } from './faults.ts';
 import { isRecord, sendRaw } from './http.ts';
-import { currentIntents, currentRefund, settleIntent, settleRefund, type SettleStatus } from './resources.ts';
+import { currentIntents, currentRefund, expireIntent, settleIntent, settleRefund, type SettleStatus } from './resources.ts';
 import type { Refund, RefundStatus, WebhookTarget } from './state.ts';
 
 export async function control(core: Core, method: string, path: string, body: string, res: ServerResponse): Promise<void> {
@@ -50,6 +50,8 @@ export async function control(core: Core, method: string, path: string, body: st
     if (route === 'GET /_emulator/events') return ok(await state.events());
     const settle = /^POST \/_emulator\/payment_intents\/(pi_\w+)\/settle$/.exec(route);
     if (settle) return ok(await settleIntent(core, settle[1]!, input.status as SettleStatus));
+    const expire = /^POST \/_emulator\/payment_intents\/(pi_\w+)\/expire$/.exec(route);
+    if (expire) return ok(await expireIntent(core, expire[1]!));
     const settleRefundRoute = /^POST \/_emulator\/refunds\/(re_\w+)\/settle$/.exec(route);
     if (settleRefundRoute) return ok(await settleRefund(core, settleRefundRoute[1]!, input.status as RefundStatus));
     return sendRaw(res, 404, { error: `no control route ${route}` });

@@ -25,6 +25,8 @@ export interface RequestLogEntry {
   path: string;
   endpoint: Endpoint | 'list' | 'other';
   idempotencyKey: string | null;
+  /** Its Stripe-Account header: the connected account it acts on; null: the platform. */
+  account: string | null;
   operationId: string | null;
   status: number | 'reset' | 'truncated' | 'hung';
   replayed: boolean;
@@ -37,6 +39,8 @@ export interface Core {
   /** This process's requests and webhook deliveries, oldest first (not part of the shared state). */
   readonly log: RequestLogEntry[];
   readonly deliveries: WebhookDelivery[];
+  /** Webhook deliveries waiting for their turn (cleared when the server closes). */
+  readonly timers: Set<NodeJS.Timeout>;
 }
 
 const DAY_MS = 24 * 60 * 60 * 1000;

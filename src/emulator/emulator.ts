@@ -10,7 +10,7 @@
 import type { RequestLogEntry, ServerOptions, WebhookDelivery } from './core.ts';
 import { EVENT_FOR_STATUS, newEvent, scheduleDelivery } from './webhooks.ts';
 import { EmulatorServer } from './server.ts';
-import type { SettleStatus } from './resources.ts';
+import { captureBeforeMs, expire, type SettleStatus } from './resources.ts';
 import { MemoryState, REFUND_STATUSES, type EmulatedEvent, type FaultRule, type LedgerEntry, type PaymentIntent, type Refund, type RefundEntry, type RefundStatus, type WebhookTarget } from './state.ts';
 
 export interface EmulatorOptions extends Omit<ServerOptions, 'requestLogLimit'> {
@@ -67,8 +67,17 @@ export class StripeEmulator extends EmulatorServer<MemoryState> {
     const pi = this.state.setStatus(paymentIntentId, status);
     if (!pi) throw new Error(`no payment intent ${paymentIntentId}`);
     const type = EVENT_FOR_STATUS[pi.status];
-    if (type) this.emit(type, pi);
+    if (type) this.emit(type, pi, this.state.intent(paymentIntentId)!.account);
     return pi;
+  }
+
+  /** Expires an authorization (requires_capture) now, as Stripe does at its capture_before. */
+  expire(paymentIntentId: string): PaymentIntent {
+    const result = this.state.changeIntent(paymentIntentId, (pi) => expire(pi, this.now()), null);
+    if (!result) throw new Error(`no payment intent ${paymentIntentId}`);
+    if ('refused' in result) throw new Error(`${paymentIntentId} is not an authorization (requires_capture)`);
+    this.emit('payment_intent.canceled', result.paymentIntent, this.state.intent(paymentIntentId)!.account);
+    return result.paymentIntent;
   }
 
   configureWebhooks(target: WebhookTarget | undefined): void {
@@ -108,7 +117,7 @@ export class StripeEmulator extends EmulatorServer<MemoryState> {
     if (!REFUND_STATUSES.includes(status)) throw new Error(`status must be one of ${REFUND_STATUSES.join(', ')}`);
     const refund = this.state.setRefundStatus(refundId, status);
     if (!refund) throw new Error(`no refund ${refundId}`);
-    this.emit(status === 'failed' ? 'refund.failed' : 'refund.updated', refund);
+    this.emit(status === 'failed' ? 'refund.failed' : 'refund.updated', refund, this.state.refund(refundId)!.account);
     return refund;
   }
 
@@ -121,12 +130,15 @@ export class StripeEmulator extends EmulatorServer<MemoryState> {
     });
   }
 
-  /** Every PaymentIntent ever created, oldest first, with the key it was created under. */
+  /** Every PaymentIntent ever created, oldest first, with the key it was created under (and as of now:
+   * processing ones settled after processingSettleMs, authorizations expired after capture_before). */
   ledger(): LedgerEntry[] {
     const settleMs = this.options.processingSettleMs;
     return this.state.intents().map((e) => {
-      const due = e.paymentIntent.status === 'processing' && settleMs !== undefined && this.now() - e.createdAtMs >= settleMs;
-      return { ...e, paymentIntent: due ? this.settle(e.paymentIntent.id, 'succeeded') : e.paymentIntent };
+      const pi = e.paymentIntent;
+      const due = pi.status === 'processing' && settleMs !== undefined && this.now() - e.createdAtMs >= settleMs;
+      const expired = pi.status === 'requires_capture' && this.now() >= captureBeforeMs(pi);
+      return { ...e, paymentIntent: due ? this.settle(pi.id, 'succeeded') : expired ? this.expire(pi.id) : pi };
     });
   }
 
@@ -135,10 +147,10 @@ export class StripeEmulator extends EmulatorServer<MemoryState> {
   }
 
   /** The synchronous twin of webhooks.ts's emit: the event is kept before this returns. */
-  private emit(type: string, object: PaymentIntent | Refund): void {
+  private emit(type: string, object: PaymentIntent | Refund, account: string | null): void {
     const target = this.state.webhooks();
     if (!target) return;
-    const event = newEvent(type, object, this.now());
+    const event = newEvent(type, object, this.now(), account);
     this.state.addEvent(event);
     scheduleDelivery(this.core, event, target);
   }

@@ -19,11 +19,21 @@ export function refuseLongKey(res: ServerResponse, entry: RequestLogEntry): bool
  * The same key with other parameters is a 400, a key whose first request still executes a 409, a key
  * already done replays its first result. Undefined when the request was answered here; otherwise the
  * key to store the result under (null: no key). `request` names the endpoint and its parameters: a
- * key sent to another endpoint is a mismatch.
+ * key sent to another endpoint is a mismatch. Keys are the API key's, and a connected account's
+ * (Stripe-Account) are its own: the same key on the platform and on an account are two keys.
  */
-export async function claimKey(core: Core, apiKey: string, request: string, res: ServerResponse, entry: RequestLogEntry, faults: Fault[]): Promise<{ storeKey: string | null } | undefined> {
+export async function claimKey(
+  core: Core,
+  apiKey: string,
+  account: string | null,
+  request: string,
+  res: ServerResponse,
+  entry: RequestLogEntry,
+  faults: Fault[],
+): Promise<{ storeKey: string | null } | undefined> {
   const key = entry.idempotencyKey;
-  const storeKey = key === null ? null : JSON.stringify([apiKey, key]);
+  // The platform's keys keep the form they had before accounts, so a state kept in PostgreSQL still replays them.
+  const storeKey = key === null ? null : JSON.stringify(account === null ? [apiKey, key] : [apiKey, key, account]);
   if (storeKey === null) return { storeKey };
   const paramsHash = createHash('sha256').update(request).digest('hex');
   const claim = await core.state.claimKey(storeKey, paramsHash, await clock(core), retentionMs(core));

@@ -17,7 +17,7 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
 
   constructor(state: S, opts: ServerOptions = {}) {
     this.state = state;
-    this.core = { state, opts, log: [], deliveries: [] };
+    this.core = { state, opts, log: [], deliveries: [], timers: new Set() };
   }
 
   async listen(port = 0, host = '127.0.0.1'): Promise<{ url: string; port: number }> {
@@ -45,6 +45,8 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
   }
 
   async close(): Promise<void> {
+    for (const t of this.core.timers) clearTimeout(t);
+    this.core.timers.clear();
     for (const s of this.sockets) s.destroy();
     await new Promise<void>((resolve) => (this.server ? this.server.close(() => resolve()) : resolve()));
   }

@@ -11,9 +11,11 @@ export const EVENT_FOR_STATUS: Record<string, string> = {
   requires_payment_method: 'payment_intent.payment_failed',
   canceled: 'payment_intent.canceled',
   processing: 'payment_intent.processing',
+  requires_capture: 'payment_intent.amount_capturable_updated',
 };
 
-export function newEvent(type: string, object: PaymentIntent | Refund, now: number): EmulatedEvent {
+/** An event about `object`; one about a connected account's object names the account, as Connect webhooks do. */
+export function newEvent(type: string, object: PaymentIntent | Refund, now: number, account: string | null): EmulatedEvent {
   return {
     id: newId('evt'),
     object: 'event',
@@ -21,26 +23,37 @@ export function newEvent(type: string, object: PaymentIntent | Refund, now: numb
     created: Math.floor(now / 1000),
     livemode: false,
     api_version: '2025-01-01',
+    ...(account !== null ? { account } : {}),
     data: { object: structuredClone(object) },
   };
 }
 
 /** The PaymentIntent's event for its status, if webhooks are on. */
-export async function emitIntent(core: Core, pi: PaymentIntent): Promise<void> {
+export async function emitIntent(core: Core, pi: PaymentIntent, account: string | null): Promise<void> {
   const type = EVENT_FOR_STATUS[pi.status];
-  if (type) await emit(core, type, pi);
+  if (type) await emit(core, type, pi, account);
 }
 
-export async function emit(core: Core, type: string, object: PaymentIntent | Refund): Promise<void> {
+export async function emit(core: Core, type: string, object: PaymentIntent | Refund, account: string | null): Promise<void> {
   const target = await core.state.webhooks();
   if (!target) return;
-  const event = newEvent(type, object, await clock(core));
+  const event = newEvent(type, object, await clock(core), account);
   await core.state.addEvent(event);
   scheduleDelivery(core, event, target);
 }
 
 export function scheduleDelivery(core: Core, event: EmulatedEvent, target: WebhookTarget): void {
-  setTimeout(() => void deliverEvent(core, event, 1, true), target.delayMs ?? 0);
+  later(core, () => deliverEvent(core, event, 1, true), target.delayMs ?? 0);
+}
+
+/** A delivery to come: forgotten when the server closes, and one that fails on the state (its database
+ * gone) is dropped rather than crashing the process. */
+function later(core: Core, deliver: () => Promise<unknown>, ms: number): void {
+  const timer = setTimeout(() => {
+    core.timers.delete(timer);
+    deliver().catch(() => {});
+  }, ms);
+  core.timers.add(timer);
 }
 
 /** Sends an event again, as Stripe may: the receiver must acknowledge it without acting twice. */
@@ -66,6 +79,6 @@ async function deliverEvent(core: Core, event: EmulatedEvent, attempt: number, r
   core.deliveries.push({ eventId: event.id, type: event.type, attempt, status });
   trim(core, core.deliveries);
   const ok = typeof status === 'number' && status >= 200 && status < 300;
-  if (!ok && retry && attempt < 3) setTimeout(() => void deliverEvent(core, event, attempt + 1, true), 200 * attempt);
+  if (!ok && retry && attempt < 3) later(core, () => deliverEvent(core, event, attempt + 1, true), 200 * attempt);
   return status;
 }
