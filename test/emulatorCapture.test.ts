@@ -286,7 +286,7 @@ describe('payments that stay processing', () => {
       expect([failing.status, succeeding.status]).toEqual(['processing', 'processing']);
       e.emulator.advanceClock(3 * DAY_MS);
       expect((await stripe.paymentIntents.retrieve(succeeding.id)).status).toBe('processing');
-      expect(await control(`payment_intents/${failing.id}/settle`, { status: 'requires_payment_method' })).toMatchObject({ status: 200, body: { status: 'requires_payment_method', amount_received: 0 } });
+      expect(await control(`payment_intents/${failing.id}/settle`, { status: 'requires_payment_method' })).toMatchObject({ status: 200, body: { status: 'requires_payment_method', amount_received: 0, last_payment_error: { code: 'card_declined' } } });
       expect(await control(`payment_intents/${succeeding.id}/settle`, { status: 'succeeded' })).toMatchObject({ status: 200, body: { status: 'succeeded', amount_received: 1000 } });
       const of = (id: string, type: string) => hook.events.find((ev) => ev.type === type && (ev.data.object as { id: string }).id === id);
       expect(await waitFor(() => of(failing.id, 'payment_intent.payment_failed'), 'payment_failed')).toMatchObject({ account: 'acct_A' });

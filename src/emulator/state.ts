@@ -119,11 +119,14 @@ export const heldByRefunds = (entries: RefundEntry[], paymentIntent: string): nu
   entries.filter((e) => e.refund.payment_intent === paymentIntent && refundsHold(e.refund)).reduce((sum, e) => sum + e.refund.amount, 0);
 
 /** A PaymentIntent moved to `status` (the control API's settle): only a succeeded one has received its
- * amount, only one that requires capture holds it. */
+ * amount, only one that requires capture holds it; one that failed says why, as a decline does. */
 export function setIntentStatus(pi: PaymentIntent, status: string): PaymentIntent {
   pi.status = status;
   pi.amount_received = status === 'succeeded' ? pi.amount : 0;
   pi.amount_capturable = status === 'requires_capture' ? pi.amount : 0;
+  if (status === 'requires_payment_method') {
+    pi.last_payment_error ??= { type: 'card_error', code: 'card_declined', decline_code: 'generic_decline', message: 'Your card was declined.' };
+  }
   return pi;
 }
 
