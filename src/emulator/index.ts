@@ -4,5 +4,5 @@ export { EmulatorServer } from './server.ts';
 export { PgState } from './pgState.ts';
 export { MemoryState } from './state.ts';
 export type { RequestLogEntry, ServerOptions, WebhookDelivery } from './core.ts';
-export { SETTLE_STATUSES, type SettleStatus } from './resources.ts';
+export type { SettleStatus } from './resources.ts';
 export type { EmulatedEvent, Endpoint, Fault, FaultRule, LedgerEntry, PaymentIntent, Refund, RefundEntry, RefundStatus, WebhookTarget } from './state.ts';

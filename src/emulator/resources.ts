@@ -36,7 +36,7 @@ const CANCELLATION_REASONS = new Set(['duplicate', 'fraudulent', 'requested_by_c
 /** The statuses a cancel accepts (Stripe also cancels `processing` "in rare cases"; the emulator never does). */
 const CANCELABLE = ['requires_payment_method', 'requires_capture', 'requires_confirmation', 'requires_action'];
 /** How long a card authorization holds (Stripe: 7 days for most card-not-present payments). */
-export const AUTHORIZATION_MS = 7 * 24 * 60 * 60 * 1000;
+const AUTHORIZATION_MS = 7 * 24 * 60 * 60 * 1000;
 const ACCOUNT = /^acct_[A-Za-z0-9]+$/;
 
 export type Invalid = { param: string; message: string; code?: string };
