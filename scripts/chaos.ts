@@ -11,7 +11,7 @@ import { confirmOrder } from '../src/exampleApp/confirm.ts';
 import { queueFor } from '../src/outbox/outbox.ts';
 import { KEY_WINDOW_SECONDS } from '../src/engine/executor.ts';
 import { RefundRefused, requestRefund, type RefundRequested } from '../src/kinds/refund/request.ts';
-import type { Fault } from '../src/stripe/emulator/emulator.ts';
+import type { Fault } from '../src/emulator/index.ts';
 import { checkAgainstLedger, type Violation } from './lib/ledger.ts';
 import { seededRandom } from './lib/random.ts';
 import type { Replica } from './lib/replica.ts';

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { loadConfig } from '../src/runtime/config.ts';
 import { createLogger } from '../src/telemetry/log.ts';
 import { openGateway, serveEmulator, type ServedEmulator } from '../src/runtime/open.ts';
-import { PgState } from '../src/stripe/emulator/pgState.ts';
+import { PgState } from '../src/emulator/index.ts';
 import { stripeClient } from '../src/stripe/sdkGateway.ts';
 import { createTestDatabase, type TestDb } from './support/db.ts';
 import { startEmulator, TEST_KEY, type RunningEmulator } from './support/emulator.ts';

@@ -6,7 +6,7 @@
 import { randomUUID } from 'node:crypto';
 import type { Pool } from '../../src/db/pool.ts';
 import { confirmOrder } from '../../src/exampleApp/confirm.ts';
-import type { StripeEmulator } from '../../src/stripe/emulator/emulator.ts';
+import type { StripeEmulator } from '../../src/emulator/index.ts';
 import { checkAgainstLedger, type Violation } from './ledger.ts';
 import { waitUntil, type Replica } from './replica.ts';
 

@@ -3,7 +3,7 @@
 import type { Pool } from '../../src/db/pool.ts';
 import { idempotencyKeyFor, refundIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
 import type { Operation } from '../../src/engine/operation.ts';
-import type { StripeEmulator } from '../../src/stripe/emulator/emulator.ts';
+import type { StripeEmulator } from '../../src/emulator/index.ts';
 
 export interface Violation {
   kind:

@@ -11,7 +11,7 @@ import { createLogger } from '../../src/telemetry/log.ts';
 import { createBoss } from '../../src/outbox/outbox.ts';
 import { EMULATOR_KEY } from '../../src/runtime/open.ts';
 import { DEFAULT_SCHEMA } from '../../src/sql/statements.ts';
-import { StripeEmulator, type EmulatorOptions } from '../../src/stripe/emulator/emulator.ts';
+import { StripeEmulator, type EmulatorOptions } from '../../src/emulator/index.ts';
 import { StripeGateway } from '../../src/stripe/sdkGateway.ts';
 import { createMigratedDatabase } from './database.ts';
 import { startReplica, type Replica } from './replica.ts';

@@ -80,11 +80,7 @@ export async function serveEmulator(
   opts: { port?: number; host?: string; searchLagMs?: number; processingSettleMs?: number; rateLimit?: number } = {},
 ): Promise<ServedEmulator> {
   // Loaded only here, when a process serves it: the library's entry loads no emulator (test/layout).
-  const [{ EmulatorServer }, { PgState }, { MemoryState }] = await Promise.all([
-    import('../stripe/emulator/emulator.ts'),
-    import('../stripe/emulator/pgState.ts'),
-    import('../stripe/emulator/state.ts'),
-  ]);
+  const { EmulatorServer, PgState, MemoryState } = await import('../emulator/index.ts');
   const state = db?.embedded ? await PgState.open(db.url) : new MemoryState();
   // A long-running process keeps the newest requests only; the ledger itself is complete.
   const server = new EmulatorServer(state, { requestLogLimit: 1_000, ...(opts.processingSettleMs !== undefined ? { processingSettleMs: opts.processingSettleMs } : {}) });

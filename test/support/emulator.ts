@@ -1,4 +1,4 @@
-import { StripeEmulator, type EmulatorOptions } from '../../src/stripe/emulator/emulator.ts';
+import { StripeEmulator, type EmulatorOptions } from '../../src/emulator/index.ts';
 import { StripeGateway, stripeClient, type StripeGatewayOptions } from '../../src/stripe/sdkGateway.ts';
 
 export const TEST_KEY = 'sk_test_outboxd';

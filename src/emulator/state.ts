@@ -19,9 +19,9 @@ export type Fault =
   /** A refund created by the request starts in this status instead of succeeded (composes with the others). */
   | { kind: 'refund_status'; status: RefundStatus };
 
-/** PaymentIntents: create, retrieve, search; refunds: create_refund, retrieve_refund, list_refunds. */
-export type Endpoint = 'create' | 'retrieve' | 'search' | 'create_refund' | 'retrieve_refund' | 'list_refunds';
-export const ENDPOINTS: readonly Endpoint[] = ['create', 'retrieve', 'search', 'create_refund', 'retrieve_refund', 'list_refunds'];
+/** PaymentIntents: create, retrieve, search, capture, cancel; refunds: create_refund, retrieve_refund, list_refunds. */
+export type Endpoint = 'create' | 'retrieve' | 'search' | 'capture' | 'cancel' | 'create_refund' | 'retrieve_refund' | 'list_refunds';
+export const ENDPOINTS: readonly Endpoint[] = ['create', 'retrieve', 'search', 'capture', 'cancel', 'create_refund', 'retrieve_refund', 'list_refunds'];
 
 export const REFUND_STATUSES = ['pending', 'requires_action', 'succeeded', 'failed', 'canceled'] as const;
 export type RefundStatus = (typeof REFUND_STATUSES)[number];
@@ -55,23 +55,34 @@ export interface PaymentIntent {
   id: string;
   object: 'payment_intent';
   amount: number;
+  /** What a capture may still take (requires_capture); 0 otherwise. Absent from PaymentIntents stored
+   * before manual capture existed, as are the fields below it. */
+  amount_capturable: number;
   amount_received: number;
   currency: string;
   customer: string | null;
   payment_method: string | null;
   status: string;
   confirmation_method: 'automatic';
-  capture_method: 'automatic';
+  capture_method: 'automatic' | 'manual';
+  canceled_at: number | null;
+  cancellation_reason: string | null;
   created: number;
   livemode: false;
   metadata: Record<string, string>;
   last_payment_error: { code: string; decline_code?: string; message: string; type: string } | null;
+  /** The charge of a confirmed PaymentIntent (resources.ts chargeOf builds it when expanded). */
+  latest_charge: string | null;
+  transfer_data: { destination: string } | null;
+  application_fee_amount: number | null;
 }
 
 export interface LedgerEntry {
   paymentIntent: PaymentIntent;
   idempotencyKey: string | null;
   createdAtMs: number;
+  /** The connected account it was made on (the request's Stripe-Account); null: the platform's own. */
+  account: string | null;
 }
 
 export interface Refund {
@@ -86,12 +97,18 @@ export interface Refund {
   metadata: Record<string, string>;
   charge: null;
   balance_transaction: null;
+  /** The reversal of a destination charge's transfer, made when the refund asked for it (reverse_transfer). */
+  transfer_reversal: string | null;
 }
 
 export interface RefundEntry {
   refund: Refund;
   idempotencyKey: string | null;
   createdAtMs: number;
+  account: string | null;
+  /** What the request asked of a Connect charge: Stripe's Refund object does not show both. */
+  reverseTransfer: boolean;
+  refundApplicationFee: boolean;
 }
 
 /** Money taken back from a PaymentIntent: every refund of it but the failed and canceled ones. */
@@ -101,12 +118,21 @@ const refundsHold = (r: Refund): boolean => r.status !== 'failed' && r.status !=
 export const heldByRefunds = (entries: RefundEntry[], paymentIntent: string): number =>
   entries.filter((e) => e.refund.payment_intent === paymentIntent && refundsHold(e.refund)).reduce((sum, e) => sum + e.refund.amount, 0);
 
-/** A PaymentIntent moved to `status` (the control API's settle): only a succeeded one has received its amount. */
+/** A PaymentIntent moved to `status` (the control API's settle): only a succeeded one has received its
+ * amount, only one that requires capture holds it; one that failed says why, as a decline does. */
 export function setIntentStatus(pi: PaymentIntent, status: string): PaymentIntent {
   pi.status = status;
   pi.amount_received = status === 'succeeded' ? pi.amount : 0;
+  pi.amount_capturable = status === 'requires_capture' ? pi.amount : 0;
+  if (status === 'requires_payment_method') {
+    pi.last_payment_error ??= { type: 'card_error', code: 'card_declined', decline_code: 'generic_decline', message: 'Your card was declined.' };
+  }
   return pi;
 }
+
+/** What a change of one PaymentIntent (a capture, a cancel) decided: its new body and the response to
+ * store under the key, or a refusal that stores nothing. */
+export type IntentChange = { paymentIntent: PaymentIntent; response: StoredResponse } | { refused: StoredResponse };
 
 export interface EmulatedEvent {
   id: string;
@@ -115,6 +141,8 @@ export interface EmulatedEvent {
   created: number;
   livemode: false;
   api_version: string;
+  /** The connected account the object lives on (Connect webhooks); absent for the platform's own. */
+  account?: string;
   data: { object: PaymentIntent | Refund };
 }
 
@@ -173,6 +201,9 @@ export interface EmulatorState {
   intents(): Awaitable<LedgerEntry[]>;
   /** Moves a PaymentIntent to `status`; amount_received follows (the amount once succeeded, else 0). */
   setStatus(id: string, status: string): Awaitable<PaymentIntent | undefined>;
+  /** Changes a PaymentIntent under its lock: `change` sees it as stored and decides (see IntentChange);
+   * a change that commits stores the key's first result with it. Undefined: no such PaymentIntent. */
+  changeIntent(id: string, change: (pi: PaymentIntent) => IntentChange, storeKey: string | null): Awaitable<IntentChange | undefined>;
 
   /** The refund and the key's first result, together, only when the refund fits in what its PaymentIntent
    * (succeeded) holds unrefunded, checked atomically with the write; otherwise nothing is stored and the
@@ -344,6 +375,16 @@ export class MemoryState implements EmulatorState {
   setStatus(id: string, status: string): PaymentIntent | undefined {
     const entry = this.entries.get(id);
     return entry && setIntentStatus(entry.paymentIntent, status);
+  }
+
+  changeIntent(id: string, change: (pi: PaymentIntent) => IntentChange, storeKey: string | null): IntentChange | undefined {
+    const entry = this.entries.get(id);
+    if (!entry) return undefined;
+    const result = change(structuredClone(entry.paymentIntent));
+    if ('refused' in result) return result;
+    entry.paymentIntent = result.paymentIntent;
+    if (storeKey !== null) this.keys.set(storeKey, { ...this.keys.get(storeKey)!, state: 'done', response: result.response });
+    return result;
   }
 
   commitRefund(entry: RefundEntry, key: { storeKey: string; response: StoredResponse } | null): { committed: true } | { committed: false; remaining: number } {

@@ -3,8 +3,7 @@
 // emulator from the same database sees one ledger, one set of idempotency keys (a key executing in one
 // process is a 409 in another), one clock, one set of faults, and all of it survives restarts.
 import pg from 'pg';
-import { DEFAULT_SCHEMA } from '../../sql/statements.ts';
-import { createPool, inTransaction, type Pool } from '../../db/pool.ts';
+import { inTransaction, openPool, type Tx } from './pg.ts';
 import {
   endpointOf,
   pickFaults,
@@ -15,6 +14,7 @@ import {
   type Endpoint,
   type Fault,
   type FaultRule,
+  type IntentChange,
   type KeyClaim,
   type LedgerEntry,
   type PaymentIntent,
@@ -73,6 +73,10 @@ create table if not exists stripe_emulator.refunds (
   body text not null -- JSON as Stripe sends it
 );
 create index if not exists refunds_payment_intent_idx on stripe_emulator.refunds (payment_intent);
+alter table stripe_emulator.payment_intents add column if not exists account text; -- Stripe-Account, null: the platform
+alter table stripe_emulator.refunds add column if not exists account text;
+alter table stripe_emulator.refunds add column if not exists reverse_transfer boolean not null default false;
+alter table stripe_emulator.refunds add column if not exists refund_application_fee boolean not null default false;
 create table if not exists stripe_emulator.events (
   seq bigserial primary key,
   id text not null unique,
@@ -80,7 +84,7 @@ create table if not exists stripe_emulator.events (
 );`;
 
 export class PgState implements EmulatorState {
-  private readonly pool: Pool;
+  private readonly pool: pg.Pool;
   /**
    * A session held for this state's life: a key it claimed stays `executing` while the session lives,
    * and is free again once its process died before committing (the charge and the key's result commit
@@ -89,7 +93,7 @@ export class PgState implements EmulatorState {
   private readonly session: pg.Client;
   private readonly claimer: number;
 
-  private constructor(pool: Pool, session: pg.Client, claimer: number) {
+  private constructor(pool: pg.Pool, session: pg.Client, claimer: number) {
     this.pool = pool;
     this.session = session;
     this.claimer = claimer;
@@ -97,8 +101,7 @@ export class PgState implements EmulatorState {
 
   /** Opens the state on `url`, creating its schema on first use. */
   static async open(url: string): Promise<PgState> {
-    // outboxd's statements go unused here (the emulator's tables are its own, in stripe_emulator).
-    const pool = createPool(url, { schema: DEFAULT_SCHEMA, max: 4, applicationName: 'outboxd-stripe-emulator', timeouts: false });
+    const pool = openPool(url, 'outboxd-stripe-emulator');
     const session = new pg.Client({ connectionString: url, application_name: 'outboxd-stripe-emulator' });
     session.on('error', () => {}); // a lost session only frees this process's executing keys
     try {
@@ -239,18 +242,14 @@ export class PgState implements EmulatorState {
 
   async commit(entry: LedgerEntry, key: { storeKey: string; response: StoredResponse } | null): Promise<void> {
     await inTransaction(this.pool, async (tx) => {
-      await tx.query('insert into stripe_emulator.payment_intents (id, created_ms, idempotency_key, body) values ($1, $2, $3, $4)', [
+      await tx.query('insert into stripe_emulator.payment_intents (id, created_ms, idempotency_key, body, account) values ($1, $2, $3, $4, $5)', [
         entry.paymentIntent.id,
         entry.createdAtMs,
         entry.idempotencyKey,
         JSON.stringify(entry.paymentIntent),
+        entry.account,
       ]);
-      if (key) {
-        await tx.query(
-          `update stripe_emulator.idempotency_keys set state = 'done', claimer = null, response_status = $2, response_body = $3 where store_key = $1`,
-          [key.storeKey, key.response.status, key.response.body],
-        );
-      }
+      if (key) await storeResult(tx, key.storeKey, key.response);
     });
   }
 
@@ -270,6 +269,19 @@ export class PgState implements EmulatorState {
 
   setStatus(id: string, status: string): Promise<PaymentIntent | undefined> {
     return this.changeBody<PaymentIntent>('payment_intents', id, (pi) => setIntentStatus(pi, status));
+  }
+
+  changeIntent(id: string, change: (pi: PaymentIntent) => IntentChange, storeKey: string | null): Promise<IntentChange | undefined> {
+    // The PaymentIntent's row is the lock: a capture and a cancel of it are decided one after the other.
+    return inTransaction(this.pool, async (tx) => {
+      const { rows } = await tx.query('select body from stripe_emulator.payment_intents where id = $1 for update', [id]);
+      if (!rows[0]) return undefined;
+      const result = change(JSON.parse(rows[0].body));
+      if ('refused' in result) return result;
+      await tx.query('update stripe_emulator.payment_intents set body = $2 where id = $1', [id, JSON.stringify(result.paymentIntent)]);
+      if (storeKey !== null) await storeResult(tx, storeKey, result.response);
+      return result;
+    });
   }
 
   /** One stored object's body, changed under its row's lock; undefined when there is no such object. */
@@ -296,19 +308,12 @@ export class PgState implements EmulatorState {
       );
       const remaining = (pi?.amount_received ?? 0) - Number(held[0].amount);
       if (!pi || pi.status !== 'succeeded' || refund.amount > remaining) return { committed: false, remaining: Math.max(remaining, 0) };
-      await tx.query('insert into stripe_emulator.refunds (id, payment_intent, created_ms, idempotency_key, body) values ($1, $2, $3, $4, $5)', [
-        refund.id,
-        refund.payment_intent,
-        entry.createdAtMs,
-        entry.idempotencyKey,
-        JSON.stringify(refund),
-      ]);
-      if (key) {
-        await tx.query(
-          `update stripe_emulator.idempotency_keys set state = 'done', claimer = null, response_status = $2, response_body = $3 where store_key = $1`,
-          [key.storeKey, key.response.status, key.response.body],
-        );
-      }
+      await tx.query(
+        `insert into stripe_emulator.refunds (id, payment_intent, created_ms, idempotency_key, body, account, reverse_transfer, refund_application_fee)
+         values ($1, $2, $3, $4, $5, $6, $7, $8)`,
+        [refund.id, refund.payment_intent, entry.createdAtMs, entry.idempotencyKey, JSON.stringify(refund), entry.account, entry.reverseTransfer, entry.refundApplicationFee],
+      );
+      if (key) await storeResult(tx, key.storeKey, key.response);
       return { committed: true };
     });
   }
@@ -347,10 +352,25 @@ export class PgState implements EmulatorState {
   }
 }
 
-function toEntry(row: { body: string; idempotency_key: string | null; created_ms: number }): LedgerEntry {
-  return { paymentIntent: JSON.parse(row.body), idempotencyKey: row.idempotency_key, createdAtMs: row.created_ms };
+/** A key's first result, stored in the transaction that commits what it did. */
+async function storeResult(tx: Tx, storeKey: string, response: StoredResponse): Promise<void> {
+  await tx.query(
+    `update stripe_emulator.idempotency_keys set state = 'done', claimer = null, response_status = $2, response_body = $3 where store_key = $1`,
+    [storeKey, response.status, response.body],
+  );
 }
 
-function toRefundEntry(row: { body: string; idempotency_key: string | null; created_ms: number }): RefundEntry {
-  return { refund: JSON.parse(row.body), idempotencyKey: row.idempotency_key, createdAtMs: row.created_ms };
+function toEntry(row: { body: string; idempotency_key: string | null; created_ms: number; account: string | null }): LedgerEntry {
+  return { paymentIntent: JSON.parse(row.body), idempotencyKey: row.idempotency_key, createdAtMs: row.created_ms, account: row.account };
+}
+
+function toRefundEntry(row: { body: string; idempotency_key: string | null; created_ms: number; account: string | null; reverse_transfer: boolean; refund_application_fee: boolean }): RefundEntry {
+  return {
+    refund: JSON.parse(row.body),
+    idempotencyKey: row.idempotency_key,
+    createdAtMs: row.created_ms,
+    account: row.account,
+    reverseTransfer: row.reverse_transfer,
+    refundApplicationFee: row.refund_application_fee,
+  };
 }
