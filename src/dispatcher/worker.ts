@@ -20,7 +20,7 @@ import { Dispatcher } from './dispatcher.ts';
 import { createMetrics, registerStripeMode } from './metrics.ts';
 import { PRUNE_CRON } from '../retention.ts';
 
-/** What a replica serves for its platform: deploy/ manifests are checked against these (test/deploy). */
+/** What a replica serves for its platform: deploy/ manifests are checked against these (test/deploy.test.ts). */
 export const PROBES = { liveness: '/healthz', readiness: '/readyz', metrics: '/metrics' } as const;
 
 /**
