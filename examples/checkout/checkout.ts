@@ -24,7 +24,8 @@ export interface Checkout {
   stop(): Promise<void>;
 }
 
-export function createCheckout(databaseUrl: string): Checkout {
+/** `logError` receives what a 500 does not show (default: console.error). */
+export function createCheckout(databaseUrl: string, logError: (message: string, err: unknown) => void = console.error): Checkout {
   const pool = new pg.Pool({ connectionString: databaseUrl });
   const db = drizzle({ client: pool });
   const outboxd = new Outboxd({ pool });
@@ -97,7 +98,7 @@ export function createCheckout(databaseUrl: string): Checkout {
       if (err instanceof OrderConflictError) return send(res, 409, { error: 'conflict', field: err.field, message: err.message });
       // A database error's message carries the failing statement and its parameters (drizzle's
       // "Failed query: … params: …"): it goes to the log, never to the client.
-      console.error('checkout: request failed', err);
+      logError('checkout: request failed', err);
       send(res, 500, { error: 'internal' });
     });
   });
