@@ -118,6 +118,7 @@ it('POST /orders/:id/payment with a bad payment method: 400 naming it; an id tha
 it('a failure that is not the input answers a bare 500: never the SQL or its parameters', async () => {
   // A real database refusal of the checkout's own insert, after outboxd accepted the charge request.
   await t.pool.query(`alter table public.orders add constraint no_bounce check (email <> 'bounce@example.com')`);
+  const before = await operations();
   try {
     const res = await fetch(`${base}/orders`, {
       method: 'POST',
@@ -133,5 +134,7 @@ it('a failure that is not the input answers a bare 500: never the SQL or its par
   } finally {
     await t.pool.query(`alter table public.orders drop constraint no_bounce`);
   }
+  // The charge request outboxd accepted rolled back with the order: one transaction.
   expect(await ordersOf('bounce@example.com')).toBe(0);
+  expect(await operations()).toBe(before);
 });
