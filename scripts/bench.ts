@@ -1,5 +1,5 @@
 // `npm run bench`: what the dispatcher costs against the worker a user would write instead (the peer:
-// pg-boss and the stripe SDK, nothing else, scripts/lib/peer.ts) and against PostgreSQL's own limits,
+// pg-boss and the stripe SDK, nothing else, harness/peer.ts) and against PostgreSQL's own limits,
 // measured side by side in one run, on one database and one emulator (these machines are shared and
 // noisy: ratios, not absolutes). Prints a markdown table and writes bench/results/<time>.json and
 // bench/results/latest.md.
@@ -18,10 +18,10 @@ import { bossDb, inTransaction, type Pool } from '../src/db/pool.ts';
 import { confirmOrder } from '../src/exampleApp/confirm.ts';
 import { EMULATOR_KEY } from '../src/runtime/open.ts';
 import { withSpan } from '../src/telemetry/tracing.ts';
-import { runFleet } from './lib/budget.ts';
-import { PEER_QUEUE, startPeer, type Peer, type PeerJob } from './lib/peer.ts';
-import { waitUntil } from './lib/replica.ts';
-import { DEPLOYED_NODE_ARGS, DEPLOYED_NODE_OPTIONS, startWorld, type World } from './lib/world.ts';
+import { runFleet } from '../harness/budget.ts';
+import { PEER_QUEUE, startPeer, type Peer, type PeerJob } from '../harness/peer.ts';
+import { waitUntil } from '../harness/replica.ts';
+import { DEPLOYED_NODE_ARGS, DEPLOYED_NODE_OPTIONS, startWorld, type World } from '../harness/world.ts';
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
 const BACKLOG = Number(process.env.BENCH_BACKLOG ?? 1500);
@@ -34,7 +34,7 @@ const REFERENCE_BATCH = 1;
 /** BENCH_ONLY=confirm,dispatch,noop,latency,pickup,tracing,budget,growth runs a subset (while tuning one figure). */
 const ONLY = new Set((process.env.BENCH_ONLY ?? 'confirm,dispatch,noop,latency,pickup,tracing,budget,growth').split(','));
 /** Counts each worker process's statements (round trips), preloaded beside the image's NODE_OPTIONS. */
-const COUNT_QUERIES = fileURLToPath(new URL('./lib/countQueries.mjs', import.meta.url));
+const COUNT_QUERIES = fileURLToPath(new URL('../harness/countQueries.mjs', import.meta.url));
 const rows: { section: string; measure: string; value: string; reference: string; ratio: string }[] = [];
 const results: Record<string, unknown> = {};
 const say = (s: string) => process.stderr.write(`${s}\n`);

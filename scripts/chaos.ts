@@ -12,10 +12,10 @@ import { queueFor } from '../src/outbox/outbox.ts';
 import { KEY_WINDOW_SECONDS } from '../src/engine/executor.ts';
 import { RefundRefused, requestRefund, type RefundRequested } from '../src/kinds/refund/request.ts';
 import type { Fault } from '../src/emulator/index.ts';
-import { checkAgainstLedger, type Violation } from './lib/ledger.ts';
-import { seededRandom } from './lib/random.ts';
-import type { Replica } from './lib/replica.ts';
-import { startWorld } from './lib/world.ts';
+import { checkAgainstLedger, type Violation } from '../harness/ledger.ts';
+import { seededRandom } from '../harness/random.ts';
+import type { Replica } from '../harness/replica.ts';
+import { startWorld } from '../harness/world.ts';
 
 const { values: args } = parseArgs({
   options: {

@@ -5,9 +5,9 @@ import { randomUUID } from 'node:crypto';
 import { reconcileNow } from '../src/admin/reconcile.ts';
 import { createLogger } from '../src/telemetry/log.ts';
 import { confirmOrder } from '../src/exampleApp/confirm.ts';
-import { checkAgainstLedger, pathOf } from './lib/ledger.ts';
-import { waitUntil } from './lib/replica.ts';
-import { startWorld } from './lib/world.ts';
+import { checkAgainstLedger, pathOf } from '../harness/ledger.ts';
+import { waitUntil } from '../harness/replica.ts';
+import { startWorld } from '../harness/world.ts';
 
 const ORDERS = 36;
 const say = (s: string) => process.stdout.write(`${s}\n`);

@@ -2,7 +2,7 @@
 // order confirmed with its charge request in one transaction, paid from onSettled; a declined card, then
 // another card for the same order; bad input refused with 400 naming the field, and a 500 that shows no SQL.
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { waitUntil } from '../../scripts/lib/replica.ts';
+import { waitUntil } from '../../harness/replica.ts';
 import { createTestDatabase, type TestDb } from '../../test/support/db.ts';
 import { startDispatcher, type InProcessReplica } from '../../test/support/dispatcher.ts';
 import { startEmulator, type RunningEmulator } from '../../test/support/emulator.ts';

@@ -79,7 +79,7 @@ export async function serveEmulator(
   db: Database | undefined,
   opts: { port?: number; host?: string; searchLagMs?: number; processingSettleMs?: number; rateLimit?: number } = {},
 ): Promise<ServedEmulator> {
-  // Loaded only here, when a process serves it: the library's entry loads no emulator (test/layout.test.ts).
+  // Loaded only here, when a process serves it: the library's entry loads no emulator (test/unit/layout.test.ts).
   const { EmulatorServer, PgState, MemoryState } = await import('../emulator/index.ts');
   const state = db?.embedded ? await PgState.open(db.url) : new MemoryState();
   // A long-running process keeps the newest requests only; the ledger itself is complete.

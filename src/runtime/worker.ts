@@ -17,7 +17,7 @@ import type { Logger } from '../telemetry/log.ts';
 import { openDatabase, openPool } from './open.ts';
 import { composeReplica } from './replica.ts';
 
-/** What a replica serves for its platform: deploy/ manifests are checked against these (test/deploy.test.ts). */
+/** What a replica serves for its platform: deploy/ manifests are checked against these (test/processes/deploy.test.ts). */
 export const PROBES = { liveness: '/healthz', readiness: '/readyz', metrics: '/metrics' } as const;
 
 /**

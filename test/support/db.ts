@@ -5,7 +5,7 @@ import { createPool, type Pool } from '../../src/db/pool.ts';
 import { createBoss } from '../../src/outbox/outbox.ts';
 import { DEFAULT_SCHEMA } from '../../src/sql/statements.ts';
 import pg from 'pg';
-import { createEmptyDatabase, createMigratedDatabase } from '../../scripts/lib/database.ts';
+import { createEmptyDatabase, createMigratedDatabase } from '../../harness/database.ts';
 
 export interface TestDb {
   url: string;

@@ -1,5 +1,5 @@
-// How the image is run in production, as one fact for two tests: test/image.test.ts runs the containers
-// with these docker flags (and so proves the image works under them), test/deploy.test.ts checks the
+// How the image is run in production, as one fact for two tests: test/processes/image.test.ts runs the containers
+// with these docker flags (and so proves the image works under them), test/processes/deploy.test.ts checks the
 // Kubernetes manifests ask for the same.
 
 /** The image's user (deploy/Dockerfile `USER node`; uid of the base image's node user). */

@@ -7,7 +7,7 @@ import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { freePort } from '../../src/db/embedded.ts';
-import { waitUntil } from '../../scripts/lib/replica.ts';
+import { waitUntil } from '../../harness/replica.ts';
 
 export const PGBOUNCER = '/usr/sbin/pgbouncer';
 export const hasPgBouncer = existsSync(PGBOUNCER);

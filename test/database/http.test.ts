@@ -1,0 +1,142 @@
+// The HTTP listener facing Stripe (and so anyone): malformed requests get a 4xx or a closed socket,
+// never an exception that ends the process, and a 500 outside the admin API tells nothing of its cause.
+import { Writable } from 'node:stream';
+import { pino } from 'pino';
+import Stripe from 'stripe';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadConfig } from '../../src/runtime/config.ts';
+import { createPool } from '../../src/db/pool.ts';
+import { freePort } from '../../src/db/embedded.ts';
+import { adminRoutes } from '../../src/http/admin.ts';
+import { HttpError, readBody, sendJson, startHttpServer, type HttpServer } from '../../src/http/server.ts';
+import { webhookRoutes } from '../../src/http/webhooks.ts';
+import { rawRequest } from '../support/rawHttp.ts';
+
+const TOKEN = 'test-admin-token-0123456789';
+const SECRET = 'whsec_http_test';
+const logged: Record<string, unknown>[] = [];
+const log = pino(
+  { level: 'debug' },
+  new Writable({
+    write(chunk, _enc, done) {
+      logged.push(JSON.parse(String(chunk)));
+      done();
+    },
+  }),
+);
+let http: HttpServer;
+let base: string;
+let unreachable: ReturnType<typeof createPool>;
+
+beforeAll(async () => {
+  // A database nobody listens on: every query fails with an error whose text names the host and port.
+  unreachable = createPool(`postgres://outboxd:pw@127.0.0.1:${await freePort()}/outboxd`, { schema: 'outboxd' });
+  const config = loadConfig({ ADMIN_TOKEN: TOKEN });
+  http = await startHttpServer(
+    0,
+    [
+      ['GET', '/ok', ({ res }) => sendJson(res, 200, { ok: true })],
+      ['GET', /^\/items\/([^/]+)$/, ({ res, params }) => sendJson(res, 200, { id: params[0] })],
+      ['GET', '/boom', () => {
+        throw new Error('relation "secret_table" does not exist at 10.0.0.7');
+      }],
+      ['POST', '/echo', async ({ req, res }) => sendJson(res, 200, { bytes: (await readBody(req, 1024)).length })],
+      ['GET', '/write-after-end', ({ res }) => {
+        res.end('done');
+        res.write('more');
+      }],
+      ['GET', '/teapot', () => {
+        throw new HttpError(418, 'teapot', 'short and stout');
+      }],
+      ...adminRoutes({ pool: unreachable, boss: undefined as never, gateway: undefined as never, log, config, workerId: 'http-test' }),
+      ...webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secret: SECRET }),
+    ],
+    '127.0.0.1',
+    log,
+  );
+  base = `http://127.0.0.1:${http.port}`;
+});
+afterAll(async () => {
+  await http.close();
+  await unreachable.end();
+});
+
+const request = (line: string, headers = 'Host: x\r\nConnection: close\r\n', body = '') => rawRequest(http.port, `${line}\r\n${headers}\r\n${body}`);
+const json = (text: string) => JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4));
+
+describe('malformed requests', () => {
+  it('a target that is not a plain path, and a bad percent-escape, get a 4xx', async () => {
+    expect((await request('GET // HTTP/1.1')).status).toBe(404);
+    expect((await request('GET //ok HTTP/1.1')).status).toBe(404);
+    expect((await request('GET * HTTP/1.1')).status).toBe(400);
+    expect((await request('OPTIONS * HTTP/1.1')).status).toBe(400);
+    expect((await request('GET http://elsewhere/ok HTTP/1.1')).status).toBe(400);
+    const bad = await request('GET /items/% HTTP/1.1');
+    expect(bad.status).toBe(400);
+    expect(json(bad.text)).toEqual({ error: 'bad_request', message: 'malformed percent-escape in the path' });
+    expect((await request('GET /items/%E0%A4%A HTTP/1.1')).status).toBe(400);
+    // Before authentication, on the admin routes as on any other.
+    expect((await request('GET /admin/operations/% HTTP/1.1')).status).toBe(400);
+    expect((await request('GET /items/a%20b HTTP/1.1')).text).toContain('{"id":"a b"}');
+  });
+
+  it('unknown methods, unparseable request lines and oversized headers: Node refuses them, the server lives', async () => {
+    expect((await request('FOO /ok HTTP/1.1')).status).toBe(400);
+    expect((await request('PROPFIND /ok HTTP/1.1')).status).toBe(404);
+    expect((await rawRequest(http.port, 'garbage\r\n\r\n', { halfClose: true })).status).toBe(400);
+    expect((await rawRequest(http.port, 'GET /ok HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n', { halfClose: true })).status).toBe(400);
+    expect((await request('GET /ok HTTP/1.1', `Host: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n`)).status).toBe(431);
+    expect(logged.some((l) => l.msg === 'unparseable HTTP request refused' && l.code === 'HPE_HEADER_OVERFLOW')).toBe(true);
+    expect((await fetch(`${base}/ok`)).status).toBe(200);
+  });
+
+  it('a body over the limit is refused with 413 and the connection closed, announced or not', async () => {
+    const announced = await request('POST /echo HTTP/1.1', 'Host: x\r\nContent-Length: 99999999\r\n', 'abc');
+    expect(announced.status).toBe(413);
+    expect(announced.closed).toBe(true);
+    const chunked = await rawRequest(http.port, `POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n${'x'.repeat(0x800)}\r\n`);
+    expect(chunked.status).toBe(413);
+    expect(chunked.closed).toBe(true);
+    // A body cut short: the request is abandoned when the client goes, and nothing is logged as an error.
+    const before = logged.length;
+    const truncated = await rawRequest(http.port, 'POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc', { halfClose: true });
+    expect(truncated.closed).toBe(true);
+    expect(logged.slice(before).filter((l) => (l.level as number) >= 50)).toEqual([]);
+    expect((await fetch(`${base}/echo`, { method: 'POST', body: 'hello' }).then((r) => r.json()))).toEqual({ bytes: 5 });
+  });
+
+  it('a handler writing after the end does not take the process down', async () => {
+    const res = await fetch(`${base}/write-after-end`);
+    expect(await res.text()).toBe('done');
+    await expect.poll(() => logged.some((l) => l.msg === 'HTTP response not delivered')).toBe(true);
+    expect((await fetch(`${base}/ok`)).status).toBe(200);
+  });
+});
+
+describe('500s', () => {
+  it('outside the admin API a 500 says only "internal error"; the cause is logged', async () => {
+    const res = await fetch(`${base}/boom`);
+    expect(res.status).toBe(500);
+    expect(await res.json()).toEqual({ error: 'internal', message: 'internal error' });
+    const entry = logged.find((l) => l.msg === 'HTTP handler failed' && l.path === '/boom') as { err: { message: string } } | undefined;
+    expect(entry?.err.message).toMatch(/secret_table/);
+    expect((await fetch(`${base}/teapot`).then((r) => r.json()))).toEqual({ error: 'teapot', message: 'short and stout' });
+  });
+
+  it('the webhook endpoint hides a database failure; the admin API shows it to the token holder', async () => {
+    const payload = JSON.stringify({ id: 'evt_1', object: 'event', type: 'payment_intent.succeeded', data: { object: { id: 'pi_1', metadata: {} } } });
+    const hook = await fetch(`${base}/webhooks/stripe`, {
+      method: 'POST',
+      headers: { 'Stripe-Signature': Stripe.webhooks.generateTestHeaderString({ payload, secret: SECRET }) },
+      body: payload,
+    });
+    expect(hook.status).toBe(500);
+    const hookBody = await hook.text();
+    expect(hookBody).toBe('{"error":"internal","message":"internal error"}');
+
+    const admin = await fetch(`${base}/admin/operations`, { headers: { Authorization: `Bearer ${TOKEN}` } });
+    expect(admin.status).toBe(500);
+    expect(await admin.json()).toMatchObject({ error: 'internal', message: expect.stringMatching(/ECONNREFUSED/) });
+    expect((await fetch(`${base}/admin/operations`)).status).toBe(401);
+  });
+});

@@ -1,0 +1,261 @@
+// Each operation's history (operation_events), which the console shows as its timeline: the relay,
+// every claim, every gateway call and its outcome with Stripe's request id, flags and settlements from
+// outside a claim. Each row is written by the statement that makes the change, so the timeline costs the
+// dispatcher's path no round trip.
+import type Stripe from 'stripe';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import type { Pool } from '../../src/db/pool.ts';
+import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../../src/engine/executor.ts';
+import { kindsFor } from '../../src/kinds/index.ts';
+import { claimAttempt, flagFromOutside, releaseLease, settleFromOutside } from '../../src/engine/operation.ts';
+import { createLogger } from '../../src/telemetry/log.ts';
+import { createKindQueues, relayOutbox } from '../../src/outbox/outbox.ts';
+import { settledQueueFor, subscribeSettlements } from '../../src/outbox/settlements.ts';
+import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
+import { timeline } from '../../src/console/timeline.ts';
+import { operationRecord, overview, overviewCharts } from '../../src/console/queries.ts';
+import { overviewPage } from '../../src/console/views/pages.ts';
+import { operationPage } from '../../src/console/views/operation.ts';
+import { createTestDatabase, type TestDb } from '../support/db.ts';
+import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
+import { counting } from '../support/counting.ts';
+import { FakeStripe } from '../support/fakeStripe.ts';
+import { claim, confirm, operation } from '../support/fixtures.ts';
+
+let t: TestDb;
+let e: RunningEmulator;
+beforeAll(async () => {
+  [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
+});
+afterAll(async () => {
+  await Promise.all([t.close(), e.close()]);
+});
+beforeEach(() => e.emulator.reset());
+
+/** The dispatcher's claim: the lease and the attempt of the call the charge's policy chooses. */
+const claimWithAttempt = async (pool: Pool, op: string, owner: string) =>
+  (await claimAttempt(pool, op, owner, 30_000, KEY_WINDOW_SECONDS, 'charge', 'idempotent-key', callTable('idempotent-key'))).lease!;
+
+const events = async (op: string) =>
+  (await t.pool.query(`select type, fence, actor, details from outboxd.operation_events where operation_id = $1 order by id`, [op])).rows;
+
+describe('the operation timeline', () => {
+  it('records relay, claim, call and outcome with its duration and Stripe request id, in the statements that already run', async () => {
+    const op = await confirm(t);
+    const relayCount = counting(t.pool);
+    expect(await relayOutbox(relayCount.pool, t.boss)).toBe(1);
+    // exists?, begin, take the batch (and record the relay), insert the jobs, commit; then the settlement
+    // outbox's exists? (nothing settled yet)
+    expect(relayCount.statements()).toBe(6);
+
+    const run = counting(t.pool);
+    const lease = await claimWithAttempt(run.pool, op, 'worker-a');
+    const result = await executeOperation(run.pool, kindsFor(e.gateway()), op, lease.fence, { claimed: lease.operation, begun: lease.begun });
+    expect(result.operation.status).toBe('succeeded');
+    // the claim with the attempt (recording both), the outcome (recording it): no begin, no commit
+    expect(run.statements()).toBe(2);
+
+    const create = e.emulator.requests().find((r) => r.endpoint === 'create' && r.operationId === op)!;
+    expect(await events(op)).toEqual([
+      { type: 'relayed', fence: null, actor: null, details: {} },
+      { type: 'claimed', fence: 1, actor: 'worker-a', details: {} },
+      { type: 'sent', fence: 1, actor: null, details: { call: 'create', attempt: 1 } },
+      {
+        type: 'outcome',
+        fence: 1,
+        actor: null,
+        details: {
+          call: 'create',
+          attempt: 1,
+          outcome: 'succeeded',
+          from: 'pending',
+          to: 'succeeded',
+          duration_ms: expect.any(Number),
+          request_id: create.requestId,
+          external_id: result.operation.external_id,
+          error: null,
+        },
+      },
+    ]);
+  });
+
+  it('a decline keeps the request id Stripe sent with the error', async () => {
+    const op = await confirm(t, { paymentMethod: 'pm_card_chargeDeclined' });
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
+    const create = e.emulator.requests().find((r) => r.endpoint === 'create' && r.operationId === op)!;
+    const outcome = (await events(op)).find((x) => x.type === 'outcome')!;
+    expect(outcome.details).toMatchObject({ outcome: 'failed', request_id: create.requestId, error: expect.stringMatching(/^Declined 402: card_declined/) });
+  });
+
+  it('a takeover names the previous owner; a call whose outcome never came is shown as such', async () => {
+    const op = await confirm(t);
+    // worker-a claims, counting the create, and dies before its outcome: no outcome follows.
+    await claimWithAttempt(t.pool, op, 'worker-a');
+    await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
+    const second = await claimWithAttempt(t.pool, op, 'worker-b');
+    expect(second.previousOwner).toBe('worker-a');
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, second.fence, { claimed: second.operation, begun: second.begun });
+
+    const rows = await events(op);
+    expect(rows.filter((r) => r.type === 'claimed')).toEqual([
+      { type: 'claimed', fence: 1, actor: 'worker-a', details: {} },
+      { type: 'claimed', fence: 2, actor: 'worker-b', details: { previous_owner: 'worker-a' } },
+    ]);
+    const current = await operation(t, op);
+    const entries = timeline(current, await operationRecord(t.pool, current));
+    expect(entries.map((x) => x.title)).toEqual([
+      'charge operation created',
+      'claimed',
+      'create sent, no outcome recorded',
+      'claimed, taking over an expired lease',
+      'create → succeeded',
+    ]);
+    expect(entries[2]!.tone).toBe('warn');
+  });
+
+  it('flags and settlements from outside a claim are recorded with their source', async () => {
+    const op = await confirm(t);
+    await flagFromOutside(t.pool, op, 'webhook payment_intent.succeeded: pi_x is not the operation\'s charge');
+    const settled = await settleFromOutside(t.pool, op, 'succeeded', 'pi_123', 'webhook:payment_intent.succeeded', null);
+    expect(settled?.status).toBe('succeeded');
+    expect(await events(op)).toEqual([
+      { type: 'flagged', fence: null, actor: null, details: { reason: "webhook payment_intent.succeeded: pi_x is not the operation's charge" } },
+      { type: 'settled', fence: 1, actor: 'webhook:payment_intent.succeeded', details: { status: 'succeeded', external_id: 'pi_123' } },
+    ]);
+    // Nothing is recorded for a write that changed nothing.
+    expect(await settleFromOutside(t.pool, op, 'failed', null, 'webhook:payment_intent.canceled', 'canceled')).toBeUndefined();
+    expect(await events(op)).toHaveLength(2);
+  });
+
+  it('a Stripe event about the operation joins its timeline, after the settlement it made', async () => {
+    const op = await confirm(t);
+    const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
+    const event = { id: `evt_${op.slice(0, 8)}`, object: 'event', type: 'payment_intent.succeeded', created: 1_700_000_000, livemode: false, data: { object: { id: pi.id } } };
+    expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') }, event as unknown as Stripe.Event)).toBe('settled');
+    const current = await operation(t, op);
+    const entries = timeline(current, await operationRecord(t.pool, current));
+    expect(entries.map((x) => x.title)).toEqual([
+      'charge operation created',
+      'settled succeeded by a Stripe webhook',
+      'Stripe event payment_intent.succeeded → settled',
+    ]);
+    expect(entries[2]!.facts).toContainEqual(['Stripe object', pi.id]);
+  });
+
+  it('a refusal that repeats is one row with a count and when it was last seen; its claims and calls go with it', async () => {
+    const op = await confirm(t);
+    const stripe = new FakeStripe();
+    stripe.rateLimitNext = 3;
+    const round = async (owner: string) => {
+      const lease = await claimWithAttempt(t.pool, op, owner);
+      return executeOperation(t.pool, kindsFor(stripe), op, lease.fence, { claimed: lease.operation, begun: lease.begun });
+    };
+    for (const owner of ['worker-a', 'worker-b', 'worker-a']) expect((await round(owner)).outcome?.kind).toBe('rate_limited');
+    expect((await round('worker-b')).operation.status).toBe('succeeded');
+    const rows = (await t.pool.query(`select type, fence, details->>'outcome' as outcome, repeats, last_at is not null as repeated from outboxd.operation_events where operation_id = $1 order by id`, [op])).rows;
+    expect(rows).toEqual([
+      { type: 'claimed', fence: 1, outcome: null, repeats: 1, repeated: false },
+      { type: 'sent', fence: 1, outcome: null, repeats: 1, repeated: false },
+      { type: 'outcome', fence: 1, outcome: 'rate_limited', repeats: 3, repeated: true },
+      { type: 'claimed', fence: 4, outcome: null, repeats: 1, repeated: false },
+      { type: 'sent', fence: 4, outcome: null, repeats: 1, repeated: false },
+      { type: 'outcome', fence: 4, outcome: 'succeeded', repeats: 1, repeated: false },
+    ]);
+    const current = await operation(t, op);
+    const entries = timeline(current, await operationRecord(t.pool, current));
+    expect(entries.map((x) => x.title)).toContain('create → rate_limited (3 times)');
+  });
+
+  it('the same flag again counts on its row; another reason is a row of its own; ambiguous creates are never merged', async () => {
+    const op = await confirm(t);
+    for (let i = 0; i < 3; i++) await flagFromOutside(t.pool, op, 'no job drives it');
+    await flagFromOutside(t.pool, op, 'another reason');
+    expect((await t.pool.query(`select details->>'reason' as reason, repeats from outboxd.operation_events where operation_id = $1 order by id`, [op])).rows).toEqual([
+      { reason: 'no job drives it', repeats: 3 },
+      { reason: 'another reason', repeats: 1 },
+    ]);
+
+    const lost = await confirm(t);
+    const stripe = new FakeStripe();
+    for (let i = 0; i < 2; i++) {
+      stripe.loseResponseOnce = true;
+      const lease = await claimWithAttempt(t.pool, lost, `worker-${i}`);
+      expect((await executeOperation(t.pool, kindsFor(stripe), lost, lease.fence, { claimed: lease.operation, begun: lease.begun })).outcome?.kind).toBe('ambiguous');
+    }
+    expect((await events(lost)).map((r) => r.type)).toEqual(['claimed', 'sent', 'outcome', 'claimed', 'sent', 'outcome']);
+  });
+
+  it('a stale claim records nothing: no call, no outcome', async () => {
+    const op = await confirm(t);
+    const stale = await claim(t, op, 'worker-a');
+    await releaseLease(t.pool, op, stale);
+    await claim(t, op, 'worker-b');
+    await expect(executeOperation(t.pool, kindsFor(e.gateway()), op, stale)).rejects.toThrow(/fence/);
+    expect((await events(op)).map((r) => r.type)).toEqual(['claimed', 'claimed']);
+  });
+
+  it("its settlement event's way to onSettled joins the timeline: queued, then delivered", async () => {
+    const op = await confirm(t);
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
+    while ((await relayOutbox(t.pool, t.boss)) > 0);
+    const shown = async () => timeline(await operation(t, op), await operationRecord(t.pool, await operation(t, op))).filter((x) => x.kind === 'settlement');
+    expect((await shown()).map((x) => x.title)).toEqual(['settlement event queued for onSettled']);
+    const jobs = await t.boss.fetch<{ operationId: string }>('settled', { batchSize: 100 });
+    const job = jobs.find((j) => j.data.operationId === op);
+    await t.boss.complete('settled', job!.id);
+    expect((await shown()).map((x) => x.title)).toEqual(['settlement event queued for onSettled', 'settlement event delivered to onSettled']);
+  });
+
+  it("a named subscriber's delivery joins the timeline beside the unnamed handlers'", async () => {
+    await subscribeSettlements(t.boss, 'mark-paid');
+    const op = await confirm(t);
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
+    while ((await relayOutbox(t.pool, t.boss)) > 0);
+    const shown = async () => timeline(await operation(t, op), await operationRecord(t.pool, await operation(t, op))).filter((x) => x.kind === 'settlement');
+    expect((await shown()).map((x) => x.title).sort()).toEqual(['settlement event queued for onSettled', 'settlement event queued for subscriber mark-paid']);
+    const jobs = await t.boss.fetch<{ operationId: string }>(settledQueueFor('mark-paid'), { batchSize: 100 });
+    await t.boss.complete(settledQueueFor('mark-paid'), jobs.find((j) => j.data.operationId === op)!.id);
+    expect((await shown()).map((x) => x.title)).toContain('settlement event delivered to subscriber mark-paid');
+  });
+
+  it("the console's overview shows the fleet's Stripe budget: off, room to spare, or in full use", async () => {
+    const render = async (limits: { rateLimit: number | undefined; searchRateLimit: number | undefined }) =>
+      String(overviewPage(await overview(t.pool, t.boss, limits), new Date(), await overviewCharts(t.pool, new Date())));
+    expect(await render({ rateLimit: undefined, searchRateLimit: undefined })).toContain('not limited');
+    await t.pool.query(`insert into outboxd.rate_budgets (name, tokens, short_at) values ('bench-account', 3, now() - interval '10 minutes')`);
+    expect(await render({ rateLimit: 25, searchRateLimit: 20 })).toMatch(/room to spare[\s\S]*25 requests\/s, search 20\/s/);
+    await t.pool.query(`update outboxd.rate_budgets set short_at = now() - interval '5 seconds' where name = 'bench-account'`);
+    expect(await render({ rateLimit: 25, searchRateLimit: 20 })).toMatch(/in full use[\s\S]*waited for a token [56] s ago/);
+  });
+
+  it("the console's overview counts every kind's queue, not only the charges'", async () => {
+    const render = async () =>
+      String(overviewPage(await overview(t.pool, t.boss, { rateLimit: undefined, searchRateLimit: undefined }), new Date(), await overviewCharts(t.pool, new Date())));
+    await confirm(t);
+    await t.pool.query(
+      `insert into outboxd.payment_operations (kind, policy, effect_key, payload) values ('welcome_mail', 'at-least-once', 'k-' || gen_random_uuid(), '{}')`,
+    );
+    await createKindQueues(t.boss, 'welcome_mail');
+    const html = await render();
+    expect(html).toContain('Jobs queued');
+    expect(html).toMatch(/charge \d+ · (\w+ \d+ · )*welcome_mail \d+; \d+ active, \d+ failed retained/);
+  });
+
+  it("the operation page names each kind's own idempotency key and what a resolution must name", async () => {
+    const page = async (id: string) => {
+      const op = await operation(t, id);
+      const record = await operationRecord(t.pool, op);
+      return String(operationPage(op, record, timeline(op, record), {}, { csrfToken: 'x', now: new Date(), dashboard: undefined }));
+    };
+    const charge = await confirm(t);
+    expect(await page(charge)).toContain(`payment-op:${charge}`);
+    const { rows } = await t.pool.query(
+      `insert into outboxd.payment_operations (kind, policy, effect_key, payload) values ('welcome_mail', 'at-least-once', 'k-' || gen_random_uuid(), '{}') returning id`,
+    );
+    const effect = rows[0].id as string;
+    const html = await page(effect);
+    expect(html).toContain('none: policy at-least-once');
+    expect(html).not.toContain(`payment-op:${effect}`);
+    expect(html).toContain('Your reference for the effect');
+  });
+});

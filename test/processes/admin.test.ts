@@ -1,0 +1,284 @@
+// Admin re-enqueue (invariant 10), the admin HTTP API and the Stripe webhook inbox.
+import Stripe from 'stripe';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { requeueOperation, requeueStuck } from '../../src/admin/requeue.ts';
+import { loadConfig } from '../../src/runtime/config.ts';
+import { adminRoutes } from '../../src/http/admin.ts';
+import { startHttpServer, type HttpServer } from '../../src/http/server.ts';
+import { webhookRoutes } from '../../src/http/webhooks.ts';
+import { pruneWebhookEvents } from '../../src/webhooks/inbox.ts';
+import { createLogger } from '../../src/telemetry/log.ts';
+import { executeOperation } from '../../src/engine/executor.ts';
+import { kindsFor } from '../../src/kinds/index.ts';
+import { releaseLease } from '../../src/engine/operation.ts';
+import { createTestDatabase, type TestDb } from '../support/db.ts';
+import { startDispatcher } from '../support/dispatcher.ts';
+import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
+import { chargeJobs, claim, confirm, operation, relay } from '../support/fixtures.ts';
+import { waitUntil } from '../../harness/replica.ts';
+
+const TOKEN = 'test-admin-token-0123456789';
+const WEBHOOK_SECRET = 'whsec_test_outboxd';
+const log = createLogger('silent');
+let t: TestDb;
+let e: RunningEmulator;
+let http: HttpServer;
+let base: string;
+let mismatches = 0;
+
+beforeAll(async () => {
+  [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
+  const config = loadConfig({ ADMIN_TOKEN: TOKEN, ADMIN_TOKEN_NAME: 'ops-team', STRIPE_WEBHOOK_SECRET: WEBHOOK_SECRET });
+  http = await startHttpServer(0, [
+    ...adminRoutes({ pool: t.pool, boss: t.boss, gateway: e.gateway(), log, config, workerId: 'admin-test' }),
+    ...webhookRoutes({ pool: t.pool, gateway: e.gateway(), log, secret: config.webhookSecret, onMismatch: () => mismatches++ }),
+  ], '127.0.0.1');
+  base = `http://127.0.0.1:${http.port}`;
+});
+afterAll(async () => {
+  await http.close();
+  await Promise.all([t.close(), e.close()]);
+});
+beforeEach(() => e.emulator.reset());
+
+const charges = (op: string) => e.emulator.ledger().filter((l) => l.paymentIntent.metadata.operation_id === op);
+const api = (path: string, init: RequestInit & { token?: string | null } = {}) =>
+  fetch(`${base}${path}`, {
+    ...init,
+    headers: { 'Content-Type': 'application/json', ...(init.token !== null ? { Authorization: `Bearer ${init.token ?? TOKEN}` } : {}) },
+  });
+
+describe('requeue (invariant 10)', () => {
+  it('a dead-lettered job: requeue gives the same operation a new job, which settles with one charge', async () => {
+    const op = await confirm(t);
+    await relay(t);
+    await t.pool.query(`update pgboss.job set state = 'failed', completed_on = now() where name = 'charge' and data->>'operationId' = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'retries exhausted' where id = $1`, [op]);
+    const result = await requeueOperation(t.pool, t.boss, op, { actor: 'alice' });
+    expect(result.result).toBe('requeued');
+    expect(await chargeJobs(t, op)).toBe(2);
+    const replica = await startDispatcher(t, e.gateway(), 'replica-a');
+    try {
+      await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 20_000, 'settled');
+    } finally {
+      await replica.stop();
+    }
+    expect(charges(op)).toHaveLength(1);
+    const { rows } = await t.pool.query(`select actor, action from outboxd.admin_audit where operation_id = $1`, [op]);
+    expect(rows).toEqual([{ actor: 'alice', action: 'requeue' }]);
+  });
+
+  it('skips an operation with a queued job or a live lease, refuses a settled one', async () => {
+    const queued = await confirm(t);
+    expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'skipped', reason: expect.stringMatching(/outbox/) });
+    await relay(t);
+    expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'skipped', reason: expect.stringMatching(/is created/) });
+    await t.pool.query(`delete from pgboss.job where data->>'operationId' = $1`, [queued]);
+    const fence = await claim(t, queued);
+    expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'skipped', reason: expect.stringMatching(/leased/) });
+    await executeOperation(t.pool, kindsFor(e.gateway()), queued, fence);
+    await releaseLease(t.pool, queued, fence);
+    expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'refused', reason: 'operation is succeeded' });
+  });
+
+  it('concurrent requeues beside running workers never make a second charge', async () => {
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 30 }, count: Infinity });
+    const ops = await Promise.all(Array.from({ length: 40 }, () => confirm(t)));
+    // The jobs are lost: every operation needs a requeue, and the requeues race each other.
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = any($1)`, [ops]);
+    const replicas = await Promise.all([startDispatcher(t, e.gateway(), 'r1'), startDispatcher(t, e.gateway(), 'r2')]);
+    try {
+      for (let round = 0; round < 5; round++) {
+        await Promise.all([
+          requeueStuck(t.pool, t.boss, { actor: 'x', olderThanSeconds: 0 }),
+          requeueStuck(t.pool, t.boss, { actor: 'y', olderThanSeconds: 0 }),
+          ...ops.slice(0, 10).map((op) => requeueOperation(t.pool, t.boss, op, { actor: 'z' })),
+        ]);
+      }
+      await waitUntil(async () => {
+        const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where id = any($1) and status = 'succeeded'`, [ops]);
+        return rows[0].n === ops.length;
+      }, 40_000, 'all settled');
+    } finally {
+      await Promise.all(replicas.map((r) => r.stop()));
+    }
+    for (const op of ops) {
+      expect(charges(op)).toHaveLength(1);
+      expect(await chargeJobs(t, op)).toBe(1); // one live job at a time: the racing requeues made one
+    }
+  });
+});
+
+describe('admin HTTP API', () => {
+  it('refuses a missing token (401) and a wrong one (403)', async () => {
+    expect((await api('/admin/operations', { token: null })).status).toBe(401);
+    expect((await api('/admin/operations', { token: 'wrong-token-wrong-token' })).status).toBe(403);
+    const ok = await api('/admin/operations?needs_review=true');
+    expect(ok.status).toBe(200);
+    expect(await ok.json()).toHaveProperty('operations');
+  });
+
+  it('does not exist when no ADMIN_TOKEN is configured', async () => {
+    const server = await startHttpServer(0, adminRoutes({ pool: t.pool, boss: t.boss, gateway: e.gateway(), log, config: loadConfig({}), workerId: 'w' }), '127.0.0.1');
+    try {
+      expect((await fetch(`http://127.0.0.1:${server.port}/admin/operations`, { headers: { Authorization: 'Bearer anything' } })).status).toBe(404);
+    } finally {
+      await server.close();
+    }
+  });
+
+  it('a replica whose emulator knows only its own charges refuses to resolve or reconcile (no evidence)', async () => {
+    const config = loadConfig({ ADMIN_TOKEN: TOKEN });
+    const server = await startHttpServer(0, adminRoutes({ pool: t.pool, boss: t.boss, gateway: undefined, log, config, workerId: 'w' }), '127.0.0.1');
+    try {
+      const op = await confirm(t);
+      const call = (path: string, body: unknown) =>
+        fetch(`http://127.0.0.1:${server.port}${path}`, { method: 'POST', headers: { Authorization: `Bearer ${TOKEN}`, 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
+      const resolved = await call(`/admin/operations/${op}/resolve`, { outcome: 'failed', reason: 'x' });
+      expect(resolved.status).toBe(409);
+      expect(await resolved.json()).toMatchObject({ error: 'no_evidence', message: expect.stringMatching(/STRIPE_SECRET_KEY/) });
+      expect((await call('/admin/reconcile', {})).status).toBe(409);
+      expect((await operation(t, op)).status).toBe('pending');
+    } finally {
+      await server.close();
+    }
+  });
+
+  it('404 for an unknown operation, 422 for bad input', async () => {
+    expect((await api('/admin/operations/3f2504e0-4f89-41d3-9a0c-0305e82c3301')).status).toBe(404);
+    expect((await api('/admin/operations/not-a-uuid')).status).toBe(422);
+    expect((await api('/admin/operations?status=bogus')).status).toBe(422);
+    const op = await confirm(t);
+    const bad = await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: 'ch_1' }) });
+    expect(bad.status).toBe(422);
+    expect(await bad.json()).toMatchObject({ error: 'invalid_input', message: expect.stringMatching(/externalId/) });
+    expect((await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: '{' })).status).toBe(422);
+  });
+
+  it('resolves with evidence, audited under the token’s name; requeues and reconciles', async () => {
+    const op = await confirm(t);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set status = 'unknown', review_reason = 'checked by hand' where id = $1`, [op]);
+    const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
+    const res = await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: pi.id }) });
+    expect(res.status).toBe(200);
+    expect(await res.json()).toMatchObject({ status: 'succeeded', external_id: pi.id });
+    const { rows } = await t.pool.query(`select actor from outboxd.admin_audit where operation_id = $1`, [op]);
+    expect(rows).toEqual([{ actor: 'token:ops-team' }]);
+    expect((await api(`/admin/operations/${op}/requeue`, { method: 'POST', body: '{}' })).status).toBe(409);
+    const sweep = await api('/admin/reconcile', { method: 'POST' });
+    expect(sweep.status).toBe(200);
+    expect(await sweep.json()).toHaveProperty('examined');
+  });
+});
+
+describe('Stripe webhook inbox', () => {
+  const signed = (payload: string, secret = WEBHOOK_SECRET) => ({
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', 'Stripe-Signature': Stripe.webhooks.generateTestHeaderString({ payload, secret }) },
+    body: payload,
+  });
+
+  it('settles an unknown operation before any retry; the retry then makes no call', async () => {
+    e.emulator.configureWebhooks({ url: `${base}/webhooks/stripe`, secret: WEBHOOK_SECRET, delayMs: 300 });
+    const op = await confirm(t);
+    const fence = await claim(t, op);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'truncate' } });
+    expect((await executeOperation(t.pool, kindsFor(e.gateway()), op, fence)).operation.status).toBe('unknown');
+    await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 5_000, 'webhook settles');
+    expect((await operation(t, op)).external_id).toBe(charges(op)[0]!.paymentIntent.id);
+    const requestsBefore = e.emulator.requests().length;
+    const next = await claim(t, op).catch(() => undefined);
+    expect(next).toBeUndefined(); // settled: no claim, so no call
+    expect(e.emulator.requests()).toHaveLength(requestsBefore);
+  });
+
+  it('a duplicate delivery is acknowledged and not reprocessed', async () => {
+    e.emulator.configureWebhooks({ url: `${base}/webhooks/stripe`, secret: WEBHOOK_SECRET });
+    const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
+    const pi = charges(op)[0]!.paymentIntent;
+    e.emulator.settle(pi.id, 'succeeded');
+    await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 5_000, 'webhook settles');
+    const event = e.emulator.emittedEvents().find((ev) => ev.type === 'payment_intent.succeeded')!;
+    // Whichever event was processed first settled it (each is checked by retrieving the PaymentIntent).
+    await waitUntil(async () => (await t.pool.query(`select 1 from outboxd.webhook_events where id = $1`, [event.id])).rows.length === 1, 5_000, 'recorded');
+    const before = (await t.pool.query(`select id, result from outboxd.webhook_events where operation_id = $1 order by id`, [op])).rows;
+    expect(before.filter((r) => r.result === 'settled').map((r) => r.id)).toHaveLength(1);
+    expect(await e.emulator.redeliver(event.id)).toBe(200);
+    expect((await t.pool.query(`select id, result from outboxd.webhook_events where operation_id = $1 order by id`, [op])).rows).toEqual(before);
+    const replay = await fetch(`${base}/webhooks/stripe`, signed(JSON.stringify(event)));
+    expect(await replay.json()).toEqual({ received: true, result: 'duplicate' });
+  });
+
+  it('a forged signature is refused with 400 and nothing is stored', async () => {
+    const op = await confirm(t);
+    const forged = JSON.stringify({ id: 'evt_forged', object: 'event', type: 'payment_intent.succeeded', data: { object: { id: 'pi_x', amount: 2599, currency: 'eur', metadata: { operation_id: op } } } });
+    const res = await fetch(`${base}/webhooks/stripe`, signed(forged, 'whsec_someone_else'));
+    expect(res.status).toBe(400);
+    expect((await t.pool.query(`select 1 from outboxd.webhook_events where id = 'evt_forged'`)).rows).toHaveLength(0);
+    expect((await operation(t, op)).status).toBe('pending');
+  });
+
+  const eventFor = (id: string, pi: Record<string, unknown>, type = 'payment_intent.succeeded') =>
+    JSON.stringify({ id, object: 'event', type, created: 1_700_000_000, livemode: false, data: { object: pi } });
+  const createPi = (op: string, over: Record<string, unknown> = {}) =>
+    e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op }, ...over });
+
+  it('a PaymentIntent whose amount does not match flags the operation for review, counted, and settles nothing', async () => {
+    const op = await confirm(t);
+    const pi = await createPi(op, { amount: 1 });
+    const before = mismatches;
+    // The event itself claims the right amount: only the retrieved PaymentIntent counts.
+    const event = eventFor('evt_mismatch', { id: pi.id, amount: 2599, currency: 'eur', metadata: { operation_id: op } });
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'mismatch' });
+    expect(await operation(t, op)).toMatchObject({ status: 'pending', needs_review: true, review_reason: expect.stringMatching(/is 1 eur/) });
+    expect(mismatches).toBe(before + 1);
+  });
+
+  it('an event is a hint: a "succeeded" event for a PaymentIntent still processing settles nothing', async () => {
+    const op = await confirm(t);
+    const pi = await createPi(op, { payment_method: 'pm_card_processing' });
+    const event = eventFor('evt_claims_success', { id: pi.id, status: 'succeeded', amount: 2599, currency: 'eur', metadata: { operation_id: op } });
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'not_final' });
+    expect((await operation(t, op)).status).toBe('pending');
+  });
+
+  it('a PaymentIntent other than the operation\'s known charge is a mismatch, not a settlement', async () => {
+    const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
+    const stray = await createPi(op);
+    const event = eventFor('evt_stray', { id: stray.id });
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'mismatch' });
+    expect(await operation(t, op)).toMatchObject({ status: 'unknown', needs_review: true, review_reason: expect.stringMatching(/not the operation's charge/) });
+  });
+
+  it('a charge that contradicts a failed operation is counted and logged as a contradiction, never overwriting it', async () => {
+    const op = await confirm(t);
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where id = $1`, [op]);
+    const pi = await createPi(op);
+    const before = mismatches;
+    const res = await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_contradiction', { id: pi.id })));
+    expect(await res.json()).toEqual({ received: true, result: 'contradiction' });
+    expect(mismatches).toBe(before + 1);
+    expect((await operation(t, op)).status).toBe('failed');
+  });
+
+  it('an event naming a PaymentIntent Stripe does not show (404) is acknowledged, not retried forever', async () => {
+    const res = await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_elsewhere', { id: 'pi_not_ours' })));
+    expect(res.status).toBe(200);
+    expect(await res.json()).toEqual({ received: true, result: 'no_operation' });
+  });
+
+  it('stores ids, type, times and the PaymentIntent\'s id and status only; pruned after the retention', async () => {
+    const op = await confirm(t);
+    const pi = await createPi(op);
+    const event = eventFor('evt_trimmed', { id: pi.id, payment_method: 'pm_card_visa', billing_details: { name: 'A Person' }, metadata: { operation_id: op } });
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'settled' });
+    const { rows } = await t.pool.query(`select payload from outboxd.webhook_events where id = 'evt_trimmed'`);
+    expect(rows[0].payload).toEqual({ id: 'evt_trimmed', type: 'payment_intent.succeeded', created: 1_700_000_000, livemode: false, payment_intent: { id: pi.id, status: 'succeeded' } });
+    await t.pool.query(`update outboxd.webhook_events set received_at = now() - interval '31 days' where id = 'evt_trimmed'`);
+    expect(await pruneWebhookEvents(t.pool, 30)).toBeGreaterThanOrEqual(1);
+    expect((await t.pool.query(`select 1 from outboxd.webhook_events where id = 'evt_trimmed'`)).rows).toHaveLength(0);
+  });
+});

@@ -1,0 +1,75 @@
+// outboxd never waits on the application: an application transaction holding a lock on an operation's
+// row (select … for update), on a settled one whose job is delivered again or on a pending one, for 30 s,
+// delays no other operation, and the locked pending one settles once the lock is released.
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { waitUntil } from '../../harness/replica.ts';
+import { createTestDatabase, type TestDb } from '../support/db.ts';
+import { startDispatcher, type InProcessReplica } from '../support/dispatcher.ts';
+import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
+import { confirm, operation } from '../support/fixtures.ts';
+
+const HELD_MS = 30_000;
+
+let t: TestDb;
+let e: RunningEmulator;
+let appPool: pg.Pool;
+const replicas: InProcessReplica[] = [];
+
+beforeAll(async () => {
+  [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
+  appPool = new pg.Pool({ connectionString: t.url, max: 4 });
+});
+afterAll(async () => {
+  for (const r of replicas) await r.stop();
+  await appPool.end();
+  await t.close();
+  await e.close();
+});
+
+/** An application transaction that locks the operation's row until release() (rolled back then). */
+async function lockRow(id: string): Promise<{ release(): Promise<void> }> {
+  const client = await appPool.connect();
+  await client.query('begin');
+  await client.query(`select id from "${t.schema}".payment_operations where id = $1 for update`, [id]);
+  return {
+    release: async () => {
+      await client.query('rollback');
+      client.release();
+    },
+  };
+}
+
+const statusOf = async (id: string) => (await operation(t, id)).status;
+
+describe('an application transaction holding an operation’s row', () => {
+  it('for 30 s delays no other operation; the locked pending one settles after the release', async () => {
+    const settled = await confirm(t, { orderId: 'locks-settled' });
+    const first = await startDispatcher(t, e.gateway(), 'w-locks-1', { concurrency: 2 });
+    replicas.push(first);
+    await waitUntil(async () => (await statusOf(settled)) === 'succeeded', 60_000, 'the first charge to settle');
+    await first.stop();
+    replicas.pop();
+
+    const pending = await confirm(t, { orderId: 'locks-pending' });
+    const others: string[] = [];
+    for (let i = 0; i < 4; i++) others.push(await confirm(t, { orderId: `locks-other-${i}` }));
+    const locks = [await lockRow(settled), await lockRow(pending)];
+    const heldUntil = Date.now() + HELD_MS;
+    try {
+      // The settled operation's job delivered again (pg-boss is at least once).
+      await t.boss.send('charge', { operationId: settled });
+      replicas.push(await startDispatcher(t, e.gateway(), 'w-locks-2', { concurrency: 2 }));
+      await waitUntil(async () => (await Promise.all(others.map(statusOf))).every((s) => s === 'succeeded'), HELD_MS - 5_000, 'the other charges to settle while the locks are held');
+      expect(Date.now()).toBeLessThan(heldUntil);
+      expect(await statusOf(pending)).toBe('pending');
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, heldUntil - Date.now())));
+    } finally {
+      for (const lock of locks) await lock.release();
+    }
+    // Skipped, not dropped: its job is retried and settles it.
+    await waitUntil(async () => (await statusOf(pending)) === 'succeeded', 120_000, 'the locked charge to settle after the release');
+    const { rows } = await t.pool.query(`select state from pgboss.job where name in ('charge_dead') and data->>'operationId' = $1`, [pending]);
+    expect(rows).toEqual([]);
+  }, 300_000);
+});

@@ -1,0 +1,375 @@
+// Stripe's rate limit as a budget shared by the fleet (src/stripe/budget.ts, budgetedGateway.ts): the
+// bucket in PostgreSQL bounds every replica together, dispatch calls go before reconciliation, a wait is
+// bounded and is no attempt, and Stripe's 429s are told apart by code.
+import { randomUUID } from 'node:crypto';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { createPool, type Pool } from '../../src/db/pool.ts';
+import { createLogger } from '../../src/telemetry/log.ts';
+import { executeOperation } from '../../src/engine/executor.ts';
+import { kindsFor } from '../../src/kinds/index.ts';
+import { RetryLater, type PaymentGateway } from '../../src/stripe/gateway.ts';
+import { acquireLease } from '../../src/engine/operation.ts';
+import { reconcileSweep } from '../../src/reconcile/sweep.ts';
+import { Budget, budgetMetrics, type BudgetMetrics, type Priority } from '../../src/stripe/budget.ts';
+import { BudgetedGateway, gatewayMetrics, inBackground, type Budgets } from '../../src/stripe/budgetedGateway.ts';
+import { createTestDatabase, type TestDb } from '../support/db.ts';
+import { startDispatcher } from '../support/dispatcher.ts';
+import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
+import { claim, confirm, operation } from '../support/fixtures.ts';
+import { waitUntil } from '../../harness/replica.ts';
+
+let t: TestDb;
+let e: RunningEmulator;
+/** Two more pools on the test database: two replicas' connections. */
+let replicaA: Pool;
+let replicaB: Pool;
+const budgets: Budget[] = [];
+beforeAll(async () => {
+  [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
+  replicaA = createPool(t.url, { schema: t.schema, max: 2, applicationName: 'replica-a' });
+  replicaB = createPool(t.url, { schema: t.schema, max: 2, applicationName: 'replica-b' });
+});
+afterAll(async () => {
+  for (const b of budgets) b.close();
+  await Promise.all([t.close(), e.close(), replicaA.end(), replicaB.end()]);
+});
+beforeEach(() => e.emulator.reset());
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** A budget of its own (a bucket row no other test touches). */
+function budget(db: Pool, rate: number, name = `test_${randomUUID().slice(0, 8)}`, metrics: BudgetMetrics = budgetMetrics()): Budget {
+  const b = new Budget(db, { name, rate, metrics });
+  budgets.push(b);
+  return b;
+}
+async function value(metric: { get(): Promise<{ values: { value: number; labels: Record<string, unknown> }[] }> }, labels: Record<string, string> = {}): Promise<number> {
+  const { values } = await metric.get();
+  return values.filter((v) => Object.entries(labels).every(([k, l]) => v.labels[k] === l)).reduce((sum, v) => sum + v.value, 0);
+}
+
+/** `loops` callers taking tokens one after another until `until`; the time each token arrived. */
+async function takeUntil(b: Budget, loops: number, until: number, priority: Priority = 'dispatch', grants: number[] = []): Promise<number[]> {
+  await Promise.all(
+    Array.from({ length: loops }, async () => {
+      while (performance.now() < until) {
+        await b.take(priority, Date.now() + 10_000);
+        grants.push(performance.now());
+      }
+    }),
+  );
+  return grants;
+}
+
+describe('the shared bucket', () => {
+  it('two replicas taking at once never get more than rate × elapsed + capacity together, and share it', async () => {
+    const rate = 40;
+    const name = `fleet_${randomUUID().slice(0, 8)}`;
+    const a = budget(replicaA, rate, name);
+    const b = budget(replicaB, rate, name);
+    const started = performance.now();
+    const until = started + 3_000;
+    const [fromA, fromB] = await Promise.all([takeUntil(a, 12, until), takeUntil(b, 12, until)]);
+    const all = [...fromA, ...fromB].sort((x, y) => x - y);
+    // Each prefix: the k-th token arrived no earlier than the bucket could have credited it.
+    all.forEach((at, i) => expect(i + 1, `token ${i + 1} at ${Math.round(at - started)} ms`).toBeLessThanOrEqual((rate * (at - started)) / 1000 + a.capacity + 1e-9));
+    // Neither replica hoards: each gets a fair part of what the fleet got.
+    expect(fromA.length).toBeGreaterThan(all.length * 0.3);
+    expect(fromB.length).toBeGreaterThan(all.length * 0.3);
+    expect(all.length).toBeGreaterThan(rate); // the budget is used, not merely bounded
+  });
+
+  it('its one statement grants atomically: eight sessions taking back to back get no more than the bucket credited', async () => {
+    const rate = 200;
+    const capacity = 20;
+    const name = `atomic_${randomUUID().slice(0, 8)}`;
+    const sessions = createPool(t.url, { schema: t.schema, max: 8, applicationName: 'budget-sessions' });
+    try {
+      await sessions.query(sessions.sql.ensureRateBudget(name));
+      const started = performance.now();
+      const granted = await Promise.all(
+        Array.from({ length: 8 }, async () => {
+          let n = 0;
+          while (performance.now() - started < 1_500) n += (await sessions.query(sessions.sql.takeRateBudget(name, rate, capacity, 3, false, 1))).rows[0].granted;
+          return n;
+        }),
+      );
+      const total = granted.reduce((a, b) => a + b, 0);
+      expect(total).toBeLessThanOrEqual((rate * (performance.now() - started)) / 1000 + capacity);
+      expect(total).toBeGreaterThan(rate / 2);
+    } finally {
+      await sessions.end();
+    }
+  });
+
+  it('a replica polls only while calls wait, keeps a small reserve, and never spends a stale token', async () => {
+    const metrics = budgetMetrics();
+    const b = budget(replicaA, 1_000, undefined, metrics);
+    for (let i = 0; i < 20; i++) await b.take('dispatch', Date.now() + 5_000);
+    const statements = await value(metrics.statements);
+    expect(statements).toBeLessThan(20);
+    await sleep(600);
+    expect(await value(metrics.statements)).toBe(statements);
+    // Whatever was left in the reserve has expired: this call needs the bucket again.
+    await b.take('dispatch', Date.now() + 5_000);
+    expect(await value(metrics.statements)).toBeGreaterThan(statements);
+    expect((await value(metrics.granted)) - (await value(metrics.expired))).toBeGreaterThanOrEqual(21);
+  });
+});
+
+describe('a database clock that steps back (a failover to a lagging standby)', () => {
+  /** The bucket as a clock stepped back by an hour leaves it: refilled and short "in the future". */
+  const steppedBack = (name: string) =>
+    t.pool.query(`update outboxd.rate_budgets set tokens = 0, refilled_at = now() + interval '1 hour', short_at = now() + interval '1 hour' where name = $1`, [name]);
+
+  it('the bucket keeps refilling, bounded by rate × elapsed + capacity from then on', async () => {
+    const rate = 20;
+    const name = `stepped_${randomUUID().slice(0, 8)}`;
+    const b = budget(replicaA, rate, name);
+    await b.take('dispatch', Date.now() + 5_000); // the row exists
+    await steppedBack(name);
+    const started = performance.now();
+    const grants = await takeUntil(b, 4, started + 1_500);
+    expect(grants.length).toBeGreaterThan(rate / 2); // not frozen for the hour
+    grants.sort((x, y) => x - y).forEach((at, i) => expect(i + 1).toBeLessThanOrEqual((rate * (at - started)) / 1000 + b.capacity + 1e-9));
+    const { rows } = await t.pool.query(`select refilled_at <= now() as behind from outboxd.rate_budgets where name = $1`, [name]);
+    expect(rows[0].behind).toBe(true);
+  });
+
+  it('background takes are not held back for the hour by a shortage recorded "ahead"', async () => {
+    const name = `stepped_bg_${randomUUID().slice(0, 8)}`;
+    const b = budget(replicaA, 50, name);
+    await b.take('dispatch', Date.now() + 5_000);
+    await steppedBack(name);
+    await b.take('background', Date.now() + 10_000);
+  });
+});
+
+describe('priority: creates before reconciliation', () => {
+  it('in a replica, no background call gets a token while a dispatch call waits', async () => {
+    const b = budget(replicaA, 20);
+    const order: Priority[] = [];
+    const take = (p: Priority) => b.take(p, Date.now() + 10_000).then(() => order.push(p));
+    // The background calls came first.
+    await Promise.all([...Array.from({ length: 6 }, () => take('background')), ...Array.from({ length: 6 }, () => take('dispatch'))]);
+    expect(order).toEqual([...Array(6).fill('dispatch'), ...Array(6).fill('background')]);
+  });
+
+  it('across the fleet, background takes get nothing while a dispatch take anywhere came up short', async () => {
+    const rate = 20;
+    const name = `priority_${randomUUID().slice(0, 8)}`;
+    const dispatcher = budget(replicaA, rate, name);
+    const sweeper = budget(replicaB, rate, name);
+    const started = performance.now();
+    const busyUntil = started + 2_500;
+    const background: number[] = [];
+    const sweeping = takeUntil(sweeper, 2, busyUntil + 1_000, 'background', background);
+    const dispatched = await takeUntil(dispatcher, 16, busyUntil);
+    const stopped = performance.now();
+    await sweeping;
+    // While the dispatcher was short the sweeper got nothing (the first instant aside: nobody was short yet).
+    expect(background.filter((at) => at < stopped).length).toBeLessThanOrEqual(1);
+    expect(dispatched.length).toBeGreaterThan(rate);
+    // Once nobody was short for a second, the sweeper had the budget.
+    expect(background.filter((at) => at > stopped).length).toBeGreaterThan(0);
+  });
+});
+
+describe('the budgeted gateway', () => {
+  const request = (id = randomUUID()) => ({
+    operationId: id,
+    amount: 1000,
+    currency: 'eur',
+    customer: 'cus_budget',
+    paymentMethod: 'pm_card_visa',
+    metadata: {},
+    idempotencyKey: `payment-op:${id}`,
+  });
+  function gateway(budgetsOf: Budgets, maxWaitMs = 5_000, inner: PaymentGateway = e.gateway()) {
+    const metrics = gatewayMetrics();
+    return { gateway: new BudgetedGateway(inner, { budgets: budgetsOf, maxWaitMs, metrics }), metrics };
+  }
+
+  it('a call that gets no token by its deadline is not sent, and fails as RetryLater (not an attempt)', async () => {
+    const bm = budgetMetrics();
+    const { gateway: g } = gateway({ requests: budget(replicaA, 0.2, undefined, bm) }, 300);
+    const err = await g.createCharge(request()).catch((x: unknown) => x);
+    expect(err).toBeInstanceOf(RetryLater);
+    expect(err).toMatchObject({ code: 'budget' });
+    expect(e.emulator.requests()).toHaveLength(0);
+    expect(await value(bm.timeouts, { priority: 'dispatch' })).toBe(1);
+
+    // Through the executor: status unchanged, the key window not started.
+    const id = await confirm(t);
+    const run = await executeOperation(t.pool, kindsFor(g), id, await claim(t, id));
+    expect(run.outcome).toMatchObject({ kind: 'rate_limited' });
+    expect(run.operation).toMatchObject({ status: 'pending', first_attempted_at: null, last_outcome: 'rate_limited' });
+    expect(e.emulator.requests()).toHaveLength(0);
+  });
+
+  it('a lock_timeout 429 is sent again after a short delay, leaving the budget alone', async () => {
+    const bm = budgetMetrics();
+    const { gateway: g, metrics } = gateway({ requests: budget(replicaA, 50, undefined, bm) });
+    const req = request();
+    e.emulator.addFault({ fault: { kind: 'rate_limit', code: 'lock_timeout' }, match: { operationId: req.operationId }, count: 2 });
+    const charge = await g.createCharge(req);
+    expect(charge.status).toBe('succeeded');
+    expect(e.emulator.requests().map((r) => r.status)).toEqual([429, 429, 200]);
+    expect(await value(metrics.rateLimited, { code: 'lock_timeout' })).toBe(2);
+    expect(await value(bm.backOffs)).toBe(0);
+    // Every send took its token.
+    expect(await value(bm.granted)).toBeGreaterThanOrEqual(3);
+  });
+
+  it('a rate_limit 429 makes the budget back off; the call waits for a token and is sent again', async () => {
+    const bm = budgetMetrics();
+    const { gateway: g, metrics } = gateway({ requests: budget(replicaA, 50, undefined, bm) });
+    const req = request();
+    e.emulator.addFault({ fault: { kind: 'rate_limit' }, match: { operationId: req.operationId } });
+    expect((await g.createCharge(req)).status).toBe('succeeded');
+    expect(e.emulator.requests().map((r) => r.status)).toEqual([429, 200]);
+    expect(await value(metrics.rateLimited, { code: 'rate_limit' })).toBe(1);
+    expect(await value(bm.backOffs)).toBe(1);
+    expect(e.emulator.ledger()).toHaveLength(1);
+  });
+
+  it('without a budget, a rate_limit 429 goes back to the caller (the dispatcher reschedules it)', async () => {
+    const { gateway: g, metrics } = gateway({});
+    const req = request();
+    e.emulator.addFault({ fault: { kind: 'rate_limit' }, match: { operationId: req.operationId } });
+    await expect(g.createCharge(req)).rejects.toMatchObject({ name: 'RetryLater', code: 'rate_limit', httpStatus: 429 });
+    expect(e.emulator.requests()).toHaveLength(1);
+    expect(await value(metrics.rateLimited, { code: 'rate_limit' })).toBe(1);
+  });
+
+  it('a search takes a search token and an account token; other calls only an account token', async () => {
+    const bm = budgetMetrics();
+    const requests = budget(replicaA, 50, undefined, bm);
+    const search = budget(replicaA, 20, undefined, bm);
+    const { gateway: g } = gateway({ requests, search });
+    const charge = await g.createCharge(request());
+    await g.retrieveCharge(charge.id);
+    expect(await value(bm.granted, { budget: search.name })).toBe(0);
+    await g.findCharges(randomUUID());
+    expect(await value(bm.granted, { budget: search.name })).toBeGreaterThanOrEqual(1);
+    const waitedRequests = (await bm.waited.get()).values.find((v) => v.metricName === 'outboxd_stripe_budget_wait_seconds_count' && v.labels.budget === requests.name);
+    expect(waitedRequests?.value).toBe(3);
+  });
+
+  it('a read that spans pages takes its tokens page by page: a search both kinds, a list the account kind', async () => {
+    const bm = budgetMetrics();
+    const requests = budget(replicaA, 1000, undefined, bm);
+    const search = budget(replicaA, 1000, undefined, bm);
+    const { gateway: g } = gateway({ requests, search });
+    const takes = async (b: Budget) =>
+      (await bm.waited.get()).values.find((v) => v.metricName === 'outboxd_stripe_budget_wait_seconds_count' && v.labels.budget === b.name)?.value ?? 0;
+    const operationId = randomUUID();
+    const stripe = e.client();
+    for (let i = 0; i < 205; i++) {
+      await stripe.paymentIntents.create({ amount: 10, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: operationId } });
+    }
+    const sent = (endpoint: string) => e.emulator.requests().filter((r) => r.endpoint === endpoint).length;
+
+    const found = await g.findCharges(operationId);
+    expect(new Set(found.map((c) => c.id)).size).toBe(205);
+    expect(sent('search')).toBe(3);
+    expect(await takes(search)).toBe(3);
+    expect(await takes(requests)).toBe(3);
+
+    const listed = await g.listCharges(new Date(0));
+    expect(new Set(listed.map((c) => c.id)).size).toBe(205);
+    expect(sent('list')).toBe(3);
+    expect(await takes(search)).toBe(3);
+    expect(await takes(requests)).toBe(6);
+  });
+
+  it("an operation's read waits for its pages within the call's deadline; the drift report's, page by page", async () => {
+    const bm = budgetMetrics();
+    // One token a second, and the bucket starts empty: the first page's token comes after ~1 s, the
+    // second's after ~2 s, past the call's deadline (1.5 s) but within its own page's.
+    const operationId = randomUUID();
+    const stripe = e.client();
+    for (let i = 0; i < 101; i++) {
+      await stripe.paymentIntents.create({ amount: 10, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: operationId } });
+    }
+    const { gateway: g, metrics } = gateway({ requests: budget(replicaA, 1, undefined, bm) }, 1_500);
+    const sent = (endpoint: string) => e.emulator.requests().filter((r) => r.endpoint === endpoint).length;
+    // Under a lease the sweep does not renew: the second page is not sent, and nothing is resent.
+    await expect(g.findCharges(operationId)).rejects.toMatchObject({ name: 'RetryLater', code: 'budget' });
+    expect(sent('search')).toBe(1);
+    expect(await value(metrics.rateLimited)).toBe(0);
+    expect(await value(bm.backOffs)).toBe(0);
+    // Under no lease: every page is sent, each after its token.
+    expect(await g.listCharges(new Date(0))).toHaveLength(101);
+    expect(sent('list')).toBe(2);
+  });
+});
+
+describe('waiting for a token holds the operation safely', () => {
+  /** Only this test's operations are left to drive. */
+  const leaveNothingBehind = async () => {
+    await t.pool.query(`delete from outboxd.charge_outbox`);
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
+  };
+
+  it('the dispatcher renews its lease while a call waits: no other claim can take it, and it settles once', async () => {
+    const name = `lease_${randomUUID().slice(0, 8)}`;
+    // The bucket starts empty: the first token comes after 8 s, far past the 3 s lease.
+    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: budget(replicaA, 0.125, name) }, maxWaitMs: 10_000 });
+    await leaveNothingBehind();
+    const replica = await startDispatcher(t, g, 'waiting-replica', { leaseTtlMs: 3_000, concurrency: 1 });
+    try {
+      const id = await confirm(t);
+      await waitUntil(async () => (await operation(t, id)).lease_owner, 10_000, 'the claim');
+      await sleep(4_500);
+      expect(await acquireLease(t.pool, id, 'intruder', 1_000)).toBeUndefined();
+      expect(e.emulator.requests()).toHaveLength(0);
+      const settled = await waitUntil(async () => {
+        const op = await operation(t, id);
+        return op.status === 'succeeded' && op;
+      }, 15_000, 'the charge to settle');
+      expect(settled).toMatchObject({ fence: 1, attempts: 1 });
+      expect(e.emulator.ledger()).toHaveLength(1);
+      expect(await value(replica.metrics.leaseTakeovers)).toBe(0);
+    } finally {
+      await replica.stop();
+    }
+  });
+
+  it('the reconcile sweep yields: once the budget turns it away, it stops and leaves every operation as it was', async () => {
+    const log = createLogger('silent');
+    const name = `sweep_${randomUUID().slice(0, 8)}`;
+    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: budget(replicaA, 50, name), search: budget(replicaA, 20, `${name}_search`) }, maxWaitMs: 400 });
+    await leaveNothingBehind();
+    const ops = [await confirm(t), await confirm(t)];
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = any($1::uuid[])`, [ops]);
+    await t.pool.query(
+      `update outboxd.payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '25 hours' where id = any($1::uuid[])`,
+      [ops],
+    );
+    for (const op of ops) await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
+    const before = e.emulator.requests().length;
+    // A dispatcher elsewhere came up short just now, and keeps being short (further ahead is a clock
+    // that stepped back, not a shortage).
+    await t.pool.query(`insert into outboxd.rate_budgets (name, tokens, refilled_at, short_at) values ($1, 0, now(), now() + interval '30 seconds'), ($2, 0, now(), now() + interval '30 seconds')`, [name, `${name}_search`]);
+
+    const sweep = () => reconcileSweep(t.pool, g, t.boss, { owner: 'sweeper', leaseTtlMs: 10_000, log });
+    const refused = await sweep();
+    expect(refused).toMatchObject({ examined: 2, settled: 0, skipped: 1 });
+    expect(refused.decisions).toEqual([expect.objectContaining({ outcome: 'rate_limited', from: 'unknown', to: 'unknown' })]);
+    expect(e.emulator.requests()).toHaveLength(before);
+    for (const op of ops) expect(await operation(t, op)).toMatchObject({ status: 'unknown', lease_owner: null });
+
+    // Once nobody is short (and this replica's loop has ended its yield), the next sweeps settle them.
+    await t.pool.query(`update outboxd.rate_budgets set short_at = null where name like $1`, [`${name}%`]);
+    await waitUntil(async () => (await sweep()).examined === 0, 10_000, 'the sweeps to settle both');
+    for (const op of ops) expect(await operation(t, op)).toMatchObject({ status: 'succeeded' });
+  });
+
+  it('the sweep view takes background priority; any other gateway is left as it is', () => {
+    const g = new BudgetedGateway(e.gateway(), { budgets: {}, maxWaitMs: 1 });
+    expect(inBackground(g)).toBeInstanceOf(BudgetedGateway);
+    expect(inBackground(g)).not.toBe(g);
+    const plain = e.gateway();
+    expect(inBackground(plain)).toBe(plain);
+  });
+});

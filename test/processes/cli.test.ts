@@ -1,0 +1,279 @@
+// The CLI as an operator runs it: a real process, stdout for results, stderr for errors, exit codes.
+import { spawn } from 'node:child_process';
+import { mkdtemp, readFile, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { waitUntil } from '../../harness/replica.ts';
+import { recordAudit } from '../../src/admin/audit.ts';
+import { createTestDatabase, type TestDb } from '../support/db.ts';
+import { confirm, counts } from '../support/fixtures.ts';
+
+const BIN = fileURLToPath(new URL('../../bin/outboxd.js', import.meta.url));
+let t: TestDb;
+beforeAll(async () => {
+  t = await createTestDatabase();
+});
+afterAll(() => t.close());
+
+function outboxd(...args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [BIN, ...args], { env: { ...process.env, DATABASE_URL: t.url, LOG_LEVEL: 'warn' } });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    child.on('exit', (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+describe('outboxd order confirm', () => {
+  it('prints the operation id; --json an object; the same order twice gives the same id', async () => {
+    const order = ['order', 'confirm', '--order-id', 'cli-1', '--amount', '1999', '--currency', 'EUR', '--customer', 'cus_1', '--payment-method', 'pm_card_visa'];
+    const first = await outboxd(...order);
+    expect(first.code).toBe(0);
+    expect(first.stdout.trim()).toMatch(/^[0-9a-f-]{36}$/);
+    const again = await outboxd(...order, '--json');
+    expect(JSON.parse(again.stdout)).toEqual({ operationId: first.stdout.trim(), created: false });
+    const thrice = await outboxd(...order);
+    expect(thrice.code).toBe(0);
+    expect(thrice.stdout.trim()).toBe(first.stdout.trim());
+    expect(thrice.stderr.trim()).toBe(`order cli-1 was already confirmed: operation ${first.stdout.trim()} (status pending)`);
+    const shown = await outboxd('ops', 'show', first.stdout.trim());
+    expect(JSON.parse(shown.stdout)).toMatchObject({ id: first.stdout.trim(), order_id: 'cli-1', amount: 1999, currency: 'eur', status: 'pending' });
+  });
+
+  it('bad input: exit 2, the field named on stderr, nothing written', async () => {
+    const before = await counts(t);
+    const res = await outboxd('order', 'confirm', '--order-id', 'cli-2', '--amount', '-5', '--currency', 'eur', '--customer', 'c', '--payment-method', 'pm');
+    expect(res.code).toBe(2);
+    expect(res.stderr).toMatch(/amount/);
+    const unknownCurrency = await outboxd('order', 'confirm', '--order-id', 'cli-2', '--amount', '5', '--currency', 'zzz', '--customer', 'c', '--payment-method', 'pm');
+    expect(unknownCurrency.code).toBe(2);
+    expect(unknownCurrency.stderr).toMatch(/currency/);
+    expect(await counts(t)).toEqual(before);
+  });
+
+  it('--from-file: each line its own confirmation; bad lines reported by number and skipped; exit 3', async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), 'outboxd-bulk-'));
+    const file = path.join(dir, 'orders.jsonl');
+    const line = (i: number, over: Record<string, unknown> = {}) =>
+      JSON.stringify({ orderId: `bulk-${i}`, amount: 100 + i, currency: 'usd', customer: 'cus_b', paymentMethod: 'pm_card_visa', ...over });
+    const lines = Array.from({ length: 200 }, (_, i) => line(i));
+    lines[9] = '{not json';
+    lines[49] = line(49, { amount: 0 });
+    lines[99] = line(99, { currency: 'xyz' });
+    lines[149] = line(149, { cardNumber: '4242' });
+    await writeFile(file, `${lines.join('\n')}\n`);
+    const before = await counts(t);
+    const res = await outboxd('order', 'confirm', '--from-file', file, '--json');
+    expect(res.code).toBe(3);
+    const summary = JSON.parse(res.stdout);
+    expect(summary).toMatchObject({ lines: 200, confirmed: 196, alreadyConfirmed: 0, failed: 4 });
+    expect(summary.failures.map((f: { line: number }) => f.line)).toEqual([10, 50, 100, 150]);
+    expect(summary.failures[1]).toMatchObject({ field: 'amount' });
+    expect(summary.confirmations).toHaveLength(196);
+    expect(summary.confirmations[0]).toEqual({ line: 1, operationId: expect.stringMatching(/^[0-9a-f-]{36}$/), created: true });
+    const { rows } = await t.pool.query(`select id from outboxd.payment_operations where order_id = 'bulk-199'`);
+    expect(summary.confirmations.at(-1)).toEqual({ line: 200, operationId: rows[0].id, created: true });
+    const after = await counts(t);
+    expect(after.operations - before.operations).toBe(196);
+    expect(after.outbox - before.outbox).toBe(196);
+    const rerun = JSON.parse((await outboxd('order', 'confirm', '--from-file', file, '--json')).stdout);
+    expect(rerun).toMatchObject({ confirmed: 0, alreadyConfirmed: 196, failed: 4 });
+    // Text: a one-line summary on stdout, the bad lines on stderr.
+    const text = await outboxd('order', 'confirm', '--from-file', file);
+    expect(text.code).toBe(3);
+    expect(text.stdout).toBe('200 lines: 0 confirmed, 196 already confirmed, 4 refused\n');
+    expect(text.stderr).toMatch(/^line 10: .*\nline 50: amount: .*\nline 100: currency: .*\nline 150: cardNumber: unknown field\n$/);
+  });
+});
+
+describe('outboxd ops and requeue', () => {
+  it('ops list --json filters by status; an unknown status is a usage error', async () => {
+    const res = await outboxd('ops', 'list', '--status', 'pending', '--json');
+    expect(res.code).toBe(0);
+    const rows = JSON.parse(res.stdout);
+    expect(rows.length).toBeGreaterThan(0);
+    expect(new Set(rows.map((r: { status: string }) => r.status))).toEqual(new Set(['pending']));
+    expect((await outboxd('ops', 'list', '--status', 'bogus')).code).toBe(2);
+  });
+
+  it('ops show of a missing operation exits 4; requeue --dry-run reports without enqueuing', async () => {
+    expect((await outboxd('ops', 'show', '3f2504e0-4f89-41d3-9a0c-0305e82c3301')).code).toBe(4);
+    const before = await counts(t);
+    const res = await outboxd('requeue', '--stuck', '--older-than', '0s', '--dry-run', '--json');
+    expect(res.code).toBe(0);
+    const results = JSON.parse(res.stdout);
+    expect(results.length).toBeGreaterThan(0);
+    expect(results.every((r: { result: string }) => r.result === 'skipped')).toBe(true); // each waits in the outbox
+    expect(await counts(t)).toEqual(before);
+  });
+});
+
+describe('usage errors: said on stderr, exit 2, in flags', () => {
+  const OP = '3f2504e0-4f89-41d3-9a0c-0305e82c3301';
+  it.each([
+    [['ops', 'resolve', OP], /give exactly one of --succeeded or --failed/],
+    [['ops', 'resolve', OP, '--succeeded', '--failed'], /give exactly one of --succeeded or --failed/],
+    [['ops', 'resolve', OP, '--succeeded'], /--succeeded needs --external-id/],
+    [['ops', 'resolve', OP, '--failed'], /--failed needs --reason/],
+    [['ops', 'resolve', OP, '--failed', '--external-id', 'pi_1', '--reason', 'r'], /'--external-id <id>' cannot be used with option '--failed'/],
+    [['requeue'], /give an operation id, or --stuck/],
+    [['requeue', OP, '--stuck'], /give an operation id or --stuck, not both/],
+    [['order', 'confirm', '--order-id', 'u-1', '--amount', '5'], /missing --currency, --customer, --payment-method/],
+    [['order', 'confirm', '--from-file', 'x.jsonl', '--order-id', 'u-1'], /'--from-file <orders\.jsonl>' cannot be used with option '--order-id <id>'/],
+  ])('%j', async (args, message) => {
+    const res = await outboxd(...args);
+    expect(res.code).toBe(2);
+    expect(res.stderr).toMatch(message);
+    expect(res.stdout).toBe('');
+  });
+
+  it('invalid values name the flag, not the field', async () => {
+    const res = await outboxd('order', 'confirm', '--order-id', ' ', '--amount', '5', '--currency', 'eur', '--customer', 'c', '--payment-method', 'pm_card_visa');
+    expect(res.code).toBe(2);
+    expect(res.stderr).toBe('outboxd: --order-id: order id must not be empty\n');
+    const pm = await outboxd('order', 'confirm', '--order-id', 'u-2', '--amount', '5', '--currency', 'eur', '--customer', 'c', '--payment-method', 'x'.repeat(300));
+    expect(pm.stderr).toMatch(/^outboxd: --payment-method: payment method must be at most 255 characters/);
+  });
+
+  it('--version prints the package version', async () => {
+    const pkg = JSON.parse(await readFile(new URL('../../package.json', import.meta.url), 'utf8'));
+    const res = await outboxd('--version');
+    expect(res).toEqual({ code: 0, stdout: `${pkg.version}\n`, stderr: '' });
+  });
+});
+
+describe('order confirm --from-file while the database fails', () => {
+  const CLI_BACKENDS = `select pid from pg_stat_activity where datname = current_database() and application_name = 'outboxd-cli'`;
+  const waiting = async () => (await t.pool.query(`${CLI_BACKENDS} and wait_event_type = 'Lock'`)).rowCount ?? 0;
+  const terminate = async () => (await t.pool.query(`select pg_terminate_backend(pid) from (${CLI_BACKENDS}) cli`)).rowCount ?? 0;
+
+  async function ordersFile(prefix: string, n: number): Promise<string> {
+    const file = path.join(await mkdtemp(path.join(tmpdir(), 'outboxd-bulk-')), 'orders.jsonl');
+    const lines = Array.from({ length: n }, (_, i) =>
+      JSON.stringify({ orderId: `${prefix}-${i + 1}`, amount: 500, currency: 'eur', customer: 'cus_t', paymentMethod: 'pm_card_visa' }),
+    );
+    await writeFile(file, `${lines.join('\n')}\n`);
+    return file;
+  }
+
+  /** Holds a lock every confirmation waits for, so that the CLI's connections can be cut while in use. */
+  async function lockOrders(): Promise<() => Promise<void>> {
+    const client = await t.pool.connect();
+    await client.query('begin');
+    await client.query('lock table outboxd.orders in exclusive mode');
+    return async () => {
+      await client.query('rollback');
+      client.release();
+    };
+  }
+
+  it('connections cut mid-run: the lines are retried, none is reported as bad', async () => {
+    const file = await ordersFile('cut', 20);
+    const unlock = await lockOrders();
+    let exited = false;
+    const run = outboxd('order', 'confirm', '--from-file', file, '--json').finally(() => (exited = true));
+    try {
+      await waitUntil(async () => (await waiting()) === 16, 20_000, '16 confirmations in flight');
+      for (let cut = 0; cut < 2; cut++) {
+        await terminate();
+        await waitUntil(async () => exited || (await waiting()) > 0, 20_000, 'a retry (or the end)');
+      }
+    } finally {
+      await unlock();
+    }
+    const res = await run;
+    expect(res.code).toBe(0);
+    const summary = JSON.parse(res.stdout);
+    expect(summary).toMatchObject({ lines: 20, failed: 0, failures: [], unconfirmed: [] });
+    expect(summary.confirmed + summary.alreadyConfirmed).toBe(20);
+    const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where order_id like 'cut-%'`);
+    expect(rows[0].n).toBe(20);
+  });
+
+  it('the database stays unusable: exit 1 naming the lines not confirmed, the rest not read', async () => {
+    const file = await ordersFile('gone', 20);
+    const before = await counts(t);
+    const unlock = await lockOrders();
+    let exited = false;
+    const run = outboxd('order', 'confirm', '--from-file', file, '--json').finally(() => (exited = true));
+    try {
+      await waitUntil(async () => (await waiting()) === 16, 20_000, '16 confirmations in flight');
+      // Every attempt waits for the lock and has its connection cut, until the CLI gives up.
+      await waitUntil(async () => exited || ((await terminate()) && false), 30_000, 'the CLI to give up');
+    } finally {
+      await unlock();
+    }
+    const res = await run;
+    expect(res.code).toBe(1);
+    const summary = JSON.parse(res.stdout);
+    expect(summary).toMatchObject({ lines: 16, confirmed: 0, failed: 0, failures: [], unreadFromLine: 17 });
+    expect(summary.unconfirmed.map((u: { line: number }) => u.line)).toEqual(Array.from({ length: 16 }, (_, i) => i + 1));
+    expect(res.stderr).toMatch(/stopped on a database error \(.*\): lines 1-16 not confirmed, nor lines 17 and after \(not read\)/);
+    expect(await counts(t)).toEqual(before);
+  });
+});
+
+describe('ops show short ids, ops list, audit', () => {
+  const A = 'abcdef01-1111-4000-8000-000000000001';
+  const B = 'abcdef01-2222-4000-8000-000000000002';
+  beforeAll(async () => {
+    for (const [id, orderId] of [[A, 'short-a'], [B, 'short-b']] as const) {
+      await t.pool.query(`insert into outboxd.orders (id, amount, currency, customer_id, payment_method) values ($1, 100, 'eur', 'cus', 'pm_card_visa')`, [orderId]);
+      await t.pool.query(
+        `insert into outboxd.payment_operations (id, order_id, amount, currency, customer_id, payment_method) values ($1, $2, 100, 'eur', 'cus', 'pm_card_visa')`,
+        [id, orderId],
+      );
+    }
+  });
+
+  it('ops show takes a unique prefix of 8+ hex digits; ambiguous: exit 2 listing both; none: exit 4', async () => {
+    for (const short of ['abcdef011111', 'ABCDEF01-1111', A]) {
+      const res = await outboxd('ops', 'show', short);
+      expect(res.code).toBe(0);
+      expect(JSON.parse(res.stdout)).toMatchObject({ id: A, order_id: 'short-a' });
+    }
+    const ambiguous = await outboxd('ops', 'show', 'abcdef01');
+    expect(ambiguous.code).toBe(2);
+    expect(ambiguous.stderr).toBe(`outboxd: OP_ID: abcdef01 is ambiguous, it begins ${A}, ${B}\n`);
+    const none = await outboxd('ops', 'show', '01234567');
+    expect(none.code).toBe(4);
+    expect(none.stderr).toMatch(/no payment operation 01234567/);
+    const tooShort = await outboxd('ops', 'show', 'abcdef0');
+    expect(tooShort.code).toBe(2);
+    expect(tooShort.stderr).toMatch(/^outboxd: OP_ID: not an operation id/);
+  });
+
+  it('ops list shows a review reason only for operations in review', async () => {
+    await t.pool.query(`update outboxd.payment_operations set last_error = 'timeout talking to stripe' where id = $1`, [A]);
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'key window passed, no charge found' where id = $1`, [B]);
+    const res = await outboxd('ops', 'list');
+    expect(res.code).toBe(0);
+    const lines = res.stdout.split('\n');
+    expect(lines[0]).toMatch(/^id +kind +order +status +amount +attempts +external +review$/);
+    expect(lines.find((l) => l.startsWith(A))).toMatch(/pending +100 eur +0 +- +$/);
+    expect(lines.find((l) => l.startsWith(B))).toMatch(/ - +key window passed, no charge found$/);
+  });
+
+  it('audit lists the trail, newest last, of one operation (short id) or of all (--limit)', async () => {
+    const op = await confirm(t);
+    await recordAudit(t.pool, { actor: 'alice', action: 'requeue', operationId: op, details: { jobId: 'j1' } });
+    await recordAudit(t.pool, { actor: 'bob', action: 'resolve', operationId: A, details: { outcome: 'failed' } });
+    await recordAudit(t.pool, { actor: 'carol', action: 'reconcile', operationId: op, details: { settled: 1 } });
+    const one = await outboxd('audit', op.slice(0, 8), '--json');
+    expect(one.code).toBe(0);
+    expect(JSON.parse(one.stdout)).toMatchObject([
+      { actor: 'alice', action: 'requeue', operation_id: op, details: { jobId: 'j1' } },
+      { actor: 'carol', action: 'reconcile', operation_id: op, details: { settled: 1 } },
+    ]);
+    const newest = await outboxd('audit', '--limit', '2', '--json');
+    expect(JSON.parse(newest.stdout).map((e: { actor: string }) => e.actor)).toEqual(['bob', 'carol']);
+    const text = await outboxd('audit', A);
+    expect(text.stdout).toMatch(new RegExp(`^at +actor +action +operation +details\n\\S+Z +bob +resolve +${A} +\\{"outcome":"failed"\\}\n$`));
+    expect((await outboxd('audit', '01234567')).code).toBe(4);
+    expect((await outboxd('audit', '3f2504e0-4f89-41d3-9a0c-0305e82c3301')).code).toBe(4);
+  });
+});

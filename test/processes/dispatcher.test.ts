@@ -1,0 +1,419 @@
+// The dispatcher: in-process replicas for queue semantics, real OS processes where the property is
+// about processes (kill -9, SIGSTOP, SIGTERM).
+import { AsyncLocalStorage } from 'node:async_hooks';
+import pg from 'pg';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { inTransaction } from '../../src/db/pool.ts';
+import { idempotencyKeyFor, refundIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
+import { acquireLease, releaseLease } from '../../src/engine/operation.ts';
+import { requestRefund } from '../../src/kinds/refund/request.ts';
+import { createTestDatabase, type TestDb } from '../support/db.ts';
+import { startDispatcher } from '../support/dispatcher.ts';
+import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
+import { confirm, operation, relay } from '../support/fixtures.ts';
+import { startReplica, waitUntil, type Replica } from '../../harness/replica.ts';
+
+let t: TestDb;
+let e: RunningEmulator;
+const replicas: Replica[] = [];
+beforeAll(async () => {
+  [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
+});
+afterAll(async () => {
+  await Promise.all([t.close(), e.close()]);
+});
+beforeEach(() => e.emulator.reset());
+afterEach(async () => {
+  for (const r of replicas.splice(0)) {
+    r.kill('SIGCONT');
+    r.kill('SIGKILL');
+    await r.exited;
+  }
+  await t.pool.query(`delete from pgboss.job where name in ('charge', 'charge_dead', 'refund', 'refund_dead')`);
+  await t.pool.query(`delete from outboxd.charge_outbox`);
+});
+
+const replica = async (env: Record<string, string> = {}) => {
+  const r = await startReplica({
+    DATABASE_URL: t.url,
+    STRIPE_API_BASE: e.url,
+    STRIPE_SECRET_KEY: '',
+    WORKER_CONCURRENCY: '4',
+    STRIPE_TIMEOUT_MS: '2000',
+    LEASE_TTL_MS: '3000',
+    SHUTDOWN_GRACE_MS: '10000',
+    ...env,
+  });
+  replicas.push(r);
+  return r;
+};
+const charges = (op: string) => e.emulator.ledger().filter((l) => l.paymentIntent.metadata.operation_id === op);
+const createsFor = (op: string) => e.emulator.requests().filter((r) => r.endpoint === 'create' && r.operationId === op);
+const settled = async (op: string) => ['succeeded', 'failed'].includes((await operation(t, op)).status);
+
+describe('dispatcher replicas (OS processes)', () => {
+  it('two replicas, many orders: every operation settles with exactly one charge', async () => {
+    // A generous timeout: 60 concurrent calls on a loaded machine must not turn into ambiguous outcomes.
+    const [a, b] = await Promise.all([replica({ STRIPE_TIMEOUT_MS: '10000', LEASE_TTL_MS: '12000' }), replica({ STRIPE_TIMEOUT_MS: '10000', LEASE_TTL_MS: '12000' })]);
+    const ops = await Promise.all(Array.from({ length: 60 }, (_, i) => confirm(t, { paymentMethod: i % 10 === 0 ? 'pm_card_chargeDeclined' : 'pm_card_visa' })));
+    await waitUntil(async () => (await Promise.all(ops.map(settled))).every(Boolean), 60_000, 'all settled');
+    for (const op of ops) {
+      expect(charges(op)).toHaveLength(1);
+      expect(new Set(createsFor(op).map((r) => r.idempotencyKey))).toEqual(new Set([idempotencyKeyFor(op)]));
+    }
+    const { rows } = await t.pool.query(`select status, count(*)::int as n from outboxd.payment_operations where id = any($1) group by status`, [ops]);
+    expect(Object.fromEntries(rows.map((r) => [r.status, r.n]))).toEqual({ succeeded: 54, failed: 6 });
+    const sum = async (name: string) => (await a.metric(name)) + (await b.metric(name));
+    // A job is counted once its handler returns, a moment after the outcome it wrote is visible.
+    await waitUntil(async () => (await sum('outboxd_jobs_total')) === 60 && (await a.metric('outboxd_in_flight')) === 0, 10_000, 'every job counted');
+    expect(await sum('outboxd_operation_transitions_total{from="pending",to="succeeded"}')).toBe(54);
+    expect(await sum('outboxd_operation_transitions_total{from="pending",to="failed"}')).toBe(6);
+    expect(await sum('outboxd_gateway_outcomes_total{call="create"')).toBe(60);
+  });
+
+  it('a second signal during the drain exits at once, without waiting for the calls', async () => {
+    const a = await replica({ SHUTDOWN_GRACE_MS: '20000', STRIPE_TIMEOUT_MS: '6000', LEASE_TTL_MS: '8000' });
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 5000 }, count: Infinity });
+    const op = await confirm(t);
+    await waitUntil(() => createsFor(op).length === 1, 20_000, 'a call in flight');
+    a.kill('SIGTERM');
+    await waitUntil(async () => (await a.get('/readyz').catch(() => ({ status: 0 }))).status === 503, 5_000, 'draining');
+    const second = Date.now();
+    a.kill('SIGTERM');
+    const { code } = await a.exited;
+    expect(code).toBe(143);
+    expect(Date.now() - second).toBeLessThan(1_000);
+    // Nothing is lost: the lease expires and the operation is still driven (here, by a new replica).
+    await replica();
+    await waitUntil(() => settled(op), 60_000, 'settled after the hard exit');
+    expect(charges(op)).toHaveLength(1);
+  });
+
+  it('kill -9 while the call is in flight: another replica takes over after the lease, same key, one charge', async () => {
+    const a = await replica();
+    const op = await confirm(t);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 1500 } });
+    await waitUntil(() => createsFor(op).length === 1, 20_000, 'the first create');
+    a.kill('SIGKILL');
+    const b = await replica();
+    const started = Date.now();
+    await waitUntil(() => settled(op), 60_000, 'takeover settles');
+    expect(Date.now() - started).toBeLessThan(60_000);
+    expect((await operation(t, op)).status).toBe('succeeded');
+    expect(charges(op)).toHaveLength(1);
+    expect(createsFor(op).map((r) => r.idempotencyKey)).toEqual([idempotencyKeyFor(op), idempotencyKeyFor(op)]);
+    expect(await b.metric('outboxd_lease_takeovers_total')).toBe(1);
+  });
+
+  it('kill -9 while a refund is in flight: another replica takes over after the lease, same key, one refund', async () => {
+    const a = await replica();
+    const customer = 'cus_refund_kill9';
+    // The refund's create is slow (matched by the charge's customer: the refund's id is not known yet).
+    e.emulator.addFault({ endpoint: 'create_refund', match: { customer }, fault: { kind: 'latency', ms: 1500 } });
+    const charge = await confirm(t, { customer });
+    await waitUntil(() => settled(charge), 30_000, 'the charge');
+    const { operationId: op } = await inTransaction(t.pool, (tx) => requestRefund(tx, { chargeOperationId: charge, amount: 1000, key: 'kill-9' }));
+    const refundCreates = () => e.emulator.requests().filter((r) => r.endpoint === 'create_refund' && r.operationId === op);
+    await waitUntil(() => refundCreates().length === 1, 20_000, 'the refund’s first create');
+    a.kill('SIGKILL');
+    const b = await replica();
+    await waitUntil(() => settled(op), 60_000, 'takeover settles the refund');
+    expect(await operation(t, op)).toMatchObject({ status: 'succeeded', external_id: expect.stringMatching(/^re_/) });
+    expect(e.emulator.refundLedger().filter((r) => r.refund.metadata.operation_id === op)).toHaveLength(1);
+    expect(refundCreates().map((r) => r.idempotencyKey)).toEqual([refundIdempotencyKeyFor(op), refundIdempotencyKeyFor(op)]);
+    expect(await b.metric('outboxd_lease_takeovers_total')).toBe(1);
+    expect(await b.metric('outboxd_gateway_outcomes_total{call="create",outcome="succeeded",kind="refund",policy="idempotent-key"}')).toBe(1);
+  });
+
+  it('a replica SIGSTOPped past its lease gives its call up (or is fenced out) when it resumes; the status stays as the other wrote it', async () => {
+    const a = await replica();
+    const op = await confirm(t);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 1000 } });
+    await waitUntil(() => createsFor(op).length === 1, 20_000, 'the first create');
+    a.kill('SIGSTOP');
+    const b = await replica();
+    await waitUntil(() => settled(op), 60_000, 'the second replica settles');
+    const settledByB = await operation(t, op);
+    expect(settledByB.status).toBe('succeeded');
+    a.kill('SIGCONT');
+    // Past its own lease deadline it gives the call up, recording nothing; had its outcome come first,
+    // the write would be fenced out.
+    const stopped = (l: Record<string, unknown>) => String(l.msg).startsWith('call abandoned') || l.msg === 'fenced out: another claim owns this operation; abandoning the job';
+    await waitUntil(() => a.logs.some(stopped), 20_000, 'the stale replica to stop');
+    const after = await operation(t, op);
+    expect(after).toMatchObject({ status: 'succeeded', fence: settledByB.fence, external_id: settledByB.external_id, settled_at: settledByB.settled_at });
+    expect(charges(op)).toHaveLength(1);
+    expect(await b.metric('outboxd_fenced_out_writes_total')).toBe(0);
+  });
+
+  it('SIGTERM during in-flight calls: /readyz turns unready, the calls finish, exit 0, nothing left leased', async () => {
+    const a = await replica({ STRIPE_TIMEOUT_MS: '6000', LEASE_TTL_MS: '8000' });
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 1500 }, count: Infinity });
+    const ops = await Promise.all(Array.from({ length: 4 }, () => confirm(t)));
+    await waitUntil(() => ops.every((op) => createsFor(op).length === 1), 20_000, 'four calls in flight');
+    expect((await a.get('/readyz')).status).toBe(200);
+    const termAt = Date.now();
+    a.kill('SIGTERM');
+    await waitUntil(async () => (await a.get('/readyz').catch(() => ({ status: 0 }))).status === 503, 5_000, 'unready');
+    const { code } = await a.exited;
+    expect(code).toBe(0);
+    expect(Date.now() - termAt).toBeLessThan(10_000);
+    for (const op of ops) expect(await operation(t, op)).toMatchObject({ status: 'succeeded', lease_owner: null });
+  });
+
+  it('SIGTERM: jobs fetched but still waiting for a slot are not claimed; another replica settles them', async () => {
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 1500 }, count: Infinity });
+    const ops = await Promise.all(Array.from({ length: 4 }, () => confirm(t)));
+    await relay(t); // four jobs waiting: the two loops fetch two each, two slots run two calls
+    const a = await replica({ WORKER_CONCURRENCY: '2', STRIPE_TIMEOUT_MS: '6000', LEASE_TTL_MS: '8000' });
+    await waitUntil(() => ops.filter((op) => createsFor(op).length === 1).length === 2, 20_000, 'two calls in flight');
+    const fetched = async () => (await t.pool.query(`select count(*)::int as n from pgboss.job where name = 'charge' and state = 'active'`)).rows[0].n;
+    await waitUntil(async () => (await fetched()) === 4, 5_000, 'the second loop to fetch its two');
+    a.kill('SIGTERM');
+    expect((await a.exited).code).toBe(0);
+    const waited = ops.filter((op) => createsFor(op).length === 0);
+    expect(waited).toHaveLength(2);
+    for (const op of waited) expect(await operation(t, op)).toMatchObject({ status: 'pending', attempts: 0, fence: 0, lease_owner: null });
+    e.emulator.clearFaults();
+    await replica();
+    await waitUntil(async () => (await Promise.all(ops.map(settled))).every(Boolean), 30_000, 'all settled');
+    for (const op of ops) expect(charges(op)).toHaveLength(1);
+  });
+
+  it('while calls are in flight no worker session is in a transaction (pg_stat_activity)', async () => {
+    const a = await replica({ WORKER_CONCURRENCY: '6', STRIPE_TIMEOUT_MS: '10000', LEASE_TTL_MS: '12000' });
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 3000 }, count: Infinity });
+    const ops = await Promise.all(Array.from({ length: 6 }, () => confirm(t)));
+    await waitUntil(() => ops.every((op) => createsFor(op).length === 1), 20_000, 'six calls in flight');
+    const observer = new pg.Client({ connectionString: t.url });
+    await observer.connect();
+    const { rows } = await observer.query(
+      `select state, query from pg_stat_activity where application_name = 'outboxd-worker' and datname = current_database()`,
+    );
+    await observer.end();
+    expect(await a.metric('outboxd_in_flight')).toBe(6);
+    // The relay and lease renewals run meanwhile and may be caught 'active'; none may hold a transaction open.
+    expect(rows.filter((r) => String(r.state).startsWith('idle in transaction'))).toEqual([]);
+    await waitUntil(async () => (await Promise.all(ops.map(settled))).every(Boolean), 20_000, 'settled');
+  });
+});
+
+describe('dispatcher (in-process)', () => {
+  const dispatcher = (workerId: string, opts: Parameters<typeof startDispatcher>[3] = {}) => startDispatcher(t, e.gateway({ timeoutMs: 10_000 }), workerId, opts);
+
+  it('a settled operation costs at most 4 sequential round trips; a redelivery of its job, 3 and no call', async () => {
+    // Every statement any client of this process sends, with the pg-boss work() loop it was sent from
+    // (each loop runs in a context of its own): a loop's statements are sequential round trips.
+    const loops = new AsyncLocalStorage<{ queue: string }>();
+    const sent: { loop: { queue: string } | undefined; text: string; name?: string; values: unknown[] }[] = [];
+    const query = pg.Client.prototype.query;
+    pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
+      const q = args[0] as string | pg.QueryConfig;
+      const [text, values, name] = typeof q === 'string' ? [q, args[1] as unknown[]] : [q.text, q.values ?? [], q.name];
+      sent.push({ loop: loops.getStore(), text, values: values ?? [], ...(name ? { name } : {}) });
+      return (query as (...a: unknown[]) => unknown).apply(this, args);
+    } as typeof query;
+    const jobOf = async (op: string) =>
+      (await t.pool.query(`select id, state from pgboss.job where name = 'charge' and data->>'operationId' = $1 order by created_on`, [op])).rows;
+    /** The statements of the loop that completed the job, from the fetch that handed the job out to its completion. */
+    const path = (jobId: string) => {
+      const done = sent.findLast((s) => JSON.stringify(s.values).includes(jobId))!;
+      expect(done.loop?.queue).toBe('charge');
+      const ofLoop = sent.filter((s) => s.loop === done.loop);
+      const to = ofLoop.indexOf(done);
+      const from = ofLoop.slice(0, to).findLastIndex((s) => /^\s*WITH\s+next AS/i.test(s.text)); // pg-boss's fetch
+      return ofLoop.slice(from, to + 1).map((s) => s.name?.replace(/_[0-9a-f]{8}$/, '') ?? s.text.trim().split(/\s+/).slice(0, 3).join(' '));
+    };
+    const op = await confirm(t);
+    await relay(t); // its job is waiting when the loop first fetches
+    const a = await dispatcher('counted', {
+      concurrency: 1,
+      beforeStart: (boss) => {
+        const work = boss.work.bind(boss) as (...args: unknown[]) => Promise<string>;
+        boss.work = ((name: string, ...rest: unknown[]) => loops.run({ queue: name }, () => work(name, ...rest))) as typeof boss.work;
+      },
+    });
+    try {
+      await waitUntil(async () => (await jobOf(op))[0]?.state === 'completed', 20_000, 'the job to complete');
+      expect((await operation(t, op)).status).toBe('succeeded');
+      const settledPath = path((await jobOf(op))[0].id);
+      expect(settledPath.length, settledPath.join(' → ')).toBeLessThanOrEqual(4);
+
+      // A redelivered job of the settled operation: fetch, the claim (which reads it settled), completion.
+      await t.boss.send('charge', { operationId: op });
+      const both = async () => {
+        const jobs = await jobOf(op);
+        return jobs.length === 2 && jobs.every((j) => j.state === 'completed') ? jobs : undefined;
+      };
+      const redeliveredPath = path((await waitUntil(both, 20_000, 'the redelivery to complete'))[1].id);
+      expect(redeliveredPath.length, redeliveredPath.join(' → ')).toBeLessThanOrEqual(3);
+      expect(createsFor(op)).toHaveLength(1);
+    } finally {
+      pg.Client.prototype.query = query;
+      await a.stop();
+    }
+  });
+
+  it('a malformed job fetched with good ones is dead-lettered alone: the others settle at their first try', async () => {
+    const ops = await Promise.all(Array.from({ length: 3 }, () => confirm(t)));
+    await relay(t);
+    for (const operationId of ['not-a-uuid', 42]) await t.boss.send('charge', { operationId });
+    const jobs = async () =>
+      (await t.pool.query(`select name, state, retry_count, data->>'operationId' as op from pgboss.job where name in ('charge', 'charge_dead') order by created_on`)).rows;
+    const a = await dispatcher('replica-a', { concurrency: 5, fetchBatch: 5 }); // one fetch, one claim statement
+    try {
+      await waitUntil(async () => (await jobs()).filter((j) => j.name === 'charge_dead' && j.state === 'completed').length === 2, 20_000, 'both dead-lettered');
+      for (const op of ops) expect(await operation(t, op)).toMatchObject({ status: 'succeeded', attempts: 1 });
+      const all = await jobs();
+      expect(all.filter((j) => j.name === 'charge' && ops.includes(j.op))).toEqual(ops.map(() => expect.objectContaining({ state: 'completed', retry_count: 0 })));
+      expect(all.filter((j) => j.name === 'charge' && !ops.includes(j.op)).map((j) => j.state)).toEqual(['failed', 'failed']);
+    } finally {
+      await a.stop();
+    }
+  });
+
+  it('batches are fetched, yet no slot idles behind a slow call: the other slot drains the rest meanwhile', async () => {
+    const slow = await confirm(t);
+    const fast = await Promise.all(Array.from({ length: 4 }, () => confirm(t)));
+    e.emulator.addFault({ match: { operationId: slow }, fault: { kind: 'latency', ms: 8_000 } });
+    await relay(t); // the first loop's batch holds the slow call and a fast one
+    const a = await dispatcher('replica-a', { concurrency: 2, fetchBatch: 2 });
+    try {
+      await waitUntil(async () => (await Promise.all(fast.map(settled))).every(Boolean), 20_000, 'the fast operations');
+      expect(createsFor(slow)).toHaveLength(1);
+      expect(await settled(slow)).toBe(false); // its call is still in flight
+      await waitUntil(() => settled(slow), 20_000, 'the slow operation');
+    } finally {
+      await a.stop();
+    }
+  });
+
+  it('a job redelivered by pg-boss expiry while its first handler runs waits on the lease: one charge', async () => {
+    const op = await confirm(t);
+    await relay(t);
+    // Shorten this job's expiry so pg-boss's own supervisor hands it out again mid-call.
+    await t.pool.query(`update pgboss.job set expire_seconds = 1 where name = 'charge' and data->>'operationId' = $1`, [op]);
+    // The call outlasts pg-boss's expiry, its monitor pass and the retry backoff by a wide margin.
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 15_000 } });
+    const a = await startDispatcher(t, e.gateway({ timeoutMs: 30_000 }), 'replica-a');
+    let b: Awaited<ReturnType<typeof dispatcher>> | undefined;
+    try {
+      await waitUntil(() => createsFor(op).length === 1, 10_000, 'the first create');
+      b = await dispatcher('replica-b');
+      const busy = async () => (await a.metrics.leaseBusy.get()).values[0]!.value + (await b!.metrics.leaseBusy.get()).values[0]!.value;
+      await waitUntil(async () => (await busy()) >= 1, 20_000, 'the redelivered job to meet the lease');
+      expect(await settled(op)).toBe(false);
+      await waitUntil(() => settled(op), 40_000, 'settled');
+      expect(charges(op)).toHaveLength(1);
+      expect(createsFor(op)).toHaveLength(1);
+      // The redelivery is the same job: it completes, and no second job was ever made.
+      const jobStates = async () =>
+        (await t.pool.query(`select state from pgboss.job where name = 'charge' and data->>'operationId' = $1`, [op])).rows;
+      await waitUntil(async () => (await jobStates()).every((j) => j.state === 'completed'), 20_000, 'the job to complete');
+      expect(await jobStates()).toHaveLength(1);
+    } finally {
+      await Promise.all([a.stop(), b?.stop()]);
+    }
+  }, 90_000);
+
+  it('fenced out while the operation stays unsettled (a resolution claimed it and let go): the job is retried, not completed', async () => {
+    const op = await confirm(t);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 2_000 } });
+    const a = await dispatcher('replica-a');
+    try {
+      await waitUntil(() => createsFor(op).length === 1, 20_000, 'the first create');
+      // A's lease lapses (its renewals failed); an operator's resolution claims the operation, finds its
+      // job live, refuses and lets go: the fence has moved, nothing settled it.
+      const resolver = await waitUntil(async () => {
+        await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
+        return acquireLease(t.pool, op, 'resolve:alice', 10_000); // undefined if A's renewal came in between
+      }, 5_000, 'the resolution’s claim');
+      await releaseLease(t.pool, op, resolver);
+      await waitUntil(async () => (await a.metrics.fencedOut.get()).values[0]?.value === 1, 20_000, "A's outcome fenced out");
+      await waitUntil(() => settled(op), 30_000, 'settled by the job, driven again');
+      expect(charges(op)).toHaveLength(1);
+      expect(createsFor(op).map((r) => r.idempotencyKey)).toEqual([idempotencyKeyFor(op), idempotencyKeyFor(op)]);
+    } finally {
+      await a.stop();
+    }
+  });
+
+  it('unknown operations are re-driven with the same key until settled', async () => {
+    const op = await confirm(t);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'error_before_commit', status: 503 }, count: 2 });
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'truncate' } });
+    const a = await dispatcher('replica-a');
+    try {
+      await waitUntil(() => settled(op), 30_000, 'settled');
+      expect((await operation(t, op)).status).toBe('succeeded');
+      expect(createsFor(op).map((r) => [r.idempotencyKey, r.status, r.replayed])).toEqual([
+        [idempotencyKeyFor(op), 503, false],
+        [idempotencyKeyFor(op), 503, false],
+        [idempotencyKeyFor(op), 'truncated', false],
+        [idempotencyKeyFor(op), 200, true],
+      ]);
+      expect(charges(op)).toHaveLength(1);
+    } finally {
+      await a.stop();
+    }
+  });
+
+  it('a dead-lettered operation is flagged for review, never silently dropped', async () => {
+    const op = await confirm(t);
+    await relay(t);
+    // Exhaust the retries at once instead of waiting hours of backoff.
+    await t.pool.query(`update pgboss.job set retry_limit = 0 where name = 'charge' and data->>'operationId' = $1`, [op]);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'error_before_commit', status: 503 } });
+    const a = await dispatcher('replica-a');
+    try {
+      await waitUntil(async () => (await operation(t, op)).needs_review, 30_000, 'review flag');
+      const flagged = await operation(t, op);
+      expect(flagged.status).toBe('unknown');
+      expect(flagged.review_reason).toMatch(/dead-lettered.*503/);
+      expect(flagged.lease_owner).toBeNull();
+    } finally {
+      await a.stop();
+    }
+  });
+
+  it('an idempotency-key misuse is flagged and dead-lettered at once, not retried', async () => {
+    const op = await confirm(t);
+    // The first create executes and stores a 500 under the key; then the operation's amount changes
+    // under it (the bug this guards against): the same key with other parameters → 400 idempotency_error.
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'error_after_commit', status: 500 } });
+    const a = await dispatcher('replica-a');
+    try {
+      await relay(t);
+      await waitUntil(async () => (await operation(t, op)).status === 'unknown', 10_000, 'first attempt');
+      await t.pool.query(`update outboxd.payment_operations set amount = amount + 1 where id = $1`, [op]);
+      const jobs = async () =>
+        (await t.pool.query(`select name, state, retry_count from pgboss.job where name in ('charge', 'charge_dead') and data->>'operationId' = $1 order by name`, [op])).rows;
+      await waitUntil(async () => (await jobs()).some((j) => j.name === 'charge_dead'), 20_000, 'dead-lettered');
+      expect((await jobs())[0]).toEqual({ name: 'charge', state: 'failed', retry_count: 1 });
+      await waitUntil(async () => (await operation(t, op)).needs_review, 10_000, 'review flag');
+      expect((await operation(t, op)).review_reason).toMatch(/idempotency key misuse/);
+      await new Promise((r) => setTimeout(r, 2_500)); // past the first retry's backoff: no retry comes
+      expect(createsFor(op).map((r) => r.status)).toEqual([500, 400]);
+    } finally {
+      await a.stop();
+    }
+  });
+
+  it('429s are not attempts: they spend no retries, so an operation that only met 429s is never dead-lettered', async () => {
+    const op = await confirm(t);
+    await relay(t);
+    // No retries left: a 429 that spent one would dead-letter the job.
+    await t.pool.query(`update pgboss.job set retry_limit = 0 where name = 'charge' and data->>'operationId' = $1`, [op]);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'rate_limit' }, count: 2 });
+    const a = await dispatcher('replica-a');
+    try {
+      await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 30_000, 'settled');
+      expect(await operation(t, op)).toMatchObject({ needs_review: false, first_attempted_at: expect.any(Date) });
+      expect(createsFor(op).map((r) => r.status)).toEqual([429, 429, 200]);
+      const { rows } = await t.pool.query(`select count(*)::int as n from pgboss.job where name = 'charge_dead' and data->>'operationId' = $1`, [op]);
+      expect(rows[0].n).toBe(0);
+    } finally {
+      await a.stop();
+    }
+  });
+});

@@ -1,0 +1,516 @@
+// Effects the application defines (issue 13), each with its declared policy on an ambiguous outcome:
+// a receipt (at-least-once: executed again, the duplicate counted) and a stock reservation
+// (reconcile-before-retry: checked before anything runs again, a person when the check cannot tell).
+import { spawn } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { EffectFailed, type CheckResult, type EffectContext, type EffectDefinition } from '../../src/kinds/application/definition.ts';
+import { EffectConflictError } from '../../src/kinds/application/request.ts';
+import { resolveOperation, type Resolution } from '../../src/admin/resolve.ts';
+import { createLogger } from '../../src/telemetry/log.ts';
+import { executeOperation } from '../../src/engine/executor.ts';
+import { kindsFor } from '../../src/kinds/index.ts';
+import { reconcileSweep } from '../../src/reconcile/sweep.ts';
+import { Outboxd, ValidationError, type SettlementEvent } from '../../src/index.ts';
+import { createTestDatabase, inAppTransaction, type TestDb } from '../support/db.ts';
+import { startDispatcher } from '../support/dispatcher.ts';
+import { FakeStripe } from '../support/fakeStripe.ts';
+import { acquireLease } from '../../src/engine/operation.ts';
+import { claim, operation, relay } from '../support/fixtures.ts';
+import { waitUntil } from '../../harness/replica.ts';
+
+// startWorker reads the worker's settings from the environment, as `outboxd worker` does.
+process.env.LOG_LEVEL = 'silent';
+
+let t: TestDb;
+let appPool: pg.Pool;
+const apps: Outboxd[] = [];
+const log = createLogger('silent');
+beforeAll(async () => {
+  t = await createTestDatabase();
+  appPool = new pg.Pool({ connectionString: t.url, max: 4 });
+});
+afterAll(async () => {
+  for (const o of apps) await o.stop();
+  await appPool.end();
+  await t.close();
+});
+
+const inTx = <T>(fn: (client: pg.PoolClient) => Promise<T>, commit = true) => inAppTransaction(appPool, fn, commit);
+
+/** A receipt e-mail: at least once. `failAfterSending`: the first sends of each operation whose answer is
+ * lost (they were sent). */
+function receipts(failAfterSending = 0) {
+  const sent: { operationId: string; attempt: number }[] = [];
+  const def: EffectDefinition = {
+    policy: 'at-least-once',
+    async execute({ operationId, payload, attempt }) {
+      sent.push({ operationId, attempt });
+      const sends = sent.filter((s) => s.operationId === operationId).length;
+      if (sends <= failAfterSending) throw new Error('socket hang up');
+      return { messageId: `msg-${sends}`, to: (payload as { email: string }).email };
+    },
+  };
+  return { sent, def };
+}
+
+/** A stock reservation in another system, keyed by the operation: checked before any re-run. */
+function reservations(opts: { loseAnswer?: number; failBeforeReserving?: number; checkSays?: CheckResult } = {}) {
+  const held = new Map<string, { sku: string; reservation: string }>();
+  const calls = { execute: 0, check: 0 };
+  let lose = opts.loseAnswer ?? 0;
+  let before = opts.failBeforeReserving ?? 0;
+  const def: EffectDefinition = {
+    policy: 'reconcile-before-retry',
+    async execute({ operationId, payload }) {
+      calls.execute++;
+      if (before-- > 0) throw new Error('connection refused by the stock service');
+      const r = { sku: (payload as { sku: string }).sku, reservation: `res-${operationId.slice(0, 8)}` };
+      held.set(operationId, r);
+      if (lose-- > 0) throw new Error('timeout waiting for the stock service');
+      return r;
+    },
+    async check({ operationId }) {
+      calls.check++;
+      if (opts.checkSays) return opts.checkSays;
+      const r = held.get(operationId);
+      return r ? { status: 'done', result: r } : { status: 'not_done' };
+    },
+  };
+  return { held, calls, def };
+}
+
+let n = 0;
+/** Requests an effect through the library in the application's transaction, as it would. */
+async function request(o: Outboxd, kind: string, payload: unknown, key = `key-${++n}`): Promise<string> {
+  return (await inTx((client) => o.requestEffect(client, kind, { key, payload }))).operationId;
+}
+/** An Outboxd that defines these kinds (an application process does so before requesting). */
+function app(defs: Record<string, EffectDefinition>): Outboxd {
+  const o = new Outboxd({ connectionString: t.url });
+  apps.push(o);
+  for (const [kind, def] of Object.entries(defs)) o.defineEffect(kind, def);
+  return o;
+}
+const execute = async (op: string, defs: Record<string, EffectDefinition>, fence?: number) =>
+  executeOperation(t.pool, kindsFor(new FakeStripe(), new Map(Object.entries(defs))), op, fence ?? (await claim(t, op)), { log });
+
+describe('defining an effect: its policy is declared, and checked', () => {
+  const execute = async () => null;
+  it.each([
+    ['a kind that is not an identifier', 'Receipt', { policy: 'at-least-once', execute }, /lower-case identifier/],
+    ['a built-in kind', 'refund', { policy: 'at-least-once', execute }, /reserved/],
+    ['a queue of outboxd’s', 'settled', { policy: 'at-least-once', execute }, /reserved/],
+    ['a dead letter’s name', 'receipt_dead', { policy: 'at-least-once', execute }, /reserved/],
+    ['Stripe’s policy', 'receipt', { policy: 'idempotent-key', execute }, /at-least-once or reconcile-before-retry/],
+    ['no policy', 'receipt', { execute }, /policy must be/],
+    ['no execute', 'receipt', { policy: 'at-least-once' }, /execute must be a function/],
+    ['reconcile-before-retry without check', 'reservation', { policy: 'reconcile-before-retry', execute }, /needs check/],
+    ['at-least-once with a check it would never use', 'receipt', { policy: 'at-least-once', execute, check: async () => ({ status: 'done' }) }, /never checks/],
+  ])('refuses %s', (_name, kind, def, message) => {
+    expect(() => new Outboxd({ connectionString: t.url }).defineEffect(kind, def as EffectDefinition)).toThrow(message);
+  });
+});
+
+describe('requestEffect: in the caller’s transaction, unique per kind and key', () => {
+  let o: Outboxd;
+  beforeAll(() => {
+    o = app({ receipt: receipts().def });
+  });
+
+  it('an operation of the kind, with its policy, key and payload, and its outbox row; no order, no amount', async () => {
+    const op = await request(o, 'receipt', { email: 'a@example.com' }, 'order-1:receipt');
+    expect(await operation(t, op)).toMatchObject({
+      kind: 'receipt', policy: 'at-least-once', effect_key: 'order-1:receipt', payload: { email: 'a@example.com' },
+      status: 'pending', order_id: null, amount: null, currency: null, possible_duplicates: 0,
+    });
+    const { rows } = await t.pool.query(`select kind from outboxd.charge_outbox where operation_id = $1`, [op]);
+    expect(rows).toEqual([{ kind: 'receipt' }]);
+    expect(await o.getOperation(op)).toMatchObject({ kind: 'receipt', policy: 'at-least-once', key: 'order-1:receipt', payload: { email: 'a@example.com' }, orderId: null });
+  });
+
+  it('the same key again is the same operation; with another payload it is refused', async () => {
+    const first = await inTx((c) => o.requestEffect(c, 'receipt', { key: 'dup', payload: { email: 'b@example.com', n: [1, 2] } }));
+    // key order does not matter: the payloads are the same JSON
+    expect(await inTx((c) => o.requestEffect(c, 'receipt', { key: 'dup', payload: { n: [1, 2], email: 'b@example.com' } }))).toEqual({ operationId: first.operationId, created: false });
+    const err = await inTx((c) => o.requestEffect(c, 'receipt', { key: 'dup', payload: { email: 'c@example.com' } })).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(EffectConflictError);
+    expect(err).toMatchObject({ kind: 'receipt', key: 'dup', operationId: first.operationId });
+  });
+
+  it('refused before anything is written: an undefined kind, a bad key, a payload that is not JSON; rolled back with the caller', async () => {
+    const count = async () => (await t.pool.query(`select count(*)::int as n from outboxd.payment_operations`)).rows[0].n;
+    const before = await count();
+    const cases: [string, { key: unknown; payload?: unknown }, string][] = [
+      ['unknown_kind', { key: 'k' }, 'kind'],
+      ['receipt', { key: '' }, 'key'],
+      ['receipt', { key: 'k'.repeat(256) }, 'key'],
+      ['receipt', { key: 'k', payload: { n: 10n } }, 'payload'],
+      ['receipt', { key: 'k', payload: 'x'.repeat(70_000) }, 'payload'],
+    ];
+    for (const [kind, req, field] of cases) {
+      const err = await inTx((c) => o.requestEffect(c, kind, req as never)).catch((e: unknown) => e);
+      expect(err, `${kind} ${field}`).toBeInstanceOf(ValidationError);
+      expect((err as ValidationError).field).toBe(field);
+    }
+    const rolledBack = await inTx((c) => o.requestEffect(c, 'receipt', { key: 'rolled-back', payload: {} }), false);
+    expect(await o.getOperation(rolledBack.operationId)).toBeUndefined();
+    expect(await count()).toBe(before);
+  });
+});
+
+describe('at-least-once: a receipt whose answer is lost', () => {
+  it('runs again, and the duplicate is counted (column, metric) and settled with the result', async () => {
+    const { sent, def } = receipts(1);
+    const o = app({ lost_receipt: def });
+    const events: SettlementEvent[] = [];
+    await o.onSettled((event) => void events.push(event));
+    const op = await request(o, 'lost_receipt', { email: 'd@example.com' }, 'order-2:receipt');
+    const replica = await startDispatcher(t, new FakeStripe(), 'receipt-worker', { effects: new Map([['lost_receipt', def]]) });
+    try {
+      await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 30_000, 'settled');
+      expect(sent.map((s) => [s.operationId, s.attempt])).toEqual([[op, 1], [op, 2]]); // sent twice: the customer may get two receipts
+      expect(await operation(t, op)).toMatchObject({ possible_duplicates: 1, attempts: 2, result: { messageId: 'msg-2', to: 'd@example.com' }, last_outcome: 'succeeded' });
+      const duplicates = (await replica.metrics.possibleDuplicates.get()).values;
+      expect(duplicates).toEqual([expect.objectContaining({ labels: { kind: 'lost_receipt' }, value: 1 })]);
+      const outcomes = (await replica.metrics.gatewayOutcomes.get()).values.map((v) => v.labels);
+      expect(outcomes).toEqual(expect.arrayContaining([
+        { call: 'create', outcome: 'ambiguous', kind: 'lost_receipt', policy: 'at-least-once' },
+        { call: 'create', outcome: 'succeeded', kind: 'lost_receipt', policy: 'at-least-once' },
+      ]));
+      // settled like any operation: its event reaches onSettled and says which effect and key
+      await waitUntil(() => events.some((e) => e.operationId === op), 30_000, 'the settlement event');
+      expect(events.find((e) => e.operationId === op)).toMatchObject({ kind: 'lost_receipt', key: 'order-2:receipt', status: 'succeeded', source: 'dispatcher' });
+    } finally {
+      await replica.stop();
+      await o.stop(); // its onSettled would take later tests' events
+    }
+  });
+
+  it('negative control: a send that did not lose its answer is not counted', async () => {
+    const { sent, def } = receipts(0);
+    const op = await request(app({ receipt: def }), 'receipt', { email: 'e@example.com' });
+    expect((await execute(op, { receipt: def })).operation).toMatchObject({ status: 'succeeded', possible_duplicates: 0 });
+    expect(sent).toHaveLength(1);
+  });
+
+  it('EffectFailed is definitive: failed, never executed again', async () => {
+    let runs = 0;
+    const def: EffectDefinition = {
+      policy: 'at-least-once',
+      async execute() {
+        runs++;
+        throw new EffectFailed('the address bounced');
+      },
+    };
+    const op = await request(app({ receipt: def }), 'receipt', { email: 'f@example.com' });
+    const fence = await claim(t, op);
+    expect((await execute(op, { receipt: def }, fence)).operation).toMatchObject({ status: 'failed', last_error: 'EffectFailed: the address bounced' });
+    expect((await execute(op, { receipt: def }, fence)).call).toBeNull();
+    expect(runs).toBe(1);
+  });
+});
+
+describe('an outcome PostgreSQL cannot store as given (U+0000 or half an emoji in a result or an error)', () => {
+  it('is stored with U+FFFD in its place: recorded at the first execution, never executed again', async () => {
+    const runs = { result: 0, error: 0 };
+    const defs: Record<string, EffectDefinition> = {
+      // A string cut through an emoji (slice) keeps a lone surrogate, which jsonb refuses as it does U+0000.
+      nul_result: { policy: 'at-least-once', execute: async () => (runs.result++, { note: 'a\u0000b', 'k\u0000': '\\u0000 stays', cut: '😀'.slice(0, 1), whole: '😀' }) },
+      nul_error: { policy: 'at-least-once', execute: async () => { runs.error++; throw new EffectFailed('bad\u0000input'); } },
+    };
+    const o = app(defs);
+    const [ok, bad, plain] = [await request(o, 'nul_result', {}), await request(o, 'nul_error', {}), await request(o, 'nul_result', {})];
+    const fences = [await claim(t, ok), await claim(t, bad), await claim(t, plain)];
+    // Executed together, their outcomes may share one statement: none may fail the others.
+    const runsOf = await Promise.all([ok, bad, plain].map((op, i) => execute(op, defs, fences[i])));
+    expect(runsOf.map((r) => r.operation)).toEqual([
+      expect.objectContaining({ status: 'succeeded', result: { note: 'a\uFFFDb', 'k\uFFFD': '\\u0000 stays', cut: '\uFFFD', whole: '😀' } }),
+      expect.objectContaining({ status: 'failed', last_error: 'EffectFailed: bad\uFFFDinput' }),
+      expect.objectContaining({ status: 'succeeded' }),
+    ]);
+    expect(runs).toEqual({ result: 2, error: 1 });
+  });
+});
+
+describe('reconcile-before-retry: a stock reservation whose answer is lost', () => {
+  it('is checked, not run again: the check finds it done and settles it with what it found', async () => {
+    const r = reservations({ loseAnswer: 1 });
+    const op = await request(app({ reservation: r.def }), 'reservation', { sku: 'sku-1' });
+    const fence = await claim(t, op);
+    const first = await execute(op, { reservation: r.def }, fence);
+    expect(first.operation).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous' });
+    const second = await execute(op, { reservation: r.def }, fence);
+    expect(second).toMatchObject({ call: 'check', operation: { status: 'succeeded', result: r.held.get(op) } });
+    expect(r.calls).toEqual({ execute: 1, check: 1 });
+    expect(r.held.size).toBe(1);
+  });
+
+  it('a check that finds it not done lets it run again (at once, not counted as a duplicate)', async () => {
+    const r = reservations({ failBeforeReserving: 1 });
+    const op = await request(app({ reservation: r.def }), 'reservation', { sku: 'sku-2' });
+    const fence = await claim(t, op);
+    expect((await execute(op, { reservation: r.def }, fence)).operation.status).toBe('unknown');
+    const checked = await execute(op, { reservation: r.def }, fence);
+    expect(checked).toMatchObject({ call: 'check', outcome: { kind: 'not_done' }, operation: { status: 'pending', first_attempted_at: null } });
+    const again = await execute(op, { reservation: r.def }, fence);
+    expect(again).toMatchObject({ call: 'create', operation: { status: 'succeeded', possible_duplicates: 0 } });
+    expect(r.calls).toEqual({ execute: 2, check: 1 });
+  });
+
+  it('a check that cannot tell holds it for a person: dead-lettered, never executed again', async () => {
+    const r = reservations({ loseAnswer: 1, checkSays: { status: 'unknown', reason: 'the stock service is in maintenance' } });
+    const op = await request(app({ held_reservation: r.def }), 'held_reservation', { sku: 'sku-3' });
+    const replica = await startDispatcher(t, new FakeStripe(), 'reservation-worker', { effects: new Map([['held_reservation', r.def]]) });
+    try {
+      // The dead-letter handler takes the lease for a moment after the flag is set: wait for it to let go.
+      await waitUntil(async () => { const o = await operation(t, op); return o.needs_review && o.lease_owner === null; }, 30_000, 'held for review');
+      const held = await operation(t, op);
+      expect(held).toMatchObject({ status: 'unknown', lease_owner: null });
+      expect(held.review_reason).toMatch(/check could not tell whether held_reservation .* happened: the stock service is in maintenance/);
+      const jobs = async () => (await t.pool.query(`select name from pgboss.job where data->>'operationId' = $1 order by name`, [op])).rows.map((j) => j.name);
+      await waitUntil(async () => (await jobs()).includes('held_reservation_dead'), 10_000, 'dead-lettered');
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      expect(r.calls).toEqual({ execute: 1, check: 1 });
+    } finally {
+      await replica.stop();
+    }
+  });
+});
+
+describe('every kind keeps the lease, the fence and the review queue', () => {
+  it('the signal aborts when the lease is lost; the stale execution writes nothing', async () => {
+    let seen: EffectContext | undefined;
+    const def: EffectDefinition = {
+      policy: 'at-least-once',
+      execute: (ctx) =>
+        new Promise((_resolve, reject) => {
+          seen = ctx;
+          ctx.signal.addEventListener('abort', () => reject(ctx.signal.reason));
+        }),
+    };
+    const op = await request(app({ slow_receipt: def }), 'slow_receipt', { email: 'g@example.com' });
+    const replica = await startDispatcher(t, new FakeStripe(), 'stalled', { effects: new Map([['slow_receipt', def]]), leaseTtlMs: 1_500 });
+    try {
+      await waitUntil(() => seen, 20_000, 'the execution starts');
+      expect(seen).toMatchObject({ operationId: op, key: expect.any(String), payload: { email: 'g@example.com' }, attempt: 1 });
+      // Its lease runs out (the replica stalled): another worker claims the operation.
+      const thief = await waitUntil(async () => {
+        await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
+        return acquireLease(t.pool, op, 'another-worker', 60_000);
+      }, 5_000, 'the takeover');
+      await waitUntil(() => seen!.signal.aborted, 10_000, 'the signal aborts');
+      expect(String(seen!.signal.reason)).toMatch(/lease .* was lost/);
+      await waitUntil(async () => (await replica.metrics.fencedOut.get()).values[0]!.value === 1, 10_000, 'fenced out');
+      expect(await operation(t, op)).toMatchObject({ status: 'pending', fence: thief, lease_owner: 'another-worker' });
+    } finally {
+      await replica.stop();
+    }
+  });
+
+  it('a call still running when its replica stops keeps its lease until it expires: no claim checks or runs it meanwhile', async () => {
+    const runs = { started: 0, finished: 0, checks: 0 };
+    const def: EffectDefinition = {
+      policy: 'reconcile-before-retry',
+      // Ignores its signal, as an effect may: the stock service call goes on after the replica gave up on it.
+      execute: async () => {
+        runs.started++;
+        await new Promise((resolve) => setTimeout(resolve, 3_000));
+        runs.finished++;
+        return { reserved: true };
+      },
+      check: async () => (runs.checks++, runs.finished ? { status: 'done' } : { status: 'not_done' }),
+    };
+    const op = await request(app({ slow_hold: def }), 'slow_hold', { sku: 'sku-9' });
+    const replica = await startDispatcher(t, new FakeStripe(), 'stopping', { effects: new Map([['slow_hold', def]]), leaseTtlMs: 8_000 });
+    try {
+      await waitUntil(() => runs.started === 1, 20_000, 'the execution under way');
+      await replica.dispatcher.drain(0); // the grace is over, the call still runs
+      // Given back now, a claim would check (not done yet) and execute again.
+      expect(await acquireLease(t.pool, op, 'next-replica', 1_000)).toBeUndefined();
+      expect(await operation(t, op)).toMatchObject({ lease_owner: 'stopping' });
+      await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 10_000, 'the call to land');
+      expect(runs).toEqual({ started: 1, finished: 1, checks: 0 });
+    } finally {
+      await replica.stop();
+    }
+  });
+
+  it('one that heeds its signal and stops at shutdown has no outcome recorded: its lease is kept, to expire', async () => {
+    const runs = { started: 0, checks: 0 };
+    const def: EffectDefinition = {
+      policy: 'reconcile-before-retry',
+      execute: (ctx) =>
+        new Promise((_resolve, reject) => {
+          runs.started++;
+          ctx.signal.addEventListener('abort', () => reject(ctx.signal.reason)); // its request may still land
+        }),
+      check: async () => (runs.checks++, { status: 'unknown', reason: 'still landing' }),
+    };
+    const op = await request(app({ heeding_hold: def }), 'heeding_hold', { sku: 'sku-10' });
+    const replica = await startDispatcher(t, new FakeStripe(), 'heeding', { effects: new Map([['heeding_hold', def]]), leaseTtlMs: 8_000 });
+    try {
+      await waitUntil(() => runs.started === 1, 20_000, 'the execution under way');
+      await replica.dispatcher.drain(0);
+      await waitUntil(async () => (await replica.metrics.inFlight.get()).values[0]!.value === 0, 5_000, 'the call given up');
+      expect(await operation(t, op)).toMatchObject({ status: 'pending', last_outcome: null, lease_owner: 'heeding' });
+      expect(await acquireLease(t.pool, op, 'next-replica', 1_000)).toBeUndefined();
+      expect(runs).toEqual({ started: 1, checks: 0 });
+    } finally {
+      await replica.stop();
+    }
+  });
+
+  it('a worker that defines the kind with another policy than it was requested under holds it for a person', async () => {
+    const op = await request(app({ parcel: receipts().def }), 'parcel', { to: 'h' });
+    const r = reservations();
+    const run = await execute(op, { parcel: r.def });
+    expect(run).toMatchObject({ call: null, operation: { status: 'pending', needs_review: true } });
+    expect(run.operation.review_reason).toMatch(/requested under policy at-least-once, but this worker defines parcel as reconcile-before-retry/);
+    expect(r.calls).toEqual({ execute: 0, check: 0 });
+  });
+
+  it('the sweep flags an effect that no job of its kind drives, never one that waits in its queue, and never reconciles it', async () => {
+    const o = app({ swept_receipt: receipts().def });
+    const orphan = await request(o, 'swept_receipt', {});
+    const queued = await request(o, 'swept_receipt', {});
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [orphan]);
+    await relay(t); // `queued` gets a job in the receipt queue (created by the relay: no receipt worker runs)
+    await t.pool.query(`update outboxd.payment_operations set updated_at = now() - interval '1 hour', first_attempted_at = now() - interval '2 days' where id = any($1)`, [[orphan, queued]]);
+    const report = await reconcileSweep(t.pool, new FakeStripe(), t.boss, { owner: 'sweeper', leaseTtlMs: 10_000, log });
+    expect(report.decisions.map((d) => d.operationId)).not.toContain(orphan);
+    expect(report.decisions.map((d) => d.operationId)).not.toContain(queued);
+    expect(report.undriven).toContain(orphan);
+    expect(report.undriven).not.toContain(queued);
+    expect((await operation(t, orphan)).review_reason).toMatch(/no job drives this operation/);
+    const { rows } = await t.pool.query(`select name, state from pgboss.job where data->>'operationId' = $1`, [queued]);
+    expect(rows).toEqual([{ name: 'swept_receipt', state: 'created' }]);
+  });
+});
+
+describe('a person’s resolution of an effect of the application’s', () => {
+  it('is refused while its job drives it; then recorded on the person’s word, audited', async () => {
+    const r = reservations();
+    const op = await request(app({ manual_reservation: r.def }), 'manual_reservation', { sku: 'sku-9' });
+    const resolve = (resolution: Resolution) => resolveOperation(t.pool, new FakeStripe(), t.boss, op, resolution, 'carol', { leaseTtlMs: 10_000, searchFreshnessSeconds: 3_600 });
+    await expect(resolve({ outcome: 'succeeded', externalId: 'res-ticket-1' })).rejects.toThrow(/waits in the outbox/);
+    await relay(t);
+    await expect(resolve({ outcome: 'succeeded', externalId: 'res-ticket-1' })).rejects.toThrow(/the workers still drive it/);
+    await t.pool.query(`delete from pgboss.job where data->>'operationId' = $1`, [op]);
+    expect(await resolve({ outcome: 'succeeded', externalId: 'res-ticket-1' })).toMatchObject({ status: 'succeeded', external_id: 'res-ticket-1' });
+    const { rows } = await t.pool.query(`select actor, details->'evidence' as evidence from outboxd.admin_audit where operation_id = $1`, [op]);
+    expect(rows).toEqual([{ actor: 'carol', evidence: { reference: 'res-ticket-1', checked: 'nothing: outboxd cannot check an effect of kind manual_reservation' } }]);
+    expect(r.calls).toEqual({ execute: 0, check: 0 });
+  });
+});
+
+describe('WORKER_CONCURRENCY: calls in flight per replica, whatever their kind', () => {
+  it('two kinds with a backlog each share the replica’s slots: never more calls at once than slots', async () => {
+    let inFlight = 0;
+    let most = 0;
+    let finish!: () => void;
+    const finished = new Promise<void>((resolve) => (finish = resolve));
+    const slow: EffectDefinition = {
+      policy: 'at-least-once',
+      async execute() {
+        most = Math.max(most, ++inFlight);
+        try {
+          await finished;
+          return {};
+        } finally {
+          inFlight--;
+        }
+      },
+    };
+    const defs = { slow_mail: slow, slow_sms: slow };
+    const o = app(defs);
+    const ops: string[] = [];
+    for (const kind of Object.keys(defs)) for (let i = 0; i < 3; i++) ops.push(await request(o, kind, { i }));
+    const replica = await startDispatcher(t, new FakeStripe(), 'shared-slots', { concurrency: 2, effects: new Map(Object.entries(defs)) });
+    try {
+      // Every job fetched (each kind has its own loops), two of them running: with slots per kind, four would.
+      const active = async () => (await t.pool.query(`select count(*)::int as n from pgboss.job where name = any($1) and state = 'active'`, [Object.keys(defs)])).rows[0].n;
+      await waitUntil(async () => (await active()) === ops.length && inFlight >= 2, 20_000, 'all six fetched, calls running');
+      await new Promise((resolve) => setTimeout(resolve, 300)); // a third call would have started by now
+      expect(inFlight).toBe(2);
+      finish();
+      await waitUntil(async () => (await Promise.all(ops.map((op) => operation(t, op)))).every((row) => row.status === 'succeeded'), 20_000, 'all settled');
+      expect(most).toBe(2);
+    } finally {
+      finish();
+      await replica.stop();
+    }
+  });
+});
+
+describe('startWorker: the dispatcher inside the application’s process', () => {
+  it("on the application's pool, the shared Stripe budget takes its tokens through that pool", async () => {
+    process.env.STRIPE_RATE_LIMIT = '50';
+    const o = new Outboxd({ pool: appPool });
+    apps.push(o);
+    try {
+      const heard: string[] = [];
+      await o.onSettled((event) => void heard.push(event.operationId));
+      const worker = await o.startWorker({ concurrency: 2 });
+      const charge = (await inTx((c) => o.requestCharge(c, { orderId: `budgeted-${Date.now()}`, amount: 990, currency: 'eur', customer: 'cus_b', paymentMethod: 'pm_card_visa' }))).operationId;
+      await waitUntil(async () => heard.includes(charge), 30_000, 'the charge settled');
+      expect((await t.pool.query(`select name from outboxd.rate_budgets where name = 'stripe'`)).rows).toHaveLength(1);
+      expect(await worker.metrics()).toMatch(/outboxd_stripe_budget_granted_total\{[^}]*budget="stripe"[^}]*\} [1-9]/);
+    } finally {
+      delete process.env.STRIPE_RATE_LIMIT;
+      await o.stop();
+    }
+  });
+
+  it('carries out the built-in kinds and the defined ones; settlements reach onSettled; metrics carry the policy', async () => {
+    const { sent, def } = receipts(1);
+    const o = new Outboxd({ pool: appPool }); // on the application's own pool
+    apps.push(o);
+    o.defineEffect('welcome_mail', def);
+    const events: SettlementEvent[] = [];
+    await o.onSettled((event) => {
+      events.push(event);
+    });
+    const worker = await o.startWorker({ concurrency: 2 });
+    try {
+      const op = await request(o, 'welcome_mail', { email: 'w@example.com' }, 'user-7:welcome');
+      const charge = (await inTx((c) => o.requestCharge(c, { orderId: `order-${op}`, amount: 990, currency: 'eur', customer: 'cus_w', paymentMethod: 'pm_card_visa' }))).operationId;
+      await waitUntil(() => events.some((e) => e.operationId === op) && events.some((e) => e.operationId === charge), 40_000, 'both settled');
+      expect(events.find((e) => e.operationId === op)).toMatchObject({ kind: 'welcome_mail', key: 'user-7:welcome', status: 'succeeded', orderId: null, amount: null, externalId: null });
+      expect(events.find((e) => e.operationId === charge)).toMatchObject({ kind: 'charge', key: null, status: 'succeeded', amount: 990 });
+      expect(sent.map((x) => x.attempt)).toEqual([1, 2]);
+      expect(await o.getOperation(op)).toMatchObject({ status: 'succeeded', policy: 'at-least-once', possibleDuplicates: 1, result: { messageId: 'msg-2' } });
+      const text = await worker.metrics();
+      expect(text).toContain('outboxd_effect_possible_duplicates_total{kind="welcome_mail"} 1');
+      expect(text).toContain('outboxd_gateway_outcomes_total{call="create",outcome="succeeded",kind="welcome_mail",policy="at-least-once"} 1');
+      expect(text).toContain('outboxd_gateway_outcomes_total{call="create",outcome="succeeded",kind="charge",policy="idempotent-key"} 1');
+      expect(() => o.defineEffect('late', def)).toThrow(/before startWorker/);
+    } finally {
+      await o.stop();
+    }
+    expect((await appPool.query('select 1 as ok')).rows[0].ok).toBe(1); // the application's pool is not ended
+  });
+});
+
+describe('outboxd worker --effects', () => {
+  const BIN = fileURLToPath(new URL('../../bin/outboxd.js', import.meta.url));
+  it('refuses a module that defines no valid effect, saying why (exit 2)', async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), 'outboxd-effects-'));
+    try {
+      const file = path.join(dir, 'effects.mjs');
+      await writeFile(file, `export default { reservation: { policy: 'reconcile-before-retry', execute: async () => null } };`);
+      const child = spawn(process.execPath, [BIN, 'worker', '--effects', file], { env: { ...process.env, DATABASE_URL: t.url, LOG_LEVEL: 'silent', HTTP_PORT: '0' } });
+      let stderr = '';
+      child.stderr.on('data', (d) => (stderr += d));
+      const code = await new Promise((r) => child.on('exit', r));
+      expect(code).toBe(2);
+      expect(stderr).toMatch(/--effects .*effects\.mjs: effect reservation: reconcile-before-retry needs check/);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});

@@ -1,0 +1,124 @@
+// outboxd's tables live in their own schema. A database the release created (tables in public, drizzle's
+// default migrations table) is upgraded in place without losing a row; a new database never touches an
+// application's public tables; another OUTBOXD_SCHEMA is a second, independent installation.
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
+import pg from 'pg';
+import { afterAll, describe, expect, it } from 'vitest';
+import { migrate } from '../../src/db/migrate.ts';
+import { createPool, type Pool } from '../../src/db/pool.ts';
+import { confirmOrder } from '../../src/exampleApp/confirm.ts';
+import { createBoss, relayOutbox } from '../../src/outbox/outbox.ts';
+import { acquireLease } from '../../src/engine/operation.ts';
+import { connectedEmptyDatabase } from '../support/db.ts';
+import { orderInput } from '../support/fixtures.ts';
+import { createReleaseDatabase, dumpTables as dump, insertReleaseRows, RELEASE_TABLES as TABLES, ROOT } from '../support/release.ts';
+
+const cleanups: (() => Promise<void>)[] = [];
+afterAll(async () => {
+  for (const c of cleanups.reverse()) await c();
+});
+
+const database = (prefix: string) => connectedEmptyDatabase(prefix, cleanups);
+
+function pool(url: string, schema = 'outboxd'): Pool {
+  const p = createPool(url, { schema, max: 4, applicationName: 'migrate-test' });
+  cleanups.push(() => p.end());
+  return p;
+}
+
+const schemaOf = async (client: pg.Client, table: string): Promise<string[]> =>
+  (await client.query(`select table_schema from information_schema.tables where table_name = $1 order by 1`, [table])).rows.map(
+    (r) => r.table_schema,
+  );
+
+describe('upgrading a database the release created (tables in public)', () => {
+  it('moves every table to the schema with every row, and continues from it', async () => {
+    const { url, client } = await database('upgrade');
+    await createReleaseDatabase(client);
+    // An application using drizzle too: its own record in drizzle's default migrations table.
+    await client.query(`insert into drizzle.__drizzle_migrations (hash, created_at) values ('the-app', 1700000000000)`);
+    await insertReleaseRows(client);
+    const before = await dump(client, 'public');
+
+    await migrate(url, 'outboxd');
+
+    for (const t of TABLES) expect(await schemaOf(client, t), t).toEqual(['outboxd']);
+    // Every row, every value (later migrations only add columns, with their defaults).
+    const after = await dump(client, 'outboxd');
+    expect(after).toMatchObject(before);
+    expect(after.payment_operations!.map((op) => op.metadata)).toEqual([{}, {}]);
+    // The identity sequences moved with their tables: numbering continues.
+    const { rows: audit } = await client.query(`insert into outboxd.admin_audit (actor, action) values ('x', 'requeue') returning id`);
+    expect(audit[0].id).toBe(String(Number(before.admin_audit![0]!.id) + 1));
+    // drizzle's record: ours moved to the schema, the application's stayed where it was.
+    expect((await client.query(`select hash from drizzle.__drizzle_migrations`)).rows).toEqual([{ hash: 'the-app' }]);
+    const journal = JSON.parse(await readFile(path.join(ROOT, 'drizzle/meta/_journal.json'), 'utf8'));
+    const recorded = async () => (await client.query(`select count(*)::int as n from outboxd.__drizzle_migrations`)).rows[0].n;
+    expect(await recorded()).toBe(journal.entries.length);
+
+    await migrate(url, 'outboxd'); // idempotent
+    expect(await recorded()).toBe(journal.entries.length);
+    expect(await dump(client, 'outboxd')).toMatchObject({ orders: before.orders, payment_operations: before.payment_operations });
+
+    // The moved operations are driven as before, and the application may now have its own orders.
+    const p = pool(url);
+    expect(await acquireLease(p, '00000000-0000-4000-8000-000000000002', 'w', 10_000)).toBe(1);
+    await client.query(`create table public.orders (id uuid primary key, total numeric not null)`);
+    expect((await confirmOrder(p, orderInput())).created).toBe(true);
+  });
+});
+
+describe('a new database', () => {
+  it('creates nothing in public and leaves an application’s own orders and payment_operations alone', async () => {
+    const { url, client } = await database('fresh');
+    await client.query(`
+      create table public.orders (id uuid primary key default gen_random_uuid(), total numeric not null, note text);
+      create table public.payment_operations (id serial primary key, provider text not null);
+      insert into public.orders (total, note) values (12.5, 'the app''s own order');
+      insert into public.payment_operations (provider) values ('paypal');
+    `);
+    await migrate(url, 'outboxd');
+    for (const t of TABLES) expect((await schemaOf(client, t)).filter((s) => s !== 'public'), t).toEqual(['outboxd']);
+    const p = pool(url);
+    const input = orderInput();
+    const { operationId } = await confirmOrder(p, input);
+    expect((await client.query(`select order_id from outboxd.payment_operations where id = $1`, [operationId])).rows).toEqual([
+      { order_id: input.orderId },
+    ]);
+    expect((await client.query(`select total, note from public.orders`)).rows).toEqual([{ total: '12.5', note: "the app's own order" }]);
+    expect((await client.query(`select provider from public.payment_operations`)).rows).toEqual([{ provider: 'paypal' }]);
+    expect((await client.query(`select to_regclass('drizzle.__drizzle_migrations') as t`)).rows[0].t).toBeNull();
+  });
+});
+
+describe('OUTBOXD_SCHEMA', () => {
+  it('another schema is an installation of its own: tables, migrations record and pg-boss schema', async () => {
+    const { url, client } = await database('schemas');
+    await migrate(url, 'outboxd');
+    await migrate(url, 'payments');
+    for (const t of TABLES) expect(await schemaOf(client, t), t).toEqual(['outboxd', 'payments']);
+    expect((await client.query(`select count(*)::int as n from payments.__drizzle_migrations`)).rows[0].n).toBeGreaterThan(0);
+
+    const pools = { outboxd: pool(url, 'outboxd'), payments: pool(url, 'payments') };
+    const ids = {
+      outboxd: (await confirmOrder(pools.outboxd, orderInput({ orderId: 'same-order' }))).operationId,
+      payments: (await confirmOrder(pools.payments, orderInput({ orderId: 'same-order' }))).operationId,
+    };
+    expect(ids.outboxd).not.toBe(ids.payments);
+    // Each installation's jobs go to its own pg-boss schema: neither worker can take the other's.
+    for (const schema of ['outboxd', 'payments'] as const) {
+      const boss = createBoss(url, 'client', 2, schema);
+      await boss.start();
+      try {
+        expect(await relayOutbox(pools[schema], boss)).toBe(1);
+      } finally {
+        await boss.stop({ graceful: false });
+      }
+    }
+    const jobs = async (bossSchema: string) =>
+      (await client.query(`select data->>'operationId' as op from ${bossSchema}.job where name = 'charge'`)).rows.map((r) => r.op);
+    expect(await jobs('pgboss')).toEqual([ids.outboxd]);
+    expect(await jobs('pgboss_payments')).toEqual([ids.payments]);
+  });
+});

@@ -1,0 +1,125 @@
+// Behind PgBouncer in transaction mode (Debian's 1.18: no prepared statement survives a transaction, no
+// startup parameter it does not know), with a pool of two server connections, so that one client's
+// consecutive transactions land on different ones: everything an application calls, the CLI, and a worker
+// replica as a real process. What needs a session (the migrations' lock, LISTEN) goes to the database
+// directly (DATABASE_DIRECT_URL, directConnectionString).
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Outboxd } from '../../src/outboxd.ts';
+import type { SettlementEvent } from '../../src/outbox/settlements.ts';
+import { startReplica, waitUntil, type Replica } from '../../harness/replica.ts';
+import { createTestDatabase, inAppTransaction, type TestDb } from '../support/db.ts';
+import { startEmulator, TEST_KEY, type RunningEmulator } from '../support/emulator.ts';
+import { hasPgBouncer, PGBOUNCER, startPgBouncer, type RunningPgBouncer } from '../support/pgbouncer.ts';
+
+const BIN = fileURLToPath(new URL('../../bin/outboxd.js', import.meta.url));
+if (!hasPgBouncer) throw new Error(`${PGBOUNCER} is missing: install Debian's pgbouncer (.ci/run does)`);
+
+let t: TestDb;
+let e: RunningEmulator;
+let bouncer: RunningPgBouncer;
+let pooled: string;
+let appPool: pg.Pool;
+let app: Outboxd;
+let replica: Replica | undefined;
+const settled: SettlementEvent[] = [];
+
+beforeAll(async () => {
+  [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
+  bouncer = await startPgBouncer(t.url, { poolSize: 2 });
+  pooled = bouncer.through(t.url);
+  appPool = new pg.Pool({ connectionString: pooled, max: 6 });
+  // startWorker reads the worker's settings from the environment, as `outboxd worker` does.
+  Object.assign(process.env, { STRIPE_API_BASE: e.url, STRIPE_SECRET_KEY: TEST_KEY, LOG_LEVEL: 'silent' });
+  app = new Outboxd({ connectionString: pooled, directConnectionString: t.url, schema: t.schema });
+  app.defineEffect('pooler_note', { policy: 'at-least-once', execute: async ({ payload }) => ({ noted: payload }) });
+});
+afterAll(async () => {
+  await replica?.kill('SIGTERM');
+  await replica?.exited;
+  await app.stop();
+  await appPool.end();
+  await t.close();
+  await bouncer.stop();
+  await e.close();
+});
+
+function outboxd(...args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const env = { ...process.env, DATABASE_URL: pooled, DATABASE_DIRECT_URL: t.url, LOG_LEVEL: 'warn' };
+    const child = spawn(process.execPath, [BIN, ...args], { env });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    child.on('exit', (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+const statusOf = async (id: string) => (await app.getOperation(id))?.status;
+const charge = (i: number) => ({ orderId: `pooled-${i}`, amount: 1000 + i, currency: 'eur', customer: 'cus_pooled', paymentMethod: 'pm_card_visa' });
+
+describe('through PgBouncer 1.18 in transaction mode', () => {
+  it('requests, the CLI, a worker replica, onSettled, refunds and an application effect all work', async () => {
+    // The application's transactions, several at once, each joined by requestCharge.
+    const requested = await Promise.all(
+      Array.from({ length: 6 }, (_, i) => inAppTransaction(appPool, (client) => app.requestCharge(client, charge(i)))),
+    );
+    expect(requested.every((r) => r.created)).toBe(true);
+    // The same order again, in another transaction (on another server connection): the same operation.
+    const again = await inAppTransaction(appPool, (client) => app.requestCharge(client, charge(0)));
+    expect(again).toEqual({ operationId: requested[0]!.operationId, created: false });
+
+    const confirmed = await outboxd('order', 'confirm', '--order-id', 'pooled-cli', '--amount', '1999', '--currency', 'EUR', '--customer', 'cus_1', '--payment-method', 'pm_card_visa');
+    expect(confirmed.stderr).toBe('');
+    expect(confirmed.code).toBe(0);
+    const cliOperation = confirmed.stdout.trim();
+
+    await app.onSettled((event) => {
+      settled.push(event);
+    });
+
+    replica = await startReplica({ DATABASE_URL: pooled, DATABASE_DIRECT_URL: t.url, STRIPE_API_BASE: e.url, STRIPE_SECRET_KEY: TEST_KEY, WORKER_CONCURRENCY: '4' });
+    const charges = [...requested.map((r) => r.operationId), cliOperation];
+    await waitUntil(async () => (await Promise.all(charges.map(statusOf))).every((s) => s === 'succeeded'), 90_000, 'every charge to succeed');
+    await waitUntil(() => charges.every((id) => settled.some((s) => s.operationId === id)), 60_000, 'every settlement to reach onSettled');
+
+    const listed = await outboxd('ops', 'list', '--status', 'succeeded', '--json');
+    expect(listed.code).toBe(0);
+    expect(JSON.parse(listed.stdout).map((op: { order_id: string }) => op.order_id).sort()).toEqual(['pooled-0', 'pooled-1', 'pooled-2', 'pooled-3', 'pooled-4', 'pooled-5', 'pooled-cli']);
+
+    const refund = await inAppTransaction(appPool, (client) =>
+      app.requestRefund(client, { chargeOperationId: requested[1]!.operationId, amount: 500, key: 'pooled-refund' }),
+    );
+    expect(refund.created).toBe(true);
+    await waitUntil(async () => (await statusOf(refund.operationId)) === 'succeeded', 60_000, 'the refund to succeed');
+
+    // The worker inside the application's process, on the pooler as well.
+    await app.startWorker({ concurrency: 2 });
+    const effect = await inAppTransaction(appPool, (client) => app.requestEffect(client, 'pooler_note', { key: 'note-1', payload: { hello: 'pooler' } }));
+    await waitUntil(async () => (await statusOf(effect.operationId)) === 'succeeded', 60_000, 'the effect to succeed');
+    expect((await app.getOperation(effect.operationId))?.result).toEqual({ noted: { hello: 'pooler' } });
+    await waitUntil(() => settled.some((s) => s.operationId === effect.operationId), 60_000, 'the effect’s settlement');
+
+    // The replica and the subscription LISTEN on the direct URL (a pooler would lose the session).
+    const listeners = async () =>
+      (
+        await t.pool.query(
+          `select application_name from pg_stat_activity
+           where datname = current_database() and (query like 'LISTEN%' or query like '%pg_listening_channels%') order by 1`,
+        )
+      ).rows.map((r) => r.application_name);
+    await waitUntil(async () => {
+      const names = await listeners();
+      return names.includes('outboxd-boss-worker') && names.includes('outboxd-boss-subscriber');
+    }, 30_000, 'the LISTEN sessions on the direct URL');
+
+    // Nothing the replica did failed on the pooler, and PgBouncer refused no startup parameter.
+    const failures = replica.logs.filter((l) => typeof l.level === 'number' && l.level >= 50);
+    expect(failures).toEqual([]);
+    expect(replica.logs.some((l) => typeof l.msg === 'string' && /prepared statement/.test(JSON.stringify(l)))).toBe(false);
+    expect(bouncer.log()).not.toMatch(/unsupported startup parameter/);
+  }, 300_000);
+});

@@ -1,0 +1,112 @@
+// Bounded growth (issue 22): the ledger is kept, the timeline and the audit trail past their retention
+// are pruned in small batches by one replica at a time, never the history of an operation that has not
+// settled; pg-boss deletes outboxd's completed jobs by a retention set on its queues.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { waitUntil } from '../../harness/replica.ts';
+import { recordAudit } from '../../src/admin/audit.ts';
+import { createQueues, JOB_RETENTION } from '../../src/outbox/outbox.ts';
+import { PRUNE_QUEUE, pruneHistory } from '../../src/outbox/retention.ts';
+import { SETTLED_DEAD_QUEUE } from '../../src/outbox/settlements.ts';
+import { createTestDatabase, type TestDb } from '../support/db.ts';
+import { startDispatcher } from '../support/dispatcher.ts';
+import { FakeStripe } from '../support/fakeStripe.ts';
+import { confirm } from '../support/fixtures.ts';
+
+let t: TestDb;
+beforeAll(async () => {
+  t = await createTestDatabase();
+});
+afterAll(async () => {
+  await t.close();
+});
+
+const days = { operationEvents: 90, audit: 365 };
+
+/** An operation whose every event (and its creation) happened `ageDays` ago, settled `settledDaysAgo`
+ * ago (null: not settled); with `events` timeline rows. */
+async function historic(ageDays: number, settledDaysAgo: number | null, events = 4): Promise<string> {
+  const op = await confirm(t);
+  await t.pool.query(
+    `update outboxd.payment_operations set created_at = now() - make_interval(days => $2),
+       status = case when $3::int is null then 'unknown' else 'succeeded' end,
+       settled_at = now() - make_interval(days => $3::int) where id = $1`,
+    [op, ageDays, settledDaysAgo],
+  );
+  await t.pool.query(
+    `insert into outboxd.operation_events (operation_id, at, type, details) select $1, now() - make_interval(days => $2), 'claimed', '{}' from generate_series(1, $3)`,
+    [op, ageDays, events],
+  );
+  return op;
+}
+const eventsOf = async (op: string) => Number((await t.pool.query(`select count(*) from outboxd.operation_events where operation_id = $1`, [op])).rows[0].count);
+const auditOf = async (op: string | null, tag: string) =>
+  Number((await t.pool.query(`select count(*) from outboxd.admin_audit where operation_id is not distinct from $1 and details->>'tag' = $2`, [op, tag])).rows[0].count);
+async function audited(op: string | null, ageDays: number, tag: string): Promise<void> {
+  await recordAudit(t.pool, { actor: 'test', action: op ? 'requeue' : 'reconcile', operationId: op, details: { tag } });
+  await t.pool.query(`update outboxd.admin_audit set at = now() - make_interval(days => $2) where details->>'tag' = $1`, [tag, ageDays]);
+}
+
+describe('retention of the timeline and the audit trail', () => {
+  it('prunes what settled and aged past its window, batch by batch; keeps the ledger and every unsettled history', async () => {
+    const settledLongAgo = await historic(120, 100);
+    const unsettledLongAgo = await historic(120, null);
+    const settledLately = await historic(120, 10); // its history is a person's for 90 days after it settled
+    const recent = await historic(5, 4);
+    const settledYearsAgo = await historic(800, 700, 0);
+    await audited(settledYearsAgo, 750, 'old-resolve');
+    await audited(settledLongAgo, 400, 'old-resolve-lately-settled'); // its operation settled 100 days ago
+    await audited(unsettledLongAgo, 400, 'old-requeue');
+    await audited(null, 400, 'old-reconcile');
+    await audited(null, 30, 'recent-reconcile');
+
+    // Three rows a statement: many batches, each a short statement of its own.
+    const pruned = await pruneHistory(t.pool, days, { scan: 3 });
+    expect(pruned).toEqual({ operationEvents: 4, audit: 2 });
+    expect(await eventsOf(settledLongAgo)).toBe(0);
+    expect(await eventsOf(unsettledLongAgo)).toBe(4);
+    expect(await eventsOf(settledLately)).toBe(4);
+    expect(await eventsOf(recent)).toBe(4);
+    const audit = [['old-resolve', settledYearsAgo], ['old-resolve-lately-settled', settledLongAgo], ['old-requeue', unsettledLongAgo], ['old-reconcile', null], ['recent-reconcile', null]] as const;
+    expect(await Promise.all(audit.map(([tag, op]) => auditOf(op, tag)))).toEqual([0, 1, 1, 0, 1]);
+    // The ledger is kept.
+    const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where id = any($1::uuid[])`, [[settledLongAgo, unsettledLongAgo, settledLately, recent]]);
+    expect(rows[0].n).toBe(4);
+    // Nothing more to do: the next run deletes nothing.
+    expect(await pruneHistory(t.pool, days, { scan: 3 })).toEqual({ operationEvents: 0, audit: 0 });
+  });
+
+  it("a repeated event is aged by the last time it happened", async () => {
+    const op = await historic(120, 100, 1);
+    await t.pool.query(`update outboxd.operation_events set repeats = 40, last_at = now() - interval '5 days' where operation_id = $1`, [op]);
+    await pruneHistory(t.pool, days);
+    expect(await eventsOf(op)).toBe(1);
+  });
+
+  it('runs as a job of the workers, on a queue that runs one job at a time in the whole fleet', async () => {
+    const op = await historic(200, 150);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]); // no relay to record
+    expect((await t.boss.getQueue(PRUNE_QUEUE))?.policy).toBe('singleton');
+    // A schedule that does not come due during the test: the test sends the cron's job itself.
+    await t.boss.send(PRUNE_QUEUE, {});
+    const replica = await startDispatcher(t, new FakeStripe(), 'pruner', { pruneCron: '0 0 1 1 *' });
+    try {
+      await waitUntil(async () => (await eventsOf(op)) === 0, 30_000, 'the replica to prune');
+    } finally {
+      await replica.stop();
+    }
+  });
+});
+
+describe("pg-boss's retention on outboxd's queues", () => {
+  it('is set explicitly, also on queues an earlier release created', async () => {
+    for (const q of ['charge', 'charge_dead', 'refund', 'settled', 'reconcile', PRUNE_QUEUE]) {
+      expect(await t.boss.getQueue(q), q).toMatchObject(JOB_RETENTION);
+    }
+    // As an earlier release left it: pg-boss's defaults.
+    await t.boss.updateQueue('charge', { deleteAfterSeconds: 7 * 86_400 });
+    await t.boss.updateQueue(SETTLED_DEAD_QUEUE, { deleteAfterSeconds: 7 * 86_400 });
+    await createQueues(t.boss); // outboxd migrate
+    expect(await t.boss.getQueue('charge')).toMatchObject(JOB_RETENTION);
+    expect(await t.boss.getQueue(SETTLED_DEAD_QUEUE)).toMatchObject({ deleteAfterSeconds: JOB_RETENTION.deleteAfterSeconds, retentionSeconds: 30 * 86_400 });
+  });
+});

@@ -1,0 +1,261 @@
+// Settlement events: every settlement (executor, reconcile sweep, webhook, a person's resolution)
+// writes its event in the statement that changes the status, the workers' relay makes it a `settled`
+// job, and onSettled handlers get it at least once: again after a throw, dead-lettered after many, and
+// sent again by `outboxd settlements redrive`.
+import { spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { fileURLToPath } from 'node:url';
+import type Stripe from 'stripe';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { resolveOperation } from '../../src/admin/resolve.ts';
+import { inTransaction } from '../../src/db/pool.ts';
+import { createMetrics } from '../../src/telemetry/metrics.ts';
+import { Outboxd, type SettlementEvent } from '../../src/index.ts';
+import { createLogger } from '../../src/telemetry/log.ts';
+import { createBoss } from '../../src/outbox/outbox.ts';
+import { executeOperation } from '../../src/engine/executor.ts';
+import { kindsFor } from '../../src/kinds/index.ts';
+import { settleFromOutside, StaleFenceError } from '../../src/engine/operation.ts';
+import { reconcileSweep } from '../../src/reconcile/sweep.ts';
+import { redriveSettlements, SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../../src/outbox/settlements.ts';
+import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
+import { waitUntil } from '../../harness/replica.ts';
+import { createTestDatabase, type TestDb } from '../support/db.ts';
+import { FakeStripe } from '../support/fakeStripe.ts';
+import { claim, confirm, relay } from '../support/fixtures.ts';
+
+const log = createLogger('silent');
+let t: TestDb;
+beforeAll(async () => {
+  t = await createTestDatabase();
+});
+afterAll(() => t.close());
+
+const events = async (op: string): Promise<{ source: string }[]> =>
+  (await t.pool.query(`select source from outboxd.settlement_outbox where operation_id = $1`, [op])).rows;
+const jobs = async (queue: string, op: string) =>
+  (await t.pool.query(`select state, data from pgboss.job where name = $1 and data->>'operationId' = $2`, [queue, op])).rows;
+
+describe('every settlement writes its event with the status change', () => {
+  it('the executor: a success and a decline each write one event; an ambiguous outcome none', async () => {
+    const stripe = new FakeStripe();
+    const paid = await confirm(t);
+    await executeOperation(t.pool, kindsFor(stripe), paid, await claim(t, paid));
+    const declined = await confirm(t, { paymentMethod: 'pm_card_chargeDeclined' });
+    await executeOperation(t.pool, kindsFor(stripe), declined, await claim(t, declined));
+    const lost = await confirm(t);
+    stripe.loseResponseOnce = true;
+    expect((await executeOperation(t.pool, kindsFor(stripe), lost, await claim(t, lost))).operation.status).toBe('unknown');
+    expect(await events(paid)).toEqual([{ source: 'dispatcher' }]);
+    expect(await events(declined)).toEqual([{ source: 'dispatcher' }]);
+    expect(await events(lost)).toEqual([]);
+  });
+
+  it('the reconcile sweep, a webhook and a person’s resolution each name themselves', async () => {
+    const stripe = new FakeStripe();
+    const swept = await confirm(t);
+    const charge = stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: swept });
+    await t.pool.query(`update outboxd.payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '25 hours' where id = $1`, [swept]);
+    await reconcileSweep(t.pool, stripe, t.boss, { owner: 'sweep', leaseTtlMs: 10_000, log });
+    expect(await events(swept)).toEqual([{ source: 'reconcile' }]);
+
+    const hooked = await confirm(t);
+    const hookedCharge = stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: hooked });
+    const event = { id: `evt_${hooked}`, type: 'payment_intent.succeeded', data: { object: { id: hookedCharge.id } } };
+    expect(await receiveStripeEvent({ pool: t.pool, gateway: stripe, log }, event as unknown as Stripe.Event)).toBe('settled');
+    expect(await events(hooked)).toEqual([{ source: 'webhook' }]);
+
+    const resolved = await confirm(t);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [resolved]);
+    const found = stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: resolved });
+    await resolveOperation(t.pool, stripe, t.boss, resolved, { outcome: 'succeeded', externalId: found.id }, 'cli:ops', { leaseTtlMs: 10_000, searchFreshnessSeconds: 3_600 });
+    expect(await events(resolved)).toEqual([{ source: 'admin' }]);
+    expect(charge.id).not.toBe(found.id);
+  });
+
+  it('rolled back with its transaction, and never written by a fenced-out or repeated settlement', async () => {
+    const op = await confirm(t);
+    await expect(
+      inTransaction(t.pool, async (tx) => {
+        expect(await settleFromOutside(tx, op, 'succeeded', 'pi_rollback', 'resolved_by_admin', null)).toBeDefined();
+        throw new Error('the audit insert failed');
+      }),
+    ).rejects.toThrow('the audit insert failed');
+    expect(await events(op)).toEqual([]);
+
+    const stale = await claim(t, op, 'w1');
+    await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
+    await claim(t, op, 'w2'); // takes the operation over: w1's outcome must write nothing
+    await expect(executeOperation(t.pool, kindsFor(new FakeStripe()), op, stale)).rejects.toBeInstanceOf(StaleFenceError);
+    expect(await events(op)).toEqual([]);
+
+    expect(await settleFromOutside(t.pool, op, 'failed', null, 'resolved_by_admin', 'by hand')).toBeDefined();
+    expect(await settleFromOutside(t.pool, op, 'succeeded', 'pi_late', 'webhook:payment_intent.succeeded', null)).toBeUndefined();
+    expect(await events(op)).toEqual([{ source: 'admin' }]);
+  });
+
+  it('the relay makes each event one `settled` job carrying the operation’s settlement', async () => {
+    const op = await confirm(t);
+    await executeOperation(t.pool, kindsFor(new FakeStripe()), op, await claim(t, op));
+    await relay(t);
+    expect(await events(op)).toEqual([]);
+    const [job] = await jobs(SETTLED_QUEUE, op);
+    expect(job.data).toMatchObject({ operationId: op, kind: 'charge', status: 'succeeded', amount: 2599, currency: 'eur', source: 'dispatcher' });
+    expect(job.data.externalId).toMatch(/^pi_/);
+    expect(await relay(t)).toBe(0);
+    expect(await jobs(SETTLED_QUEUE, op)).toHaveLength(1);
+  });
+});
+
+/** Settles a new operation through the executor and relays its event. */
+async function settle(over: Parameters<typeof confirm>[1] = {}): Promise<string> {
+  const op = await confirm(t, over);
+  await executeOperation(t.pool, kindsFor(new FakeStripe()), op, await claim(t, op));
+  await relay(t);
+  return op;
+}
+
+describe('onSettled', () => {
+  it('delivers each settlement to the subscribed handler, and again after the handler threw', async () => {
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    const seen: SettlementEvent[] = [];
+    let failures = 0;
+    const first = await settle();
+    await outboxd.onSettled(async (event) => {
+      seen.push(event);
+      if (event.operationId === first && failures++ === 0) throw new Error('the order service is down');
+    });
+    const second = await settle({ paymentMethod: 'pm_card_chargeDeclined' });
+    try {
+      await waitUntil(() => seen.filter((e) => e.operationId === first).length >= 2 && seen.some((e) => e.operationId === second), 30_000, 'both events, the first twice');
+      const event = seen.find((e) => e.operationId === first)!;
+      expect(event).toMatchObject({ orderId: expect.any(String), kind: 'charge', status: 'succeeded', amount: 2599, currency: 'eur', source: 'dispatcher' });
+      expect(event.settledAt).toBeInstanceOf(Date);
+      expect(seen.find((e) => e.operationId === second)).toMatchObject({ status: 'failed', source: 'dispatcher' });
+      await waitUntil(async () => (await jobs(SETTLED_QUEUE, first))[0]?.state === 'completed', 10_000, 'the job completes');
+    } finally {
+      await outboxd.stop();
+    }
+  });
+
+  it('a handler that keeps failing: dead-lettered, counted in /metrics, and sent again by `outboxd settlements redrive`', async () => {
+    const op = await settle();
+    await t.pool.query(`update pgboss.job set retry_limit = 0 where name = $1 and data->>'operationId' = $2`, [SETTLED_QUEUE, op]);
+    const failing = new Outboxd({ connectionString: t.url, onError: () => {} });
+    await failing.onSettled(() => {
+      throw new Error('a bug in the handler');
+    });
+    try {
+      await waitUntil(async () => (await jobs(SETTLED_DEAD_QUEUE, op)).length === 1, 30_000, 'dead-lettered');
+    } finally {
+      await failing.stop(); // a timeout here must not leave it taking the events later tests wait for
+    }
+
+    // A worker's /metrics (its pg-boss supervises, which refreshes the queue counts).
+    const boss = createBoss(t.url, 'worker', 2, t.schema);
+    boss.on('error', () => {});
+    await boss.start();
+    const metrics = createMetrics({ db: t.pool, boss });
+    const dead = async () => (await metrics.settlementEvents.get()).values.find((v) => v.labels.state === 'dead')?.value ?? 0;
+    try {
+      await waitUntil(async () => (await dead()) >= 1, 30_000, 'the dead gauge counts it');
+    } finally {
+      await boss.stop({ graceful: false });
+    }
+
+    const fixed = new Outboxd({ connectionString: t.url, onError: () => {} });
+    const seen: string[] = [];
+    await fixed.onSettled((event) => {
+      seen.push(event.operationId);
+    });
+    try {
+      const res = await cli('settlements', 'redrive', '--json');
+      expect(res.code).toBe(0);
+      expect(JSON.parse(res.stdout).redriven).toBeGreaterThanOrEqual(1);
+      await waitUntil(() => seen.includes(op), 30_000, 'the redriven event is delivered');
+    } finally {
+      await fixed.stop();
+    }
+  });
+});
+
+describe('a handler’s time is bounded', () => {
+  it('a handler that hangs on one event holds up no other: later settlements are delivered meanwhile', { timeout: 120_000 }, async () => {
+    // The timeout is far off: what keeps the others flowing is that each delivery has a slot of its own.
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 600_000 });
+    const hung = await settle();
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const seen: string[] = [];
+    await outboxd.onSettled(async (event) => {
+      seen.push(event.operationId);
+      if (event.operationId === hung) await gate;
+    });
+    try {
+      await waitUntil(() => seen.includes(hung), 30_000, 'the hanging delivery has begun');
+      const later: string[] = [];
+      for (let i = 0; i < 5; i++) later.push(await settle());
+      await waitUntil(() => later.every((op) => seen.includes(op)), 20_000, 'the 5 later settlements, delivered while one handler hangs');
+    } finally {
+      release();
+      await outboxd.stop();
+    }
+  });
+
+  it('past SETTLEMENT_HANDLER_TIMEOUT_MS the delivery counts as failed and is retried with backoff', { timeout: 120_000 }, async () => {
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 1_500 });
+    const op = await settle();
+    let deliveries = 0;
+    await outboxd.onSettled(async (event) => {
+      if (event.operationId !== op) return;
+      if (deliveries++ === 0) await new Promise(() => {}); // never returns
+    });
+    try {
+      await waitUntil(async () => (await jobs(SETTLED_QUEUE, op))[0]?.state === 'completed', 60_000, 'the retried delivery completes');
+      expect(deliveries).toBe(2);
+      const { rows } = await t.pool.query(`select retry_count from pgboss.job where name = $1 and data->>'operationId' = $2`, [SETTLED_QUEUE, op]);
+      expect(rows[0].retry_count).toBe(1);
+    } finally {
+      await outboxd.stop();
+    }
+  });
+});
+
+describe('`outboxd settlements redrive` is one transaction', () => {
+  it('interrupted between sending the event again and completing its dead letter: nothing changed, no retry spent', async () => {
+    const op = randomUUID();
+    const data = { operationId: op, orderId: null, kind: 'charge', key: null, status: 'succeeded', externalId: null, amount: 1, currency: 'eur', settledAt: new Date().toISOString(), source: 'admin' };
+    await t.boss.send(SETTLED_DEAD_QUEUE, data);
+    const dead = async () => (await t.pool.query(`select state, retry_count from pgboss.job where name = $1 and data->>'operationId' = $2`, [SETTLED_DEAD_QUEUE, op])).rows;
+    const before = await dead();
+    // The dead letter's completion, the redrive's last step, fails as a crash there would.
+    await t.pool.query(`create function pgboss.interrupt_redrive() returns trigger language plpgsql as $$
+      begin raise exception 'the redrive was interrupted'; end $$`);
+    await t.pool.query(`create trigger interrupt_redrive after update on pgboss.job for each row
+      when (new.name = 'settled_dead' and new.state = 'completed') execute function pgboss.interrupt_redrive()`);
+    try {
+      await expect(redriveSettlements(t.pool, t.boss)).rejects.toThrow('the redrive was interrupted');
+    } finally {
+      await t.pool.query(`drop trigger interrupt_redrive on pgboss.job; drop function pgboss.interrupt_redrive()`);
+    }
+    expect(await jobs(SETTLED_QUEUE, op)).toEqual([]);
+    expect(await dead()).toEqual(before);
+    expect(before).toEqual([{ state: 'created', retry_count: 0 }]);
+
+    expect(await redriveSettlements(t.pool, t.boss)).toBeGreaterThanOrEqual(1);
+    expect(await jobs(SETTLED_QUEUE, op)).toHaveLength(1);
+    expect((await dead()).map((j) => j.state)).toEqual(['completed']);
+  });
+});
+
+const BIN = fileURLToPath(new URL('../../bin/outboxd.js', import.meta.url));
+function cli(...args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [BIN, ...args], { env: { ...process.env, DATABASE_URL: t.url, LOG_LEVEL: 'warn' } });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    child.on('exit', (code) => resolve({ code, stdout, stderr }));
+  });
+}

@@ -1,0 +1,86 @@
+// The environment as operators write it: env files leave optional values empty, and listeners are
+// placed by port and address.
+import { describe, expect, it } from 'vitest';
+import { ConfigError, envSchema, loadConfig } from '../../src/runtime/config.ts';
+
+describe('loadConfig', () => {
+  it('an empty or blank value of any variable means unset', () => {
+    const defaults = loadConfig({});
+    for (const key of Object.keys(envSchema.shape)) {
+      expect(loadConfig({ [key]: '' }), key).toEqual(defaults);
+      expect(loadConfig({ [key]: '  ' }), key).toEqual(defaults);
+    }
+  });
+
+  it('places the admin API on its own listener only when ADMIN_HTTP_PORT is set', () => {
+    expect(loadConfig({}).admin).toMatchObject({ httpPort: undefined });
+    expect(loadConfig({}).worker.httpHost).toBe('0.0.0.0');
+    expect(loadConfig({ ADMIN_HTTP_PORT: '8081' }).admin).toMatchObject({ httpPort: 8081, httpHost: '127.0.0.1' });
+    expect(loadConfig({ ADMIN_HTTP_PORT: '8081', ADMIN_HTTP_HOST: '0.0.0.0', HTTP_HOST: '::' })).toMatchObject({
+      admin: { httpPort: 8081, httpHost: '0.0.0.0' },
+      worker: { httpHost: '::' },
+    });
+  });
+
+  it('refuses listener settings that cannot be meant, naming the variable', () => {
+    expect(() => loadConfig({ ADMIN_HTTP_HOST: '0.0.0.0' })).toThrow(/ADMIN_HTTP_HOST is set but ADMIN_HTTP_PORT is not/);
+    expect(() => loadConfig({ ADMIN_HTTP_PORT: '8080' })).toThrow(/ADMIN_HTTP_PORT and HTTP_PORT are both 8080/);
+    expect(() => loadConfig({ ADMIN_HTTP_PORT: '70000' })).toThrow(/ADMIN_HTTP_PORT/);
+    expect(() => loadConfig({ HTTP_HOST: 'not an address' })).toThrow(ConfigError);
+    expect(() => loadConfig({ HTTP_HOST: 'not an address' })).toThrow(/HTTP_HOST/);
+    // Two listeners on "any free port" (tests) do not collide.
+    expect(loadConfig({ HTTP_PORT: '0', ADMIN_HTTP_PORT: '0' }).admin.httpPort).toBe(0);
+  });
+});
+
+describe("Stripe's rate limit: a budget for all replicas together", () => {
+  it("defaults to Stripe's published limits for the key's mode, and to none for the emulator", () => {
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_test_x' }).stripe).toMatchObject({ rateLimit: 25, searchRateLimit: 20 });
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'rk_test_x' }).stripe).toMatchObject({ rateLimit: 25, searchRateLimit: 20 });
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_live_x' }).stripe).toMatchObject({ rateLimit: 100, searchRateLimit: 20 });
+    expect(loadConfig({}).stripe).toMatchObject({ rateLimit: undefined, searchRateLimit: undefined });
+  });
+
+  it('takes what it is told: a number, or off', () => {
+    expect(loadConfig({ STRIPE_RATE_LIMIT: '25' }).stripe).toMatchObject({ rateLimit: 25, searchRateLimit: 20 });
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_live_x', STRIPE_RATE_LIMIT: '60', STRIPE_SEARCH_RATE_LIMIT: '10' }).stripe).toMatchObject({ rateLimit: 60, searchRateLimit: 10 });
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_test_x', STRIPE_RATE_LIMIT: 'off' }).stripe).toMatchObject({ rateLimit: undefined, searchRateLimit: undefined });
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_test_x', STRIPE_SEARCH_RATE_LIMIT: 'off' }).stripe).toMatchObject({ rateLimit: 25, searchRateLimit: undefined });
+    expect(loadConfig({ STRIPE_RATE_LIMIT: '12.5' }).stripe.rateLimit).toBe(12.5);
+    for (const bad of ['0', '-5', 'fast']) expect(() => loadConfig({ STRIPE_RATE_LIMIT: bad })).toThrow(/STRIPE_RATE_LIMIT: a number of requests per second, or off/);
+  });
+});
+
+describe('tracing: the standard OTEL_ variables, read here and nowhere else in outboxd', () => {
+  it('is off without an endpoint, or when the SDK is disabled', () => {
+    expect(loadConfig({}).tracing).toBeUndefined();
+    expect(loadConfig({ OTEL_SERVICE_NAME: 'x', OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json' }).tracing).toBeUndefined();
+    expect(loadConfig({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318', OTEL_SDK_DISABLED: 'true' }).tracing).toBeUndefined();
+  });
+
+  it('sends to <endpoint>/v1/traces over http/protobuf unless told otherwise', () => {
+    expect(loadConfig({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318/' }).tracing).toEqual({
+      url: 'http://collector:4318/v1/traces',
+      protocol: 'http/protobuf',
+      serviceName: 'outboxd',
+      sampler: 'parentbased_always_on',
+      samplerRatio: 1,
+    });
+    const tracing = loadConfig({
+      OTEL_EXPORTER_OTLP_ENDPOINT: 'http://collector:4318',
+      OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: 'https://traces.example/otlp',
+      OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json',
+      OTEL_SERVICE_NAME: 'payments-worker',
+      OTEL_TRACES_SAMPLER: 'parentbased_traceidratio',
+      OTEL_TRACES_SAMPLER_ARG: '0.25',
+    }).tracing;
+    expect(tracing).toEqual({ url: 'https://traces.example/otlp', protocol: 'http/json', serviceName: 'payments-worker', sampler: 'parentbased_traceidratio', samplerRatio: 0.25 });
+  });
+
+  it('refuses what it cannot honour, naming the variable', () => {
+    expect(() => loadConfig({ OTEL_EXPORTER_OTLP_PROTOCOL: 'grpc' })).toThrow(/OTEL_EXPORTER_OTLP_PROTOCOL: only http\/protobuf and http\/json/);
+    expect(() => loadConfig({ OTEL_TRACES_SAMPLER: 'sometimes' })).toThrow(/OTEL_TRACES_SAMPLER/);
+    expect(() => loadConfig({ OTEL_TRACES_SAMPLER_ARG: '2' })).toThrow(/OTEL_TRACES_SAMPLER_ARG/);
+    expect(() => loadConfig({ OTEL_EXPORTER_OTLP_ENDPOINT: 'collector:4318' })).toThrow(/OTEL_EXPORTER_OTLP_ENDPOINT/);
+  });
+});
