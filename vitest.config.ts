@@ -9,5 +9,8 @@ export default defineConfig({
     maxWorkers: 3,
     testTimeout: 60_000,
     hookTimeout: 120_000,
+    // expect.poll's own default (1 s) is shorter than one page load of a browser test on a loaded machine:
+    // the poll then fails on its callback's time, not on what it saw. A bound, never a wait.
+    expect: { poll: { timeout: 10_000 } },
   },
 });

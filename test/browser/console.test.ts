@@ -153,9 +153,15 @@ describe('the console in a browser', () => {
 
   it('overview: counts, the review queue, recent settlements', async () => {
     const { page } = b;
-    await page.goto(`${base}/console/`);
-    await expect.poll(() => page.locator('.card', { hasText: 'Needs review' }).locator('.card-value').textContent()).toBe('2');
-    await expect.poll(() => page.locator('.card', { hasText: 'Stripe budget' }).textContent()).toContain('not limited');
+    // Each look loads the page again: a page once drawn never changes, so polling it alone would only
+    // wait on what the first load showed (and, on a loaded machine, say nothing of what it was).
+    const card = async (title: string) => {
+      await page.goto(`${base}/console/`);
+      const found = page.locator('.card', { has: page.locator('.card-label', { hasText: new RegExp(`^${title}$`) }) });
+      return found.locator('.card-value').textContent();
+    };
+    await expect.poll(() => card('Needs review')).toBe('2');
+    await expect.poll(() => card('Stripe budget')).toBe('not limited');
     expect(await page.locator('section', { hasText: 'Recent settlements' }).textContent()).toContain(ops.paid.slice(0, 8));
     await b.shot('overview');
   });
