@@ -1,6 +1,6 @@
 // The package `outboxd`: the library an application embeds. `outboxd worker` and the rest of the CLI
 // come with it (package.json bin).
-export { Outboxd, type ChargeRequest, type EffectRequest, type OutboxdOptions, type PaymentOperation, type RefundRequest, type SettledOptions, type SettlementHandler, type TransactionalSettlementHandler } from './outboxd.ts';
+export { Outboxd, type CancelRequest, type CaptureRequest, type ChargeRequest, type EffectRequest, type OutboxdOptions, type PaymentOperation, type RefundRequest, type SettledOptions, type SettlementHandler, type TransactionalSettlementHandler } from './outboxd.ts';
 export { EffectFailed, type CheckResult, type EffectContext, type EffectDefinition } from './kinds/application/definition.ts';
 export { EffectConflictError, type EffectRequested } from './kinds/application/request.ts';
 export type { Policy } from './engine/kinds.ts';
@@ -11,7 +11,8 @@ export type { ChargeRequested } from './kinds/charge/request.ts';
 export type { OperationStatus } from './engine/operation.ts';
 export { OrderConflictError } from './kinds/charge/request.ts';
 export { RefundRefused, type RefundRequested } from './kinds/refund/request.ts';
-export type { RefundReason } from './stripe/gateway.ts';
+export { AuthorizationRefused, type ChangeRequested } from './kinds/hold/request.ts';
+export type { CancellationReason, RefundReason } from './stripe/gateway.ts';
 export { OperationNotFoundError } from './engine/operation.ts';
 export { ValidationError } from './types/errors.ts';
 export { TransactionTypeError } from './db/caller.ts';

@@ -10,7 +10,8 @@ import { createPool, isPooled, type Pool, type Queryable } from './db/pool.ts';
 import { isOperationId, type Operation, type OperationStatus } from './engine/operation.ts';
 import { requestCharge, type ChargeRequested } from './kinds/charge/request.ts';
 import { requestRefund, type RefundRequested } from './kinds/refund/request.ts';
-import type { RefundReason } from './stripe/gateway.ts';
+import { requestCancel, requestCapture, type ChangeRequested } from './kinds/hold/request.ts';
+import type { CancellationReason, RefundReason } from './stripe/gateway.ts';
 import { validDefinition, type EffectDefinition } from './kinds/application/definition.ts';
 import { RESERVED_KINDS } from './kinds/index.ts';
 import type { Policy } from './engine/kinds.ts';
@@ -81,6 +82,15 @@ export interface ChargeRequest {
   metadata?: Record<string, string>;
   /** After every earlier charge of the order failed: charge again even with the same payment method. */
   retry?: boolean;
+  /** manual: an authorization. The operation succeeds when Stripe holds the funds (its settlement event
+   * says captureMethod manual); requestCapture takes them, requestCancel releases them. Default automatic. */
+  captureMethod?: 'automatic' | 'manual';
+  /** Connect: the connected account (acct_…) the charge is made on; its captures, cancels and refunds too. */
+  stripeAccount?: string;
+  /** Connect: a destination charge, made on the platform and transferred to this connected account. */
+  transferData?: { destination: string };
+  /** Connect: the platform's fee in minor units (with stripeAccount or transferData). */
+  applicationFeeAmount?: number;
 }
 
 /** What requestRefund takes. */
@@ -92,6 +102,28 @@ export interface RefundRequest {
   /** The caller's name for this refund: the same key of the same charge is the same refund. */
   key: string;
   reason?: RefundReason;
+  /** A destination charge's refund: take the transfer back from the connected account too. */
+  reverseTransfer?: boolean;
+  /** …and give the platform's application fee back. */
+  refundApplicationFee?: boolean;
+}
+
+/** What requestCapture takes. */
+export interface CaptureRequest {
+  /** The succeeded charge operation requested with captureMethod manual: an authorization. */
+  chargeOperationId: string;
+  /** The caller's name for this capture: the same key of the same charge is the same capture. */
+  key: string;
+  /** In minor units, at most what the authorization holds; absent: all of it. The rest is released. */
+  amount?: number;
+}
+
+/** What requestCancel takes. */
+export interface CancelRequest {
+  chargeOperationId: string;
+  /** The caller's name for this cancel: the same key of the same charge is the same cancel. */
+  key: string;
+  reason?: CancellationReason;
 }
 
 /** What requestEffect takes. */
@@ -221,6 +253,23 @@ export class Outboxd {
    */
   async requestRefund(tx: object, request: RefundRequest): Promise<RefundRequested> {
     return requestRefund(callerTransaction(tx, this.#callerSql), request);
+  }
+
+  /**
+   * Requests the capture of an authorization (a charge requested with captureMethod manual, succeeded:
+   * Stripe holds its funds) inside the caller's transaction `tx`, as requestRefund. The same key again
+   * returns the same capture operation (created: false). Throws ValidationError, OperationNotFoundError
+   * or AuthorizationRefused (an automatic charge; one that holds nothing: not succeeded, captured,
+   * cancelled or expired; more than it holds; the key names another capture) before writing anything.
+   */
+  async requestCapture(tx: object, request: CaptureRequest): Promise<ChangeRequested> {
+    return requestCapture(callerTransaction(tx, this.#callerSql), request);
+  }
+
+  /** Requests the cancel of an authorization, releasing what it holds, as requestCapture (refused the same
+   * ways; a captured charge is refunded instead). */
+  async requestCancel(tx: object, request: CancelRequest): Promise<ChangeRequested> {
+    return requestCancel(callerTransaction(tx, this.#callerSql), request);
   }
 
   /**

@@ -15,7 +15,7 @@ import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
 import { ValidationError } from '../types/errors.ts';
 import { isStorableText } from '../types/input.ts';
 import { liveJobFor, queueFor } from '../outbox/outbox.ts';
-import type { PaymentGateway } from '../stripe/gateway.ts';
+import { accountOf, type PaymentGateway } from '../stripe/gateway.ts';
 import { kindsFor, namingOf } from '../kinds/index.ts';
 import type { KindEvidence } from '../types/kind.ts';
 import { claimOperation, isSettled, releaseLease, renewLease, settleUnderLease, type Operation } from '../engine/operation.ts';
@@ -137,10 +137,10 @@ async function evidenceOfSuccess(rules: KindEvidence | undefined, op: Operation,
     throw new ResolutionRefused(`operation ${op.id} is known to Stripe as ${op.external_id}, not ${externalId}; resolve it with its own ${op.kind}`);
   }
   if (!rules) return { reference: externalId, checked: `nothing: outboxd cannot check an effect of kind ${op.kind}` };
-  const object = await rules.retrieve(externalId);
+  const object = await rules.retrieve(externalId, accountOf(op));
   const mismatch = rules.mismatch(op, object);
   if (mismatch) throw new ResolutionRefused(`${mismatch}; it cannot settle this operation`);
-  if (object.status !== 'succeeded') throw new ResolutionRefused(`${object.id} is ${object.status}, not succeeded; try again when it has settled in Stripe`);
+  if (rules.settles(op, object) !== 'succeeded') throw new ResolutionRefused(`${object.id} is ${object.status}, not succeeded; try again when it has settled in Stripe`);
   return { [op.kind]: object };
 }
 

@@ -5,6 +5,7 @@ import { ValidationError } from '../types/errors.ts';
 import { OperationNotFoundError } from '../engine/operation.ts';
 import { ResolutionRefused } from '../admin/resolve.ts';
 import { RefundRefused } from '../kinds/refund/request.ts';
+import { AuthorizationRefused } from '../kinds/hold/request.ts';
 
 /** Exit codes: 0 done; 1 failure; 2 bad usage, input or a refused action; 3 partly done (bulk lines
  * refused); 4 not found; 5 drift between Stripe and the operations. */
@@ -12,7 +13,7 @@ export const EXIT = { ok: 0, failure: 1, usage: 2, partial: 3, notFound: 4, drif
 
 export function exitCodeOf(err: unknown): number {
   if (err instanceof CommanderError) return err.exitCode === 0 ? EXIT.ok : EXIT.usage;
-  if (err instanceof ValidationError || err instanceof ConfigError || err instanceof OrderConflictError || err instanceof ResolutionRefused || err instanceof RefundRefused) return EXIT.usage;
+  if (err instanceof ValidationError || err instanceof ConfigError || err instanceof OrderConflictError || err instanceof ResolutionRefused || err instanceof RefundRefused || err instanceof AuthorizationRefused) return EXIT.usage;
   if (err instanceof OperationNotFoundError) return EXIT.notFound;
   return EXIT.failure;
 }

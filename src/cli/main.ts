@@ -10,8 +10,9 @@ import { confirmOrder } from '../exampleApp/confirm.ts';
 import { EXAMPLE_SUBSCRIBER, followOrders } from '../exampleApp/follow.ts';
 import { Outboxd } from '../outboxd.ts';
 import { parseOrderInput } from '../kinds/charge/input.ts';
-import { REFUND_REASONS } from '../stripe/gateway.ts';
+import { CANCELLATION_REASONS, REFUND_REASONS } from '../stripe/gateway.ts';
 import { requestRefund } from '../kinds/refund/request.ts';
+import { requestCancel, requestCapture } from '../kinds/hold/request.ts';
 import { inTransaction } from '../db/pool.ts';
 import { createBoss } from '../outbox/outbox.ts';
 import type { PgBoss } from 'pg-boss';
@@ -139,6 +140,10 @@ order
   .option('--currency <code>', 'ISO 4217 currency, e.g. eur')
   .option('--customer <cus>')
   .option('--payment-method <pm>')
+  .addOption(new Option('--capture <method>', 'manual: an authorization, captured later with `outboxd capture` (or released with `outboxd cancel`)').choices(['automatic', 'manual']))
+  .option('--stripe-account <acct>', 'Connect: the connected account the charge is made on')
+  .option('--transfer-destination <acct>', 'Connect: a destination charge, its funds transferred to this connected account')
+  .addOption(new Option('--application-fee <minor-units>', "Connect: the platform's fee").argParser(nonNegativeInt))
   .addOption(
     new Option('--from-file <orders.jsonl>', 'one order a line: {"orderId","amount","currency","customer","paymentMethod"}')
       .conflicts(ORDER_FIELDS),
@@ -149,7 +154,13 @@ order
     const missing = ORDER_FIELDS.filter((f) => o[f] === undefined);
     if (missing.length > 0) throw new InvalidArgumentError(`missing ${missing.map(flagOf).join(', ')} (or --from-file)`);
     // Refused before the database is opened; the fields come back named as their flags.
-    const input = parseOrderInput(Object.fromEntries(ORDER_FIELDS.map((f) => [f, o[f]])));
+    const input = parseOrderInput({
+      ...Object.fromEntries(ORDER_FIELDS.map((f) => [f, o[f]])),
+      ...(o.capture ? { captureMethod: o.capture } : {}),
+      ...(o.stripeAccount !== undefined ? { stripeAccount: o.stripeAccount } : {}),
+      ...(o.transferDestination !== undefined ? { transferData: { destination: o.transferDestination } } : {}),
+      ...(o.applicationFee !== undefined ? { applicationFeeAmount: o.applicationFee } : {}),
+    });
     await withDatabase(async ({ pool }) => {
       const { operationId, created } = await confirmOrder(pool, input);
       console.log(o.json ? JSON.stringify({ operationId, created }) : operationId);
@@ -186,16 +197,62 @@ program
   .addOption(new Option('--amount <minor-units>', 'amount in minor units').argParser(positiveInt).makeOptionMandatory())
   .addOption(new Option('--key <key>', 'your name for this refund: the same key of the same charge is the same refund').makeOptionMandatory())
   .addOption(new Option('--reason <reason>').choices(REFUND_REASONS))
+  .option('--reverse-transfer', "a destination charge's refund: take the transfer back from the connected account")
+  .option('--refund-application-fee', "a destination charge's refund: give the platform's fee back")
   .option('--json', 'machine-readable output')
   .action(async (id: string, o) => {
     await withDatabase(async ({ pool }) => {
       const charge = await findOperation(pool, id);
-      const input = { chargeOperationId: charge.id, amount: o.amount, key: o.key, ...(o.reason ? { reason: o.reason } : {}) };
+      const input = {
+        chargeOperationId: charge.id,
+        amount: o.amount,
+        key: o.key,
+        ...(o.reason ? { reason: o.reason } : {}),
+        ...(o.reverseTransfer ? { reverseTransfer: true } : {}),
+        ...(o.refundApplicationFee ? { refundApplicationFee: true } : {}),
+      };
       const { operationId, created } = await inTransaction(pool, (tx) => requestRefund(tx, input));
-      console.log(o.json ? JSON.stringify({ operationId, created }) : operationId);
-      if (!created && !o.json) console.error(`key ${o.key} of charge ${charge.id} was already requested: refund operation ${operationId}`);
+      printRequested(o, operationId, created, `key ${o.key} of charge ${charge.id} was already requested: refund operation ${operationId}`);
     });
   });
+
+program
+  .command('capture')
+  .description("capture an authorization (a charge confirmed with --capture manual): a capture operation and its outbox row in one transaction")
+  .argument('<charge-op-id>', 'the charge operation: its id, or a unique prefix of at least 8 hex digits')
+  .addOption(new Option('--key <key>', 'your name for this capture: the same key of the same charge is the same capture').makeOptionMandatory())
+  .addOption(new Option('--amount <minor-units>', 'at most what it holds; default: all of it (the rest is released)').argParser(positiveInt))
+  .option('--json', 'machine-readable output')
+  .action(async (id: string, o) => {
+    await withDatabase(async ({ pool }) => {
+      const charge = await findOperation(pool, id);
+      const input = { chargeOperationId: charge.id, key: o.key, ...(o.amount !== undefined ? { amount: o.amount } : {}) };
+      const { operationId, created } = await inTransaction(pool, (tx) => requestCapture(tx, input));
+      printRequested(o, operationId, created, `key ${o.key} of charge ${charge.id} was already requested: capture operation ${operationId}`);
+    });
+  });
+
+program
+  .command('cancel')
+  .description('cancel an authorization, releasing what it holds: a cancel operation and its outbox row in one transaction')
+  .argument('<charge-op-id>', 'the charge operation: its id, or a unique prefix of at least 8 hex digits')
+  .addOption(new Option('--key <key>', 'your name for this cancel: the same key of the same charge is the same cancel').makeOptionMandatory())
+  .addOption(new Option('--reason <reason>').choices(CANCELLATION_REASONS))
+  .option('--json', 'machine-readable output')
+  .action(async (id: string, o) => {
+    await withDatabase(async ({ pool }) => {
+      const charge = await findOperation(pool, id);
+      const input = { chargeOperationId: charge.id, key: o.key, ...(o.reason ? { reason: o.reason } : {}) };
+      const { operationId, created } = await inTransaction(pool, (tx) => requestCancel(tx, input));
+      printRequested(o, operationId, created, `key ${o.key} of charge ${charge.id} was already requested: cancel operation ${operationId}`);
+    });
+  });
+
+/** A request's answer: the operation id (JSON: with whether it was created); a key asked again says so. */
+function printRequested(o: { json?: boolean }, operationId: string, created: boolean, again: string): void {
+  console.log(o.json ? JSON.stringify({ operationId, created }) : operationId);
+  if (!created && !o.json) console.error(again);
+}
 
 const ops = program.command('ops').description('payment operations');
 ops

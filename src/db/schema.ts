@@ -73,15 +73,17 @@ export const paymentOperations = outboxd.table(
     leaseExpiresAt: timestamp('lease_expires_at', { withTimezone: true }),
     /** W3C traceparent of the request that created it (null when it was not traced): later attempts link to it. */
     traceparent: text('traceparent'),
-    /** A refund's charge operation. */
+    /** A refund's, a capture's or a cancel's charge operation. */
     parentOperationId: uuid('parent_operation_id').references((): AnyPgColumn => paymentOperations.id),
-    /** The caller's key: of a refund, unique per charge operation; of an application's effect, unique per
+    /** The caller's key: of a refund, unique per charge operation; of a capture or a cancel,
+     * `<charge operation id>/<key>` (so unique per charge as well); of an application's effect, unique per
      * kind. The same key is the same operation. */
     effectKey: text('effect_key'),
-    /** What the kind needs beyond the columns: a refund's PaymentIntent and reason, an application
-     * effect's payload. */
+    /** What the kind needs beyond the columns: a charge's capture method and Connect account (null for an
+     * automatic charge on the platform), the PaymentIntent, account and reason of a refund, capture or
+     * cancel, an application effect's payload. */
     payload: jsonb('payload'),
-    /** What an application's effect returned (or its check found), as JSON. */
+    /** What an application's effect returned (or its check found), as JSON; a manual charge's hold. */
     result: jsonb('result'),
     /** Executions of an at-least-once effect after one that may have acted: possible duplicates. */
     possibleDuplicates: integer('possible_duplicates').notNull().default(0),
@@ -108,6 +110,13 @@ export const paymentOperations = outboxd.table(
     check('payment_operations_money_check', sql`${t.kind} not in ('charge', 'refund') or (${t.orderId} is not null and ${t.amount} is not null and ${t.currency} is not null)`),
     check('payment_operations_charge_check', sql`${t.kind} <> 'charge' or (${t.customerId} is not null and ${t.paymentMethod} is not null)`),
     check('payment_operations_refund_check', sql`${t.kind} <> 'refund' or (${t.parentOperationId} is not null and ${t.effectKey} is not null)`),
+    // A capture or a cancel names its charge, the money it moves or releases, and its key. Its effect_key
+    // is `<charge operation id>/<key>`: the application-effect index on (kind, effect_key) keeps it
+    // unique per charge, and no index had to be built or dropped under running releases.
+    check(
+      'payment_operations_change_check',
+      sql`${t.kind} not in ('capture', 'cancel') or (${t.parentOperationId} is not null and ${t.effectKey} like ${t.parentOperationId}::text || '/%' and ${t.orderId} is not null and ${t.amount} is not null and ${t.currency} is not null)`,
+    ),
     check('payment_operations_effect_check', sql`${t.kind} in ('charge', 'refund') or ${t.effectKey} is not null`),
     check('payment_operations_status_check', sql`${t.status} in ('pending', 'unknown', 'succeeded', 'failed')`),
     check('payment_operations_amount_check', sql`${t.amount} > 0`),

@@ -1,6 +1,6 @@
 // Every kind outboxd carries out, registered the same way: the built-in Stripe kinds, bound to a gateway,
 // and the application's own (outboxd.defineEffect, `outboxd worker --effects`). Adding a Stripe kind is a
-// folder beside charge/ and refund/ and a line in BUILT_IN below; nothing that reads kinds (the engine,
+// folder beside charge/, refund/, capture/ and cancel/ and a line in BUILT_IN below; nothing that reads kinds (the engine,
 // the webhooks, resolve, drift, the console) names one.
 import { Kinds } from '../engine/kinds.ts';
 import type { KindEvidence, KindNaming } from '../types/kind.ts';
@@ -10,6 +10,8 @@ import { chargeKind } from './charge/index.ts';
 import { CHARGE, CHARGE_NAMING } from './charge/evidence.ts';
 import { refundKind } from './refund/index.ts';
 import { REFUND, REFUND_NAMING } from './refund/evidence.ts';
+import { CAPTURE, CAPTURE_NAMING, captureKind } from './capture/index.ts';
+import { CANCEL, CANCEL_NAMING, cancelKind } from './cancel/index.ts';
 import { BUILT_IN_KINDS } from './names.ts';
 
 export { BUILT_IN_KINDS };
@@ -17,6 +19,8 @@ export { BUILT_IN_KINDS };
 const BUILT_IN = [
   { kind: CHARGE, naming: CHARGE_NAMING, bind: chargeKind },
   { kind: REFUND, naming: REFUND_NAMING, bind: refundKind },
+  { kind: CAPTURE, naming: CAPTURE_NAMING, bind: captureKind },
+  { kind: CANCEL, naming: CANCEL_NAMING, bind: cancelKind },
 ];
 
 /** Names an application's kind may not take: outboxd's own kinds and queues (a kind's name is its queue's). */

@@ -21,9 +21,9 @@ export interface SettlementEvent {
   operationId: string;
   /** A charge's or a refund's order (null for an application's own kind). */
   orderId: string | null;
-  /** `charge`, `refund`, or a kind the application defines. */
+  /** `charge`, `refund`, `capture`, `cancel`, or a kind the application defines. */
   kind: string;
-  /** A refund's or an application effect's key (null for a charge). */
+  /** A refund's, capture's, cancel's or application effect's key (null for a charge). */
   key: string | null;
   status: 'succeeded' | 'failed';
   /** The PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund; null when Stripe made none. */
@@ -33,11 +33,17 @@ export interface SettlementEvent {
   currency: string | null;
   settledAt: Date;
   source: SettlementSource;
+  /** Set when the settled operation is an authorization (a charge requested with captureMethod manual):
+   * its success means Stripe HOLDS the funds, until captureBefore (when Stripe said) — a capture operation
+   * takes them, a cancel releases them. Null for every other operation: a charge without it charged. */
+  hold: { captureBefore: Date | null } | null;
 }
 
 /** The job's data: the event as JSON. */
-type SettledJob = Omit<SettlementEvent, 'settledAt'> & {
+type SettledJob = Omit<SettlementEvent, 'settledAt' | 'hold'> & {
   settledAt: string;
+  /** Absent from a job relayed by a release before authorizations: none was one. */
+  hold?: { captureBefore: string | null } | null;
   /** The payment's trace context, for the delivery span's link; not part of the event. */
   traceparent?: string | null;
   /** A named subscriber's queue (redrive sends a dead copy back there); absent for `settled`. */
@@ -86,6 +92,7 @@ export async function relaySettlements(db: Pool, boss: PgBoss, limit: number): P
         currency: r.currency,
         settledAt: (r.settled_at as Date).toISOString(),
         source: r.source,
+        hold: r.hold,
         traceparent: r.traceparent,
       } satisfies SettledJob,
     }));
@@ -134,16 +141,21 @@ class SettlementTimeoutError extends Error {
  * Works `queue` with `handle`: a job completes when `handle` resolves for its event, and is retried
  * with backoff when it throws or outlives `timeoutMs`. Resolves once subscribed.
  */
+/** The event a job carries, its times as Dates. */
+function eventOf(data: SettledJob): SettlementEvent {
+  const { settledAt, hold, traceparent: _traceparent, queue: _queue, ...event } = data;
+  const captureBefore = hold?.captureBefore;
+  return { ...event, hold: hold ? { captureBefore: captureBefore ? new Date(captureBefore) : null } : null, settledAt: new Date(settledAt) };
+}
+
 export async function workSettlements(
   boss: PgBoss,
   work: { queue: string; slots: number; timeoutMs: number },
   handle: (event: SettlementEvent) => Promise<void>,
 ): Promise<void> {
   await workSlots(boss, work.queue, work.slots, {}, async (job) => {
-    const { settledAt, traceparent, queue: _queue, ...event } = job.data;
-    await traceDelivery({ ...event, traceparent }, job.retryCount, () =>
-      withinTimeout(() => handle({ ...event, settledAt: new Date(settledAt) }), work.timeoutMs),
-    );
+    const event = eventOf(job.data);
+    await traceDelivery({ ...event, traceparent: job.data.traceparent }, job.retryCount, () => withinTimeout(() => handle(event), work.timeoutMs));
   });
 }
 
@@ -166,7 +178,7 @@ export async function workSettlementsInTransaction(
   // a clean rollback; they are for a process that stops issuing statements without ever returning.
   const transactionTimeoutSeconds = Math.ceil(work.timeoutMs / 1000) + 5;
   await workSlots(boss, work.queue, work.slots, { transactional: true, transactionTimeoutSeconds }, async (job, txDb) => {
-    const { settledAt, traceparent, queue: _queue, ...event } = job.data;
+    const event = eventOf(job.data);
     // Closed the moment the delivery is over (the handler returned, threw or ran out of time), before
     // pg-boss sends its COMMIT or ROLLBACK: a statement the handler issues later would otherwise queue
     // behind the ROLLBACK on the same connection and run on its own, committed, outside the transaction.
@@ -177,13 +189,13 @@ export async function workSettlementsInTransaction(
           ? (txDb!.executeSql(text as string, values) as never)
           : Promise.reject(new Error('this settlement delivery is over (returned, threw or timed out): its transaction is settled, nothing more is written')),
     };
-    await traceDelivery({ ...event, traceparent }, job.retryCount, async () => {
+    await traceDelivery({ ...event, traceparent: job.data.traceparent }, job.retryCount, async () => {
       // No statement of the handler's runs longer than the handler may take.
       await tx.query(sql.boundSettlementTransaction(work.timeoutMs, transactionTimeoutSeconds * 1000));
       const { rows } = await tx.query(sql.consumeSettlement(work.subscriber, event.operationId));
       if (rows.length === 0) return;
       try {
-        await withinTimeout(() => handle({ ...event, settledAt: new Date(settledAt) }, tx), work.timeoutMs);
+        await withinTimeout(() => handle(event, tx), work.timeoutMs);
       } finally {
         open = false;
       }

@@ -7,15 +7,16 @@ export const chargeStatements = ({ operationColumns, s, statement }: SqlContext)
    * connection runs it (the caller's, inside its transaction). A first request ($7 false) creates only
    * when the order has no charge operation at all; a new attempt ($7 true) only while none is live,
    * which the partial unique index enforces against concurrent requests too. No row: nothing created.
-   * $8: the request's W3C traceparent (null when untraced), kept on both rows.
+   * $8: the request's W3C traceparent (null when untraced), kept on both rows. $9: the charge's payload
+   * (src/kinds/charge/input.ts ChargePayload), null for an automatic charge on the platform.
    */
   insertChargeOperation: statement<
-    [orderId: string, amount: number, currency: string, customer: string, pm: string, metadata: string, newAttempt: boolean, traceparent: string | null]
+    [orderId: string, amount: number, currency: string, customer: string, pm: string, metadata: string, newAttempt: boolean, traceparent: string | null, payload: string | null]
   >(
     'outboxd_insert_charge_operation',
     `with op as (
-       insert into ${s}.payment_operations (order_id, kind, amount, currency, customer_id, payment_method, metadata, traceparent)
-       select $1::text, 'charge', $2::bigint, $3::text, $4::text, $5::text, $6::jsonb, $8::text
+       insert into ${s}.payment_operations (order_id, kind, amount, currency, customer_id, payment_method, metadata, traceparent, payload)
+       select $1::text, 'charge', $2::bigint, $3::text, $4::text, $5::text, $6::jsonb, $8::text, $9::jsonb
        where $7::boolean or not exists (select 1 from ${s}.payment_operations where order_id = $1::text and kind = 'charge')
        on conflict (order_id) where kind = 'charge' and status <> 'failed' do nothing
        returning id, traceparent

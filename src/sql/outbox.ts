@@ -37,8 +37,14 @@ export const outboxStatements = ({ boss, event, s, statement }: SqlContext) => (
        where id in (select id from ${s}.settlement_outbox order by id limit $1 for update skip locked)
        returning id, operation_id, source
      )
-     select op.id as operation_id, op.order_id, op.kind, op.effect_key, op.status, op.external_id, op.amount, op.currency,
-            op.settled_at, taken.source, op.traceparent
+     select op.id as operation_id, op.order_id, op.kind,
+            -- A key qualified by its parent (a capture's or a cancel's: <charge operation id>/<key>) is the caller's after it.
+            case when op.effect_key like op.parent_operation_id::text || '/%'
+              then substr(op.effect_key, length(op.parent_operation_id::text) + 2) else op.effect_key end as effect_key,
+            op.status, op.external_id, op.amount, op.currency, op.settled_at, taken.source, op.traceparent,
+            -- An authorization (a built-in kind's, requested with capture_method manual): its success is a hold.
+            case when op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual'
+              then jsonb_build_object('captureBefore', op.result->>'capture_before') end as hold
      from taken join ${s}.payment_operations op on op.id = taken.operation_id
      order by taken.id`,
   ),

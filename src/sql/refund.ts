@@ -20,12 +20,22 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
    * The refund operation and its outbox row, in ONE statement (after lockChargeForRefund, so it reads
    * every refund of the charge committed before): created only when no refund of the charge has this
    * key and the amount fits in what remains unrefunded, counting every refund that has not failed
-   * (pending and unknown ones may still succeed). Always one row: what it decided from.
+   * (pending and unknown ones may still succeed); of an authorization, what remains of what its capture
+   * took. The payload carries the charge's account and, for a destination charge, what the refund takes
+   * back. Always one row: what it decided from.
    */
-  insertRefundOperation: statement<[chargeOperationId: string, amount: number, key: string, reason: string | null, traceparent: string | null]>(
+  insertRefundOperation: statement<
+    [chargeOperationId: string, amount: number, key: string, reason: string | null, traceparent: string | null, reverseTransfer: boolean, refundApplicationFee: boolean]
+  >(
     'outboxd_insert_refund_operation',
     `with charge as (
-       select id, order_id, amount, currency, external_id from ${s}.payment_operations
+       select id, order_id, currency, external_id, payload,
+              -- An authorization's refundable money is what its capture took; an automatic charge's, all of it.
+              case when payload->>'capture_method' = 'manual'
+                then (select coalesce(sum(c.amount), 0)::bigint from ${s}.payment_operations c
+                      where c.kind = 'capture' and c.parent_operation_id = $1 and c.status = 'succeeded')
+                else amount end as amount
+       from ${s}.payment_operations
        where id = $1 and kind = 'charge' and status = 'succeeded'
      ), existing as (
        select id, amount, payload->>'reason' as reason from ${s}.payment_operations
@@ -36,7 +46,11 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
      ), op as (
        insert into ${s}.payment_operations (order_id, kind, amount, currency, parent_operation_id, effect_key, payload, traceparent)
        select charge.order_id, 'refund', $2::bigint, charge.currency, charge.id, $3::text,
-              jsonb_build_object('payment_intent', charge.external_id, 'reason', $4::text), $5::text
+              jsonb_strip_nulls(jsonb_build_object('payment_intent', charge.external_id, 'reason', $4::text,
+                'stripe_account', charge.payload->>'stripe_account',
+                'reverse_transfer', nullif($6::boolean, false), 'refund_application_fee', nullif($7::boolean, false)))
+              || jsonb_build_object('reason', $4::text),
+              $5::text
        from charge, spent
        where not exists (select 1 from existing) and spent.spent + $2::bigint <= charge.amount
        on conflict (parent_operation_id, effect_key) where kind = 'refund' do nothing
@@ -45,7 +59,8 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
        insert into ${s}.charge_outbox (operation_id, kind, traceparent) select id, 'refund', traceparent from op
      )
      select (select id from op) as created_id, existing.id as existing_id, existing.amount as existing_amount,
-            existing.reason as existing_reason, spent.spent, charge.amount as charge_amount
+            existing.reason as existing_reason, spent.spent, charge.amount as charge_amount,
+            charge.payload->>'capture_method' = 'manual' as authorization
      from spent left join charge on true left join existing on true`,
   ),
 });

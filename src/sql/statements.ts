@@ -12,8 +12,8 @@
 // result type while old replicas run.
 //
 // One file per area, each beside the others here: outbox.ts (the outbox and settlement events),
-// operations.ts (the state machine's claims, leases and fenced writes), charge.ts, refund.ts and
-// effects.ts (requesting each kind), reconcile.ts, webhooks.ts, retention.ts, admin.ts, console.ts,
+// operations.ts (the state machine's claims, leases and fenced writes), charge.ts, refund.ts, hold.ts
+// (captures and cancels) and effects.ts (requesting each kind), reconcile.ts, webhooks.ts, retention.ts, admin.ts, console.ts,
 // sessions.ts, budget.ts and health.ts; context.ts holds what they are built from. The example
 // application's statements are its own (src/exampleApp/sql.ts).
 import { sqlContext } from './context.ts';
@@ -23,6 +23,7 @@ import { chargeStatements } from './charge.ts';
 import { consoleStatements } from './console.ts';
 import { effectsStatements } from './effects.ts';
 import { healthStatements } from './health.ts';
+import { holdStatements } from './hold.ts';
 import { operationsStatements } from './operations.ts';
 import { outboxStatements } from './outbox.ts';
 import { reconcileStatements } from './reconcile.ts';
@@ -54,6 +55,7 @@ function build(schema: string, prepared: boolean) {
     ...outboxStatements(c),
     ...chargeStatements(c),
     ...refundStatements(c),
+    ...holdStatements(c),
     ...effectsStatements(c),
     ...operationsStatements(c),
     ...webhooksStatements(c),

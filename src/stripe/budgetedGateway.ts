@@ -14,7 +14,18 @@
 //     takes nothing for a moment; the call then waits for a token and is sent again, within its deadline.
 // Neither was an attempt: nothing executed at Stripe.
 import { Counter, type Registry } from 'prom-client';
-import { RetryLater, type BeforeNextPage, type Charge, type CreateChargeParams, type PaymentGateway, type Refund, type CreateRefundParams } from './gateway.ts';
+import {
+  RetryLater,
+  type BeforeNextPage,
+  type CancelParams,
+  type CaptureParams,
+  type Charge,
+  type CreateChargeParams,
+  type PaymentGateway,
+  type Refund,
+  type CreateRefundParams,
+  type StripeAccount,
+} from './gateway.ts';
 import { BudgetTimeout, type Budget, type BudgetMetrics, type Priority } from './budget.ts';
 
 /** Sends of one call, 429s included. */
@@ -58,29 +69,37 @@ export class BudgetedGateway implements PaymentGateway {
     return this.budgeted('request', () => this.inner.createCharge(req));
   }
 
-  retrieveCharge(externalId: string): Promise<Charge> {
-    return this.budgeted('request', () => this.inner.retrieveCharge(externalId));
+  retrieveCharge(externalId: string, account: StripeAccount = null): Promise<Charge> {
+    return this.budgeted('request', () => this.inner.retrieveCharge(externalId, account));
   }
 
-  findCharges(operationId: string): Promise<Charge[]> {
-    return this.budgeted('search', (nextPage) => this.inner.findCharges(operationId, nextPage), 'call');
+  findCharges(operationId: string, account: StripeAccount = null): Promise<Charge[]> {
+    return this.budgeted('search', (nextPage) => this.inner.findCharges(operationId, account, nextPage), 'call');
   }
 
   listCharges(since: Date): Promise<Charge[]> {
     return this.budgeted('request', (nextPage) => this.inner.listCharges(since, nextPage), 'page');
   }
 
+  capturePaymentIntent(req: CaptureParams): Promise<Charge> {
+    return this.budgeted('request', () => this.inner.capturePaymentIntent(req));
+  }
+
+  cancelPaymentIntent(req: CancelParams): Promise<Charge> {
+    return this.budgeted('request', () => this.inner.cancelPaymentIntent(req));
+  }
+
   createRefund(req: CreateRefundParams): Promise<Refund> {
     return this.budgeted('request', () => this.inner.createRefund(req));
   }
 
-  retrieveRefund(externalId: string): Promise<Refund> {
-    return this.budgeted('request', () => this.inner.retrieveRefund(externalId));
+  retrieveRefund(externalId: string, account: StripeAccount = null): Promise<Refund> {
+    return this.budgeted('request', () => this.inner.retrieveRefund(externalId, account));
   }
 
   // A list, not a Search: the account budget only.
-  findRefunds(paymentIntent: string): Promise<Refund[]> {
-    return this.budgeted('request', (nextPage) => this.inner.findRefunds(paymentIntent, nextPage), 'call');
+  findRefunds(paymentIntent: string, account: StripeAccount = null): Promise<Refund[]> {
+    return this.budgeted('request', (nextPage) => this.inner.findRefunds(paymentIntent, account, nextPage), 'call');
   }
 
   listRefunds(since: Date): Promise<Refund[]> {

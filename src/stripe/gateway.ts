@@ -1,6 +1,16 @@
-// The contract between the executor's built-in kinds (charge, refund) and a payment provider. The real implementation drives the
+// The contract between the executor's built-in kinds (charge, refund, capture, cancel) and a payment provider. The real implementation drives the
 // Stripe SDK (src/stripe/sdkGateway.ts); tests also use an in-process fake with the same idempotency model.
 // A gateway reports what Stripe said; deciding what that means for the operation is the executor's job.
+import type { Operation } from '../types/operation.ts';
+
+/** A connected account (Connect's `Stripe-Account: acct_…`) a request acts on; null: the platform's own.
+ * Its objects and its idempotency keys are that account's alone. */
+export type StripeAccount = string | null;
+
+/** The account an operation of a built-in kind acts on: its payload's (a charge's own; its refunds',
+ * captures' and cancels' copied from it). */
+export const accountOf = (op: Pick<Operation, 'payload'>): StripeAccount =>
+  ((op.payload ?? {}) as { stripe_account?: string }).stripe_account ?? null;
 
 export interface CreateChargeParams {
   operationId: string;
@@ -12,7 +22,15 @@ export interface CreateChargeParams {
   metadata: Record<string, string>;
   /** Always `payment-op:<operation id>`; never generated per attempt. */
   idempotencyKey: string;
+  /** manual: an authorization, captured later (requires_capture is its success). Default automatic. */
+  captureMethod?: CaptureMethod;
+  account?: StripeAccount;
+  /** A destination charge's: the connected account the funds go to, and the platform's fee. */
+  transferDestination?: string | null;
+  applicationFeeAmount?: number | null;
 }
+
+export type CaptureMethod = 'automatic' | 'manual';
 
 /** The fields of a PaymentIntent the executor reads. */
 export interface Charge {
@@ -24,6 +42,16 @@ export interface Charge {
   operationId: string | undefined;
   /** Stripe's id of the response it was read from (its Request-Id), for the operation's timeline. */
   requestId?: string | undefined;
+  captureMethod: CaptureMethod;
+  /** What an authorization still holds (requires_capture), and what was captured (succeeded). */
+  amountCapturable: number;
+  amountReceived: number;
+  /** When an authorization expires (its charge's capture_before), when Stripe said. */
+  captureBefore: Date | null;
+  /** Why it was canceled: `automatic` for an authorization that expired. */
+  cancellationReason: string | null;
+  /** The account it was read from (null: the platform's). */
+  account: StripeAccount;
 }
 
 /** PaymentIntent statuses that are final and charged nothing (an off-session confirm that was declined
@@ -42,6 +70,32 @@ export interface CreateRefundParams {
   reason: RefundReason | null;
   /** Always `refund-op:<operation id>`; never generated per attempt. */
   idempotencyKey: string;
+  /** The charge's account. */
+  account?: StripeAccount;
+  /** A destination charge's refund: take the transfer back from the connected account, and the fee. */
+  reverseTransfer?: boolean;
+  refundApplicationFee?: boolean;
+}
+
+/** A capture of an authorization: `amount_to_capture` of what it holds (the rest is released). */
+export interface CaptureParams {
+  paymentIntent: string;
+  amount: number;
+  /** Always `capture-op:<capture operation id>`. */
+  idempotencyKey: string;
+  account: StripeAccount;
+}
+
+/** Stripe's reasons for cancelling a PaymentIntent. */
+export const CANCELLATION_REASONS = ['duplicate', 'fraudulent', 'requested_by_customer', 'abandoned'] as const;
+export type CancellationReason = (typeof CANCELLATION_REASONS)[number];
+
+export interface CancelParams {
+  paymentIntent: string;
+  reason: CancellationReason | null;
+  /** Always `cancel-op:<cancel operation id>`. */
+  idempotencyKey: string;
+  account: StripeAccount;
 }
 
 /** The fields of a Refund the executor reads. */
@@ -56,6 +110,8 @@ export interface Refund {
   operationId: string | undefined;
   /** Stripe's Request-Id of the response this came in (a list's items share it). */
   requestId?: string | undefined;
+  /** The account it was read from (null: the platform's). */
+  account: StripeAccount;
 }
 
 /** Refund statuses that are final and returned nothing. */
@@ -65,17 +121,22 @@ export const FAILED_REFUND_STATUSES: ReadonlySet<string> = new Set(['failed', 'c
  * Stripe, and the fleet's budget (src/stripe/budgetedGateway.ts) takes a token for it there. */
 export type BeforeNextPage = () => Promise<void>;
 
+/** Every read names the account whose objects it reads (null or absent: the platform's). */
 export interface PaymentGateway {
   createCharge(req: CreateChargeParams): Promise<Charge>;
-  retrieveCharge(externalId: string): Promise<Charge>;
+  retrieveCharge(externalId: string, account?: StripeAccount): Promise<Charge>;
   /** Every charge whose metadata carries this operation id, all pages. Not read-after-write. */
-  findCharges(operationId: string, beforeNextPage?: BeforeNextPage): Promise<Charge[]>;
+  findCharges(operationId: string, account?: StripeAccount, beforeNextPage?: BeforeNextPage): Promise<Charge[]>;
   /** Every charge created at or after `since`, all pages (the drift report reads them). */
   listCharges(since: Date, beforeNextPage?: BeforeNextPage): Promise<Charge[]>;
+  /** Captures an authorization; answers the PaymentIntent as it is after. */
+  capturePaymentIntent(req: CaptureParams): Promise<Charge>;
+  /** Cancels a PaymentIntent (releases an authorization); answers it as it is after. */
+  cancelPaymentIntent(req: CancelParams): Promise<Charge>;
   createRefund(req: CreateRefundParams): Promise<Refund>;
-  retrieveRefund(externalId: string): Promise<Refund>;
+  retrieveRefund(externalId: string, account?: StripeAccount): Promise<Refund>;
   /** Every refund of a PaymentIntent, all pages: a list, so read-after-write (unlike Search). */
-  findRefunds(paymentIntent: string, beforeNextPage?: BeforeNextPage): Promise<Refund[]>;
+  findRefunds(paymentIntent: string, account?: StripeAccount, beforeNextPage?: BeforeNextPage): Promise<Refund[]>;
   /** Every refund created at or after `since`, all pages (the drift report reads them). */
   listRefunds(since: Date, beforeNextPage?: BeforeNextPage): Promise<Refund[]>;
 }
@@ -134,11 +195,19 @@ export class IdempotencyKeyMisuse extends GatewayError {
 }
 
 /** Any other 4xx on a create: Stripe refused the request before executing it, so nothing was charged
- * (or refunded: a refund of more than remains, say). */
+ * (or refunded: a refund of more than remains, say). `code`: Stripe's, e.g.
+ * `payment_intent_unexpected_state` for a capture of an authorization no longer held. */
 export class Rejected extends GatewayError {
   override name = 'Rejected';
   readonly outcome = 'rejected';
+  readonly code: string | undefined;
+  constructor(message: string, httpStatus?: number, externalId?: string, options?: ErrorOptions & { requestId?: string | undefined; code?: string | undefined }) {
+    super(message, httpStatus, externalId, options);
+    this.code = options?.code;
+  }
 }
 
 export const idempotencyKeyFor = (operationId: string): string => `payment-op:${operationId}`;
 export const refundIdempotencyKeyFor = (operationId: string): string => `refund-op:${operationId}`;
+export const captureIdempotencyKeyFor = (operationId: string): string => `capture-op:${operationId}`;
+export const cancelIdempotencyKeyFor = (operationId: string): string => `cancel-op:${operationId}`;

@@ -11,11 +11,14 @@ import {
   Rejected,
   RetryLater,
   type BeforeNextPage,
+  type CancelParams,
+  type CaptureParams,
   type Charge,
   type CreateChargeParams,
   type PaymentGateway,
   type Refund,
   type CreateRefundParams,
+  type StripeAccount,
 } from './gateway.ts';
 import { tracedHttpClient } from './tracedHttpClient.ts';
 
@@ -64,6 +67,7 @@ export class StripeGateway implements PaymentGateway {
   }
 
   async createCharge(req: CreateChargeParams): Promise<Charge> {
+    const manual = req.captureMethod === 'manual';
     const pi = await this.create(req.idempotencyKey, () =>
       this.stripe.paymentIntents.create(
         {
@@ -73,13 +77,35 @@ export class StripeGateway implements PaymentGateway {
           payment_method: req.paymentMethod,
           confirm: true,
           off_session: true,
+          // The same parameters on every send of the key: what a manual charge adds, only for it.
+          ...(manual ? { capture_method: 'manual' as const, expand: EXPAND } : {}),
+          ...(req.transferDestination ? { transfer_data: { destination: req.transferDestination } } : {}),
+          ...(req.applicationFeeAmount != null ? { application_fee_amount: req.applicationFeeAmount } : {}),
           // operation_id last: reconciliation finds the charge by it, whatever the application sent.
           metadata: { ...req.metadata, operation_id: req.operationId },
         },
-        { idempotencyKey: req.idempotencyKey },
+        onAccount(req.account ?? null, req.idempotencyKey),
       ),
     );
-    return toCharge(pi);
+    return toCharge(pi, req.account ?? null);
+  }
+
+  async capturePaymentIntent(req: CaptureParams): Promise<Charge> {
+    const pi = await this.create(req.idempotencyKey, () =>
+      this.stripe.paymentIntents.capture(req.paymentIntent, { amount_to_capture: req.amount, expand: EXPAND }, onAccount(req.account, req.idempotencyKey)),
+    );
+    return toCharge(pi, req.account);
+  }
+
+  async cancelPaymentIntent(req: CancelParams): Promise<Charge> {
+    const pi = await this.create(req.idempotencyKey, () =>
+      this.stripe.paymentIntents.cancel(
+        req.paymentIntent,
+        { ...(req.reason ? { cancellation_reason: req.reason } : {}), expand: EXPAND },
+        onAccount(req.account, req.idempotencyKey),
+      ),
+    );
+    return toCharge(pi, req.account);
   }
 
   async createRefund(req: CreateRefundParams): Promise<Refund> {
@@ -89,12 +115,14 @@ export class StripeGateway implements PaymentGateway {
           payment_intent: req.paymentIntent,
           amount: req.amount,
           ...(req.reason ? { reason: req.reason } : {}),
+          ...(req.reverseTransfer ? { reverse_transfer: true } : {}),
+          ...(req.refundApplicationFee ? { refund_application_fee: true } : {}),
           metadata: { operation_id: req.operationId },
         },
-        { idempotencyKey: req.idempotencyKey },
+        onAccount(req.account ?? null, req.idempotencyKey),
       ),
     );
-    return toRefund(refund);
+    return toRefund(refund, req.account ?? null);
   }
 
   /**
@@ -118,15 +146,15 @@ export class StripeGateway implements PaymentGateway {
     }
   }
 
-  async retrieveCharge(externalId: string): Promise<Charge> {
+  async retrieveCharge(externalId: string, account: StripeAccount = null): Promise<Charge> {
     try {
-      return toCharge(await this.stripe.paymentIntents.retrieve(externalId));
+      return toCharge(await this.stripe.paymentIntents.retrieve(externalId, { expand: EXPAND }, onAccount(account)), account);
     } catch (err) {
       throw classify(err);
     }
   }
 
-  async findCharges(operationId: string, beforeNextPage?: BeforeNextPage): Promise<Charge[]> {
+  async findCharges(operationId: string, account: StripeAccount = null, beforeNextPage?: BeforeNextPage): Promise<Charge[]> {
     const found: Charge[] = [];
     let page: string | undefined;
     try {
@@ -135,8 +163,8 @@ export class StripeGateway implements PaymentGateway {
           query: `metadata['operation_id']:'${operationId.replaceAll("'", "\\'")}'`,
           limit: SEARCH_PAGE,
           ...(page ? { page } : {}),
-        });
-        found.push(...result.data.map(toCharge));
+        }, onAccount(account));
+        found.push(...result.data.map((pi) => toCharge(pi, account)));
         if (!result.has_more) return found;
         // More matches, and no way to them: an answer cut short is no evidence of what is not there.
         if (!result.next_page) throw new AmbiguousOutcome('a search page said has_more without next_page');
@@ -150,27 +178,27 @@ export class StripeGateway implements PaymentGateway {
 
   async listCharges(since: Date, beforeNextPage?: BeforeNextPage): Promise<Charge[]> {
     const created = { gte: Math.floor(since.getTime() / 1000) };
-    return (await this.pages((after) => this.stripe.paymentIntents.list({ created, limit: LIST_PAGE, ...after }), beforeNextPage)).map(toCharge);
+    return (await this.pages((after) => this.stripe.paymentIntents.list({ created, limit: LIST_PAGE, ...after }), beforeNextPage)).map((pi) => toCharge(pi, null));
   }
 
-  async retrieveRefund(externalId: string): Promise<Refund> {
+  async retrieveRefund(externalId: string, account: StripeAccount = null): Promise<Refund> {
     try {
-      return toRefund(await this.stripe.refunds.retrieve(externalId));
+      return toRefund(await this.stripe.refunds.retrieve(externalId, {}, onAccount(account)), account);
     } catch (err) {
       throw classify(err);
     }
   }
 
-  async findRefunds(paymentIntent: string, beforeNextPage?: BeforeNextPage): Promise<Refund[]> {
-    return this.refunds({ payment_intent: paymentIntent }, beforeNextPage);
+  async findRefunds(paymentIntent: string, account: StripeAccount = null, beforeNextPage?: BeforeNextPage): Promise<Refund[]> {
+    return this.refunds({ payment_intent: paymentIntent }, account, beforeNextPage);
   }
 
   async listRefunds(since: Date, beforeNextPage?: BeforeNextPage): Promise<Refund[]> {
-    return this.refunds({ created: { gte: Math.floor(since.getTime() / 1000) } }, beforeNextPage);
+    return this.refunds({ created: { gte: Math.floor(since.getTime() / 1000) } }, null, beforeNextPage);
   }
 
-  private async refunds(params: Stripe.RefundListParams, beforeNextPage?: BeforeNextPage): Promise<Refund[]> {
-    return (await this.pages((after) => this.stripe.refunds.list({ ...params, limit: LIST_PAGE, ...after }), beforeNextPage)).map(toRefund);
+  private async refunds(params: Stripe.RefundListParams, account: StripeAccount, beforeNextPage?: BeforeNextPage): Promise<Refund[]> {
+    return (await this.pages((after) => this.stripe.refunds.list({ ...params, limit: LIST_PAGE, ...after }, onAccount(account)), beforeNextPage)).map((r) => toRefund(r, account));
   }
 
   /** Every item of a Stripe list, page by page (`starting_after` the last item of the page before), so
@@ -193,14 +221,38 @@ export class StripeGateway implements PaymentGateway {
   }
 }
 
+/** The PaymentIntent's charge, expanded: where an authorization says when it expires (capture_before). */
+const EXPAND = ['latest_charge'];
+
+/** The request options of a request on `account` (Connect's Stripe-Account header), under `idempotencyKey`. */
+const onAccount = (account: StripeAccount, idempotencyKey?: string): Stripe.RequestOptions => ({
+  ...(idempotencyKey !== undefined ? { idempotencyKey } : {}),
+  ...(account !== null ? { stripeAccount: account } : {}),
+});
+
 /** `lastResponse` is set on a PaymentIntent the SDK returned itself, not on one inside a list. */
-function toCharge(pi: Stripe.PaymentIntent & { lastResponse?: { requestId?: string } }): Charge {
-  return { id: pi.id, status: pi.status, amount: pi.amount, currency: pi.currency, operationId: pi.metadata?.operation_id, requestId: pi.lastResponse?.requestId };
+function toCharge(pi: Stripe.PaymentIntent & { lastResponse?: { requestId?: string } }, account: StripeAccount): Charge {
+  const latest = typeof pi.latest_charge === 'object' ? pi.latest_charge : null;
+  const captureBefore = latest?.payment_method_details?.card?.capture_before;
+  return {
+    id: pi.id,
+    status: pi.status,
+    amount: pi.amount,
+    currency: pi.currency,
+    operationId: pi.metadata?.operation_id,
+    requestId: pi.lastResponse?.requestId,
+    captureMethod: pi.capture_method === 'manual' ? 'manual' : 'automatic',
+    amountCapturable: pi.amount_capturable ?? 0,
+    amountReceived: pi.amount_received ?? 0,
+    captureBefore: typeof captureBefore === 'number' ? new Date(captureBefore * 1000) : null,
+    cancellationReason: pi.cancellation_reason ?? null,
+    account,
+  };
 }
 
-function toRefund(r: Stripe.Refund & { lastResponse?: { requestId?: string } }): Refund {
+function toRefund(r: Stripe.Refund & { lastResponse?: { requestId?: string } }, account: StripeAccount): Refund {
   const paymentIntent = typeof r.payment_intent === 'string' ? r.payment_intent : (r.payment_intent?.id ?? null);
-  return { id: r.id, status: r.status ?? 'pending', amount: r.amount, currency: r.currency, paymentIntent, operationId: r.metadata?.operation_id, requestId: r.lastResponse?.requestId };
+  return { id: r.id, status: r.status ?? 'pending', amount: r.amount, currency: r.currency, paymentIntent, operationId: r.metadata?.operation_id, requestId: r.lastResponse?.requestId, account };
 }
 
 /** docs/architecture.md §2.4, by HTTP status (what stripe@23 itself decides the class by) and raw type. */
@@ -224,7 +276,7 @@ function classify(err: unknown): GatewayError {
   if (status === 409 || status >= 500) return new AmbiguousOutcome(`${err.code ?? err.type}: ${message}`, status, pi, opts);
   // Bad key or missing permission: nothing executed; an operator must fix the configuration.
   if (status === 401 || status === 403) return new NotExecuted(`${err.type}: ${message}`, status, pi, opts);
-  return new Rejected(`${err.code ?? err.type}: ${message}`, status, pi, opts);
+  return new Rejected(`${err.code ?? err.type}: ${message}`, status, pi, { ...opts, code: err.code });
 }
 
 /** Errors of a connection that was never established: the request cannot have reached Stripe. */

@@ -1,6 +1,6 @@
 // A kind of effect, as River's Worker[T]: everything about it travels with it, and the engine, the
 // webhooks, resolve, drift and the console ask it rather than branch on its name. Built-in kinds
-// (src/kinds/charge, src/kinds/refund) and an application's own (src/kinds/application) are all one of these.
+// (src/kinds/charge, refund, capture, cancel) and an application's own (src/kinds/application) are all one of these.
 import type { LoadedOperation, Operation, Outcome } from './operation.ts';
 import type { Policy } from './status.ts';
 
@@ -39,6 +39,9 @@ export interface ProviderObject {
   currency: string;
   /** metadata.operation_id, when it carries one */
   operationId: string | undefined;
+  /** The connected account it was read from (null: the platform's): an object of another account than
+   * the operation's never settles it, whatever its metadata says (a connected account writes its own). */
+  account: string | null;
 }
 
 /** How a kind is named to people (the console, resolve's refusals), without a gateway. */
@@ -83,12 +86,13 @@ export interface KindEvidence {
   record: { event: string; log: string };
   /** Whether a webhook event of this type names an object of this kind with this id. */
   names(eventType: string, objectId: string): boolean;
-  retrieve(id: string): Promise<ProviderObject>;
+  /** The object, read from `account` (a connected account's id; null: the platform's). */
+  retrieve(id: string, account: string | null): Promise<ProviderObject>;
   /** Why `object` cannot settle `op` (another operation's, another amount, another object than the one
    * known), or null when it can. */
   mismatch(op: Operation, object: ProviderObject): string | null;
-  /** The status `object` settles its operation with, or undefined while it is not final. */
-  settles(object: ProviderObject): 'succeeded' | 'failed' | undefined;
+  /** The status `object` settles `op` with, or undefined while it is not final for it. */
+  settles(op: Operation, object: ProviderObject): 'succeeded' | 'failed' | undefined;
   /** Resolve --failed: what shows that no object of `op` can still succeed, or a refusal. */
   noneSucceeded(op: Operation, reason: string, refuse: Refuse, lastAttemptAgeSeconds: () => Promise<number | null>, horizonSeconds: number): Promise<Record<string, unknown>>;
   /** The drift report's part for this kind: what it listed since, and what does not add up. */

@@ -56,7 +56,8 @@ interface Evidence {
   object: ProviderObject;
 }
 
-type Hint = { kind: string; rules: KindEvidence; id: string };
+/** `account`: the connected account the event came from (its `account`), null for the platform's. */
+type Hint = { kind: string; rules: KindEvidence; id: string; account: string | null };
 
 /** The object an event is about, by the kind whose objects it names (payment_intent.* a PaymentIntent,
  * refund.* and charge.refund.updated a Refund); anything else is ignored. */
@@ -64,11 +65,11 @@ function hintOf(gateway: PaymentGateway, event: Stripe.Event): Hint | undefined 
   const id = (event.data.object as { id?: unknown }).id;
   if (typeof id !== 'string') return undefined;
   const found = evidenceOf(gateway).find(({ evidence }) => evidence.names(event.type, id));
-  return found && { kind: found.kind, rules: found.evidence, id };
+  return found && { kind: found.kind, rules: found.evidence, id, account: event.account ?? null };
 }
 
 async function retrieve(hint: Hint): Promise<Evidence | undefined> {
-  const object = await hint.rules.retrieve(hint.id).catch(unlessRejected);
+  const object = await hint.rules.retrieve(hint.id, hint.account).catch(unlessRejected);
   return object && { kind: hint.kind, rules: hint.rules, object };
 }
 
@@ -127,7 +128,7 @@ async function act(tx: Tx, evidence: Evidence, opId: string | null, type: string
     await flagFromOutside(tx, op.id, `webhook ${type}: ${mismatch}`);
     return 'mismatch';
   }
-  const status = evidence.rules.settles(object);
+  const status = evidence.rules.settles(op, object);
   if (!status) return 'not_final';
   const reason = status === 'failed' ? `${type}: ${evidence.rules.naming.object} ${object.status}` : null;
   const settled = await settleFromOutside(tx, op.id, status, object.id, `webhook:${type}`, reason);

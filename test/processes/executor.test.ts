@@ -112,6 +112,12 @@ describe('executeOperation (a charge)', () => {
       },
       findCharges: async () => [],
       listCharges: async () => [],
+      capturePaymentIntent: async () => {
+        throw new Error('unused');
+      },
+      cancelPaymentIntent: async () => {
+        throw new Error('unused');
+      },
       createRefund: async () => {
         throw new Error('unused');
       },

@@ -85,7 +85,7 @@ export class FakeStripe implements PaymentGateway {
       if (!charge || charge.status !== 'succeeded' || refunded + req.amount > charge.amount) {
         throw new Rejected(`cannot refund ${req.amount} of ${req.paymentIntent}`, 400);
       }
-      const refund = { id: `re_${randomUUID().replaceAll('-', '').slice(0, 24)}`, status: 'succeeded', amount: req.amount, currency: charge.currency, paymentIntent: charge.id, operationId: req.operationId };
+      const refund = { id: `re_${randomUUID().replaceAll('-', '').slice(0, 24)}`, status: 'succeeded', amount: req.amount, currency: charge.currency, paymentIntent: charge.id, operationId: req.operationId, account: null };
       this.refunds.push(refund);
       stored = { refund };
       this.keys.set(req.idempotencyKey, stored);
@@ -123,11 +123,23 @@ export class FakeStripe implements PaymentGateway {
     this.charges.find((c) => c.id === id)!.status = status;
   }
 
-  /** Adds a charge for `operationId` that did not come through the executor (a duplicate, say). */
-  addCharge(charge: Omit<Charge, 'id'>): Charge {
-    const c = { id: `pi_${randomUUID().replaceAll('-', '').slice(0, 24)}`, ...charge };
+  /** Adds a charge for `operationId` that did not come through the executor (a duplicate, say): an
+   * automatic one, captured when it succeeded. */
+  addCharge(charge: Pick<Charge, 'status' | 'amount' | 'currency' | 'operationId'>): Charge {
+    const id = `pi_${randomUUID().replaceAll('-', '').slice(0, 24)}`;
+    const received = charge.status === 'succeeded' ? charge.amount : 0;
+    const c: Charge = { id, ...charge, captureMethod: 'automatic', amountCapturable: 0, amountReceived: received, captureBefore: null, cancellationReason: null, account: null };
     this.charges.push(c);
     return c;
+  }
+
+  // Authorizations are the emulator's (test/processes/capture.test.ts): this fake models automatic charges only.
+  async capturePaymentIntent(): Promise<Charge> {
+    throw new Rejected('FakeStripe models no authorization to capture', 400);
+  }
+
+  async cancelPaymentIntent(): Promise<Charge> {
+    throw new Rejected('FakeStripe models no authorization to cancel', 400);
   }
 
   private execute(req: CreateChargeParams): Stored {

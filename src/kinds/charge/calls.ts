@@ -1,15 +1,17 @@
-// The charge's calls (policy idempotent-key): a PaymentIntent created under `payment-op:<operation id>`,
-// read back by id, or found through Search once the key may be gone. What each answer means for the
+// The charge's calls (policy idempotent-key): a PaymentIntent created under `payment-op:<operation id>`
+// (on the operation's connected account, if any; an authorization for a manual capture), read back by id,
+// or found through Search once the key may be gone. What each answer means for the
 // operation is decided here; errors are the executor's.
 import type { EffectCalls } from '../../types/kind.ts';
 import type { LoadedOperation, Operation, Outcome } from '../../types/operation.ts';
-import { FAILED_CHARGE_STATUSES, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
-import { chargeMismatch } from './evidence.ts';
+import { accountOf, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
+import { chargeMismatch, chargePayloadOf, chargeSettles, holdOf, isAuthorization } from './evidence.ts';
 
 export function chargeCalls(gateway: PaymentGateway): EffectCalls {
   return {
-    create: async (op) =>
-      fromCharge(
+    create: async (op) => {
+      const options = chargePayloadOf(op);
+      return fromCharge(
         op,
         await gateway.createCharge({
           operationId: op.id,
@@ -20,14 +22,19 @@ export function chargeCalls(gateway: PaymentGateway): EffectCalls {
           paymentMethod: op.payment_method!,
           metadata: op.metadata,
           idempotencyKey: idempotencyKeyFor(op.id),
+          captureMethod: options.capture_method ?? 'automatic',
+          account: accountOf(op),
+          transferDestination: options.transfer_destination ?? null,
+          applicationFeeAmount: options.application_fee_amount ?? null,
         }),
-      ),
-    retrieve: async (op) => fromCharge(op, await gateway.retrieveCharge(op.external_id!)),
+      );
+    },
+    retrieve: async (op) => fromCharge(op, await gateway.retrieveCharge(op.external_id!, accountOf(op))),
     search: async (op) => {
       // Search results may be stale: a single match settles by what retrieve says now.
-      const matches = await gateway.findCharges(op.id);
+      const matches = await gateway.findCharges(op.id, accountOf(op));
       if (matches.length !== 1) return fromSearch(op, matches);
-      return fromCharge(op, await gateway.retrieveCharge(matches[0]!.id));
+      return fromCharge(op, await gateway.retrieveCharge(matches[0]!.id, accountOf(op)));
     },
   };
 }
@@ -37,8 +44,10 @@ function fromCharge(op: Operation, charge: Charge): Outcome {
   const { requestId } = charge;
   const mismatch = chargeMismatch(op, charge);
   if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch, retry: false, requestId };
-  if (charge.status === 'succeeded') return { kind: 'succeeded', externalId: charge.id, requestId };
-  if (FAILED_CHARGE_STATUSES.has(charge.status)) return { kind: 'failed', externalId: charge.id, reason: `payment intent ${charge.status}`, requestId };
+  const settles = chargeSettles(op, charge);
+  // A hold keeps what it holds and until when: a capture is refused past it without asking Stripe.
+  if (settles === 'succeeded') return { kind: 'succeeded', externalId: charge.id, requestId, ...(isAuthorization(op) ? { result: JSON.stringify(holdOf(charge)) } : {}) };
+  if (settles === 'failed') return { kind: 'failed', externalId: charge.id, reason: `payment intent ${charge.status}`, requestId };
   return { kind: 'ambiguous', externalId: charge.id, reason: `payment intent ${charge.status}`, requestId };
 }
 

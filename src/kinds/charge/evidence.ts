@@ -3,7 +3,8 @@
 import type { Operation } from '../../types/operation.ts';
 import { isOperationId } from '../../types/operation.ts';
 import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
-import { FAILED_CHARGE_STATUSES, idempotencyKeyFor, type PaymentGateway } from '../../stripe/gateway.ts';
+import { accountOf, FAILED_CHARGE_STATUSES, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
+import type { ChargePayload } from './input.ts';
 
 /** The kind's name: its queue's, and the operations' `kind`. */
 export const CHARGE = 'charge';
@@ -15,23 +16,50 @@ export const CHARGE_NAMING: KindNaming = {
   idempotencyKey: idempotencyKeyFor,
 };
 
-/** A PaymentIntent that does not carry this operation's id, amount and currency, or is another than the
- * one the operation already knows, must not settle it. */
+export const chargePayloadOf = (op: Pick<Operation, 'payload'>): ChargePayload => (op.payload ?? {}) as ChargePayload;
+/** A charge requested with captureMethod manual: an authorization, whose success is a hold. */
+export const isAuthorization = (op: Pick<Operation, 'payload'>): boolean => chargePayloadOf(op).capture_method === 'manual';
+
+const where = (account: string | null) => account ?? 'the platform';
+
+/** A PaymentIntent that is on another account than the operation's, does not carry this operation's id,
+ * amount and currency (or its capture method), or is another than the one the operation already knows,
+ * must not settle it. The account first: a connected account writes its objects' metadata itself. */
 export function chargeMismatch(op: Operation, charge: ProviderObject): string | null {
+  if (charge.account !== accountOf(op)) return `${charge.id} is on ${where(charge.account)}; the operation's charge is on ${where(accountOf(op))}`;
   if (charge.operationId !== op.id) return `${charge.id} belongs to operation ${charge.operationId ?? '(none)'}, not ${op.id}`;
   if (charge.amount !== op.amount || charge.currency !== op.currency) return `${charge.id} is ${charge.amount} ${charge.currency}; the operation is ${op.amount} ${op.currency}`;
   if (op.external_id && op.external_id !== charge.id) return `${charge.id} is not the operation's charge ${op.external_id}`;
+  const method = (charge as Partial<Charge>).captureMethod;
+  if (method !== undefined && (method === 'manual') !== isAuthorization(op)) return `${charge.id} has capture_method ${method}; the operation asked for ${isAuthorization(op) ? 'manual' : 'automatic'}`;
   return null;
 }
+
+/** The status a PaymentIntent settles a charge operation with: succeeded once charged, or for an
+ * authorization once Stripe holds the funds (requires_capture); failed when final and nothing charged
+ * or held; undefined while it may still change (processing, requires_action, …). */
+export function chargeSettles(op: Pick<Operation, 'payload'>, charge: Pick<ProviderObject, 'status'>): 'succeeded' | 'failed' | undefined {
+  if (charge.status === 'succeeded' || (charge.status === 'requires_capture' && isAuthorization(op))) return 'succeeded';
+  if (FAILED_CHARGE_STATUSES.has(charge.status)) return 'failed';
+  return undefined;
+}
+
+/** What a hold keeps as the charge operation's result: what it holds, and until when Stripe keeps it. */
+export interface Hold {
+  amount_capturable: number;
+  capture_before: string | null;
+}
+
+export const holdOf = (charge: Charge): Hold => ({ amount_capturable: charge.amountCapturable, capture_before: charge.captureBefore?.toISOString() ?? null });
 
 export function chargeEvidence(gateway: PaymentGateway): KindEvidence {
   return {
     naming: CHARGE_NAMING,
     record: { event: 'payment_intent', log: 'paymentIntent' },
     names: (type, id) => type.startsWith('payment_intent.') && CHARGE_NAMING.externalId.pattern.test(id),
-    retrieve: (id) => gateway.retrieveCharge(id),
+    retrieve: (id, account) => gateway.retrieveCharge(id, account),
     mismatch: chargeMismatch,
-    settles: (charge) => (charge.status === 'succeeded' ? 'succeeded' : FAILED_CHARGE_STATUSES.has(charge.status) ? 'failed' : undefined),
+    settles: chargeSettles,
     noneSucceeded: (op, reason, refuse, lastAttemptAge, horizon) => noCharge(gateway, op, reason, refuse, lastAttemptAge, horizon),
     drift: (ctx) => chargeDrift(gateway, ctx),
   };
@@ -56,13 +84,15 @@ async function noCharge(
     );
   }
   let known;
+  const account = accountOf(op);
   if (op.external_id) {
-    known = await gateway.retrieveCharge(op.external_id);
+    known = await gateway.retrieveCharge(op.external_id, account);
     if (!FAILED_CHARGE_STATUSES.has(known.status)) {
-      throw refuse(`${known.id} is ${known.status}, not failed: ${known.status === 'succeeded' ? 'the customer was charged' : 'it may still charge; try again when it is final in Stripe'}`);
+      const done = chargeSettles(op, known) === 'succeeded';
+      throw refuse(`${known.id} is ${known.status}, not failed: ${done ? (known.status === 'succeeded' ? 'the customer was charged' : 'Stripe holds the funds') : 'it may still charge; try again when it is final in Stripe'}`);
     }
   }
-  const charges = await gateway.findCharges(op.id);
+  const charges = await gateway.findCharges(op.id, account);
   const live = charges.filter((c) => !FAILED_CHARGE_STATUSES.has(c.status));
   if (live.length > 0) {
     throw refuse(`Stripe shows charges for this operation that have not failed: ${live.map((c) => `${c.id} (${c.status})`).join(', ')}`);

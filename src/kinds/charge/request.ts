@@ -8,7 +8,7 @@
 // method, or the same one and `retry: true`. The same details as a failed one, without `retry`,
 // return that failed operation, so re-running an import charges nobody anew.
 import type { Queryable } from '../../db/pool.ts';
-import { parseOrderInput, type OrderInput } from './input.ts';
+import { chargePayloadOf, parseOrderInput, type ChargePayload, type OrderInput } from './input.ts';
 import { activeTraceparent, ATTR, withSpan } from '../../telemetry/tracing.ts';
 import type { Operation } from '../../engine/operation.ts';
 
@@ -17,7 +17,8 @@ export class OrderConflictError extends Error {
   readonly orderId: string;
   /** The operation the request contradicts. */
   readonly operationId: string;
-  /** The request's field that differs from it: amount, currency, customer or paymentMethod. */
+  /** The request's field that differs from it: amount, currency, customer, paymentMethod or one of the
+   * charge's options (captureMethod, stripeAccount, transferData, applicationFeeAmount). */
   readonly field: string;
   constructor(orderId: string, op: Pick<Operation, 'id' | 'status'>, field: string) {
     const why =
@@ -60,6 +61,12 @@ function differingField(op: Operation, req: OrderInput): string | undefined {
   if (Number(op.amount) !== req.amount) return 'amount';
   if (op.currency !== req.currency) return 'currency';
   if (op.customer_id !== req.customer) return 'customer';
+  const had = (op.payload ?? {}) as ChargePayload;
+  const asks = chargePayloadOf(req) ?? {};
+  if (had.capture_method !== asks.capture_method) return 'captureMethod';
+  if (had.stripe_account !== asks.stripe_account) return 'stripeAccount';
+  if (had.transfer_destination !== asks.transfer_destination) return 'transferData';
+  if (had.application_fee_amount !== asks.application_fee_amount) return 'applicationFeeAmount';
   return undefined;
 }
 
@@ -79,9 +86,12 @@ export function requestValidCharge(db: Queryable, req: OrderInput): Promise<Char
 
 async function requestInTransaction(db: Queryable, req: OrderInput): Promise<ChargeRequested> {
   const traceparent = activeTraceparent();
+  const payload = chargePayloadOf(req);
   const insert = async (newAttempt: boolean): Promise<string | undefined> => {
     const values = [req.orderId, req.amount, req.currency, req.customer, req.paymentMethod] as const;
-    const { rows } = await db.query(db.sql.insertChargeOperation(...values, JSON.stringify(req.metadata ?? {}), newAttempt, traceparent));
+    const { rows } = await db.query(
+      db.sql.insertChargeOperation(...values, JSON.stringify(req.metadata ?? {}), newAttempt, traceparent, payload && JSON.stringify(payload)),
+    );
     return rows[0]?.id;
   };
   let created = await insert(false);

@@ -3,26 +3,29 @@
 // id, never created again.
 import type { EffectCalls } from '../../types/kind.ts';
 import type { LoadedOperation, Operation, Outcome } from '../../types/operation.ts';
-import { FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
+import { accountOf, FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
 import { payloadOf, refundMismatch } from './evidence.ts';
 
 export function refundCalls(gateway: PaymentGateway): EffectCalls {
   return {
     create: async (op) => {
-      const { payment_intent, reason } = payloadOf(op);
+      const { payment_intent, reason, reverse_transfer, refund_application_fee } = payloadOf(op);
       const refund = await gateway.createRefund({
         operationId: op.id,
         paymentIntent: payment_intent,
         amount: op.amount!, // a refund has one (payment_operations_money_check)
         reason,
         idempotencyKey: refundIdempotencyKeyFor(op.id),
+        account: accountOf(op),
+        reverseTransfer: reverse_transfer === true,
+        refundApplicationFee: refund_application_fee === true,
       });
       return fromRefund(op, refund);
     },
-    retrieve: async (op) => fromRefund(op, await gateway.retrieveRefund(op.external_id!)),
+    retrieve: async (op) => fromRefund(op, await gateway.retrieveRefund(op.external_id!, accountOf(op))),
     search: async (op) => {
       // A list, not a search: what it shows is current, so the one match settles by its own status.
-      const mine = (await gateway.findRefunds(payloadOf(op).payment_intent)).filter((r) => r.operationId === op.id);
+      const mine = (await gateway.findRefunds(payloadOf(op).payment_intent, accountOf(op))).filter((r) => r.operationId === op.id);
       if (mine.length === 1) return fromRefund(op, mine[0]!);
       return fromList(op, mine);
     },

@@ -2,7 +2,7 @@
 // webhooks, a person's resolution and the drift report.
 import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
 import { isOperationId, type Operation } from '../../types/operation.ts';
-import { FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
+import { accountOf, FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
 import { CHARGE } from '../charge/evidence.ts';
 import type { RefundPayload } from './request.ts';
 
@@ -21,6 +21,7 @@ export const payloadOf = (op: Operation): RefundPayload => op.payload as RefundP
 /** A refund that does not carry this operation's id, amount, currency and PaymentIntent, or is another
  * than the one the operation already knows, must not settle it. */
 export function refundMismatch(op: Operation, refund: Refund): string | null {
+  if (refund.account !== accountOf(op)) return `refund ${refund.id} is on ${refund.account ?? 'the platform'}; the operation's is on ${accountOf(op) ?? 'the platform'}`;
   if (refund.operationId !== op.id) return `refund ${refund.id} belongs to operation ${refund.operationId ?? '(none)'}`;
   if (refund.amount !== op.amount || refund.currency !== op.currency)
     return `refund ${refund.id} is ${refund.amount} ${refund.currency}, operation is ${op.amount} ${op.currency}`;
@@ -35,10 +36,10 @@ export function refundEvidence(gateway: PaymentGateway): KindEvidence {
     naming: REFUND_NAMING,
     record: { event: 'refund', log: 'refund' },
     names: (type, id) => (type.startsWith('refund.') || type === 'charge.refund.updated') && REFUND_NAMING.externalId.pattern.test(id),
-    retrieve: (id) => gateway.retrieveRefund(id),
+    retrieve: (id, account) => gateway.retrieveRefund(id, account),
     // Only what retrieve returned reaches here: a Refund.
     mismatch: (op, object: ProviderObject) => refundMismatch(op, object as Refund),
-    settles: (refund) => (refund.status === 'succeeded' ? 'succeeded' : FAILED_REFUND_STATUSES.has(refund.status) ? 'failed' : undefined),
+    settles: (_op, refund) => (refund.status === 'succeeded' ? 'succeeded' : FAILED_REFUND_STATUSES.has(refund.status) ? 'failed' : undefined),
     noneSucceeded: (op, reason, refuse) => noRefund(gateway, op, reason, refuse),
     drift: (ctx) => refundDrift(gateway, ctx),
   };
@@ -48,13 +49,14 @@ export function refundEvidence(gateway: PaymentGateway): KindEvidence {
  * list shows for the operation (a list is read-after-write: no freshness horizon to wait out). */
 async function noRefund(gateway: PaymentGateway, op: Operation, reason: string, refuse: Refuse): Promise<Record<string, unknown>> {
   let known;
+  const account = accountOf(op);
   if (op.external_id) {
-    known = await gateway.retrieveRefund(op.external_id);
+    known = await gateway.retrieveRefund(op.external_id, account);
     if (!FAILED_REFUND_STATUSES.has(known.status)) {
       throw refuse(`${known.id} is ${known.status}, not failed: ${known.status === 'succeeded' ? 'the money went back' : 'it may still succeed; try again when it is final in Stripe'}`);
     }
   }
-  const refunds = (await gateway.findRefunds(payloadOf(op).payment_intent)).filter((r) => r.operationId === op.id);
+  const refunds = (await gateway.findRefunds(payloadOf(op).payment_intent, account)).filter((r) => r.operationId === op.id);
   const live = refunds.filter((r) => !FAILED_REFUND_STATUSES.has(r.status));
   if (live.length > 0) {
     throw refuse(`Stripe shows refunds for this operation that have not failed: ${live.map((r) => `${r.id} (${r.status})`).join(', ')}`);

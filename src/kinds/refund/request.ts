@@ -10,10 +10,14 @@ import { isOperationId, type Operation } from '../../types/operation.ts';
 import { CHARGE } from '../charge/evidence.ts';
 import { REFUND } from './evidence.ts';
 
-/** What a refund operation keeps in its payload: where the money goes back from, and why. */
+/** What a refund operation keeps in its payload: where the money goes back from, and why; the charge's
+ * connected account; for a destination charge, whether the transfer and the platform's fee go back too. */
 export interface RefundPayload {
   payment_intent: string;
   reason: RefundReason | null;
+  stripe_account?: string;
+  reverse_transfer?: true;
+  refund_application_fee?: true;
 }
 
 export const refundInputSchema = z.strictObject({
@@ -34,6 +38,10 @@ export const refundInputSchema = z.strictObject({
     .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), 'key must not contain control characters')
     .refine(isStorableText, 'key must not contain U+0000 or half a surrogate pair'),
   reason: z.enum(REFUND_REASONS, { error: `reason must be one of ${REFUND_REASONS.join(', ')}` }).optional(),
+  /** A destination charge's refund: the transfer to the connected account is taken back as well. */
+  reverseTransfer: z.boolean({ error: 'reverseTransfer must be true or false' }).optional(),
+  /** …and the platform's application fee is given back. */
+  refundApplicationFee: z.boolean({ error: 'refundApplicationFee must be true or false' }).optional(),
 });
 
 export type RefundInput = z.infer<typeof refundInputSchema>;
@@ -48,9 +56,9 @@ export function parseRefundInput(input: unknown): RefundInput {
 export class RefundRefused extends Error {
   override name = 'RefundRefused';
   readonly chargeOperationId: string;
-  /** not_a_charge, charge_not_succeeded, exceeds_remaining, or key_conflict (the key names a refund of
-   * another amount or reason). */
-  readonly code: 'not_a_charge' | 'charge_not_succeeded' | 'exceeds_remaining' | 'key_conflict';
+  /** not_a_charge, charge_not_succeeded, charge_not_captured (an authorization nothing was captured of),
+   * exceeds_remaining, or key_conflict (the key names a refund of another amount or reason). */
+  readonly code: 'not_a_charge' | 'charge_not_succeeded' | 'charge_not_captured' | 'exceeds_remaining' | 'key_conflict';
   constructor(chargeOperationId: string, code: RefundRefused['code'], message: string) {
     super(message);
     this.chargeOperationId = chargeOperationId;
@@ -81,7 +89,9 @@ async function requestInTransaction(db: Queryable, req: RefundInput): Promise<Re
   const { rows: locked } = await db.query(db.sql.lockChargeForRefund(charge));
   if (!locked[0]) throw await notRefundable(db, charge);
   const reason = req.reason ?? null;
-  const { rows } = await db.query(db.sql.insertRefundOperation(charge, req.amount, req.key, reason, activeTraceparent()));
+  const { rows } = await db.query(
+    db.sql.insertRefundOperation(charge, req.amount, req.key, reason, activeTraceparent(), req.reverseTransfer ?? false, req.refundApplicationFee ?? false),
+  );
   const d = rows[0];
   if (d.created_id) return { operationId: d.created_id, created: true };
   if (d.existing_id) {
@@ -89,6 +99,9 @@ async function requestInTransaction(db: Queryable, req: RefundInput): Promise<Re
     if (Number(d.existing_amount) === req.amount && d.existing_reason === reason) return { operationId: d.existing_id, created: false };
     throw new RefundRefused(charge, 'key_conflict',
       `key ${JSON.stringify(req.key)} is refund operation ${d.existing_id} of charge ${charge} (${d.existing_amount}, reason ${d.existing_reason ?? 'none'}): another amount or reason needs another key`);
+  }
+  if (d.authorization && Number(d.charge_amount) === 0) {
+    throw new RefundRefused(charge, 'charge_not_captured', `charge ${charge} is an authorization with nothing captured: capture it first, or cancel it to release the funds`);
   }
   const remaining = Number(d.charge_amount) - Number(d.spent);
   throw new RefundRefused(charge, 'exceeds_remaining',

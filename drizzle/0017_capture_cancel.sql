@@ -1,0 +1,4 @@
+-- Captures and cancels (kinds capture, cancel) name their charge, the money and their key. NOT VALID: no
+-- existing row can be one (the kinds are new and reserved), and validating would scan payment_operations
+-- under the ACCESS EXCLUSIVE lock the constraint takes; every row written from now on is checked.
+ALTER TABLE "outboxd"."payment_operations" ADD CONSTRAINT "payment_operations_change_check" CHECK ("outboxd"."payment_operations"."kind" not in ('capture', 'cancel') or ("outboxd"."payment_operations"."parent_operation_id" is not null and "outboxd"."payment_operations"."effect_key" like "outboxd"."payment_operations"."parent_operation_id"::text || '/%' and "outboxd"."payment_operations"."order_id" is not null and "outboxd"."payment_operations"."amount" is not null and "outboxd"."payment_operations"."currency" is not null)) NOT VALID;

@@ -1,0 +1,162 @@
+// Requesting a capture or a cancel of an authorization inside the caller's transaction: linked to its
+// charge operation and unique per (charge operation, kind, key), refused before anything is written when
+// the charge holds no funds to change (not an authorization, not held, already captured or cancelled,
+// expired) or a capture asks for more than is held.
+import { z } from 'zod';
+import type { Queryable } from '../../db/pool.ts';
+import { isStorableText, MAX_AMOUNT, MAX_ID_LENGTH, validationErrorOf } from '../../types/input.ts';
+import { activeTraceparent, ATTR, withSpan } from '../../telemetry/tracing.ts';
+import { CANCELLATION_REASONS } from '../../stripe/gateway.ts';
+import { OperationNotFoundError } from '../../types/errors.ts';
+import { isOperationId } from '../../types/operation.ts';
+import { CHARGE, isAuthorization, type Hold } from '../charge/evidence.ts';
+import type { ChangePayload } from './change.ts';
+
+const chargeOperationId = z
+  .string({ error: 'chargeOperationId must be a string' })
+  .refine(isOperationId, 'chargeOperationId must be an operation id (a UUID)')
+  .transform((id) => id.toLowerCase());
+
+const key = z
+  .string({ error: 'key must be a string' })
+  .min(1, 'key must not be empty')
+  .max(MAX_ID_LENGTH, `key must be at most ${MAX_ID_LENGTH} characters`)
+  // eslint-disable-next-line no-control-regex
+  .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), 'key must not contain control characters')
+  .refine(isStorableText, 'key must not contain U+0000 or half a surrogate pair');
+
+export const captureInputSchema = z.strictObject({
+  chargeOperationId,
+  key,
+  /** In minor units; absent: all the authorization holds. The rest is released. */
+  amount: z
+    .number({ error: 'amount must be a number of minor units' })
+    .int('amount must be an integer number of minor units')
+    .positive('amount must be positive')
+    .max(MAX_AMOUNT, `amount must be at most ${MAX_AMOUNT} minor units`)
+    .optional(),
+});
+
+export const cancelInputSchema = z.strictObject({
+  chargeOperationId,
+  key,
+  reason: z.enum(CANCELLATION_REASONS, { error: `reason must be one of ${CANCELLATION_REASONS.join(', ')}` }).optional(),
+});
+
+export type CaptureInput = z.infer<typeof captureInputSchema>;
+export type CancelInput = z.infer<typeof cancelInputSchema>;
+
+function parse<T>(schema: z.ZodType<T>, input: unknown): T {
+  const result = schema.safeParse(input);
+  if (result.success) return result.data;
+  throw validationErrorOf(result.error.issues[0]!);
+}
+
+/** A capture or a cancel that must not be made, said before anything is written. */
+export class AuthorizationRefused extends Error {
+  override name = 'AuthorizationRefused';
+  readonly kind: 'capture' | 'cancel';
+  readonly chargeOperationId: string;
+  /**
+   * not_a_charge; not_an_authorization (an automatic charge: nothing is held); no_funds_held (the
+   * charge has not succeeded: pending, unknown or failed); already_captured; canceled (cancelled, or
+   * its cancel is under way); expired (past the authorization's capture_before); exceeds_capturable;
+   * key_conflict (the key names a change with another amount or reason).
+   */
+  readonly code: 'not_a_charge' | 'not_an_authorization' | 'no_funds_held' | 'already_captured' | 'canceled' | 'expired' | 'exceeds_capturable' | 'key_conflict';
+  constructor(kind: 'capture' | 'cancel', chargeOperationId: string, code: AuthorizationRefused['code'], message: string) {
+    super(message);
+    this.kind = kind;
+    this.chargeOperationId = chargeOperationId;
+    this.code = code;
+  }
+}
+
+export interface ChangeRequested {
+  operationId: string;
+  /** false: this key already named this change of the charge (nothing new was written). */
+  created: boolean;
+}
+
+/** Validates `input` and requests the capture on `db`, the caller's transaction. */
+export function requestCapture(db: Queryable, input: unknown): Promise<ChangeRequested> {
+  const req = parse(captureInputSchema, input);
+  return requested(db, 'capture', req.chargeOperationId, req.key, (held) => req.amount ?? held, null);
+}
+
+/** Validates `input` and requests the cancel on `db`, the caller's transaction. */
+export function requestCancel(db: Queryable, input: unknown): Promise<ChangeRequested> {
+  const req = parse(cancelInputSchema, input);
+  return requested(db, 'cancel', req.chargeOperationId, req.key, (held) => held, req.reason ?? null);
+}
+
+function requested(db: Queryable, kind: 'capture' | 'cancel', charge: string, key: string, amountOf: (held: number) => number, reason: string | null) {
+  const attributes = { [ATTR.kind]: kind, 'outboxd.charge_operation_id': charge };
+  return withSpan(`outboxd.request_${kind}`, attributes, async (span) => {
+    const done = await requestInTransaction(db, kind, charge, key, amountOf, reason);
+    span.setAttributes({ [ATTR.operationId]: done.operationId, 'outboxd.created': done.created });
+    return done;
+  });
+}
+
+interface ChangeRow {
+  id: string;
+  kind: 'capture' | 'cancel';
+  status: string;
+  amount: number | string;
+  effect_key: string;
+  payload: ChangePayload;
+}
+
+async function requestInTransaction(
+  db: Queryable,
+  kind: 'capture' | 'cancel',
+  chargeId: string,
+  key: string,
+  amountOf: (held: number) => number,
+  reason: string | null,
+): Promise<ChangeRequested> {
+  const refuse = (code: AuthorizationRefused['code'], message: string) => new AuthorizationRefused(kind, chargeId, code, message);
+  // Concurrent changes of one charge wait here for each other until the caller commits.
+  const charge = (await db.query(db.sql.lockChargeForChange(chargeId))).rows[0];
+  if (!charge) throw new OperationNotFoundError(chargeId);
+  if (charge.kind !== CHARGE) throw refuse('not_a_charge', `operation ${chargeId} is a ${charge.kind}, not a charge`);
+  if (!isAuthorization(charge)) {
+    throw refuse('not_an_authorization', `charge ${chargeId} was captured automatically: it holds nothing to ${kind}${kind === 'cancel' ? '; refund it instead' : ''}`);
+  }
+  // Any connection's rows: a bigint may come back as a string where the caller's driver parses it so.
+  const hold = charge.result as Hold | null;
+  const held = hold ? Number(hold.amount_capturable) : Number(charge.amount);
+  const amount = amountOf(held);
+  const changes: ChangeRow[] = (await db.query(db.sql.changesOfCharge(chargeId, charge.order_id))).rows;
+  const effectKey = `${chargeId}/${key}`;
+  const same = changes.find((c) => c.kind === kind && c.effect_key === effectKey);
+  if (same) {
+    if (Number(same.amount) === amount && (same.payload.reason ?? null) === reason) return { operationId: same.id, created: false };
+    throw refuse('key_conflict', `key ${JSON.stringify(key)} is ${kind} operation ${same.id} of charge ${chargeId} (${same.amount}${same.payload.reason ? `, reason ${same.payload.reason}` : ''}): another amount or reason needs another key`);
+  }
+  if (charge.status !== 'succeeded') throw refuse('no_funds_held', `charge ${chargeId} is ${charge.status}: it holds no funds (only a succeeded authorization does)`);
+  const live = changes.filter((c) => c.status !== 'failed');
+  const cancel = live.find((c) => c.kind === 'cancel');
+  if (cancel) throw refuse('canceled', `charge ${chargeId} is cancelled, or its cancel ${cancel.id} is ${cancel.status}: it holds nothing`);
+  const capture = live.find((c) => c.kind === 'capture');
+  if (capture) {
+    throw refuse('already_captured', `charge ${chargeId} is captured, or its capture ${capture.id} is ${capture.status}: ${kind === 'cancel' ? 'refund it instead' : 'an authorization is captured once'}`);
+  }
+  if (hold?.capture_before && new Date(hold.capture_before) <= new Date(charge.now)) {
+    throw refuse('expired', `charge ${chargeId}'s authorization expired at ${hold.capture_before}: it holds nothing`);
+  }
+  if (amount > held) throw refuse('exceeds_capturable', `a capture of ${amount} exceeds what charge ${chargeId} holds: ${held} ${charge.currency}`);
+  const payload: ChangePayload = {
+    payment_intent: charge.external_id,
+    ...(charge.payload?.stripe_account ? { stripe_account: charge.payload.stripe_account } : {}),
+    key,
+    ...(reason ? { reason } : {}),
+  };
+  const { rows } = await db.query(
+    db.sql.insertChangeOperation(kind, charge.order_id, amount, charge.currency, chargeId, effectKey, JSON.stringify(payload), activeTraceparent()),
+  );
+  // Under the charge's lock no other request of this key can have committed since changesOfCharge.
+  if (!rows[0]) throw new Error(`${kind} ${effectKey}: the key was taken during the request; try again`);
+  return { operationId: rows[0].id, created: true };
+}

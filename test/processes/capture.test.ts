@@ -1,0 +1,237 @@
+// Authorizations (issue 24): a charge requested with captureMethod manual succeeds when Stripe holds the
+// funds; a capture takes them and a cancel releases them, each an operation of its own under its own key,
+// refused before anything is written when nothing is held; a lost answer is resent under the same key and
+// never moves money twice; a capture after expiry fails without a person; refunds take back only what was
+// captured; Connect's Stripe-Account travels with every request of the charge. Through the real stripe
+// SDK over HTTP against the emulator.
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { inTransaction } from '../../src/db/pool.ts';
+import { executeOperation } from '../../src/engine/executor.ts';
+import { kindsFor } from '../../src/kinds/index.ts';
+import { requestCancel, requestCapture } from '../../src/kinds/hold/request.ts';
+import { requestRefund } from '../../src/kinds/refund/request.ts';
+import { cancelIdempotencyKeyFor, captureIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
+import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
+import { createLogger } from '../../src/telemetry/log.ts';
+import type Stripe from 'stripe';
+import { createTestDatabase, type TestDb } from '../support/db.ts';
+import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
+import { claim, confirm, operation } from '../support/fixtures.ts';
+
+let t: TestDb;
+let e: RunningEmulator;
+beforeAll(async () => {
+  [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
+});
+afterAll(async () => {
+  await Promise.all([t.close(), e.close()]);
+});
+beforeEach(() => e.emulator.clearFaults());
+
+const kinds = () => kindsFor(e.gateway({ timeoutMs: 1_000 }));
+const run = async (op: string) => executeOperation(t.pool, kinds(), op, await claim(t, op));
+const capture = (input: Record<string, unknown>) => inTransaction(t.pool, (tx) => requestCapture(tx, input));
+const cancel = (input: Record<string, unknown>) => inTransaction(t.pool, (tx) => requestCancel(tx, input));
+const refund = (input: Record<string, unknown>) => inTransaction(t.pool, (tx) => requestRefund(tx, input));
+const intentOf = (pi: string) => e.emulator.ledger().find((l) => l.paymentIntent.id === pi)!;
+const sent = (endpoint: string, key: string) => e.emulator.requests().filter((r) => r.endpoint === endpoint && r.idempotencyKey === key);
+const counts = async () =>
+  (await t.pool.query(`select (select count(*)::int from outboxd.payment_operations) as ops, (select count(*)::int from outboxd.charge_outbox) as outbox`)).rows[0];
+
+/** A charge operation that Stripe holds the funds of: its id and its PaymentIntent. */
+async function held(overrides: Record<string, unknown> = {}): Promise<{ charge: string; pi: string }> {
+  const charge = await confirm(t, { captureMethod: 'manual', ...overrides });
+  const done = await run(charge);
+  expect(done.operation.status).toBe('succeeded');
+  return { charge, pi: done.operation.external_id! };
+}
+
+describe('an authorization', () => {
+  it('is created with capture_method=manual and succeeds when Stripe holds the funds; its event says it is a hold', async () => {
+    const { charge, pi } = await held();
+    expect(intentOf(pi).paymentIntent).toMatchObject({ status: 'requires_capture', capture_method: 'manual', amount_capturable: 2599, amount_received: 0 });
+    const op = await operation(t, charge);
+    expect(op.payload).toEqual({ capture_method: 'manual' });
+    expect(op.result).toMatchObject({ amount_capturable: 2599 });
+    expect(new Date((op.result as { capture_before: string }).capture_before).getTime()).toBeGreaterThan(Date.now() + 6 * 86_400_000);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    expect(events.find((r) => r.operation_id === charge)).toMatchObject({ kind: 'charge', status: 'succeeded', hold: { captureBefore: (op.result as { capture_before: string }).capture_before } });
+    const automatic = await confirm(t);
+    await run(automatic);
+    const later = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    expect(later.find((r) => r.operation_id === automatic)).toMatchObject({ hold: null });
+  });
+
+  it('an order asked again with another capture method is a conflict, not a second charge', async () => {
+    const orderId = `ord_hold_${Math.random()}`;
+    await confirm(t, { orderId, captureMethod: 'manual' });
+    await expect(confirm(t, { orderId })).rejects.toMatchObject({ name: 'OrderConflictError', field: 'captureMethod' });
+  });
+});
+
+describe('requesting a capture or a cancel: refused before anything is written', () => {
+  it('refuses an automatic charge, one that holds nothing yet, more than it holds, and one that is no charge', async () => {
+    const automatic = await confirm(t);
+    await run(automatic);
+    const pending = await confirm(t, { captureMethod: 'manual' });
+    const { charge } = await held();
+    const before = await counts();
+    await expect(capture({ chargeOperationId: automatic, key: 'c' })).rejects.toMatchObject({ name: 'AuthorizationRefused', code: 'not_an_authorization' });
+    await expect(cancel({ chargeOperationId: automatic, key: 'c' })).rejects.toMatchObject({ code: 'not_an_authorization' });
+    await expect(capture({ chargeOperationId: pending, key: 'c' })).rejects.toMatchObject({ code: 'no_funds_held' });
+    await expect(capture({ chargeOperationId: charge, key: 'c', amount: 2600 })).rejects.toMatchObject({ code: 'exceeds_capturable' });
+    const { operationId: refundOp } = await refund({ chargeOperationId: automatic, amount: 1, key: 'r' });
+    const afterRefund = await counts();
+    await expect(capture({ chargeOperationId: refundOp, key: 'c' })).rejects.toMatchObject({ code: 'not_a_charge' });
+    await expect(capture({ chargeOperationId: '00000000-0000-4000-8000-000000000000', key: 'c' })).rejects.toMatchObject({ name: 'OperationNotFoundError' });
+    await expect(capture({ chargeOperationId: charge, key: '' })).rejects.toMatchObject({ name: 'ValidationError', field: 'key' });
+    expect(afterRefund.ops).toBe(before.ops + 1);
+    expect(await counts()).toEqual(afterRefund);
+  });
+
+  it('the same key is the same capture; another key, another amount, or a cancel after it is refused; so is a capture after a cancel', async () => {
+    const { charge } = await held();
+    const first = await capture({ chargeOperationId: charge, key: 'ship-1', amount: 2000 });
+    expect(first.created).toBe(true);
+    expect(await operation(t, first.operationId)).toMatchObject({ kind: 'capture', amount: 2000, currency: 'eur', parent_operation_id: charge, effect_key: `${charge}/ship-1`, status: 'pending' });
+    expect(await capture({ chargeOperationId: charge, key: 'ship-1', amount: 2000 })).toEqual({ operationId: first.operationId, created: false });
+    const before = await counts();
+    await expect(capture({ chargeOperationId: charge, key: 'ship-1', amount: 1999 })).rejects.toMatchObject({ code: 'key_conflict' });
+    await expect(capture({ chargeOperationId: charge, key: 'ship-2' })).rejects.toMatchObject({ code: 'already_captured' });
+    await expect(cancel({ chargeOperationId: charge, key: 'oops' })).rejects.toMatchObject({ code: 'already_captured' });
+    expect(await counts()).toEqual(before);
+
+    const other = await held();
+    const { operationId: cancelOp } = await cancel({ chargeOperationId: other.charge, key: 'c-1', reason: 'requested_by_customer' });
+    await expect(capture({ chargeOperationId: other.charge, key: 'late' })).rejects.toMatchObject({ code: 'canceled' });
+    // A key is a charge's own: the same key of another charge is another capture.
+    const third = await held();
+    expect((await capture({ chargeOperationId: third.charge, key: 'ship-1' })).created).toBe(true);
+    expect((await operation(t, cancelOp)).payload).toMatchObject({ key: 'c-1', reason: 'requested_by_customer' });
+  });
+
+  it('refuses an authorization past its capture_before without asking Stripe', async () => {
+    const { charge } = await held();
+    await t.pool.query(`update outboxd.payment_operations set result = jsonb_set(result, '{capture_before}', to_jsonb((now() - interval '1 minute')::text)) where id = $1`, [charge]);
+    const before = await counts();
+    await expect(capture({ chargeOperationId: charge, key: 'k' })).rejects.toMatchObject({ code: 'expired' });
+    await expect(cancel({ chargeOperationId: charge, key: 'k' })).rejects.toMatchObject({ code: 'expired' });
+    expect(await counts()).toEqual(before);
+  });
+});
+
+describe('carrying out a capture or a cancel', () => {
+  it('captures part of a hold under capture-op:<id>; the rest is released; a refund takes back only what was captured', async () => {
+    const { charge, pi } = await held();
+    await expect(refund({ chargeOperationId: charge, amount: 100, key: 'r-early' })).rejects.toMatchObject({ name: 'RefundRefused', code: 'charge_not_captured' });
+    const { operationId } = await capture({ chargeOperationId: charge, key: 'ship', amount: 1500 });
+    const done = await run(operationId);
+    expect(done.operation).toMatchObject({ status: 'succeeded', external_id: pi });
+    expect(intentOf(pi).paymentIntent).toMatchObject({ status: 'succeeded', amount_received: 1500, amount_capturable: 0 });
+    expect(sent('capture', captureIdempotencyKeyFor(operationId))).toHaveLength(1);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    expect(events.find((r) => r.operation_id === operationId)).toMatchObject({ kind: 'capture', effect_key: 'ship', amount: 1500, hold: null });
+    await expect(refund({ chargeOperationId: charge, amount: 1501, key: 'r-1' })).rejects.toMatchObject({ code: 'exceeds_remaining' });
+    const r = await refund({ chargeOperationId: charge, amount: 1500, key: 'r-1' });
+    expect((await run(r.operationId)).operation.status).toBe('succeeded');
+  });
+
+  it('a capture whose answer is lost is resent under the same key: captured once', async () => {
+    const { charge, pi } = await held();
+    const { operationId } = await capture({ chargeOperationId: charge, key: 'lost' });
+    e.emulator.addFault({ endpoint: 'capture', match: { operationId: charge }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });
+    const first = await run(operationId);
+    expect(first.operation.status).toBe('unknown');
+    expect(first.operation.external_id).toBeNull(); // the next attempt sends the capture again, not a read
+    expect(intentOf(pi).paymentIntent.status).toBe('succeeded'); // it did happen
+    const second = await run(operationId);
+    expect(second.operation.status).toBe('succeeded');
+    const sends = sent('capture', captureIdempotencyKeyFor(operationId));
+    expect(sends.length).toBeGreaterThanOrEqual(2);
+    expect(new Set(sends.map((s) => s.idempotencyKey)).size).toBe(1);
+    expect(intentOf(pi).paymentIntent.amount_received).toBe(2599);
+  });
+
+  it('past the key window, a read decides: still held → sent again (pending), captured → succeeded; never a second capture', async () => {
+    const { charge, pi } = await held();
+    const { operationId } = await capture({ chargeOperationId: charge, key: 'window' });
+    e.emulator.addFault({ endpoint: 'capture', match: { operationId: charge }, fault: { kind: 'error_before_commit', status: 500 } });
+    expect((await run(operationId)).operation.status).toBe('unknown');
+    await t.pool.query(`update outboxd.payment_operations set first_attempted_at = now() - interval '24 hours', last_attempted_at = now() - interval '24 hours' where id = $1`, [operationId]);
+    const read = await run(operationId);
+    expect(read.call).toBe('search');
+    expect(read.operation).toMatchObject({ status: 'pending', first_attempted_at: null });
+    const again = await run(operationId);
+    expect(again.call).toBe('create');
+    expect(again.operation.status).toBe('succeeded');
+    expect(intentOf(pi).paymentIntent.amount_received).toBe(2599);
+  });
+
+  it('a capture after the authorization expired fails, definitively and without a person', async () => {
+    const { charge, pi } = await held();
+    const { operationId } = await capture({ chargeOperationId: charge, key: 'too-late' });
+    e.emulator.expire(pi);
+    const done = await run(operationId);
+    expect(done.operation).toMatchObject({ status: 'failed', review_reason: null, external_id: pi });
+    expect(done.operation.last_error).toMatch(/expired/);
+  });
+
+  it('a cancel releases the hold under cancel-op:<id>; a cancel that finds the charge captured fails (refund it instead)', async () => {
+    const { charge, pi } = await held();
+    const { operationId } = await cancel({ chargeOperationId: charge, key: 'c', reason: 'abandoned' });
+    expect((await run(operationId)).operation.status).toBe('succeeded');
+    expect(intentOf(pi).paymentIntent).toMatchObject({ status: 'canceled', cancellation_reason: 'abandoned', amount_capturable: 0 });
+    expect(sent('cancel', cancelIdempotencyKeyFor(operationId))).toHaveLength(1);
+
+    // Captured outside outboxd (the dashboard) while the cancel waited to be sent.
+    const other = await held();
+    const racing = await cancel({ chargeOperationId: other.charge, key: 'c' });
+    await e.client().paymentIntents.capture(other.pi);
+    const lost = await run(racing.operationId);
+    expect(lost.operation.status).toBe('failed');
+    expect(lost.operation.last_error).toMatch(/captured.*refund it instead/);
+  });
+});
+
+describe('Connect', () => {
+  const account = 'acct_1ConnectedShop';
+
+  it('every request of a connected account’s charge carries Stripe-Account: the charge, its capture and its refund', async () => {
+    const { charge, pi } = await held({ stripeAccount: account, applicationFeeAmount: 100 });
+    expect(intentOf(pi).account).toBe(account);
+    const { operationId } = await capture({ chargeOperationId: charge, key: 'ship' });
+    expect((await operation(t, operationId)).payload).toMatchObject({ stripe_account: account });
+    expect((await run(operationId)).operation.status).toBe('succeeded');
+    const r = await refund({ chargeOperationId: charge, amount: 500, key: 'r' });
+    expect((await run(r.operationId)).operation.status).toBe('succeeded');
+    const ours = new Set([charge, operationId, r.operationId]);
+    const mine = e.emulator.requests().filter((q) => (q.operationId !== null && ours.has(q.operationId)) || q.path.includes(pi));
+    expect(new Set(mine.map((q) => q.endpoint))).toEqual(new Set(['create', 'capture', 'create_refund']));
+    for (const q of mine) expect(q.account, `${q.method} ${q.path}`).toBe(account);
+  });
+
+  it('a destination charge is made on the platform with transfer_data; its refund can reverse the transfer', async () => {
+    const charge = await confirm(t, { transferData: { destination: account }, applicationFeeAmount: 200 });
+    const done = await run(charge);
+    expect(done.operation.status).toBe('succeeded');
+    const entry = intentOf(done.operation.external_id!);
+    expect(entry.account).toBeNull();
+    expect(entry.paymentIntent).toMatchObject({ transfer_data: { destination: account }, application_fee_amount: 200 });
+    const r = await refund({ chargeOperationId: charge, amount: 2599, key: 'all', reverseTransfer: true, refundApplicationFee: true });
+    expect((await operation(t, r.operationId)).payload).toMatchObject({ reverse_transfer: true, refund_application_fee: true });
+    expect((await run(r.operationId)).operation.status).toBe('succeeded');
+  });
+
+  it('an event from another account naming our operation settles nothing: the account decides, not the metadata', async () => {
+    const charge = await confirm(t, { stripeAccount: account });
+    // Another connected account writes its own PaymentIntent's metadata: here, our operation's id.
+    const forged = await e.client().paymentIntents.create(
+      { amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', confirm: true, off_session: true, metadata: { operation_id: charge } },
+      { stripeAccount: 'acct_1SomeoneElse' },
+    );
+    const event = { id: `evt_${Math.random().toString(36).slice(2)}`, type: 'payment_intent.succeeded', account: 'acct_1SomeoneElse', data: { object: { id: forged.id } } } as unknown as Stripe.Event;
+    const result = await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') }, event);
+    expect(result).toBe('mismatch');
+    expect(await operation(t, charge)).toMatchObject({ status: 'pending', external_id: null });
+  });
+});
