@@ -5,6 +5,7 @@
 import { Kinds } from '../engine/kinds.ts';
 import type { KindEvidence, KindNaming } from '../types/kind.ts';
 import type { PaymentGateway } from '../stripe/gateway.ts';
+import type { Queryable } from '../db/pool.ts';
 import { applicationKind, type EffectDefinitions } from './application/definition.ts';
 import { chargeKind } from './charge/index.ts';
 import { CHARGE, CHARGE_NAMING } from './charge/evidence.ts';
@@ -34,7 +35,7 @@ export function kindsFor(gateway: PaymentGateway, defined?: EffectDefinitions): 
 }
 
 /** The evidence of every kind a provider can show, on `gateway` (the webhooks, the drift report). */
-export function evidenceOf(gateway: PaymentGateway): { kind: string; evidence: KindEvidence }[] {
+export function evidenceOf(gateway: PaymentGateway): { kind: string; evidence: KindEvidence<Queryable> }[] {
   return BUILT_IN.map((k) => ({ kind: k.kind, evidence: k.bind(gateway).evidence! }));
 }
 

@@ -1,7 +1,7 @@
 // The statements of requesting a capture or a cancel of an authorization (src/kinds/hold/request.ts).
 import type { SqlContext } from './context.ts';
 
-export const holdStatements = ({ s, statement }: SqlContext) => ({
+export const holdStatements = ({ event, s, settlementEvent, statement }: SqlContext) => ({
   /**
    * The first step, in the caller's transaction: the charge operation, locked by an update (of nothing)
    * until the caller commits, so that concurrent captures and cancels of one authorization are decided
@@ -37,6 +37,32 @@ export const holdStatements = ({ s, statement }: SqlContext) => ({
      ), outbox as (
        insert into ${s}.charge_outbox (operation_id, kind, traceparent) select id, kind, traceparent from op
      )
+     select id from op`,
+  ),
+
+  /**
+   * An authorization Stripe released by itself (expired: cancellation_reason automatic) or that was
+   * cancelled outside outboxd (the dashboard): recorded as a cancel operation of the charge under the
+   * key $2, settled succeeded from what Stripe showed ($3: the cancel's reason, $4: what it showed),
+   * with its settlement event, so that the application hears of it. Nothing when a cancel of the charge
+   * that has not failed exists already (its own outcome tells), or when the key was recorded before.
+   */
+  recordRelease: statement<[chargeOperationId: string, key: string, reason: string | null, result: string]>(
+    'outboxd_record_release',
+    `with op as (
+       insert into ${s}.payment_operations (kind, order_id, amount, currency, parent_operation_id, effect_key, payload,
+         status, external_id, last_outcome, last_error, result, settled_at, traceparent)
+       select 'cancel', c.order_id, c.amount, c.currency, c.id, c.id::text || '/' || $2,
+              jsonb_strip_nulls(jsonb_build_object('payment_intent', c.external_id, 'stripe_account', c.payload->>'stripe_account', 'key', $2::text, 'reason', $3::text)),
+              'succeeded', c.external_id, 'succeeded', null, $4::jsonb, now(), c.traceparent
+       from ${s}.payment_operations c
+       where c.id = $1 and c.kind = 'charge' and c.status = 'succeeded'
+         and not exists (select 1 from ${s}.payment_operations x
+                         where x.order_id = c.order_id and x.kind = 'cancel' and x.parent_operation_id = c.id and x.status <> 'failed')
+       on conflict (kind, effect_key) where kind not in ('charge', 'refund') do nothing
+       returning id, status, fence, external_id, last_outcome, last_error
+     ), ${settlementEvent("'webhook'")},
+     ${event('op', `id, 'settled', fence, 'webhook:payment_intent.canceled', jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', $3::text))`)}
      select id from op`,
   ),
 });

@@ -79,8 +79,9 @@ export interface DriftContext {
 }
 
 /** How the provider's objects match and settle a kind's operations: ONE rule, used by its calls, the
- * webhooks, a person's resolution and the drift report. */
-export interface KindEvidence {
+ * webhooks, a person's resolution and the drift report. `Tx`: the transaction a follow-up writes in
+ * (src/db/pool.ts's Queryable, which this leaf does not import). */
+export interface KindEvidence<Tx = unknown> {
   naming: KindNaming;
   /** Where a webhook event's stored record (`event`) and its log line (`log`) name the object. */
   record: { event: string; log: string };
@@ -95,6 +96,10 @@ export interface KindEvidence {
   settles(op: Operation, object: ProviderObject): 'succeeded' | 'failed' | undefined;
   /** Resolve --failed: what shows that no object of `op` can still succeed, or a refusal. */
   noneSucceeded(op: Operation, reason: string, refuse: Refuse, lastAttemptAgeSeconds: () => Promise<number | null>, horizonSeconds: number): Promise<Record<string, unknown>>;
+  /** What Stripe did since to the object of `op`, a settled operation of this kind, that the application
+   * must hear of (an authorization released in Stripe: expired, or cancelled from the dashboard), recorded
+   * in `tx` as an operation of its own with its settlement event; false when there is nothing to record. */
+  followUp?(tx: Tx, op: Operation, object: ProviderObject): Promise<boolean>;
   /** The drift report's part for this kind: what it listed since, and what does not add up. */
   drift(ctx: DriftContext): Promise<{ listed: number; label: string; drift: Drift[]; operationIds: string[] }>;
 }

@@ -27,6 +27,8 @@ export type InboxResult =
   | 'mismatch'
   /** Stripe contradicts a settled operation (charged or refunded although failed, another object): for a person. */
   | 'contradiction'
+  /** What Stripe did since to a settled operation's object (an authorization released) is recorded as an operation. */
+  | 'recorded'
   | 'duplicate';
 
 export interface InboxDeps {
@@ -52,12 +54,12 @@ export function receiveStripeEvent(deps: InboxDeps, event: Stripe.Event): Promis
 /** What Stripe says of the object an event names, retrieved, with the kind whose evidence it is. */
 interface Evidence {
   kind: string;
-  rules: KindEvidence;
+  rules: KindEvidence<Tx>;
   object: ProviderObject;
 }
 
 /** `account`: the connected account the event came from (its `account`), null for the platform's. */
-type Hint = { kind: string; rules: KindEvidence; id: string; account: string | null };
+type Hint = { kind: string; rules: KindEvidence<Tx>; id: string; account: string | null };
 
 /** The object an event is about, by the kind whose objects it names (payment_intent.* a PaymentIntent,
  * refund.* and charge.refund.updated a Refund); anything else is ignored. */
@@ -121,8 +123,9 @@ async function act(tx: Tx, evidence: Evidence, opId: string | null, type: string
   const mismatch = mismatchOf(op, evidence);
   if (isSettled(op.status)) {
     // Never overwritten; but money the operation does not account for must reach a person.
-    const contradicts = mismatch !== null || (op.status === 'failed' && object.status === 'succeeded');
-    return contradicts ? 'contradiction' : 'already_settled';
+    const contradicts = mismatch !== null || (op.status === 'failed' && evidence.rules.settles(op, object) === 'succeeded');
+    if (contradicts) return 'contradiction';
+    return (await evidence.rules.followUp?.(tx, op, object)) ? 'recorded' : 'already_settled';
   }
   if (mismatch) {
     await flagFromOutside(tx, op.id, `webhook ${type}: ${mismatch}`);

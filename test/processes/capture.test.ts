@@ -193,6 +193,35 @@ describe('carrying out a capture or a cancel', () => {
   });
 });
 
+describe('an authorization released in Stripe', () => {
+  const canceledEvent = (pi: string) => ({ id: `evt_${Math.random().toString(36).slice(2)}`, type: 'payment_intent.canceled', data: { object: { id: pi } } }) as unknown as Stripe.Event;
+  const inbox = () => ({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') });
+
+  it('an expiry is recorded as a cancel of the charge, settled, with its settlement event: once, however often Stripe tells', async () => {
+    const { charge, pi } = await held();
+    e.emulator.expire(pi);
+    expect(await receiveStripeEvent(inbox(), canceledEvent(pi))).toBe('recorded');
+    expect(await receiveStripeEvent(inbox(), canceledEvent(pi))).toBe('already_settled');
+    const { rows } = await t.pool.query(`select id from outboxd.payment_operations where parent_operation_id = $1`, [charge]);
+    expect(rows).toHaveLength(1);
+    const released = await operation(t, rows[0].id);
+    expect(released).toMatchObject({ kind: 'cancel', status: 'succeeded', external_id: pi, effect_key: `${charge}/expired`, amount: 2599, payload: { key: 'expired', reason: 'the authorization expired' } });
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    expect(events.find((r) => r.operation_id === released.id)).toMatchObject({ kind: 'cancel', status: 'succeeded', effect_key: 'expired', source: 'webhook' });
+    await expect(capture({ chargeOperationId: charge, key: 'after' })).rejects.toMatchObject({ code: 'canceled' });
+    expect(await operation(t, charge)).toMatchObject({ status: 'succeeded' }); // settled is final
+  });
+
+  it('a cancel of outboxd’s own settles by itself: the event records nothing beside it', async () => {
+    const { charge, pi } = await held();
+    const { operationId } = await cancel({ chargeOperationId: charge, key: 'mine' });
+    expect((await run(operationId)).operation.status).toBe('succeeded');
+    expect(await receiveStripeEvent(inbox(), canceledEvent(pi))).toBe('already_settled');
+    const { rows } = await t.pool.query(`select id from outboxd.payment_operations where parent_operation_id = $1`, [charge]);
+    expect(rows.map((r) => r.id)).toEqual([operationId]);
+  });
+});
+
 describe('Connect', () => {
   const account = 'acct_1ConnectedShop';
 

@@ -3,6 +3,7 @@
 import { KEY_WINDOW_SECONDS } from '../../engine/executor.ts';
 import { namingOf } from '../../kinds/index.ts';
 import { isSettled, type Operation } from '../../engine/operation.ts';
+import { accountOf } from '../../stripe/gateway.ts';
 import { ago, html, nothing, span, utc, when, type Fragment, type Safe } from '../html.ts';
 import type { OperationRecord } from '../queries.ts';
 import type { Entry } from '../timeline.ts';
@@ -48,7 +49,9 @@ ${op.review_reason ? html`<div class="held" role="note"><strong>Held for review.
       <dl class="fields">
         ${field('Order', op.order_id === null ? 'none (an application effect)' : html`<a class="mono" href="/console/search?q=${encodeURIComponent(op.order_id)}">${op.order_id}</a>`)}
         ${field('Kind', op.kind)}
-        ${op.parent_operation_id ? field('Refund of', opLink(op.parent_operation_id)) : nothing}
+        ${op.parent_operation_id ? field('Of charge', opLink(op.parent_operation_id)) : nothing}
+        ${accountOf(op) ? field('Connected account', stripeLink(accountOf(op), opts.dashboard)) : nothing}
+        ${isHold(op) ? field('Authorization', hold(op, now), true) : nothing}
         ${field('Amount', html`${amount(op)} <span class="muted">(${op.amount} ${op.currency} in minor units)</span>`)}
         ${field('Customer', op.customer_id ? stripeLink(op.customer_id, opts.dashboard) : '—')}
         ${field('Payment method', html`<span class="mono">${op.payment_method}</span>`)}
@@ -118,6 +121,20 @@ function resolveSucceededField(op: Operation, value: string): Safe {
   const help = expected ? `${expected.what}, carrying this operation's id, amount and currency` : 'checked by nobody but you: outboxd cannot ask your service';
   return html`<label for="external_id">${label} <span class="help">${help}</span></label>
     <input id="external_id" name="external_id" type="text" required maxlength="255" ${expected ? html`pattern="${expected.pattern.source.replace(/^\^|\$$/g, '')}"` : nothing} spellcheck="false" autocomplete="off" class="mono" value="${value}">`;
+}
+
+/** A charge requested with capture_method manual: Stripe holds its funds once it succeeded. */
+const isHold = (op: Operation): boolean => (op.payload as { capture_method?: string } | null)?.capture_method === 'manual';
+
+/** What an authorization holds and for how long (its charge's capture_before, as Stripe said). */
+function hold(op: Operation, now: Date): Fragment {
+  if (op.status !== 'succeeded') return html`<span class="muted">nothing held yet: captured later (capture_method manual)</span>`;
+  const { amount_capturable, capture_before } = (op.result ?? {}) as { amount_capturable?: number; capture_before?: string | null };
+  const held = html`holds ${amount({ amount: amount_capturable ?? op.amount, currency: op.currency })}`;
+  if (!capture_before) return html`${held}; Stripe said no expiry`;
+  const ends = new Date(capture_before);
+  if (ends <= now) return html`${held} until ${utc(ends)}: <strong>expired</strong> unless captured before (see its captures and cancels under Same order)`;
+  return html`${held} until ${utc(ends)} (${span((ends.getTime() - now.getTime()) / 1000)} left to capture)`;
 }
 
 function keyWindow(op: Operation, now: Date): Fragment {

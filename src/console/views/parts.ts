@@ -31,6 +31,7 @@ const DASHBOARD_PATHS: [prefix: string, path: string][] = [
   ['pi_', 'payments'],
   ['re_', 'refunds'],
   ['cus_', 'customers'],
+  ['acct_', 'connect/accounts'],
 ];
 
 /** The dashboard's page of a Stripe object: `dashboard` is the account's dashboard (with `/test` in test mode). */

@@ -5,6 +5,7 @@ import { isOperationId } from '../../types/operation.ts';
 import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
 import { accountOf, FAILED_CHARGE_STATUSES, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
 import type { ChargePayload } from './input.ts';
+import type { Queryable } from '../../db/pool.ts';
 
 /** The kind's name: its queue's, and the operations' `kind`. */
 export const CHARGE = 'charge';
@@ -62,7 +63,20 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence {
     settles: chargeSettles,
     noneSucceeded: (op, reason, refuse, lastAttemptAge, horizon) => noCharge(gateway, op, reason, refuse, lastAttemptAge, horizon),
     drift: (ctx) => chargeDrift(gateway, ctx),
+    followUp: recordRelease,
   };
+}
+
+/** A succeeded authorization whose PaymentIntent Stripe shows cancelled (it expired: cancellation_reason
+ * automatic; or someone cancelled it in the dashboard) holds nothing any more: recorded as a cancel of the
+ * charge, settled, whose settlement event tells the application. */
+async function recordRelease(tx: Queryable, op: Operation, pi: ProviderObject): Promise<boolean> {
+  if (!isAuthorization(op) || op.status !== 'succeeded' || pi.status !== 'canceled') return false;
+  const reason = (pi as Partial<Charge>).cancellationReason ?? null;
+  const key = reason === 'automatic' ? 'expired' : 'canceled-in-stripe';
+  const shown = JSON.stringify({ status: pi.status, cancellation_reason: reason });
+  const { rows } = await tx.query(tx.sql.recordRelease(op.id, key, reason === 'automatic' ? 'the authorization expired' : reason, shown));
+  return rows.length > 0;
 }
 
 /** --failed is refused while any charge Stripe shows for the operation has not failed, and while the last
