@@ -13,6 +13,9 @@ import { requestRefund } from '../../src/kinds/refund/request.ts';
 import { cancelIdempotencyKeyFor, captureIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
 import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
+import { operationRecord } from '../../src/console/queries.ts';
+import { timeline } from '../../src/console/timeline.ts';
+import { operationPage } from '../../src/console/views/operation.ts';
 import type Stripe from 'stripe';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
@@ -60,6 +63,19 @@ describe('an authorization', () => {
     await run(automatic);
     const later = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
     expect(later.find((r) => r.operation_id === automatic)).toMatchObject({ hold: null });
+  });
+
+  it('the console shows what it holds, until when, and on which account; once expired, says so', async () => {
+    const { charge } = await held({ stripeAccount: 'acct_1ConsoleShop' });
+    const page = async (now: Date) => {
+      const op = await operation(t, charge);
+      const record = await operationRecord(t.pool, op);
+      return String(operationPage(op, record, timeline(op, record), {}, { csrfToken: 'x', now, dashboard: 'https://dashboard.stripe.com/test' }));
+    };
+    const now = await page(new Date());
+    expect(now).toMatch(/<dt>Authorization<\/dt><dd>holds <span class="amount"[^>]*>25\.99 EUR<\/span> until [^<]+ \(6 d 2[23] h left to capture\)/);
+    expect(now).toContain('href="https://dashboard.stripe.com/test/connect/accounts/acct_1ConsoleShop"');
+    expect(await page(new Date(Date.now() + 8 * 86_400_000))).toMatch(/<strong>expired<\/strong>/);
   });
 
   it('an order asked again with another capture method is a conflict, not a second charge', async () => {

@@ -377,7 +377,7 @@ describe('a person’s resolution, webhooks and the drift report', () => {
     const hooks = timeline(settled, record).filter((x) => x.kind === 'webhook');
     expect(hooks.map((x) => x.facts)).toContainEqual(expect.arrayContaining([['Stripe object', pending.external_id], ['its status', 'succeeded']]));
     const page = String(operationPage(settled, record, timeline(settled, record), {}, { csrfToken: 'x', now: new Date(), dashboard: undefined }));
-    expect(page).toMatch(new RegExp(`<dt>Refund of</dt><dd><a [^>]*href="${opHref(charge)}"`));
+    expect(page).toMatch(new RegExp(`<dt>Of charge</dt><dd><a [^>]*href="${opHref(charge)}"`));
 
     const unsettled = await requested(charge, 10);
     const { pi } = await paidCharge();
