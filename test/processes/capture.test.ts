@@ -12,6 +12,7 @@ import { requestCancel, requestCapture } from '../../src/kinds/hold/request.ts';
 import { requestRefund } from '../../src/kinds/refund/request.ts';
 import { cancelIdempotencyKeyFor, captureIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
 import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
+import { driftReport } from '../../src/reconcile/drift.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
 import { operationRecord } from '../../src/console/queries.ts';
 import { timeline } from '../../src/console/timeline.ts';
@@ -278,5 +279,25 @@ describe('Connect', () => {
     const result = await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') }, event);
     expect(result).toBe('mismatch');
     expect(await operation(t, charge)).toMatchObject({ status: 'pending', external_id: null });
+  });
+});
+
+describe('the drift report', () => {
+  it('a hold, a capture, a cancel and a connected account’s charge add up; a hold released with nothing to record it is drift', async () => {
+    const since = new Date(Date.now() - 60_000);
+    await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '1 hour' where settled_at is not null`);
+    const kept = await held();
+    const captured = await held();
+    expect((await run((await capture({ chargeOperationId: captured.charge, key: 'd' })).operationId)).operation.status).toBe('succeeded');
+    const canceled = await held();
+    expect((await run((await cancel({ chargeOperationId: canceled.charge, key: 'd' })).operationId)).operation.status).toBe('succeeded');
+    const connected = await held({ stripeAccount: 'acct_1DriftShop' });
+    const lost = await held();
+    e.emulator.expire(lost.pi); // its webhook never arrived
+    const report = await driftReport(t.pool, e.gateway(), since);
+    const ours = new Set([kept, captured, canceled, connected, lost].map((h) => h.charge));
+    expect(report.drift.filter((d) => d.operationId !== null && ours.has(d.operationId))).toEqual([
+      expect.objectContaining({ kind: 'released_hold', operationId: lost.charge, chargeIds: [lost.pi] }),
+    ]);
   });
 });

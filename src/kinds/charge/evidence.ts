@@ -6,6 +6,7 @@ import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Ref
 import { accountOf, FAILED_CHARGE_STATUSES, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
 import type { ChargePayload } from './input.ts';
 import type { Queryable } from '../../db/pool.ts';
+import { CANCEL } from '../cancel/index.ts';
 
 /** The kind's name: its queue's, and the operations' `kind`. */
 export const CHARGE = 'charge';
@@ -120,9 +121,12 @@ async function noCharge(
  * - duplicate_charge: more than one succeeded charge carries the same operation id;
  * - charged_not_succeeded: a succeeded charge for an operation that is not succeeded;
  * - amount_mismatch: the operation's charge has another amount or currency;
- * - missing_charge: a succeeded operation whose charge is not among Stripe's charges.
+ * - missing_charge: a succeeded operation whose charge is not among Stripe's charges, or does not show
+ *   it charged (an authorization: held or captured);
+ * - released_hold: a succeeded authorization released in Stripe that no succeeded cancel records.
+ * Stripe lists the platform's PaymentIntents: a connected account's charge is checked by retrieve.
  */
-async function chargeDrift(gateway: PaymentGateway, { since, operations, succeeded }: DriftContext) {
+async function chargeDrift(gateway: PaymentGateway, { since, operations, byExternalIds, succeeded }: DriftContext) {
   const charges = (await gateway.listCharges(since)).filter((c) => c.operationId !== undefined);
   const ids = [...new Set(charges.map((c) => c.operationId!))].filter(isOperationId);
   const ops = new Map((await operations(ids)).map((o) => [o.id, o]));
@@ -151,14 +155,22 @@ async function chargeDrift(gateway: PaymentGateway, { since, operations, succeed
       }
     }
   }
-  const listed = new Set(charges.map((c) => c.id));
+  const listed = new Map(charges.map((c) => [c.id, c]));
+  const released: Operation[] = [];
   for (const op of succeeded) {
-    if (!op.external_id || !listed.has(op.external_id)) {
-      // It may predate `since`: retrieve it before calling it missing.
-      const found = op.external_id ? await gateway.retrieveCharge(op.external_id).catch(() => undefined) : undefined;
-      if (!found || found.status !== 'succeeded') {
-        drift.push({ kind: 'missing_charge', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `charge is ${found.status}` : 'charge not found' });
-      }
+    // It may predate `since`, or be on a connected account (the listing is the platform's): retrieve it
+    // there before calling it missing.
+    const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveCharge(op.external_id, accountOf(op)).catch(() => undefined))) : undefined;
+    if (found && chargeSettles(op, found) === 'succeeded') continue;
+    if (found && isAuthorization(op) && found.status === 'canceled') released.push(op);
+    else drift.push({ kind: 'missing_charge', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `charge is ${found.status}` : 'charge not found' });
+  }
+  // An authorization released in Stripe is accounted for by a succeeded cancel of it (outboxd's, or the
+  // one its webhook recorded); without one, the application still believes the funds are held.
+  const cancels = released.length ? await byExternalIds(CANCEL, released.map((o) => o.external_id!)) : [];
+  for (const op of released) {
+    if (!cancels.some((c) => c.parent_operation_id === op.id && c.status === 'succeeded')) {
+      drift.push({ kind: 'released_hold', operationId: op.id, chargeIds: [op.external_id!], detail: 'the authorization was released in Stripe (expired or cancelled), and no cancel operation records it' });
     }
   }
   return { listed: charges.length, label: 'charges', drift, operationIds: [...ops.keys()] };

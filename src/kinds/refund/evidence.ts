@@ -108,7 +108,7 @@ async function refundDrift(gateway: PaymentGateway, { since, operations, byExter
   const listed = new Map(refunds.map((r) => [r.id, r]));
   for (const op of succeeded) {
     // It may predate `since`: retrieve it before calling it missing.
-    const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveRefund(op.external_id).catch(() => undefined))) : undefined;
+    const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveRefund(op.external_id, accountOf(op)).catch(() => undefined))) : undefined;
     if (!found || found.status !== 'succeeded') {
       drift.push({ kind: 'missing_refund', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `refund is ${found.status}` : 'refund not found' });
     }
