@@ -39,6 +39,8 @@ function fromCharge(op: Operation, charge: Charge): Outcome {
   if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch, retry: false, requestId };
   if (charge.status === 'succeeded') return { kind: 'succeeded', externalId: charge.id, requestId };
   if (FAILED_CHARGE_STATUSES.has(charge.status)) return { kind: 'failed', externalId: charge.id, reason: `payment intent ${charge.status}`, requestId };
+  // SEPA Debit, ACH: days until the bank answers. Waiting, not unknown (src/engine/processing.ts).
+  if (charge.status === 'processing') return { kind: 'processing', externalId: charge.id, reason: 'payment intent processing', requestId };
   return { kind: 'ambiguous', externalId: charge.id, reason: `payment intent ${charge.status}`, requestId };
 }
 
