@@ -170,6 +170,10 @@ export interface PaymentOperation {
   /** Held for a person (see reviewReason); its status is still pending or unknown. */
   needsReview: boolean;
   reviewReason: string | null;
+  /** When Stripe first said the payment is `processing` (a refund `pending`): waiting since then. */
+  processingSince: Date | null;
+  /** While it waits on `processing`: when it is retrieved next. */
+  nextCheckAt: Date | null;
   settledAt: Date | null;
   createdAt: Date;
   updatedAt: Date;
@@ -435,6 +439,8 @@ function toPaymentOperation(op: Operation): PaymentOperation {
     lastError: op.last_error,
     needsReview: op.needs_review,
     reviewReason: op.review_reason,
+    processingSince: op.processing_since,
+    nextCheckAt: op.next_check_at,
     settledAt: op.settled_at,
     createdAt: op.created_at,
     updatedAt: op.updated_at,

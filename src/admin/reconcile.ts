@@ -10,9 +10,10 @@ export async function reconcileNow(
   pool: Pool,
   gateway: PaymentGateway,
   boss: PgBoss,
-  opts: { actor: string; owner: string; leaseTtlMs: number; log: Logger },
+  opts: { actor: string; owner: string; leaseTtlMs: number; log: Logger; processingReviewDays?: number },
 ): Promise<SweepReport> {
-  const report = await reconcileSweep(pool, gateway, boss, { owner: opts.owner, leaseTtlMs: opts.leaseTtlMs, log: opts.log });
+  const { actor: _actor, ...sweep } = opts;
+  const report = await reconcileSweep(pool, gateway, boss, sweep);
   const decisions = report.decisions.map((d) => ({ operationId: d.operationId, to: d.to, outcome: d.outcome, evidence: d.evidence }));
   await recordAudit(pool, {
     actor: opts.actor,

@@ -374,7 +374,7 @@ program
           if (report.drift.length > 0) process.exitCode = EXIT.drift;
           return;
         }
-        const report = await withBoss(url, (boss) => reconcileNow(pool, gateway, boss, { actor: o.actor, owner: `cli:${process.pid}`, leaseTtlMs: config.worker.leaseTtlMs, log: log! }));
+        const report = await withBoss(url, (boss) => reconcileNow(pool, gateway, boss, { actor: o.actor, owner: `cli:${process.pid}`, leaseTtlMs: config.worker.leaseTtlMs, log: log!, processingReviewDays: config.processingReviewDays }));
         console.log(o.json ? JSON.stringify(report) : `${report.examined} examined: ${report.settled} settled, ${report.needsReview} need review, ${report.skipped} skipped`);
       }),
     );

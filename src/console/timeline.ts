@@ -28,6 +28,7 @@ const TONE_OF_OUTCOME: Record<string, Tone> = {
   needs_review: 'bad',
   rate_limited: 'info',
   not_executed: 'info',
+  processing: 'info',
 };
 
 /** A repeated event's count in its title, and when it last happened among its facts. */

@@ -87,6 +87,12 @@ export const paymentOperations = outboxd.table(
     result: jsonb('result'),
     /** Executions of an at-least-once effect after one that may have acted: possible duplicates. */
     possibleDuplicates: integer('possible_duplicates').notNull().default(0),
+    /** When Stripe first answered that the payment is `processing` (a refund: `pending`): a payment that
+     * takes days (SEPA Debit, ACH) waits, checked again on a slowing schedule, and is held for a person
+     * only PROCESSING_REVIEW_DAYS after this (src/engine/processing.ts). Kept once settled. */
+    processingSince: timestamp('processing_since', { withTimezone: true }),
+    /** While it waits on `processing`: when its job retrieves it next (null otherwise). */
+    nextCheckAt: timestamp('next_check_at', { withTimezone: true }),
     ...timestamps,
   },
   (t) => [

@@ -14,6 +14,8 @@
 //              with backoff
 //           ─▶ nothing executed (429, 401/403, a check that found nothing done): in one transaction with
 //              the outcome, the job completes and a fresh one drives the operation later
+//           ─▶ still processing (SEPA Debit, ACH): the same, the fresh job on a slowing schedule
+//              (src/engine/processing.ts), spending no retry; past the review age, held for a person
 //           ─▶ held for a person (key misuse, a charge that is not this operation's, two charges):
 //              dead-lettered at once, not retried 40 times
 //           ─▶ leased by a live claim, or its row locked by another transaction: retried later, never dropped
@@ -34,13 +36,13 @@ import type { PaymentGateway } from '../stripe/gateway.ts';
 import {
   claimAttempt,
   claimOperation,
-  executedNothing,
   flagForReview,
   isOperationId,
   isSettled,
   peekOperation,
   releaseLease,
   renewLease,
+  reschedules,
   StaleFenceError,
   type OperationState,
   type Outcome,
@@ -67,6 +69,8 @@ export interface DispatcherOptions {
   relayIntervalMs?: number;
   /** Jobs each loop fetches per round trip (FETCH_BATCH; never more than concurrency). */
   fetchBatch?: number;
+  /** A payment still processing this many days after it first was is held for a person (PROCESSING_REVIEW_DAYS). */
+  processingReviewDays?: number;
 }
 
 /** Jobs fetched per round trip: measured with npm run bench, a batch cuts the statements and commits of
@@ -182,6 +186,7 @@ export class Dispatcher {
           leaseTtlMs: this.opts.leaseTtlMs,
           log: this.log,
           ...(this.opts.keyWindowSeconds !== undefined ? { keyWindowSeconds: this.opts.keyWindowSeconds } : {}),
+          ...(this.opts.processingReviewDays !== undefined ? { processingReviewDays: this.opts.processingReviewDays } : {}),
         });
         const prunedEvents = await pruneWebhookEvents(this.deps.pool, this.opts.webhookRetentionDays ?? 30);
         const summary = { examined: report.examined, settled: report.settled, needsReview: report.needsReview, undriven: report.undriven.length, prunedEvents };
@@ -302,16 +307,18 @@ export class Dispatcher {
         signal: call.signal,
         checkLease: held.check,
         onCallEnded: endCall,
+        ...(this.opts.processingReviewDays !== undefined ? { processingReviewDays: this.opts.processingReviewDays } : {}),
         // Nothing executed, so this was no attempt: it must not spend the job's retries (40 of them would
-        // dead-letter an operation that only ever met 429s). The job completes, and a fresh one drives the
-        // operation again later, in the transaction that records the outcome.
-        onNothingExecuted: async (tx, op, outcome) => {
+        // dead-letter an operation that only ever met 429s). Nor may a payment that takes days (it would
+        // be dead-lettered after some hours). The job completes, and a fresh one drives the operation
+        // again later, in the transaction that records the outcome: no instant without a job.
+        onRescheduled: async (tx, op, outcome, recheckSeconds) => {
           // Fenced to this attempt by pg-boss; `affected` is returned at runtime though not declared.
           const { affected } = (await boss.complete(queueFor(kind), { id: job.id, retryCount: job.retryCount }, null, {
             db: bossDb(tx),
           })) as { affected: number };
           if (affected === 0) opLog.warn('job attempt was no longer ours at completion; the operation was recorded all the same');
-          else await untraced(() => enqueueOperation(boss, bossDb(tx), op, notAnAttemptDelaySeconds(outcome)));
+          else await untraced(() => enqueueOperation(boss, bossDb(tx), op, recheckSeconds ?? notAnAttemptDelaySeconds(outcome)));
         },
       });
       const { operation: op, policy, outcome } = run;
@@ -324,8 +331,8 @@ export class Dispatcher {
         metrics.jobs.inc({ result: 'settled' });
         return completed; // by pg-boss, after the outcome
       }
-      if (outcome && executedNothing(outcome)) {
-        metrics.jobs.inc({ result: 'rescheduled' });
+      if (outcome && reschedules(outcome)) {
+        metrics.jobs.inc({ result: outcome.kind === 'processing' ? 'processing' : 'rescheduled' });
         return completed; // done in the outcome's transaction, with a new job for later
       }
       if (outcome?.kind === 'needs_review' && !outcome.retry) {

@@ -11,13 +11,14 @@ import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import { ATTR, operationAttributes, outcomeOn, withSpan } from '../telemetry/tracing.ts';
 import { GatewayError } from '../stripe/gateway.ts';
+import { judgeProcessing, PROCESSING_REVIEW_DAYS } from './processing.ts';
 import {
-  executedNothing,
   flagForReview,
   isSettled,
   loadOperation,
   recordAttempt,
   recordOutcome,
+  reschedules,
   type BegunAttempt,
   type LoadedOperation,
   type Operation,
@@ -44,9 +45,13 @@ export interface ExecuteOptions {
   /** The call has returned: the dispatcher gives its slot to the next operation while this outcome is
    * recorded. */
   onCallEnded?: () => void;
-  /** Runs inside the transaction that records an outcome that executed nothing (the dispatcher replaces
-   * its job there). Every other outcome is one statement, committed on its own. */
-  onNothingExecuted?: (tx: Tx, op: Operation, outcome: Outcome) => Promise<void>;
+  /** Runs inside the transaction that records an outcome that executed nothing, or a payment still
+   * processing (the dispatcher replaces its job there, by a job `recheckSeconds` later for the latter).
+   * Every other outcome is one statement, committed on its own. Without it, a processing payment is
+   * recorded with no next check: the caller (the reconcile sweep) drives no job. */
+  onRescheduled?: (tx: Tx, op: Operation, outcome: Outcome, recheckSeconds: number | undefined) => Promise<void>;
+  /** A payment processing this long (from its first `processing`) is held for a person (PROCESSING_REVIEW_DAYS). */
+  processingReviewDays?: number;
   /** Passed to an application effect's calls: aborted when the claim is lost or the worker stops (with
    * a CallAbandoned reason: a call that then fails has no outcome recorded). */
   signal?: AbortSignal;
@@ -120,7 +125,7 @@ export async function executeOperation(
   // 4. The external call. No transaction is open and no connection is held.
   const started = performance.now();
   const traced = { ...operationAttributes(op, fence), [ATTR.call]: call, [ATTR.attempt]: attempts, [ATTR.policy]: effect.policy };
-  const outcome = await withSpan('outboxd.gateway', traced, (span) => {
+  const answered = await withSpan('outboxd.gateway', traced, (span) => {
     const made = effect.calls[call];
     if (!made) throw new Error(`kind ${op.kind} has no ${call} call`);
     const signal = opts.signal ?? new AbortController().signal;
@@ -135,6 +140,10 @@ export async function executeOperation(
   });
   const durationMs = Math.round(performance.now() - started);
   opts.onCallEnded?.();
+  // Still processing (days, for SEPA Debit or ACH): waiting, checked again later, or held for a person
+  // past the review age.
+  const judged = answered.kind === 'processing' ? judgeProcessing(op, answered, opts.processingReviewDays ?? PROCESSING_REVIEW_DAYS) : undefined;
+  const outcome = judged?.outcome ?? answered;
   // The caller's logger names the operation and its kind; this line says what the call did.
   log?.info({ orderId: op.order_id, policy: effect.policy, call, attempt: attempts, outcome: outcome.kind, durationMs }, 'gateway call finished');
   if (outcome.kind === 'needs_review') log?.error({ reason: outcome.reason }, 'operation needs review');
@@ -142,14 +151,15 @@ export async function executeOperation(
   // 5. Record the outcome, fenced: one statement that also ends the lease, committed on its own. An
   //    outcome that executed nothing is recorded in one short transaction with what the caller commits
   //    beside it.
-  const made = { call, attempt, durationMs };
+  const beside = reschedules(outcome) ? opts.onRescheduled : undefined;
+  const recheckSeconds = beside ? judged?.recheckSeconds : undefined;
+  const made = { call, attempt, durationMs, recheckSeconds };
   const source = opts.source ?? 'dispatcher';
-  const beside = executedNothing(outcome) ? opts.onNothingExecuted : undefined;
   const operation = await withSpan('outboxd.record_outcome', { ...traced, [ATTR.outcome]: outcome.kind }, async (span) => {
     const recorded = beside
       ? await inTransaction(db, async (tx) => {
           const inTx = await recordOutcome(tx, op, fence, outcome, source, made);
-          await beside(tx, inTx, outcome);
+          await beside(tx, inTx, outcome, recheckSeconds);
           return inTx;
         })
       : await recordOutcome(db, op, fence, outcome, source, made);

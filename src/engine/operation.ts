@@ -8,7 +8,9 @@
 //      │    ╲──────────▶ unknown ──────────▶ succeeded | failed   (retry with the same key, retrieve,
 //      │  ambiguous      │    ▲                                    or search once the key window passed)
 //      │  (timeout, 5xx, └────┘ still ambiguous / review needed
-//      │   409, processing…)
+//      │   409, requires_action…)
+//      │        processing ──▶ unknown, waiting: retrieved again on a slowing schedule (processing_since,
+//      │                       next_check_at); held for a person past PROCESSING_REVIEW_DAYS
 //      └─▶ pending  (429, 401/403, connection refused: nothing executed, status unchanged, and the key
 //                    window this attempt opened is closed again)
 //   unknown ──▶ pending  (a reconcile-before-retry kind's check found the earlier execution did not
@@ -31,6 +33,10 @@ export { OperationNotFoundError, StaleFenceError };
 export const executedNothing = (outcome: Outcome): boolean =>
   outcome.kind === 'rate_limited' || outcome.kind === 'not_executed' || outcome.kind === 'not_done';
 
+/** Outcomes after which the job is replaced by a later one rather than retried by pg-boss: nothing was
+ * executed (no attempt spent), or the payment is still processing (waiting days is not a failure). */
+export const reschedules = (outcome: Outcome): boolean => executedNothing(outcome) || outcome.kind === 'processing';
+
 /** The transition table: the status an outcome moves an unsettled operation to. */
 export function nextStatus(current: OperationStatus, outcome: Outcome): OperationStatus {
   if (isSettled(current)) throw new Error(`operation is settled (${current}); outcomes cannot change it`);
@@ -40,6 +46,7 @@ export function nextStatus(current: OperationStatus, outcome: Outcome): Operatio
     case 'failed':
       return 'failed';
     case 'ambiguous':
+    case 'processing':
     case 'needs_review':
       return 'unknown';
     case 'rate_limited':
@@ -89,6 +96,8 @@ export interface CallMade {
   call: 'create' | 'retrieve' | 'search' | 'check';
   attempt: Attempt;
   durationMs: number;
+  /** A processing payment whose job is replaced by one this much later: its next_check_at. */
+  recheckSeconds?: number | undefined;
 }
 
 /** Fenced: applies an outcome through the transition table, ends the claim's lease, and returns the
@@ -139,6 +148,7 @@ export async function recordOutcome(
     source,
     event,
     result,
+    recheck_seconds: made.recheckSeconds ?? null,
   };
   const recorded = await coalesced(db, 'recordOutcomes', (writes: OutcomeRow[]) => recordOutcomes(db, writes))(write);
   if (recorded instanceof StaleFenceError) throw recorded;
@@ -171,6 +181,8 @@ interface OutcomeRow {
   event: Record<string, unknown>;
   /** An application effect's result, JSON. */
   result: string | null;
+  /** Set for a processing payment whose job is replaced: next_check_at is that far from now. */
+  recheck_seconds: number | null;
 }
 
 async function recordOutcomes(db: Queryable, writes: OutcomeRow[]): Promise<(Operation | StaleFenceError)[]> {

@@ -159,7 +159,7 @@ export function adminRoutes(deps: AdminDeps): Route[] {
       'POST',
       '/admin/reconcile',
       guarded(async ({ res }) => {
-        const report = await reconcileNow(deps.pool, evidence(), deps.boss, { actor, owner: deps.workerId, leaseTtlMs: deps.config.worker.leaseTtlMs, log: deps.log });
+        const report = await reconcileNow(deps.pool, evidence(), deps.boss, { actor, owner: deps.workerId, leaseTtlMs: deps.config.worker.leaseTtlMs, log: deps.log, processingReviewDays: deps.config.processingReviewDays });
         sendJson(res, 200, report);
       }),
     ],

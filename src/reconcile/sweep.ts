@@ -49,6 +49,8 @@ export interface SweepOptions {
   limit?: number;
   keyWindowSeconds?: number;
   undrivenAfterSeconds?: number;
+  /** PROCESSING_REVIEW_DAYS (src/engine/processing.ts). */
+  processingReviewDays?: number;
 }
 
 export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: PgBoss, opts: SweepOptions): Promise<SweepReport> {
@@ -68,7 +70,8 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
     traceOperation(lease.operation, lease.fence);
     const log = opts.log.child({ operationId: id, kind: lease.operation.kind, fence: lease.fence });
     try {
-      const run = await executeOperation(pool, kinds, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log });
+      const review = opts.processingReviewDays !== undefined ? { processingReviewDays: opts.processingReviewDays } : {};
+      const run = await executeOperation(pool, kinds, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log, ...review });
       rateLimited = run.outcome?.kind === 'rate_limited';
       const op: Operation = run.operation;
       const decision: SweepDecision = {

@@ -69,6 +69,9 @@ export const envSchema = z.object({
   /** A failed resolution waits this long after the last create that may have executed: Stripe's search
    * normally lags under a minute, longer during incidents. */
   SEARCH_FRESHNESS_SECONDS: intInRange(0, 7 * 86_400, 3_600),
+  /** A payment still `processing` (a refund `pending`) this many days after it first was is held for a
+   * person; until then it waits, checked on a slowing schedule (src/engine/processing.ts). */
+  PROCESSING_REVIEW_DAYS: intInRange(1, 365, 14),
   /** One onSettled delivery's time (the application's handler, and a transactional one's transaction)
    * before it counts as failed and is retried. Read by the library (settlementHandlerTimeoutFromEnv). */
   SETTLEMENT_HANDLER_TIMEOUT_MS: intInRange(100, 3_600_000, 30_000),
@@ -128,6 +131,7 @@ export interface Config {
   /** The timeline's and the audit trail's (src/outbox/retention.ts). */
   retentionDays: { operationEvents: number; audit: number };
   searchFreshnessSeconds: number;
+  processingReviewDays: number;
   logLevel: Env['LOG_LEVEL'];
   /** Undefined: tracing is off (no endpoint, or OTEL_SDK_DISABLED). */
   tracing: TracingConfig | undefined;
@@ -205,6 +209,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     webhookRetentionDays: e.WEBHOOK_RETENTION_DAYS,
     retentionDays: { operationEvents: e.OPERATION_EVENTS_RETENTION_DAYS, audit: e.AUDIT_RETENTION_DAYS },
     searchFreshnessSeconds: e.SEARCH_FRESHNESS_SECONDS,
+    processingReviewDays: e.PROCESSING_REVIEW_DAYS,
     logLevel: e.LOG_LEVEL,
     tracing: tracingConfig(e),
   };

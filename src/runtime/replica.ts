@@ -62,6 +62,7 @@ export async function composeReplica(o: {
       webhookRetentionDays: config.webhookRetentionDays,
       pruneCron: PRUNE_CRON,
       retentionDays: config.retentionDays,
+      processingReviewDays: config.processingReviewDays,
     },
   );
   return {

@@ -19,7 +19,7 @@ const OPERATION_COLUMNS = [
   'id', 'order_id', 'kind', 'policy', 'amount', 'currency', 'customer_id', 'payment_method', 'metadata', 'status',
   'external_id', 'attempts', 'first_attempted_at', 'last_attempted_at', 'last_error', 'last_outcome', 'review_reason',
   'needs_review', 'settled_at', 'fence', 'lease_owner', 'lease_expires_at', 'traceparent', 'parent_operation_id',
-  'effect_key', 'payload', 'result', 'possible_duplicates', 'created_at', 'updated_at',
+  'effect_key', 'payload', 'result', 'possible_duplicates', 'processing_since', 'next_check_at', 'created_at', 'updated_at',
 ] as const;
 export const operationColumns = (alias?: string): string => OPERATION_COLUMNS.map((c) => (alias ? `${alias}.${c}` : c)).join(', ');
 

@@ -148,7 +148,8 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
    * go back to first_attempted_at/last_attempted_at: a window that only such calls opened is not open (or
    * a check found that no earlier execution happened: they go back to null). `event`: what the timeline
    * keeps of the call (its outcome, duration, Stripe's request id), written by the same statement.
-   * `result`: an application effect's (JSON). One row per outcome, in order: `id` is null when the fence
+   * `result`: an application effect's (JSON). A `processing` outcome stamps processing_since once (when
+   * it first waited); `recheck_seconds` sets next_check_at (every other outcome clears it). One row per outcome, in order: `id` is null when the fence
    * moved or the operation had settled, and current_* say what it holds. */
   recordOutcomes: statement<[outcomes: string]>(
     'outboxd_record_outcomes',
@@ -156,7 +157,7 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
        select * from jsonb_to_recordset($1::jsonb) as x(
          ord int, id uuid, fence bigint, status text, external_id text, last_outcome text, last_error text,
          review_reason text, undo boolean, first_attempted_at timestamptz, last_attempted_at timestamptz,
-         source text, event jsonb, result text)
+         source text, event jsonb, result text, recheck_seconds int)
      ), op as (
      update ${s}.payment_operations o
      set status = x.status, external_id = coalesce(x.external_id, o.external_id), last_outcome = x.last_outcome,
@@ -166,6 +167,8 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
          first_attempted_at = case when x.undo then x.first_attempted_at else o.first_attempted_at end,
          last_attempted_at = case when x.undo then x.last_attempted_at else o.last_attempted_at end,
          result = coalesce(x.result::jsonb, o.result),
+         processing_since = case when x.last_outcome = 'processing' then coalesce(o.processing_since, now()) else o.processing_since end,
+         next_check_at = now() + make_interval(secs => x.recheck_seconds),
          updated_at = now(), lease_owner = null, lease_expires_at = null,
          settled_at = case when x.status in ('succeeded', 'failed') then now() end
      from input x
@@ -208,7 +211,7 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
      update ${s}.payment_operations
      set fence = fence + 1, lease_owner = null, lease_expires_at = null,
          status = $2, external_id = coalesce($3, external_id), last_outcome = $4, last_error = $5,
-         review_reason = null, settled_at = now(), updated_at = now()
+         review_reason = null, next_check_at = null, settled_at = now(), updated_at = now()
      where id = $1 and ${UNSETTLED}
      returning ${operationColumns()}
      ), ${settlementEvent('$6')},
@@ -226,7 +229,7 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
      update ${s}.payment_operations
      set lease_owner = null, lease_expires_at = null,
          status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
-         review_reason = null, settled_at = now(), updated_at = now()
+         review_reason = null, next_check_at = null, settled_at = now(), updated_at = now()
      where id = $1 and fence = $2 and ${UNSETTLED}
      returning ${operationColumns()}
      ), ${settlementEvent("'admin'")},

@@ -6,8 +6,9 @@ export const reconcileStatements = ({ UNSETTLED, boss, operationColumns, s, stat
   /** What the reconcile sweep may decide, of the kinds it reconciles through the provider ($3): a known
    * object to retrieve, a key window that has passed, or an operation held for review after an attempt
    * that may have acted (searched read-only inside the window too: a dead-lettered job drives it no
-   * more). Other operations inside the window without an external id are the dispatcher's, and leased
-   * ones are busy. */
+   * more). Other operations inside the window without an external id are the dispatcher's, leased
+   * ones are busy, and a payment waiting on `processing` (next_check_at) is its job's, on its schedule,
+   * unless held for review (its job was lost, say). */
   reconcileCandidates: statement<[keyWindowSeconds: number, limit: number, kinds: readonly string[]]>(
     'outboxd_reconcile_candidates',
     `select id from ${s}.payment_operations
@@ -16,6 +17,7 @@ export const reconcileStatements = ({ UNSETTLED, boss, operationColumns, s, stat
             or first_attempted_at < now() - make_interval(secs => $1)
             or (review_reason is not null and first_attempted_at is not null))
        and (lease_expires_at is null or lease_expires_at < now())
+       and (next_check_at is null or review_reason is not null)
      order by updated_at
      limit $2`,
   ),

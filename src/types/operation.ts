@@ -27,6 +27,11 @@ export interface Operation {
   result: unknown;
   /** Executions of an at-least-once effect after one that may have acted. */
   possible_duplicates: number;
+  /** When the provider first said the effect is still under way (a PaymentIntent `processing`, a
+   * Refund `pending`): it waits from then, not stuck (src/engine/processing.ts). */
+  processing_since: Date | null;
+  /** While it waits: when its job checks it next. */
+  next_check_at: Date | null;
   status: OperationStatus;
   external_id: string | null;
   attempts: number;
@@ -60,6 +65,9 @@ export type Outcome = (
   | { kind: 'succeeded'; externalId: string | null; result?: string }
   | { kind: 'failed'; externalId: string | null; reason: string }
   | { kind: 'ambiguous'; externalId: string | null; reason: string }
+  /** The provider has the effect and is still carrying it out (SEPA Debit, ACH: days): waiting, not
+   * unknown. Retrieved again on a slowing schedule, never created again. */
+  | { kind: 'processing'; externalId: string; reason: string }
   | { kind: 'rate_limited'; reason: string }
   | { kind: 'not_executed'; reason: string }
   /** A kind's check found that an earlier execution did not happen: it may be executed again. */

@@ -73,8 +73,9 @@ describe('an authorization', () => {
       const record = await operationRecord(t.pool, op);
       return String(operationPage(op, record, timeline(op, record), {}, { csrfToken: 'x', now, dashboard: 'https://dashboard.stripe.com/test' }));
     };
-    const now = await page(new Date());
-    expect(now).toMatch(/<dt>Authorization<\/dt><dd>holds <span class="amount"[^>]*>25\.99 EUR<\/span> until [^<]+ \(6 d 2[23] h left to capture\)/);
+    const captureBefore = new Date(((await operation(t, charge)).result as { capture_before: string }).capture_before);
+    const now = await page(new Date(captureBefore.getTime() - (3 * 86_400 + 3_600) * 1000));
+    expect(now).toMatch(/<dt>Authorization<\/dt><dd>holds <span class="amount"[^>]*>25\.99 EUR<\/span> until [^<]+ \(3 d 1 h left to capture\)/);
     expect(now).toContain('href="https://dashboard.stripe.com/test/connect/accounts/acct_1ConsoleShop"');
     expect(await page(new Date(Date.now() + 8 * 86_400_000))).toMatch(/<strong>expired<\/strong>/);
   });

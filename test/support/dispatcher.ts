@@ -20,7 +20,7 @@ export async function startDispatcher(
   t: TestDb,
   gateway: PaymentGateway,
   workerId: string,
-  opts: { leaseTtlMs?: number; concurrency?: number; fetchBatch?: number; log?: Logger; effects?: EffectDefinitions; beforeStart?: (boss: PgBoss) => void; pruneCron?: string } = {},
+  opts: { leaseTtlMs?: number; concurrency?: number; fetchBatch?: number; log?: Logger; effects?: EffectDefinitions; beforeStart?: (boss: PgBoss) => void; pruneCron?: string; processingReviewDays?: number } = {},
 ): Promise<InProcessReplica> {
   const boss = createBoss(t.url, 'worker', 3, t.schema, t.url);
   boss.on('error', () => {});
@@ -29,7 +29,7 @@ export async function startDispatcher(
   const metrics = createMetrics({ db: t.pool, boss });
   const dispatcher = new Dispatcher(
     { boss, pool: t.pool, gateway, log: opts.log ?? createLogger('silent'), metrics, kinds: kindsFor(gateway, opts.effects) },
-    { workerId, concurrency: opts.concurrency ?? 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000, ...(opts.fetchBatch ? { fetchBatch: opts.fetchBatch } : {}), ...(opts.pruneCron ? { pruneCron: opts.pruneCron } : {}) },
+    { workerId, concurrency: opts.concurrency ?? 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000, ...(opts.fetchBatch ? { fetchBatch: opts.fetchBatch } : {}), ...(opts.pruneCron ? { pruneCron: opts.pruneCron } : {}), ...(opts.processingReviewDays ? { processingReviewDays: opts.processingReviewDays } : {}) },
   );
   await dispatcher.start();
   // Draining ends the relay loop too: left running, it would keep taking later tests' outbox rows.

@@ -25,6 +25,7 @@ const KNOWN = new Set([
   'id', 'kind', 'order_id', 'amount', 'currency', 'customer_id', 'payment_method', 'metadata', 'status', 'external_id',
   'attempts', 'first_attempted_at', 'last_attempted_at', 'last_outcome', 'last_error', 'review_reason', 'needs_review',
   'settled_at', 'fence', 'lease_owner', 'lease_expires_at', 'created_at', 'updated_at', 'parent_operation_id',
+  'processing_since', 'next_check_at',
 ]);
 
 export function operationPage(
@@ -42,6 +43,7 @@ export function operationPage(
 </div>
 ${state.notice ? notice(state.notice.kind, state.notice.text) : nothing}
 ${op.review_reason ? html`<div class="held" role="note"><strong>Held for review.</strong> ${op.review_reason}</div>` : nothing}
+${waitingNote(op, now)}
 <div class="op-grid">
   <div class="op-main">
     <section aria-labelledby="fields-title" class="panel">
@@ -63,6 +65,8 @@ ${op.review_reason ? html`<div class="held" role="note"><strong>Held for review.
         ${keyOf(op.kind) ? field('Key window', keyWindow(op, now), true) : nothing}
         ${field('Last create sent', when(op.last_attempted_at, now))}
         ${field('Last outcome', op.last_outcome ?? '—')}
+        ${op.processing_since ? field('Processing since', when(op.processing_since, now)) : nothing}
+        ${op.next_check_at && !isSettled(op.status) ? field('Next check', due(op.next_check_at, now)) : nothing}
         ${field('Last error', op.last_error ? html`<span class="error-text">${op.last_error}</span>` : '—', true)}
         ${field('Review reason', op.review_reason ?? '—', true)}
         ${field('Fence', String(op.fence))}
@@ -99,6 +103,20 @@ ${op.review_reason ? html`<div class="held" role="note"><strong>Held for review.
     </section>
   </aside>
 </div>`;
+}
+
+/** A payment that takes days (SEPA Debit, ACH) is waiting on Stripe, not stuck: since when, and when
+ * its job looks again (src/engine/processing.ts). */
+function waitingNote(op: Operation, now: Date): Fragment {
+  if (isSettled(op.status) || op.last_outcome !== 'processing' || !op.processing_since) return nothing;
+  const next = op.next_check_at ? html`next check ${due(op.next_check_at, now)}` : html`no check scheduled: it is checked by the reconcile sweep`;
+  return html`<div class="waiting" role="note"><strong>Waiting on Stripe: processing</strong> since ${when(op.processing_since, now)}; ${next}. A webhook settles it sooner; it is held for review only after PROCESSING_REVIEW_DAYS.</div>`;
+}
+
+/** A time to come, with how long until it (past: due now). */
+function due(at: Date, now: Date): Safe {
+  const left = (at.getTime() - now.getTime()) / 1000;
+  return html`<time datetime="${at.toISOString()}">${utc(at)}</time> <span class="age">(${left > 0 ? html`in ${span(left)}` : 'due now'})</span>`;
 }
 
 function field(label: string, value: Fragment, wide = false): Safe {

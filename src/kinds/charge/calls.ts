@@ -48,6 +48,8 @@ function fromCharge(op: Operation, charge: Charge): Outcome {
   // A hold keeps what it holds and until when: a capture is refused past it without asking Stripe.
   if (settles === 'succeeded') return { kind: 'succeeded', externalId: charge.id, requestId, ...(isAuthorization(op) ? { result: JSON.stringify(holdOf(charge)) } : {}) };
   if (settles === 'failed') return { kind: 'failed', externalId: charge.id, reason: `payment intent ${charge.status}`, requestId };
+  // SEPA Debit, ACH: days until the bank answers. Waiting, not unknown (src/engine/processing.ts).
+  if (charge.status === 'processing') return { kind: 'processing', externalId: charge.id, reason: 'payment intent processing', requestId };
   return { kind: 'ambiguous', externalId: charge.id, reason: `payment intent ${charge.status}`, requestId };
 }
 

@@ -39,6 +39,8 @@ function fromRefund(op: Operation, refund: Refund): Outcome {
   if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch, retry: false, requestId };
   if (refund.status === 'succeeded') return { kind: 'succeeded', externalId: refund.id, requestId };
   if (FAILED_REFUND_STATUSES.has(refund.status)) return { kind: 'failed', externalId: refund.id, reason: `refund ${refund.status}`, requestId };
+  // A refund to a bank account may take days: waiting, not unknown (src/engine/processing.ts).
+  if (refund.status === 'pending') return { kind: 'processing', externalId: refund.id, reason: 'refund pending', requestId };
   return { kind: 'ambiguous', externalId: refund.id, reason: `refund ${refund.status}`, requestId };
 }
 

@@ -1,0 +1,2 @@
+ALTER TABLE "outboxd"."payment_operations" ADD COLUMN "processing_since" timestamp with time zone;--> statement-breakpoint
+ALTER TABLE "outboxd"."payment_operations" ADD COLUMN "next_check_at" timestamp with time zone;
