@@ -13,7 +13,7 @@ import { parseOrderInput } from '../kinds/charge/input.ts';
 import { CANCELLATION_REASONS, REFUND_REASONS } from '../stripe/gateway.ts';
 import { requestRefund } from '../kinds/refund/request.ts';
 import { requestCancel, requestCapture } from '../kinds/hold/request.ts';
-import { inTransaction } from '../db/pool.ts';
+import { inTransaction, type Tx } from '../db/pool.ts';
 import { createBoss } from '../outbox/outbox.ts';
 import type { PgBoss } from 'pg-boss';
 import { openDatabase, openGateway, openPool, serveEmulator, type Database } from '../runtime/open.ts';
@@ -200,21 +200,18 @@ program
   .option('--reverse-transfer', "a destination charge's refund: take the transfer back from the connected account")
   .option('--refund-application-fee', "a destination charge's refund: give the platform's fee back")
   .option('--json', 'machine-readable output')
-  .action(async (id: string, o) => {
-    await withDatabase(async ({ pool }) => {
-      const charge = await findOperation(pool, id);
-      const input = {
-        chargeOperationId: charge.id,
+  .action((id: string, o) =>
+    requestOfCharge(id, o, 'refund', (tx, chargeOperationId) =>
+      requestRefund(tx, {
+        chargeOperationId,
         amount: o.amount,
         key: o.key,
         ...(o.reason ? { reason: o.reason } : {}),
         ...(o.reverseTransfer ? { reverseTransfer: true } : {}),
         ...(o.refundApplicationFee ? { refundApplicationFee: true } : {}),
-      };
-      const { operationId, created } = await inTransaction(pool, (tx) => requestRefund(tx, input));
-      printRequested(o, operationId, created, `key ${o.key} of charge ${charge.id} was already requested: refund operation ${operationId}`);
-    });
-  });
+      }),
+    ),
+  );
 
 program
   .command('capture')
@@ -223,14 +220,11 @@ program
   .addOption(new Option('--key <key>', 'your name for this capture: the same key of the same charge is the same capture').makeOptionMandatory())
   .addOption(new Option('--amount <minor-units>', 'at most what it holds; default: all of it (the rest is released)').argParser(positiveInt))
   .option('--json', 'machine-readable output')
-  .action(async (id: string, o) => {
-    await withDatabase(async ({ pool }) => {
-      const charge = await findOperation(pool, id);
-      const input = { chargeOperationId: charge.id, key: o.key, ...(o.amount !== undefined ? { amount: o.amount } : {}) };
-      const { operationId, created } = await inTransaction(pool, (tx) => requestCapture(tx, input));
-      printRequested(o, operationId, created, `key ${o.key} of charge ${charge.id} was already requested: capture operation ${operationId}`);
-    });
-  });
+  .action((id: string, o) =>
+    requestOfCharge(id, o, 'capture', (tx, chargeOperationId) =>
+      requestCapture(tx, { chargeOperationId, key: o.key, ...(o.amount !== undefined ? { amount: o.amount } : {}) }),
+    ),
+  );
 
 program
   .command('cancel')
@@ -239,19 +233,24 @@ program
   .addOption(new Option('--key <key>', 'your name for this cancel: the same key of the same charge is the same cancel').makeOptionMandatory())
   .addOption(new Option('--reason <reason>').choices(CANCELLATION_REASONS))
   .option('--json', 'machine-readable output')
-  .action(async (id: string, o) => {
-    await withDatabase(async ({ pool }) => {
-      const charge = await findOperation(pool, id);
-      const input = { chargeOperationId: charge.id, key: o.key, ...(o.reason ? { reason: o.reason } : {}) };
-      const { operationId, created } = await inTransaction(pool, (tx) => requestCancel(tx, input));
-      printRequested(o, operationId, created, `key ${o.key} of charge ${charge.id} was already requested: cancel operation ${operationId}`);
-    });
-  });
+  .action((id: string, o) =>
+    requestOfCharge(id, o, 'cancel', (tx, chargeOperationId) => requestCancel(tx, { chargeOperationId, key: o.key, ...(o.reason ? { reason: o.reason } : {}) })),
+  );
 
-/** A request's answer: the operation id (JSON: with whether it was created); a key asked again says so. */
-function printRequested(o: { json?: boolean }, operationId: string, created: boolean, again: string): void {
-  console.log(o.json ? JSON.stringify({ operationId, created }) : operationId);
-  if (!created && !o.json) console.error(again);
+/** A refund, capture or cancel of a charge (by id or unique prefix) requested in one transaction; prints
+ * its operation id (JSON: with whether it was created), and says so when the key was asked before. */
+async function requestOfCharge(
+  id: string,
+  o: { key: string; json?: boolean },
+  what: string,
+  request: (tx: Tx, chargeOperationId: string) => Promise<{ operationId: string; created: boolean }>,
+): Promise<void> {
+  await withDatabase(async ({ pool }) => {
+    const charge = await findOperation(pool, id);
+    const { operationId, created } = await inTransaction(pool, (tx) => request(tx, charge.id));
+    console.log(o.json ? JSON.stringify({ operationId, created }) : operationId);
+    if (!created && !o.json) console.error(`key ${o.key} of charge ${charge.id} was already requested: ${what} operation ${operationId}`);
+  });
 }
 
 const ops = program.command('ops').description('payment operations');

@@ -44,6 +44,35 @@ describe('outboxd order confirm', () => {
     expect(JSON.parse(shown.stdout)).toMatchObject({ id: first.stdout.trim(), order_id: 'cli-1', amount: 1999, currency: 'eur', status: 'pending' });
   });
 
+  it('--capture manual and --stripe-account: an authorization on a connected account; capture and cancel it, refused with exit 2 when nothing is held', async () => {
+    const hold = await outboxd('order', 'confirm', '--order-id', 'cli-hold', '--amount', '1999', '--currency', 'eur', '--customer', 'cus_1',
+      '--payment-method', 'pm_card_visa', '--capture', 'manual', '--stripe-account', 'acct_1CliShop');
+    expect(hold.code).toBe(0);
+    const charge = hold.stdout.trim();
+    expect(JSON.parse((await outboxd('ops', 'show', charge)).stdout)).toMatchObject({ payload: { capture_method: 'manual', stripe_account: 'acct_1CliShop' } });
+    const early = await outboxd('capture', charge, '--key', 'ship');
+    expect(early.code).toBe(2);
+    expect(early.stderr).toMatch(/holds no funds/);
+    // Held, as a worker would have recorded it.
+    await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now(), external_id = 'pi_cli', result = '{"amount_capturable": 1999, "capture_before": null}' where id = $1`, [charge]);
+    const captured = await outboxd('capture', charge.slice(0, 8), '--key', 'ship', '--amount', '1500', '--json');
+    expect(captured.code).toBe(0);
+    const { operationId, created } = JSON.parse(captured.stdout);
+    expect(created).toBe(true);
+    const again = await outboxd('capture', charge, '--key', 'ship', '--amount', '1500');
+    expect(again.stdout.trim()).toBe(operationId);
+    expect(again.stderr.trim()).toBe(`key ship of charge ${charge} was already requested: capture operation ${operationId}`);
+    const automaticCharge = await confirm(t);
+    const before = await counts(t);
+    const cancel = await outboxd('cancel', charge, '--key', 'c', '--reason', 'abandoned');
+    expect(cancel.code).toBe(2);
+    expect(cancel.stderr).toMatch(/refund it instead/);
+    const automatic = await outboxd('capture', automaticCharge, '--key', 'k');
+    expect(automatic.code).toBe(2);
+    expect(automatic.stderr).toMatch(/captured automatically/);
+    expect(await counts(t)).toEqual(before);
+  });
+
   it('bad input: exit 2, the field named on stderr, nothing written', async () => {
     const before = await counts(t);
     const res = await outboxd('order', 'confirm', '--order-id', 'cli-2', '--amount', '-5', '--currency', 'eur', '--customer', 'c', '--payment-method', 'pm');

@@ -44,28 +44,31 @@ function fromIntent(rules: ChangeRules, op: Operation, pi: Charge, held: 'ambigu
   if (settled?.status === 'succeeded') return { kind: 'succeeded', externalId: pi.id, requestId, result: JSON.stringify({ status: pi.status, amount_received: pi.amountReceived, cancellation_reason: pi.cancellationReason }) };
   if (settled?.status === 'failed') return { kind: 'failed', externalId: pi.id, reason: settled.reason, requestId };
   const reason = `payment intent ${pi.status}: the ${rules.kind} has not happened`;
-  // Read without sending (the sweep's search): still held, so sending it is safe and due.
   return held === 'not_done' ? { kind: 'not_done', reason, requestId } : { kind: 'ambiguous', externalId: null, reason, requestId };
 }
 
 export function changeCalls(rules: ChangeRules, gateway: PaymentGateway): EffectCalls {
-  const read = async (op: Operation) => fromIntent(rules, op, await gateway.retrieveCharge(changePayloadOf(op).payment_intent, accountOf(op)), 'not_done');
+  /** The PaymentIntent as it is now; `held`: what a still-held authorization means after this call. */
+  const read = (held: 'ambiguous' | 'not_done') => async (op: Operation) =>
+    fromIntent(rules, op, await gateway.retrieveCharge(changePayloadOf(op).payment_intent, accountOf(op)), held);
   return {
     create: async (op) => {
-      const payload = changePayloadOf(op);
       try {
-        return fromIntent(rules, op, await rules.send(gateway, op, payload, accountOf(op)), 'ambiguous');
+        return fromIntent(rules, op, await rules.send(gateway, op, changePayloadOf(op), accountOf(op)), 'ambiguous');
       } catch (err) {
         // Refused by the PaymentIntent's state (already captured, cancelled, expired): what it shows decides.
-        if (err instanceof Rejected && err.code === 'payment_intent_unexpected_state') return read(op).then((o) => (o.kind === 'not_done' ? { ...o, kind: 'ambiguous', externalId: null } : o));
-        // The PaymentIntent an error names is the charge's, known already: not an object of this change,
-        // whose next attempt sends the change again rather than reading it.
-        if (err instanceof AmbiguousOutcome) return { kind: 'ambiguous', externalId: null, reason: `${err.name}${err.httpStatus ? ` ${err.httpStatus}` : ''}: ${err.message}`, requestId: err.requestId };
+        if (err instanceof Rejected && err.code === 'payment_intent_unexpected_state') return read('ambiguous')(op);
+        // The PaymentIntent an error names is the charge's, known already, not an object of this change:
+        // without it, the next attempt sends the change again rather than only reading it.
+        if (err instanceof AmbiguousOutcome && err.externalId !== undefined) {
+          throw new AmbiguousOutcome(err.message, err.httpStatus, undefined, { cause: err, requestId: err.requestId });
+        }
         throw err;
       }
     },
-    retrieve: read,
-    search: read,
+    // Read without sending (the sweep's search is read-only): still held, so sending it is safe and due.
+    retrieve: read('not_done'),
+    search: read('not_done'),
   };
 }
 
