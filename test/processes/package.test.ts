@@ -325,7 +325,7 @@ describe('the packed package in a fresh application', () => {
     await exec(process.execPath, ['app.mjs', 'setup'], { cwd: app, env: env(url) });
     const worker = start(url, 'npx', ['--no', 'outboxd', 'worker', '--effects', './effects.mjs']);
     await waitUntil(() => worker.lines.some((l) => l.msg === 'worker ready'), 30_000, 'the worker');
-    expect(worker.lines.find((l) => l.msg === 'worker ready')!.kinds).toEqual(['charge', 'refund', 'receipt']);
+    expect(worker.lines.find((l) => l.msg === 'worker ready')!.kinds).toEqual(['charge', 'refund', 'capture', 'cancel', 'receipt']);
 
     const { charged, receipt } = JSON.parse((await exec(process.execPath, ['app.mjs', 'charge-and-receipt'], { cwd: app, env: env(url) })).stdout);
     const show = async (id: string) => JSON.parse((await exec(process.execPath, ['app.mjs', 'show', id], { cwd: app, env: env(url) })).stdout);
