@@ -4,17 +4,19 @@
 // pages, a single match is then retrieved); operations with a known external object are retrieved;
 // other operations inside the window are left to the dispatcher. It never creates, and it claims each
 // operation with a lease and fence like any worker, so it can run beside the dispatchers.
-// Last, it flags any unsettled operation of any kind that no job drives any more (a dead-letter handler
-// that kept failing, a job lost by hand): never neither driven nor flagged.
+// Then it looks again at settled operations whose object Stripe changes by itself (an authorization past
+// its capture_before: released), for what the kind records of it (KindEvidence.followUp), in case no
+// webhook told. Last, it flags any unsettled operation of any kind that no job drives any more (a
+// dead-letter handler that kept failing, a job lost by hand): never neither driven nor flagged.
 import type { PgBoss } from 'pg-boss';
 import type { Pool } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import type { EffectCall } from '../engine/kinds.ts';
-import { kindsFor } from '../kinds/index.ts';
+import { evidenceOf, kindsFor } from '../kinds/index.ts';
 import { deadQueueFor, liveJobFor, queueFor } from '../outbox/outbox.ts';
-import { bossDb } from '../db/pool.ts';
+import { bossDb, inTransaction } from '../db/pool.ts';
 import { executeOperation, KEY_WINDOW_SECONDS } from '../engine/executor.ts';
-import type { PaymentGateway } from '../stripe/gateway.ts';
+import { accountOf, type PaymentGateway } from '../stripe/gateway.ts';
 import { claimOperation, flagForReview, releaseLease, StaleFenceError, type Operation } from '../engine/operation.ts';
 import { inBackground } from '../stripe/budgetedGateway.ts';
 import { ATTR, traceOperation, withSpan } from '../telemetry/tracing.ts';
@@ -39,6 +41,8 @@ export interface SweepReport {
   skipped: number;
   /** Operations flagged because no job drove them. */
   undriven: string[];
+  /** Settled operations whose object changed by itself, recorded (an authorization's release). */
+  followedUp: string[];
   decisions: SweepDecision[];
 }
 
@@ -59,7 +63,7 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
   // 429) turns a call away, the rest waits for the next sweep instead of each candidate waiting in turn.
   const kinds = kindsFor(inBackground(gateway));
   const { rows } = await pool.query(pool.sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500, kinds.reconciled));
-  const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, undriven: [], decisions: [] };
+  const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, undriven: [], followedUp: [], decisions: [] };
   let rateLimited = false;
   const sweepOne = (id: string) => withSpan('outboxd.reconcile', { [ATTR.operationId]: id }, async () => {
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, keyWindowSeconds);
@@ -98,8 +102,25 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
     if (rateLimited) report.skipped++;
     else await sweepOne(id);
   }
+  if (!rateLimited) report.followedUp = await followUp(pool, inBackground(gateway), opts);
   report.undriven = await flagUndriven(pool, boss, opts);
   return report;
+}
+
+/** Each kind's overdue settled operations, their objects retrieved (no transaction open) and handed to the
+ * kind's followUp, each in a transaction of its own. A failed retrieve waits for the next sweep. */
+async function followUp(pool: Pool, gateway: PaymentGateway, opts: SweepOptions): Promise<string[]> {
+  const recorded: string[] = [];
+  for (const { evidence } of evidenceOf(gateway)) {
+    if (!evidence.overdue || !evidence.followUp) continue;
+    for (const op of await evidence.overdue(pool, opts.limit ?? 500)) {
+      const object = await evidence.retrieve(op.external_id!, accountOf(op)).catch((err: unknown) => opts.log.warn({ err, operationId: op.id }, 'retrieving an overdue operation failed'));
+      if (!object || evidence.mismatch(op, object)) continue;
+      if (await inTransaction(pool, (tx) => evidence.followUp!(tx, op, object, 'reconcile'))) recorded.push(op.id);
+    }
+  }
+  if (recorded.length) opts.log.info({ operations: recorded }, 'recorded what Stripe changed by itself');
+  return recorded;
 }
 
 /** Flags unsettled operations that nothing drives. Each is claimed first, so no requeue or dispatcher

@@ -1,7 +1,7 @@
 // The statements of requesting a capture or a cancel of an authorization (src/kinds/hold/request.ts).
 import type { SqlContext } from './context.ts';
 
-export const holdStatements = ({ event, s, settlementEvent, statement }: SqlContext) => ({
+export const holdStatements = ({ event, operationColumns, s, settlementEvent, statement }: SqlContext) => ({
   /**
    * The first step, in the caller's transaction: the charge operation, locked by an update (of nothing)
    * until the caller commits, so that concurrent captures and cancels of one authorization are decided
@@ -43,11 +43,11 @@ export const holdStatements = ({ event, s, settlementEvent, statement }: SqlCont
   /**
    * An authorization Stripe released by itself (expired: cancellation_reason automatic) or that was
    * cancelled outside outboxd (the dashboard): recorded as a cancel operation of the charge under the
-   * key $2, settled succeeded from what Stripe showed ($3: the cancel's reason, $4: what it showed),
-   * with its settlement event, so that the application hears of it. Nothing when a cancel of the charge
+   * key $2, settled succeeded from what Stripe showed ($3: the cancel's reason, $4: what it showed; $5:
+   * what told, its webhook or the reconcile sweep), with its settlement event, so that the application hears of it. Nothing when a cancel of the charge
    * that has not failed exists already (its own outcome tells), or when the key was recorded before.
    */
-  recordRelease: statement<[chargeOperationId: string, key: string, reason: string | null, result: string]>(
+  recordRelease: statement<[chargeOperationId: string, key: string, reason: string | null, result: string, source: 'webhook' | 'reconcile']>(
     'outboxd_record_release',
     `with op as (
        insert into ${s}.payment_operations (kind, order_id, amount, currency, parent_operation_id, effect_key, payload,
@@ -61,8 +61,24 @@ export const holdStatements = ({ event, s, settlementEvent, statement }: SqlCont
                          where x.order_id = c.order_id and x.kind = 'cancel' and x.parent_operation_id = c.id and x.status <> 'failed')
        on conflict (kind, effect_key) where kind not in ('charge', 'refund') do nothing
        returning id, status, fence, external_id, last_outcome, last_error
-     ), ${settlementEvent("'webhook'")},
-     ${event('op', `id, 'settled', fence, 'webhook:payment_intent.canceled', jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', $3::text))`)}
+     ), ${settlementEvent('$5')},
+     ${event('op', `id, 'settled', fence, $5::text, jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', $3::text))`)}
      select id from op`,
+  ),
+
+  /**
+   * Held authorizations past their capture_before ($1, an ISO-8601 UTC time, as the result keeps it: such
+   * strings sort as the times do) and after $2 (older ones were swept for long enough), that no capture or
+   * cancel has changed or is changing: Stripe has released them by now. Through the expiry index.
+   */
+  overdueAuthorizations: statement<[now: string, since: string, limit: number]>(
+    'outboxd_overdue_authorizations',
+    `select ${operationColumns('c')} from ${s}.payment_operations c
+     where c.kind = 'charge' and c.status = 'succeeded' and c.payload->>'capture_method' = 'manual'
+       and c.result->>'capture_before' < $1 and c.result->>'capture_before' > $2
+       and not exists (select 1 from ${s}.payment_operations x
+                       where x.order_id = c.order_id and x.kind in ('capture', 'cancel') and x.parent_operation_id = c.id and x.status <> 'failed')
+     order by c.result->>'capture_before'
+     limit $3`,
   ),
 });

@@ -98,8 +98,13 @@ export interface KindEvidence<Tx = unknown> {
   noneSucceeded(op: Operation, reason: string, refuse: Refuse, lastAttemptAgeSeconds: () => Promise<number | null>, horizonSeconds: number): Promise<Record<string, unknown>>;
   /** What Stripe did since to the object of `op`, a settled operation of this kind, that the application
    * must hear of (an authorization released in Stripe: expired, or cancelled from the dashboard), recorded
-   * in `tx` as an operation of its own with its settlement event; false when there is nothing to record. */
-  followUp?(tx: Tx, op: Operation, object: ProviderObject): Promise<boolean>;
+   * in `tx` as an operation of its own with its settlement event (from `source`: what told); false when
+   * there is nothing to record. */
+  followUp?(tx: Tx, op: Operation, object: ProviderObject, source: 'webhook' | 'reconcile'): Promise<boolean>;
+  /** Settled operations of this kind whose object Stripe changes by itself by now (an authorization past
+   * its capture_before), at most `limit`: the reconcile sweep retrieves each and hands it to followUp, for
+   * a deployment whose webhooks never told. */
+  overdue?(db: Tx, limit: number): Promise<Operation[]>;
   /** The drift report's part for this kind: what it listed since, and what does not add up. */
   drift(ctx: DriftContext): Promise<{ listed: number; label: string; drift: Drift[]; operationIds: string[] }>;
 }

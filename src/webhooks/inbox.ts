@@ -125,7 +125,7 @@ async function act(tx: Tx, evidence: Evidence, opId: string | null, type: string
     // Never overwritten; but money the operation does not account for must reach a person.
     const contradicts = mismatch !== null || (op.status === 'failed' && evidence.rules.settles(op, object) === 'succeeded');
     if (contradicts) return 'contradiction';
-    return (await evidence.rules.followUp?.(tx, op, object)) ? 'recorded' : 'already_settled';
+    return (await evidence.rules.followUp?.(tx, op, object, 'webhook')) ? 'recorded' : 'already_settled';
   }
   if (mismatch) {
     await flagFromOutside(tx, op.id, `webhook ${type}: ${mismatch}`);

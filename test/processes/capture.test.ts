@@ -13,11 +13,14 @@ import { requestRefund } from '../../src/kinds/refund/request.ts';
 import { cancelIdempotencyKeyFor, captureIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
 import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
 import { driftReport } from '../../src/reconcile/drift.ts';
+import { reconcileSweep } from '../../src/reconcile/sweep.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
 import { operationRecord } from '../../src/console/queries.ts';
 import { timeline } from '../../src/console/timeline.ts';
 import { operationPage } from '../../src/console/views/operation.ts';
 import type Stripe from 'stripe';
+import type pg from 'pg';
+import { waitUntil } from '../../harness/replica.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
 import { claim, confirm, operation } from '../support/fixtures.ts';
@@ -128,6 +131,29 @@ describe('requesting a capture or a cancel: refused before anything is written',
     expect((await operation(t, cancelOp)).payload).toMatchObject({ key: 'c-1', reason: 'requested_by_customer' });
   });
 
+  it('a capture and a cancel racing: the later waits for the earlier’s transaction, then is refused; one change is made', async () => {
+    const { charge } = await held();
+    const a = await t.pool.connect();
+    const b = await t.pool.connect();
+    const tx = (c: pg.PoolClient) => ({ query: c.query.bind(c), sql: t.pool.sql }) as Parameters<typeof requestCapture>[0];
+    try {
+      await a.query('begin');
+      await b.query('begin');
+      const bPid = (await b.query('select pg_backend_pid() as pid')).rows[0].pid;
+      expect(await requestCapture(tx(a), { chargeOperationId: charge, key: 'ship' })).toMatchObject({ created: true });
+      const racing = requestCancel(tx(b), { chargeOperationId: charge, key: 'abandon' }).catch((x: unknown) => x);
+      await waitUntil(async () => (await t.pool.query(`select wait_event_type from pg_stat_activity where pid = $1`, [bPid])).rows[0]?.wait_event_type === 'Lock', 10_000, 'the cancel to wait for the capture');
+      await a.query('commit');
+      expect(await racing).toMatchObject({ name: 'AuthorizationRefused', code: 'already_captured' });
+      await b.query('rollback');
+    } finally {
+      a.release();
+      b.release();
+    }
+    const { rows } = await t.pool.query(`select kind from outboxd.payment_operations where parent_operation_id = $1`, [charge]);
+    expect(rows).toEqual([{ kind: 'capture' }]);
+  });
+
   it('refuses an authorization past its capture_before without asking Stripe', async () => {
     const { charge } = await held();
     await t.pool.query(`update outboxd.payment_operations set result = jsonb_set(result, '{capture_before}', to_jsonb((now() - interval '1 minute')::text)) where id = $1`, [charge]);
@@ -228,6 +254,24 @@ describe('an authorization released in Stripe', () => {
     expect(events.find((r) => r.operation_id === released.id)).toMatchObject({ kind: 'cancel', status: 'succeeded', effect_key: 'expired', source: 'webhook' });
     await expect(capture({ chargeOperationId: charge, key: 'after' })).rejects.toMatchObject({ code: 'canceled' });
     expect(await operation(t, charge)).toMatchObject({ status: 'succeeded' }); // settled is final
+  });
+
+  it('without a webhook, the reconcile sweep finds a hold past its capture_before that Stripe released, and records it once', async () => {
+    const pastExpiry = (charge: string) =>
+      t.pool.query(`update outboxd.payment_operations set result = jsonb_set(result, '{capture_before}', to_jsonb(to_char((now() - interval '1 minute') at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))) where id = $1`, [charge]);
+    const released = await held();
+    const lateInStripe = await held(); // past its time, and Stripe has not released it yet
+    const captured = await held();
+    expect((await run((await capture({ chargeOperationId: captured.charge, key: 'c' })).operationId)).operation.status).toBe('succeeded');
+    for (const h of [released, lateInStripe, captured]) await pastExpiry(h.charge);
+    e.emulator.expire(released.pi);
+    const sweep = () => reconcileSweep(t.pool, e.gateway(), t.boss, { owner: 'sweeper', leaseTtlMs: 10_000, log: createLogger('silent') });
+    expect((await sweep()).followedUp).toEqual([released.charge]);
+    expect((await sweep()).followedUp).toEqual([]);
+    const { rows } = await t.pool.query(`select kind, status, effect_key from outboxd.payment_operations where parent_operation_id = any($1::uuid[]) order by kind`, [[released.charge, lateInStripe.charge]]);
+    expect(rows).toEqual([{ kind: 'cancel', status: 'succeeded', effect_key: `${released.charge}/expired` }]);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    expect(events.filter((r) => r.kind === 'cancel' && r.effect_key === 'expired').map((r) => r.source)).toContain('reconcile');
   });
 
   it('a cancel of outboxd’s own settles by itself: the event records nothing beside it', async () => {

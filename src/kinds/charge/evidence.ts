@@ -54,7 +54,7 @@ export interface Hold {
 
 export const holdOf = (charge: Charge): Hold => ({ amount_capturable: charge.amountCapturable, capture_before: charge.captureBefore?.toISOString() ?? null });
 
-export function chargeEvidence(gateway: PaymentGateway): KindEvidence {
+export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable> {
   return {
     naming: CHARGE_NAMING,
     record: { event: 'payment_intent', log: 'paymentIntent' },
@@ -65,18 +65,27 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence {
     noneSucceeded: (op, reason, refuse, lastAttemptAge, horizon) => noCharge(gateway, op, reason, refuse, lastAttemptAge, horizon),
     drift: (ctx) => chargeDrift(gateway, ctx),
     followUp: recordRelease,
+    overdue: async (db, limit) => {
+      const now = new Date();
+      const since = new Date(now.getTime() - OVERDUE_FOR_MS).toISOString();
+      return (await db.query(db.sql.overdueAuthorizations(now.toISOString(), since, limit))).rows;
+    },
   };
 }
+
+/** How long after its capture_before a held authorization is still looked at: Stripe releases it at that
+ * time, give or take, and the drift report lists one it never did. */
+const OVERDUE_FOR_MS = 30 * 86_400_000;
 
 /** A succeeded authorization whose PaymentIntent Stripe shows cancelled (it expired: cancellation_reason
  * automatic; or someone cancelled it in the dashboard) holds nothing any more: recorded as a cancel of the
  * charge, settled, whose settlement event tells the application. */
-async function recordRelease(tx: Queryable, op: Operation, pi: ProviderObject): Promise<boolean> {
+async function recordRelease(tx: Queryable, op: Operation, pi: ProviderObject, source: 'webhook' | 'reconcile'): Promise<boolean> {
   if (!isAuthorization(op) || op.status !== 'succeeded' || pi.status !== 'canceled') return false;
   const reason = (pi as Partial<Charge>).cancellationReason ?? null;
   const key = reason === 'automatic' ? 'expired' : 'canceled-in-stripe';
   const shown = JSON.stringify({ status: pi.status, cancellation_reason: reason });
-  const { rows } = await tx.query(tx.sql.recordRelease(op.id, key, reason === 'automatic' ? 'the authorization expired' : reason, shown));
+  const { rows } = await tx.query(tx.sql.recordRelease(op.id, key, reason === 'automatic' ? 'the authorization expired' : reason, shown, source));
   return rows.length > 0;
 }
 
