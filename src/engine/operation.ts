@@ -349,9 +349,11 @@ export async function settleFromOutside(
   externalId: string | null,
   source: 'resolved_by_admin' | `webhook:${string}`,
   reason: string | null,
+  /** What the kind keeps of the object that settled it (JSON; an authorization's hold), or null. */
+  result: string | null = null,
 ): Promise<Operation | undefined> {
   const event: SettlementSource = source === 'resolved_by_admin' ? 'admin' : 'webhook';
-  const { rows } = await db.query(db.sql.settleFromOutside(id, status, externalId, source, reason, event));
+  const { rows } = await db.query(db.sql.settleFromOutside(id, status, externalId, source, reason, event, result));
   return rows[0];
 }
 

@@ -202,15 +202,16 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
   ),
 
   /** Settles an unsettled operation and bumps the fence, so a worker still holding a claim is fenced out;
-   * its settlement event ($6: what settled it) in the same statement. */
+   * its settlement event ($6: what settled it) in the same statement; $7: what the kind keeps of the object. */
   settleFromOutside: statement<
-    [id: string, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null, source: string]
+    [id: string, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null, source: string, result: string | null]
   >(
     'outboxd_settle_from_outside',
     `with op as (
      update ${s}.payment_operations
      set fence = fence + 1, lease_owner = null, lease_expires_at = null,
          status = $2, external_id = coalesce($3, external_id), last_outcome = $4, last_error = $5,
+         result = coalesce($7::jsonb, result),
          review_reason = null, next_check_at = null, settled_at = now(), updated_at = now()
      where id = $1 and ${UNSETTLED}
      returning ${operationColumns()}

@@ -94,6 +94,9 @@ export interface KindEvidence<Tx = unknown> {
   mismatch(op: Operation, object: ProviderObject): string | null;
   /** The status `object` settles `op` with, or undefined while it is not final for it. */
   settles(op: Operation, object: ProviderObject): 'succeeded' | 'failed' | undefined;
+  /** What the operation keeps of the object that settled it from outside (JSON: an authorization's hold),
+   * as its own calls keep it; absent or null: nothing. */
+  resultOf?(op: Operation, object: ProviderObject): string | null;
   /** Resolve --failed: what shows that no object of `op` can still succeed, or a refusal. */
   noneSucceeded(op: Operation, reason: string, refuse: Refuse, lastAttemptAgeSeconds: () => Promise<number | null>, horizonSeconds: number): Promise<Record<string, unknown>>;
   /** What Stripe did since to the object of `op`, a settled operation of this kind, that the application

@@ -134,7 +134,8 @@ async function act(tx: Tx, evidence: Evidence, opId: string | null, type: string
   const status = evidence.rules.settles(op, object);
   if (!status) return 'not_final';
   const reason = status === 'failed' ? `${type}: ${evidence.rules.naming.object} ${object.status}` : null;
-  const settled = await settleFromOutside(tx, op.id, status, object.id, `webhook:${type}`, reason);
+  const kept = status === 'succeeded' ? (evidence.rules.resultOf?.(op, object) ?? null) : null;
+  const settled = await settleFromOutside(tx, op.id, status, object.id, `webhook:${type}`, reason, kept);
   return settled ? 'settled' : 'already_settled';
 }
 

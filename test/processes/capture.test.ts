@@ -274,6 +274,17 @@ describe('an authorization released in Stripe', () => {
     expect(events.filter((r) => r.kind === 'cancel' && r.effect_key === 'expired').map((r) => r.source)).toContain('reconcile');
   });
 
+  it('a hold settled from its webhook keeps what it holds and until when, as one the worker settled', async () => {
+    const charge = await confirm(t, { captureMethod: 'manual' });
+    e.emulator.addFault({ match: { operationId: charge }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });
+    expect((await run(charge)).operation.status).toBe('unknown');
+    const pi = e.emulator.ledger().find((l) => l.paymentIntent.metadata.operation_id === charge)!.paymentIntent.id;
+    const event = { id: `evt_${Math.random().toString(36).slice(2)}`, type: 'payment_intent.amount_capturable_updated', data: { object: { id: pi } } } as unknown as Stripe.Event;
+    expect(await receiveStripeEvent(inbox(), event)).toBe('settled');
+    const op = await operation(t, charge);
+    expect(op).toMatchObject({ status: 'succeeded', external_id: pi, result: { amount_capturable: 2599, capture_before: expect.any(String) } });
+  });
+
   it('a cancel of outboxd’s own settles by itself: the event records nothing beside it', async () => {
     const { charge, pi } = await held();
     const { operationId } = await cancel({ chargeOperationId: charge, key: 'mine' });

@@ -62,6 +62,7 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable>
     retrieve: (id, account) => gateway.retrieveCharge(id, account),
     mismatch: chargeMismatch,
     settles: chargeSettles,
+    resultOf: (op, object) => (isAuthorization(op) ? JSON.stringify(holdOf(object as Charge)) : null),
     noneSucceeded: (op, reason, refuse, lastAttemptAge, horizon) => noCharge(gateway, op, reason, refuse, lastAttemptAge, horizon),
     drift: (ctx) => chargeDrift(gateway, ctx),
     followUp: recordRelease,
