@@ -7,6 +7,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { inTransaction } from '../../src/db/pool.ts';
 import { requestCharge } from '../../src/kinds/charge/request.ts';
+import { requestCapture } from '../../src/kinds/hold/request.ts';
 import { EMULATOR_KEY } from '../../src/runtime/open.ts';
 import { endSession, parseOperatorName, sessionOf, startSession } from '../../src/console/session.ts';
 import type { IncomingMessage } from 'node:http';
@@ -25,7 +26,7 @@ let base: string;
 let mainBase: string;
 
 /** Operations the flows below work on. */
-const ops = { paid: '', declined: '', misuse: '', misuse2: '', misusePi: '' };
+const ops = { paid: '', declined: '', misuse: '', misuse2: '', misusePi: '', hold: '', held: '' };
 
 beforeAll(async () => {
   [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
@@ -92,6 +93,12 @@ describe('the console in a browser', () => {
     await waitUntil(async () => (await operation(t, ops.paid)).status === 'succeeded' && (await operation(t, ops.declined)).status === 'failed', 20_000, 'settled');
     await settledIntoReview(ops.misuse);
     await settledIntoReview(ops.misuse2);
+    // Authorizations on a connected account: one captured in part, one still held.
+    ops.held = await confirm(t, { captureMethod: 'manual', stripeAccount: 'acct_1BrowserShop' });
+    ops.hold = await confirm(t, { captureMethod: 'manual', stripeAccount: 'acct_1BrowserShop' });
+    await waitUntil(async () => (await operation(t, ops.hold)).status === 'succeeded' && (await operation(t, ops.held)).status === 'succeeded', 20_000, 'the holds');
+    const { operationId: captured } = await inTransaction(t.pool, (tx) => requestCapture(tx, { chargeOperationId: ops.hold, key: 'shipped', amount: 2000 }));
+    await waitUntil(async () => (await operation(t, captured)).status === 'succeeded', 20_000, 'the capture');
   });
 
   it('shows nothing without a session: pages redirect to sign-in, actions answer 401 and change nothing', async () => {
@@ -422,7 +429,7 @@ describe('the console in a browser', () => {
     expect((await t.pool.query(`select count(*)::int as n from outboxd.console_sessions`)).rows[0].n).toBe(0);
   });
 
-  it('at a laptop\'s width the operation page still reads', async () => {
+  it('at a laptop\'s width the operation page still reads; an authorization shows what it holds, until when, on which account', async () => {
     const laptop = await b.context.newPage();
     await laptop.setViewportSize({ width: 1280, height: 800 });
     await laptop.goto(`${base}/console/sign-in`);
@@ -434,6 +441,15 @@ describe('the console in a browser', () => {
     const width = await laptop.evaluate('document.documentElement.scrollWidth');
     expect(width).toBeLessThanOrEqual(1280); // nothing overflows sideways
     await b.shot('operation-laptop', laptop);
+    // An authorization: its connected account, the capture that changed it, and beside it one still held.
+    await laptop.goto(`${base}/console/operations/${ops.hold}`);
+    const fieldOf = (label: string) => laptop.locator('.fields > div', { has: laptop.locator('dt', { hasText: new RegExp(`^${label}$`) }) }).locator('dd');
+    expect(await fieldOf('Authorization').textContent()).toMatch(/^held, then changed by capture [0-9a-f]{8} 20\.00 EUR/);
+    expect(await fieldOf('Connected account').textContent()).toBe('acct_1BrowserShop');
+    expect(await laptop.locator('section', { hasText: 'Same order' }).textContent()).toMatch(/capture\s*succeeded\s*20\.00 EUR/);
+    await b.shot('operation-hold', laptop);
+    await laptop.goto(`${base}/console/operations/${ops.held}`);
+    expect(await fieldOf('Authorization').textContent()).toMatch(/^holds 25\.99 EUR until .+ \(\d+ d \d+ h left to capture\)$/);
     await laptop.close();
   });
 });

@@ -53,7 +53,7 @@ ${waitingNote(op, now)}
         ${field('Kind', op.kind)}
         ${op.parent_operation_id ? field('Of charge', opLink(op.parent_operation_id)) : nothing}
         ${accountOf(op) ? field('Connected account', stripeLink(accountOf(op), opts.dashboard)) : nothing}
-        ${isHold(op) ? field('Authorization', hold(op, now), true) : nothing}
+        ${isHold(op) ? field('Authorization', hold(op, record.related, now), true) : nothing}
         ${field('Amount', html`${amount(op)} <span class="muted">(${op.amount} ${op.currency} in minor units)</span>`)}
         ${field('Customer', op.customer_id ? stripeLink(op.customer_id, opts.dashboard) : '—')}
         ${field('Payment method', html`<span class="mono">${op.payment_method}</span>`)}
@@ -144,9 +144,12 @@ function resolveSucceededField(op: Operation, value: string): Safe {
 /** A charge requested with capture_method manual: Stripe holds its funds once it succeeded. */
 const isHold = (op: Operation): boolean => (op.payload as { capture_method?: string } | null)?.capture_method === 'manual';
 
-/** What an authorization holds and for how long (its charge's capture_before, as Stripe said). */
-function hold(op: Operation, now: Date): Fragment {
+/** What an authorization holds and for how long (its charge's capture_before, as Stripe said), or what
+ * changed it since (its succeeded capture, cancel or refund, among the order's operations). */
+function hold(op: Operation, related: Operation[], now: Date): Fragment {
   if (op.status !== 'succeeded') return html`<span class="muted">nothing held yet: captured later (capture_method manual)</span>`;
+  const changes = related.filter((r) => r.parent_operation_id === op.id && r.status === 'succeeded');
+  if (changes.length > 0) return html`held, then changed by ${changes.map((c) => html`${kindTag(c.kind)} ${opLink(c.id)} ${amount(c)} `)}`;
   const { amount_capturable, capture_before } = (op.result ?? {}) as { amount_capturable?: number; capture_before?: string | null };
   const held = html`holds ${amount({ amount: amount_capturable ?? op.amount, currency: op.currency })}`;
   if (!capture_before) return html`${held}; Stripe said no expiry`;
