@@ -99,7 +99,7 @@ ${waitingNote(op, now)}
         : html`<ul class="brief">${record.related.map(
             (r) => html`<li>${opLink(r.id)} ${kindTag(r.kind)} ${statusPill(r.status)} ${amount(r)} <span class="muted">${ago(r.created_at, now)}</span></li>`,
           )}</ul>`}
-      <p class="muted small">A charge's refunds and a refund's charge belong to the same order.</p>
+      <p class="muted small">A charge's refunds, captures and cancels belong to its order, as its earlier charges do.</p>
     </section>
   </aside>
 </div>`;
