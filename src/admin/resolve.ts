@@ -82,15 +82,15 @@ async function resolve(
 
     // 2. The evidence, with no transaction open.
     const rules = kindsFor(gateway).get(op.kind)?.evidence;
-    const evidence = resolution.outcome === 'succeeded'
+    const { evidence, kept } = resolution.outcome === 'succeeded'
       ? await evidenceOfSuccess(rules, op, resolution.externalId)
-      : await evidenceOfFailure(pool, rules, op, resolution.reason, opts.searchFreshnessSeconds);
+      : { evidence: await evidenceOfFailure(pool, rules, op, resolution.reason, opts.searchFreshnessSeconds), kept: null };
 
     // 3. Settle under the lease, audited in the same transaction.
     return await inTransaction(pool, async (tx) => {
       const externalId = resolution.outcome === 'succeeded' ? resolution.externalId : null;
       const reason = resolution.outcome === 'failed' ? `resolved by ${actor}: ${resolution.reason}` : null;
-      const settled = await settleUnderLease(tx, op.id, fence, resolution.outcome, externalId, 'resolved_by_admin', reason);
+      const settled = await settleUnderLease(tx, op.id, fence, resolution.outcome, externalId, 'resolved_by_admin', reason, kept);
       if (!settled) throw new ResolutionRefused(`operation ${op.id} settled or was taken over while it was being resolved; look at it again`);
       await recordAudit(tx, {
         actor,
@@ -131,17 +131,18 @@ async function refuseWhileDriven(pool: Pool, boss: PgBoss, op: Operation): Promi
 const refuse = (message: string) => new ResolutionRefused(message);
 
 /** The object must match the operation by its kind's one rule (src/kinds/<kind>/evidence.ts) and have
- * succeeded. An application's kind has no provider to ask: the person's word is the evidence. */
-async function evidenceOfSuccess(rules: KindEvidence | undefined, op: Operation, externalId: string): Promise<Record<string, unknown>> {
+ * succeeded. An application's kind has no provider to ask: the person's word is the evidence. `kept`:
+ * what the operation keeps of the object, as a settlement by its own calls would (an authorization's hold). */
+async function evidenceOfSuccess(rules: KindEvidence | undefined, op: Operation, externalId: string): Promise<{ evidence: Record<string, unknown>; kept: string | null }> {
   if (op.external_id && op.external_id !== externalId) {
     throw new ResolutionRefused(`operation ${op.id} is known to Stripe as ${op.external_id}, not ${externalId}; resolve it with its own ${op.kind}`);
   }
-  if (!rules) return { reference: externalId, checked: `nothing: outboxd cannot check an effect of kind ${op.kind}` };
+  if (!rules) return { evidence: { reference: externalId, checked: `nothing: outboxd cannot check an effect of kind ${op.kind}` }, kept: null };
   const object = await rules.retrieve(externalId, accountOf(op));
   const mismatch = rules.mismatch(op, object);
   if (mismatch) throw new ResolutionRefused(`${mismatch}; it cannot settle this operation`);
   if (rules.settles(op, object) !== 'succeeded') throw new ResolutionRefused(`${object.id} is ${object.status}, not succeeded; try again when it has settled in Stripe`);
-  return { [op.kind]: object };
+  return { evidence: { [op.kind]: object }, kept: rules.resultOf?.(op, object) ?? null };
 }
 
 async function evidenceOfFailure(

@@ -110,6 +110,11 @@ export const paymentOperations = outboxd.table(
     uniqueIndex('payment_operations_effect_key_idx')
       .on(t.kind, t.effectKey)
       .where(sql`${t.kind} not in ('charge', 'refund')`),
+    // An authorization is changed once: at most one capture or cancel of a charge that has not failed,
+    // whatever the requests' transactions (src/kinds/hold/request.ts decides them; this is the backstop).
+    uniqueIndex('payment_operations_live_change_idx')
+      .on(t.parentOperationId)
+      .where(sql`${t.kind} in ('capture', 'cancel') and ${t.status} <> 'failed'`),
     // Any kind's name is its queue's (src/outbox/outbox.ts), and `<kind>_dead` its dead letter's.
     check('payment_operations_kind_check', sql`${t.kind} ~ '^[a-z][a-z0-9_]{0,39}$'`),
     check('payment_operations_policy_check', sql`${t.policy} in ('idempotent-key', 'at-least-once', 'reconcile-before-retry')`),

@@ -331,8 +331,10 @@ export async function settleUnderLease(
   externalId: string | null,
   source: string,
   reason: string | null,
+  /** What the kind keeps of the object that settled it (JSON; an authorization's hold), or null. */
+  result: string | null = null,
 ): Promise<Operation | undefined> {
-  const { rows } = await db.query(db.sql.settleUnderLease(id, fence, status, externalId, source, reason));
+  const { rows } = await db.query(db.sql.settleUnderLease(id, fence, status, externalId, source, reason, result));
   return rows[0];
 }
 

@@ -23,7 +23,9 @@ export const holdStatements = ({ event, operationColumns, s, settlementEvent, st
 
   /**
    * The capture or cancel and its outbox row, in ONE statement; its effect_key `<charge id>/<key>` is
-   * unique per kind through the application-effect index. No row: the key names one already.
+   * unique per kind through the application-effect index, and a charge has at most one change that has
+   * not failed (payment_operations_live_change_idx), whatever its callers' transactions. No row: either
+   * refused it (the caller reads why).
    */
   insertChangeOperation: statement<
     [kind: string, orderId: string, amount: number, currency: string, chargeOperationId: string, effectKey: string, payload: string, traceparent: string | null]
@@ -32,7 +34,7 @@ export const holdStatements = ({ event, operationColumns, s, settlementEvent, st
     `with op as (
        insert into ${s}.payment_operations (kind, order_id, amount, currency, parent_operation_id, effect_key, payload, traceparent)
        values ($1, $2, $3::bigint, $4, $5::uuid, $6, $7::jsonb, $8)
-       on conflict (kind, effect_key) where kind not in ('charge', 'refund') do nothing
+       on conflict do nothing
        returning id, kind, traceparent
      ), outbox as (
        insert into ${s}.charge_outbox (operation_id, kind, traceparent) select id, kind, traceparent from op
@@ -59,7 +61,8 @@ export const holdStatements = ({ event, operationColumns, s, settlementEvent, st
        where c.id = $1 and c.kind = 'charge' and c.status = 'succeeded'
          and not exists (select 1 from ${s}.payment_operations x
                          where x.order_id = c.order_id and x.kind = 'cancel' and x.parent_operation_id = c.id and x.status <> 'failed')
-       on conflict (kind, effect_key) where kind not in ('charge', 'refund') do nothing
+       -- a live capture of the charge: it fails by itself (the PaymentIntent is cancelled), with its event
+       on conflict do nothing
        returning id, status, fence, external_id, last_outcome, last_error
      ), ${settlementEvent('$5')},
      ${event('op', `id, 'settled', fence, $5::text, jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', $3::text))`)}

@@ -223,13 +223,14 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
   /** A person's resolution, written under the lease the resolution holds: fenced like any claim, so it
    * cannot land after another claim took the operation over; its settlement event in the same statement. */
   settleUnderLease: statement<
-    [id: string, fence: number, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null]
+    [id: string, fence: number, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null, result: string | null]
   >(
     'outboxd_settle_under_lease',
     `with op as (
      update ${s}.payment_operations
      set lease_owner = null, lease_expires_at = null,
          status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
+         result = coalesce($7::jsonb, result),
          review_reason = null, next_check_at = null, settled_at = now(), updated_at = now()
      where id = $1 and fence = $2 and ${UNSETTLED}
      returning ${operationColumns()}

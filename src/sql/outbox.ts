@@ -38,12 +38,15 @@ export const outboxStatements = ({ boss, event, s, statement }: SqlContext) => (
        returning id, operation_id, source
      )
      select op.id as operation_id, op.order_id, op.kind,
-            -- A key qualified by its parent (a capture's or a cancel's: <charge operation id>/<key>) is the caller's after it.
-            case when op.effect_key like op.parent_operation_id::text || '/%'
-              then substr(op.effect_key, length(op.parent_operation_id::text) + 2) else op.effect_key end as effect_key,
+            -- A key qualified by its parent (a capture's or a cancel's effect_key: <charge operation id>/<key>,
+            -- the caller's in its payload) is the caller's.
+            case when op.effect_key = op.parent_operation_id::text || '/' || (op.payload->>'key')
+              then op.payload->>'key' else op.effect_key end as effect_key,
             op.status, op.external_id, op.amount, op.currency, op.settled_at, taken.source, op.traceparent,
-            -- An authorization (a built-in kind's, requested with capture_method manual): its success is a hold.
-            case when op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual'
+            -- An authorization (a built-in kind's, requested with capture_method manual) that succeeded on a
+            -- PaymentIntent that held the funds (not one found captured already): a hold.
+            case when op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual' and op.status = 'succeeded'
+                   and coalesce(op.result->>'status', 'requires_capture') = 'requires_capture'
               then jsonb_build_object('captureBefore', op.result->>'capture_before') end as hold
      from taken join ${s}.payment_operations op on op.id = taken.operation_id
      order by taken.id`,

@@ -29,14 +29,15 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
   >(
     'outboxd_insert_refund_operation',
     `with charge as (
-       select id, order_id, currency, external_id, payload,
-              -- An authorization's refundable money is what its capture took; an automatic charge's, all of it.
-              case when payload->>'capture_method' = 'manual'
+       select p.id, p.order_id, p.currency, p.external_id, p.payload,
+              -- An authorization's refundable money is what its capture took (through the order's index);
+              -- an automatic charge's, all of it.
+              case when p.payload->>'capture_method' = 'manual'
                 then (select coalesce(sum(c.amount), 0)::bigint from ${s}.payment_operations c
-                      where c.kind = 'capture' and c.parent_operation_id = $1 and c.status = 'succeeded')
-                else amount end as amount
-       from ${s}.payment_operations
-       where id = $1 and kind = 'charge' and status = 'succeeded'
+                      where c.order_id = p.order_id and c.kind = 'capture' and c.parent_operation_id = $1 and c.status = 'succeeded')
+                else p.amount end as amount
+       from ${s}.payment_operations p
+       where p.id = $1 and p.kind = 'charge' and p.status = 'succeeded'
      ), existing as (
        select id, amount, payload->>'reason' as reason from ${s}.payment_operations
        where kind = 'refund' and parent_operation_id = $1 and effect_key = $3

@@ -14,6 +14,7 @@ import { cancelIdempotencyKeyFor, captureIdempotencyKeyFor } from '../../src/str
 import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
 import { driftReport } from '../../src/reconcile/drift.ts';
 import { reconcileSweep } from '../../src/reconcile/sweep.ts';
+import { resolveOperation } from '../../src/admin/resolve.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
 import { operationRecord } from '../../src/console/queries.ts';
 import { timeline } from '../../src/console/timeline.ts';
@@ -190,9 +191,10 @@ describe('carrying out a capture or a cancel', () => {
     expect(intentOf(pi).paymentIntent.status).toBe('succeeded'); // it did happen
     const second = await run(operationId);
     expect(second.operation.status).toBe('succeeded');
-    const sends = sent('capture', captureIdempotencyKeyFor(operationId));
-    expect(sends.length).toBeGreaterThanOrEqual(2);
-    expect(new Set(sends.map((s) => s.idempotencyKey)).size).toBe(1);
+    // Every capture of this PaymentIntent carried the operation's one key.
+    const captures = e.emulator.requests().filter((r) => r.endpoint === 'capture' && r.path.includes(pi));
+    expect(captures.length).toBeGreaterThanOrEqual(2);
+    expect(captures.map((r) => r.idempotencyKey)).toEqual(captures.map(() => captureIdempotencyKeyFor(operationId)));
     expect(intentOf(pi).paymentIntent.amount_received).toBe(2599);
   });
 
@@ -249,9 +251,9 @@ describe('an authorization released in Stripe', () => {
     const { rows } = await t.pool.query(`select id from outboxd.payment_operations where parent_operation_id = $1`, [charge]);
     expect(rows).toHaveLength(1);
     const released = await operation(t, rows[0].id);
-    expect(released).toMatchObject({ kind: 'cancel', status: 'succeeded', external_id: pi, effect_key: `${charge}/expired`, amount: 2599, payload: { key: 'expired', reason: 'the authorization expired' } });
+    expect(released).toMatchObject({ kind: 'cancel', status: 'succeeded', external_id: pi, effect_key: `${charge}/outboxd:expired`, amount: 2599, payload: { key: 'outboxd:expired', reason: 'the authorization expired' } });
     const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
-    expect(events.find((r) => r.operation_id === released.id)).toMatchObject({ kind: 'cancel', status: 'succeeded', effect_key: 'expired', source: 'webhook' });
+    expect(events.find((r) => r.operation_id === released.id)).toMatchObject({ kind: 'cancel', status: 'succeeded', effect_key: 'outboxd:expired', source: 'webhook' });
     await expect(capture({ chargeOperationId: charge, key: 'after' })).rejects.toMatchObject({ code: 'canceled' });
     expect(await operation(t, charge)).toMatchObject({ status: 'succeeded' }); // settled is final
   });
@@ -269,9 +271,9 @@ describe('an authorization released in Stripe', () => {
     expect((await sweep()).followedUp).toEqual([released.charge]);
     expect((await sweep()).followedUp).toEqual([]);
     const { rows } = await t.pool.query(`select kind, status, effect_key from outboxd.payment_operations where parent_operation_id = any($1::uuid[]) order by kind`, [[released.charge, lateInStripe.charge]]);
-    expect(rows).toEqual([{ kind: 'cancel', status: 'succeeded', effect_key: `${released.charge}/expired` }]);
+    expect(rows).toEqual([{ kind: 'cancel', status: 'succeeded', effect_key: `${released.charge}/outboxd:expired` }]);
     const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
-    expect(events.filter((r) => r.kind === 'cancel' && r.effect_key === 'expired').map((r) => r.source)).toContain('reconcile');
+    expect(events.filter((r) => r.kind === 'cancel' && r.effect_key === 'outboxd:expired').map((r) => r.source)).toContain('reconcile');
   });
 
   it('a hold settled from its webhook keeps what it holds and until when, as one the worker settled', async () => {
@@ -335,6 +337,68 @@ describe('Connect', () => {
     const result = await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') }, event);
     expect(result).toBe('mismatch');
     expect(await operation(t, charge)).toMatchObject({ status: 'pending', external_id: null });
+  });
+});
+
+describe('what Stripe shows outside outboxd', () => {
+  const resolve = (op: string, resolution: Parameters<typeof resolveOperation>[4]) =>
+    resolveOperation(t.pool, e.gateway(), t.boss, op, resolution, 'alice', { leaseTtlMs: 10_000, searchFreshnessSeconds: 0 });
+  const outOfOutbox = (op: string) => t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
+
+  it('an authorization first seen captured (the dashboard) holds nothing: capture and cancel are refused, the caller’s transaction goes on, its event is no hold', async () => {
+    const charge = await confirm(t, { captureMethod: 'manual' });
+    e.emulator.addFault({ match: { operationId: charge }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });
+    expect((await run(charge)).operation.status).toBe('unknown');
+    const pi = e.emulator.ledger().find((l) => l.paymentIntent.metadata.operation_id === charge)!.paymentIntent.id;
+    await e.client().paymentIntents.capture(pi);
+    await t.pool.query(`update outboxd.payment_operations set first_attempted_at = now() - interval '24 hours' where id = $1`, [charge]);
+    expect((await run(charge)).operation).toMatchObject({ status: 'succeeded', result: { status: 'succeeded', amount_capturable: 0 } });
+    const after = await inTransaction(t.pool, async (tx) => {
+      await expect(requestCapture(tx, { chargeOperationId: charge, key: 'k' })).rejects.toMatchObject({ code: 'already_captured' });
+      await expect(requestCancel(tx, { chargeOperationId: charge, key: 'k' })).rejects.toMatchObject({ code: 'already_captured' });
+      return (await tx.query('select 1 as ok')).rows[0].ok; // the caller's transaction is not aborted
+    });
+    expect(after).toBe(1);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    expect(events.find((r) => r.operation_id === charge)).toMatchObject({ status: 'succeeded', hold: null });
+  });
+
+  it('outside one transaction (a client in autocommit), two captures racing: the one-live-change index refuses the second', async () => {
+    for (let round = 0; round < 5; round++) {
+      const { charge } = await held();
+      const results = await Promise.all(['k1', 'k2'].map((key) => requestCapture(t.pool, { chargeOperationId: charge, key }).catch((x: unknown) => x)));
+      expect(results.filter((r) => (r as { created?: boolean }).created === true)).toHaveLength(1);
+      expect(results.filter((r) => (r as { code?: string }).code === 'already_captured')).toHaveLength(1);
+      const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where parent_operation_id = $1`, [charge]);
+      expect(rows[0].n).toBe(1);
+    }
+  });
+
+  it('a person cannot call failed a capture whose PaymentIntent was captured for another amount; a hold resolved as succeeded keeps what it holds', async () => {
+    const { charge, pi } = await held();
+    const { operationId } = await capture({ chargeOperationId: charge, key: 'all' });
+    await e.client().paymentIntents.capture(pi, { amount_to_capture: 1000 });
+    const done = await run(operationId);
+    expect(done.operation).toMatchObject({ status: 'unknown', needs_review: true });
+    await outOfOutbox(operationId);
+    await expect(resolve(operationId, { outcome: 'failed', reason: 'nothing captured?' })).rejects.toMatchObject({ name: 'ResolutionRefused', message: expect.stringMatching(/happened, or another change did/) });
+
+    const unknown = await confirm(t, { captureMethod: 'manual' });
+    e.emulator.addFault({ match: { operationId: unknown }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });
+    expect((await run(unknown)).operation.status).toBe('unknown');
+    const heldPi = e.emulator.ledger().find((l) => l.paymentIntent.metadata.operation_id === unknown)!.paymentIntent.id;
+    await outOfOutbox(unknown);
+    const resolved = await resolve(unknown, { outcome: 'succeeded', externalId: heldPi });
+    expect(resolved).toMatchObject({ status: 'succeeded', result: { status: 'requires_capture', amount_capturable: 2599, capture_before: expect.any(String) } });
+  });
+
+  it('a refund whose own key looks like a change’s keeps it in its event', async () => {
+    const automatic = await confirm(t);
+    await run(automatic);
+    const { operationId } = await refund({ chargeOperationId: automatic, amount: 10, key: `${automatic}/abc` });
+    await run(operationId);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    expect(events.find((r) => r.operation_id === operationId)).toMatchObject({ kind: 'refund', effect_key: `${automatic}/abc` });
   });
 });
 

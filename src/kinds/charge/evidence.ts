@@ -7,6 +7,7 @@ import { accountOf, FAILED_CHARGE_STATUSES, idempotencyKeyFor, type Charge, type
 import type { ChargePayload } from './input.ts';
 import type { Queryable } from '../../db/pool.ts';
 import { CANCEL } from '../cancel/index.ts';
+import { RELEASE_KEY_PREFIX } from '../hold/change.ts';
 
 /** The kind's name: its queue's, and the operations' `kind`. */
 export const CHARGE = 'charge';
@@ -46,13 +47,20 @@ export function chargeSettles(op: Pick<Operation, 'payload'>, charge: Pick<Provi
   return undefined;
 }
 
-/** What a hold keeps as the charge operation's result: what it holds, and until when Stripe keeps it. */
+/** What an authorization keeps as the charge operation's result: the PaymentIntent's status when it
+ * settled (requires_capture: held; succeeded: captured outside outboxd already), what it holds, and until
+ * when Stripe keeps it. */
 export interface Hold {
+  status: string;
   amount_capturable: number;
   capture_before: string | null;
 }
 
-export const holdOf = (charge: Charge): Hold => ({ amount_capturable: charge.amountCapturable, capture_before: charge.captureBefore?.toISOString() ?? null });
+export const holdOf = (charge: Charge): Hold => ({
+  status: charge.status,
+  amount_capturable: charge.amountCapturable,
+  capture_before: charge.captureBefore?.toISOString() ?? null,
+});
 
 export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable> {
   return {
@@ -84,7 +92,7 @@ const OVERDUE_FOR_MS = 30 * 86_400_000;
 async function recordRelease(tx: Queryable, op: Operation, pi: ProviderObject, source: 'webhook' | 'reconcile'): Promise<boolean> {
   if (!isAuthorization(op) || op.status !== 'succeeded' || pi.status !== 'canceled') return false;
   const reason = (pi as Partial<Charge>).cancellationReason ?? null;
-  const key = reason === 'automatic' ? 'expired' : 'canceled-in-stripe';
+  const key = `${RELEASE_KEY_PREFIX}${reason === 'automatic' ? 'expired' : 'canceled-in-stripe'}`;
   const shown = JSON.stringify({ status: pi.status, cancellation_reason: reason });
   const { rows } = await tx.query(tx.sql.recordRelease(op.id, key, reason === 'automatic' ? 'the authorization expired' : reason, shown, source));
   return rows.length > 0;

@@ -103,7 +103,7 @@ export interface ChargePayload {
   application_fee_amount?: number;
 }
 
-export function chargePayloadOf(req: OrderInput): ChargePayload | null {
+export function chargePayloadFor(req: OrderInput): ChargePayload | null {
   const payload: ChargePayload = {
     ...(req.captureMethod === 'manual' ? { capture_method: 'manual' as const } : {}),
     ...(req.stripeAccount !== undefined ? { stripe_account: req.stripeAccount } : {}),

@@ -8,7 +8,7 @@
 // method, or the same one and `retry: true`. The same details as a failed one, without `retry`,
 // return that failed operation, so re-running an import charges nobody anew.
 import type { Queryable } from '../../db/pool.ts';
-import { chargePayloadOf, parseOrderInput, type ChargePayload, type OrderInput } from './input.ts';
+import { chargePayloadFor, parseOrderInput, type ChargePayload, type OrderInput } from './input.ts';
 import { activeTraceparent, ATTR, withSpan } from '../../telemetry/tracing.ts';
 import type { Operation } from '../../engine/operation.ts';
 
@@ -62,7 +62,7 @@ function differingField(op: Operation, req: OrderInput): string | undefined {
   if (op.currency !== req.currency) return 'currency';
   if (op.customer_id !== req.customer) return 'customer';
   const had = (op.payload ?? {}) as ChargePayload;
-  const asks = chargePayloadOf(req) ?? {};
+  const asks = chargePayloadFor(req) ?? {};
   if (had.capture_method !== asks.capture_method) return 'captureMethod';
   if (had.stripe_account !== asks.stripe_account) return 'stripeAccount';
   if (had.transfer_destination !== asks.transfer_destination) return 'transferData';
@@ -86,7 +86,7 @@ export function requestValidCharge(db: Queryable, req: OrderInput): Promise<Char
 
 async function requestInTransaction(db: Queryable, req: OrderInput): Promise<ChargeRequested> {
   const traceparent = activeTraceparent();
-  const payload = chargePayloadOf(req);
+  const payload = chargePayloadFor(req);
   const insert = async (newAttempt: boolean): Promise<string | undefined> => {
     const values = [req.orderId, req.amount, req.currency, req.customer, req.paymentMethod] as const;
     const { rows } = await db.query(

@@ -18,6 +18,10 @@ export interface ChangePayload {
 
 export const changePayloadOf = (op: Pick<Operation, 'payload'>): ChangePayload => op.payload as ChangePayload;
 
+/** The keys of the cancels outboxd records for an authorization Stripe released by itself begin so; no
+ * caller's key may. */
+export const RELEASE_KEY_PREFIX = 'outboxd:';
+
 /** How one kind of change reads a PaymentIntent: succeeded or failed once it is final for it, undefined
  * while the authorization is still held (the change has not happened), or a mismatch for a person. */
 export interface ChangeRules {
@@ -67,7 +71,7 @@ export function changeCalls(rules: ChangeRules, gateway: PaymentGateway): Effect
       }
     },
     // Read without sending (the sweep's search is read-only): still held, so sending it is safe and due.
-    retrieve: read('not_done'),
+    // No retrieve: a change knows its PaymentIntent from the start and records it only once settled.
     search: read('not_done'),
   };
 }
@@ -92,7 +96,8 @@ export function changeEvidence(rules: ChangeRules, gateway: PaymentGateway): Kin
     noneSucceeded: async (op, reason, refuse: Refuse) => {
       const pi = await gateway.retrieveCharge(changePayloadOf(op).payment_intent, accountOf(op));
       const settled = rules.settles(op, pi);
-      if (settled && 'status' in settled && settled.status === 'succeeded') throw refuse(`${pi.id} is ${pi.status}: the ${rules.kind} happened`);
+      // Changed, though not as this operation asked (another amount): money moved, so not "failed".
+      if (settled && ('mismatch' in settled || settled.status === 'succeeded')) throw refuse(`${pi.id} is ${pi.status}: the ${rules.kind} happened, or another change did`);
       return { reason, paymentIntent: { id: pi.id, status: pi.status, amount_received: pi.amountReceived } };
     },
     drift: async ({ succeeded }) => {

@@ -10,7 +10,7 @@ import { CANCELLATION_REASONS } from '../../stripe/gateway.ts';
 import { OperationNotFoundError } from '../../types/errors.ts';
 import { isOperationId } from '../../types/operation.ts';
 import { CHARGE, isAuthorization, type Hold } from '../charge/evidence.ts';
-import type { ChangePayload } from './change.ts';
+import { RELEASE_KEY_PREFIX, type ChangePayload } from './change.ts';
 
 const chargeOperationId = z
   .string({ error: 'chargeOperationId must be a string' })
@@ -23,7 +23,8 @@ const key = z
   .max(MAX_ID_LENGTH, `key must be at most ${MAX_ID_LENGTH} characters`)
   // eslint-disable-next-line no-control-regex
   .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), 'key must not contain control characters')
-  .refine(isStorableText, 'key must not contain U+0000 or half a surrogate pair');
+  .refine(isStorableText, 'key must not contain U+0000 or half a surrogate pair')
+  .refine((s) => !s.startsWith(RELEASE_KEY_PREFIX), `key must not begin with ${RELEASE_KEY_PREFIX}: outboxd's own releases are named so`);
 
 export const captureInputSchema = z.strictObject({
   chargeOperationId,
@@ -128,20 +129,30 @@ async function requestInTransaction(
   const hold = charge.result as Hold | null;
   const held = hold ? Number(hold.amount_capturable) : Number(charge.amount);
   const amount = amountOf(held);
-  const changes: ChangeRow[] = (await db.query(db.sql.changesOfCharge(chargeId, charge.order_id))).rows;
   const effectKey = `${chargeId}/${key}`;
-  const same = changes.find((c) => c.kind === kind && c.effect_key === effectKey);
-  if (same) {
-    if (Number(same.amount) === amount && (same.payload.reason ?? null) === reason) return { operationId: same.id, created: false };
-    throw refuse('key_conflict', `key ${JSON.stringify(key)} is ${kind} operation ${same.id} of charge ${chargeId} (${same.amount}${same.payload.reason ? `, reason ${same.payload.reason}` : ''}): another amount or reason needs another key`);
-  }
+  /** What the charge's changes so far decide: this key's own change, or a refusal; undefined: go ahead. */
+  const decided = (changes: ChangeRow[]): ChangeRequested | undefined => {
+    const same = changes.find((c) => c.kind === kind && c.effect_key === effectKey);
+    if (same) {
+      if (Number(same.amount) === amount && (same.payload.reason ?? null) === reason) return { operationId: same.id, created: false };
+      throw refuse('key_conflict', `key ${JSON.stringify(key)} is ${kind} operation ${same.id} of charge ${chargeId} (${same.amount}${same.payload.reason ? `, reason ${same.payload.reason}` : ''}): another amount or reason needs another key`);
+    }
+    const live = changes.filter((c) => c.status !== 'failed');
+    const cancel = live.find((c) => c.kind === 'cancel');
+    if (cancel) throw refuse('canceled', `charge ${chargeId} is cancelled, or its cancel ${cancel.id} is ${cancel.status}: it holds nothing`);
+    const capture = live.find((c) => c.kind === 'capture');
+    if (capture) {
+      throw refuse('already_captured', `charge ${chargeId} is captured, or its capture ${capture.id} is ${capture.status}: ${kind === 'cancel' ? 'refund it instead' : 'an authorization is captured once'}`);
+    }
+    return undefined;
+  };
+  const changesNow = async (): Promise<ChangeRow[]> => (await db.query(db.sql.changesOfCharge(chargeId, charge.order_id))).rows;
+  const earlier = decided(await changesNow());
+  if (earlier) return earlier;
   if (charge.status !== 'succeeded') throw refuse('no_funds_held', `charge ${chargeId} is ${charge.status}: it holds no funds (only a succeeded authorization does)`);
-  const live = changes.filter((c) => c.status !== 'failed');
-  const cancel = live.find((c) => c.kind === 'cancel');
-  if (cancel) throw refuse('canceled', `charge ${chargeId} is cancelled, or its cancel ${cancel.id} is ${cancel.status}: it holds nothing`);
-  const capture = live.find((c) => c.kind === 'capture');
-  if (capture) {
-    throw refuse('already_captured', `charge ${chargeId} is captured, or its capture ${capture.id} is ${capture.status}: ${kind === 'cancel' ? 'refund it instead' : 'an authorization is captured once'}`);
+  // Settled from a PaymentIntent already captured (in the dashboard, by a connected account): nothing held.
+  if (hold?.status === 'succeeded' || held <= 0) {
+    throw refuse('already_captured', `charge ${chargeId} was captured outside outboxd before it settled: ${kind === 'cancel' ? 'refund it instead' : 'nothing is held'}`);
   }
   if (hold?.capture_before && new Date(hold.capture_before) <= new Date(charge.now)) {
     throw refuse('expired', `charge ${chargeId}'s authorization expired at ${hold.capture_before}: it holds nothing`);
@@ -156,7 +167,13 @@ async function requestInTransaction(
   const { rows } = await db.query(
     db.sql.insertChangeOperation(kind, charge.order_id, amount, charge.currency, chargeId, effectKey, JSON.stringify(payload), activeTraceparent()),
   );
-  // Under the charge's lock no other request of this key can have committed since changesOfCharge.
-  if (!rows[0]) throw new Error(`${kind} ${effectKey}: the key was taken during the request; try again`);
+  if (!rows[0]) {
+    // Not in one transaction (an autocommitting client), a concurrent request committed its change between
+    // the read and the insert: the one-live-change index refused this one, which is decided as it would
+    // have been had it come after.
+    const later = decided(await changesNow());
+    if (later) return later;
+    throw new Error(`${kind} ${effectKey}: another change of charge ${chargeId} was being made; try again`);
+  }
   return { operationId: rows[0].id, created: true };
 }
