@@ -146,7 +146,7 @@ function changeViolations(ledger: LedgerEntry[], requests: RequestLogEntry[], op
         violations.push({
           kind: op.kind === 'capture' ? 'capture_mismatch' : 'cancel_mismatch',
           operationId: op.id,
-          detail: `${op.kind} of ${op.amount} is ${is}${op.review_reason ? ` (${op.review_reason})` : ''}, external_id ${op.external_id}; ${pi.id} is ${pi.status} (received ${pi.amount_received}, ${pi.cancellation_reason ?? 'not cancelled'}, changed by ${by ?? 'no request'}): it should be ${want}`,
+          detail: `${op.kind} of ${op.amount} is ${is}${op.review_reason ? ` (${op.review_reason})` : ''}, external_id ${op.external_id}; ${pi.id} is ${pi.status} (received ${pi.amount_received}, ${pi.cancellation_reason ?? 'not cancelled'}, changed by ${by ?? 'no request'}): it should be ${want === 'open' ? 'unsettled (nothing changed the authorization)' : want}`,
         });
       }
     }
