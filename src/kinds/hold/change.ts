@@ -101,7 +101,8 @@ export function changeEvidence(rules: ChangeRules, gateway: PaymentGateway): Kin
       return { reason, paymentIntent: { id: pi.id, status: pi.status, amount_received: pi.amountReceived } };
     },
     drift: async ({ succeeded }) => {
-      // Each succeeded change against what its PaymentIntent shows now (the charges' listing covers the rest).
+      // Each succeeded change against what its PaymentIntent shows now, retrieved one by one (the charges'
+      // listing covers the PaymentIntents themselves): `listed` counts those retrieved.
       const drift = [];
       for (const op of succeeded) {
         const pi = await gateway.retrieveCharge(changePayloadOf(op).payment_intent, accountOf(op)).catch(() => undefined);
@@ -110,7 +111,7 @@ export function changeEvidence(rules: ChangeRules, gateway: PaymentGateway): Kin
           drift.push({ kind: `missing_${rules.kind}`, operationId: op.id, chargeIds: pi ? [pi.id] : [], detail: pi ? `payment intent is ${pi.status}` : 'payment intent not found' });
         }
       }
-      return { listed: 0, label: `${rules.kind}s`, drift, operationIds: succeeded.map((o) => o.id).filter(isOperationId) };
+      return { listed: succeeded.length, label: `${rules.kind}s`, drift, operationIds: succeeded.map((o) => o.id).filter(isOperationId) };
     },
   };
 }
