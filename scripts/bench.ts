@@ -18,6 +18,9 @@ import { bossDb, inTransaction, type Pool } from '../src/db/pool.ts';
 import { confirmOrder } from '../src/exampleApp/confirm.ts';
 import { EMULATOR_KEY } from '../src/runtime/open.ts';
 import { withSpan } from '../src/telemetry/tracing.ts';
+import { AccountBudgets, Budget, budgetMetrics } from '../src/stripe/budget.ts';
+import { BudgetedGateway, type Budgets } from '../src/stripe/budgetedGateway.ts';
+import type { StripeAccount } from '../src/stripe/gateway.ts';
 import { runFleet } from '../harness/budget.ts';
 import { PEER_QUEUE, startPeer, type Peer, type PeerJob } from '../harness/peer.ts';
 import { waitUntil } from '../harness/replica.ts';
@@ -31,8 +34,8 @@ const CONCURRENCY = 8;
  * fastest here, is measured beside it, a harder comparison than the issue's goal asks for. */
 const PEER_BATCHES = [1, CONCURRENCY];
 const REFERENCE_BATCH = 1;
-/** BENCH_ONLY=confirm,dispatch,noop,latency,pickup,tracing,budget,growth runs a subset (while tuning one figure). */
-const ONLY = new Set((process.env.BENCH_ONLY ?? 'confirm,dispatch,noop,latency,pickup,tracing,budget,growth').split(','));
+/** BENCH_ONLY=confirm,dispatch,noop,latency,pickup,tracing,budget,connect,growth runs a subset (while tuning one figure). */
+const ONLY = new Set((process.env.BENCH_ONLY ?? 'confirm,dispatch,noop,latency,pickup,tracing,budget,connect,growth').split(','));
 /** Counts each worker process's statements (round trips), preloaded beside the image's NODE_OPTIONS. */
 const COUNT_QUERIES = fileURLToPath(new URL('../harness/countQueries.mjs', import.meta.url));
 const rows: { section: string; measure: string; value: string; reference: string; ratio: string }[] = [];
@@ -372,6 +375,63 @@ async function budgetSection(w: World) {
   say(`budget: use ${on.budgetUse.toFixed(2)} (off ${off.budgetUse.toFixed(2)}), 429 ${(100 * on.rateLimitedShare).toFixed(1)} % (off ${(100 * off.rateLimitedShare).toFixed(0)} %)`);
 }
 
+/**
+ * What the budget costs per Stripe call when the calls are spread over 1,000 connected accounts (each
+ * takes its account's token and the platform's) against the same calls all on the platform (the
+ * platform's token only), side by side, and the same calls with no budget for the time it adds: 16 loops
+ * of retrieves (of nothing: the emulator's 404, at 0 ms) through the budgeted gateway, in-process, with
+ * rates no call waits for (the cost, not the limit). Every account's bucket row exists and is warm first:
+ * a new account's first call costs two statements more (its row is made).
+ */
+async function connectSection(w: World) {
+  const loops = 16;
+  const calls = Number(process.env.BENCH_CONNECT_CALLS ?? 8_000);
+  const accounts = Array.from({ length: 1_000 }, (_, i) => `acct_bench${i}`);
+  const run = async (budgets: (metrics: ReturnType<typeof budgetMetrics>) => Budgets, accountOf: (i: number) => StripeAccount) => {
+    const metrics = budgetMetrics();
+    const b = budgets(metrics);
+    const gateway = new BudgetedGateway(w.gateway, { budgets: b, maxWaitMs: 5_000 });
+    let next = 0;
+    const drive = async (n: number) => {
+      let latency = 0;
+      await Promise.all(
+        Array.from({ length: loops }, async () => {
+          for (let i = next++; i < n; i = next++) {
+            const t0 = performance.now();
+            await gateway.retrieveCharge('pi_nothing', accountOf(i)).catch(() => undefined);
+            latency += performance.now() - t0;
+          }
+        }),
+      );
+      return latency;
+    };
+    await drive(accounts.length); // warm: every account's row and Budget exist
+    const before = (await metrics.statements.get()).values.reduce((sum, v) => sum + v.value, 0);
+    const grantedBefore = (await metrics.granted.get()).values.reduce((sum, v) => sum + v.value, 0);
+    next = 0;
+    const latency = await drive(calls);
+    const statements = (await metrics.statements.get()).values.reduce((sum, v) => sum + v.value, 0) - before;
+    const granted = (await metrics.granted.get()).values.reduce((sum, v) => sum + v.value, 0) - grantedBefore;
+    gateway.close();
+    return { msPerCall: latency / calls, statementsPerCall: statements / calls, statementsPerToken: granted ? statements / granted : 0 };
+  };
+  const name = `bench_${randomUUID().slice(0, 8)}`;
+  const platformBudget = (metrics: ReturnType<typeof budgetMetrics>) => new Budget(w.pool, { name, rate: 100_000, metrics });
+  const none = await run(() => ({}), () => null);
+  const platform = await run((metrics) => ({ requests: platformBudget(metrics) }), () => null);
+  const spread = await run(
+    (metrics) => ({ requests: platformBudget(metrics), accounts: new AccountBudgets(w.pool, { name, rate: 50_000, metrics }) }),
+    (i) => accounts[i % accounts.length]!,
+  );
+  const added = (r: { msPerCall: number }) => Math.max(0, r.msPerCall - none.msPerCall);
+  const of = `${calls} retrieves, ${loops} loops, emulator at 0 ms`;
+  rows.push({ section: '7. Stripe budget', measure: `Connect: statements against the buckets per Stripe call, calls spread over 1,000 connected accounts (${of})`, value: spread.statementsPerCall.toFixed(2), reference: `${platform.statementsPerCall.toFixed(2)}: all on the platform`, ratio: `${(spread.statementsPerCall / platform.statementsPerCall).toFixed(1)}×` });
+  rows.push({ section: '7. Stripe budget', measure: 'Connect: statements per token taken (an account call takes two)', value: spread.statementsPerToken.toFixed(2), reference: `${platform.statementsPerToken.toFixed(2)}: all on the platform`, ratio: '' });
+  rows.push({ section: '7. Stripe budget', measure: 'Connect: time the budget adds to a call (ms; mean call time less the same call with no budget)', value: added(spread).toFixed(2), reference: `${added(platform).toFixed(2)}: all on the platform; the call itself ${none.msPerCall.toFixed(2)}`, ratio: added(platform) > 0 ? `${(added(spread) / added(platform)).toFixed(1)}×` : '' });
+  results.connect = { calls, loops, none, platform, spread };
+  say(`connect: ${spread.statementsPerCall.toFixed(2)} vs ${platform.statementsPerCall.toFixed(2)} statements per call; +${added(spread).toFixed(2)} vs +${added(platform).toFixed(2)} ms per call`);
+}
+
 /** The WAL position, the bytes on disk (tables, indexes, TOAST) of what outboxd and pg-boss keep (the
  * example's orders table aside: the application's) and of the ledger alone, and their rows. */
 async function footprint(db: Query, rowsOf: string) {
@@ -474,6 +534,7 @@ try {
   }
   if (ONLY.has('pickup')) await pickupSection(world);
   if (ONLY.has('budget')) await budgetSection(world);
+  if (ONLY.has('connect')) await connectSection(world);
   if (ONLY.has('growth')) await growthSection(world);
   if (rss.length) rows.push({ section: '5. resources', measure: `peak RSS per replica (MB), node ${DEPLOYED_NODE_ARGS.join(' ')}, NODE_OPTIONS=${DEPLOYED_NODE_OPTIONS}`, value: fmt(Math.max(...rss)), reference: `120 (goal); the peer: ${fmt(Math.max(...peerRss))}`, ratio: '' });
   if (rss.length) rows.push({ section: '5. resources', measure: 'peak DB connections (bench database, all replicas)', value: String(peak), reference: '', ratio: '' });

@@ -46,7 +46,9 @@ export async function control(core: Core, method: string, path: string, body: st
       return ok(await state.reset());
     }
     if (route === 'POST /_emulator/webhooks') return ok(await state.configureWebhooks(webhookTarget(input)));
-    if (route === 'POST /_emulator/rate-limit') return ok(await state.configureRateLimit(requestsPerSecond(input.requestsPerSecond)));
+    if (route === 'POST /_emulator/rate-limit') {
+      return ok(await state.configureRateLimit(requestsPerSecond(input.requestsPerSecond, 'requestsPerSecond'), requestsPerSecond(input.accountRequestsPerSecond, 'accountRequestsPerSecond')));
+    }
     if (route === 'GET /_emulator/events') return ok(await state.events());
     const settle = /^POST \/_emulator\/payment_intents\/(pi_\w+)\/settle$/.exec(route);
     if (settle) return ok(await settleIntent(core, settle[1]!, input.status as SettleStatus));
@@ -66,9 +68,9 @@ function webhookTarget(input: Record<string, unknown>): WebhookTarget | undefine
   return { url: input.url, secret: input.secret, ...(input.delayMs !== undefined ? { delayMs: nonNegative(input.delayMs, 'delayMs') } : {}) };
 }
 
-function requestsPerSecond(v: unknown): number | null {
+function requestsPerSecond(v: unknown, name: string): number | null {
   if (v === undefined || v === null) return null;
-  if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new Error('requestsPerSecond must be a number > 0, or null (no limit)');
+  if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new Error(`${name} must be a number > 0, or null (no limit)`);
   return v;
 }
 

@@ -84,9 +84,10 @@ export class StripeEmulator extends EmulatorServer<MemoryState> {
     this.state.configureWebhooks(target);
   }
 
-  /** The account's rate limit in requests/s across all requests; null: none. */
-  setRateLimit(requestsPerSecond: number | null): void {
-    this.state.configureRateLimit(requestsPerSecond);
+  /** The platform account's rate limit in requests/s across all requests (null: none), and each
+   * connected account's (default: the same); a request on a connected account counts against both. */
+  setRateLimit(requestsPerSecond: number | null, accountRequestsPerSecond: number | null = null): void {
+    this.state.configureRateLimit(requestsPerSecond, accountRequestsPerSecond);
   }
 
   /** Every event emitted, oldest first. */

@@ -40,6 +40,12 @@ create table if not exists stripe_emulator.settings (
 alter table stripe_emulator.settings add column if not exists rate_limit double precision; -- requests/s, null: none
 alter table stripe_emulator.settings add column if not exists rate_tokens double precision not null default 0;
 alter table stripe_emulator.settings add column if not exists rate_refilled_at timestamptz not null default now();
+alter table stripe_emulator.settings add column if not exists account_rate_limit double precision; -- each connected account's, null: rate_limit
+create table if not exists stripe_emulator.account_rates (
+  account text primary key,
+  tokens double precision not null,
+  refilled_at timestamptz not null default now()
+);
 insert into stripe_emulator.settings default values on conflict do nothing;
 create table if not exists stripe_emulator.faults (
   seq bigserial primary key,
@@ -157,22 +163,52 @@ export class PgState implements EmulatorState {
     await this.pool.query('update stripe_emulator.settings set webhooks = $1', [target ? JSON.stringify(target) : null]);
   }
 
-  async configureRateLimit(requestsPerSecond: number | null): Promise<void> {
-    await this.pool.query('update stripe_emulator.settings set rate_limit = $1::float8, rate_tokens = coalesce($1::float8, 0), rate_refilled_at = now()', [requestsPerSecond]);
+  async configureRateLimit(requestsPerSecond: number | null, accountRequestsPerSecond: number | null = null): Promise<void> {
+    await inTransaction(this.pool, async (tx) => {
+      await tx.query('delete from stripe_emulator.account_rates');
+      await tx.query('update stripe_emulator.settings set rate_limit = $1::float8, account_rate_limit = $2::float8, rate_tokens = coalesce($1::float8, 0), rate_refilled_at = now()', [
+        requestsPerSecond,
+        accountRequestsPerSecond,
+      ]);
+    });
   }
 
-  /** The account's bucket, refilled by the database clock: one limit for every process serving this state. */
-  async admitRequest(): Promise<boolean> {
+  /** The platform's bucket and the connected account's, refilled by the database clock: one limit for
+   * every process serving this state. An account's bucket starts full, as the platform's did. */
+  async admitRequest(account: string | null): Promise<boolean> {
+    if (account !== null) {
+      await this.pool.query(
+        `insert into stripe_emulator.account_rates (account, tokens)
+         select $1, coalesce(account_rate_limit, rate_limit) from stripe_emulator.settings where rate_limit is not null
+         on conflict (account) do nothing`,
+        [account],
+      );
+    }
     const { rows } = await this.pool.query(
       `with cur as (
-         select least(rate_limit, rate_tokens + rate_limit * greatest(0, extract(epoch from now() - rate_refilled_at)::float8)) as avail
+         select least(rate_limit, rate_tokens + rate_limit * greatest(0, extract(epoch from now() - rate_refilled_at)::float8)) as avail,
+           coalesce(account_rate_limit, rate_limit) as account_limit
          from stripe_emulator.settings where rate_limit is not null
          for update
+       ), own as (
+         select r.account, least(cur.account_limit, r.tokens + cur.account_limit * greatest(0, extract(epoch from now() - r.refilled_at)::float8)) as avail
+         from stripe_emulator.account_rates r, cur where r.account = $1
+         for update of r
+       ), verdict as (
+         select cur.avail >= 1 and coalesce((select avail >= 1 from own), true) as admitted from cur
+       ), platform as (
+         update stripe_emulator.settings s
+         set rate_tokens = cur.avail - case when verdict.admitted then 1 else 0 end, rate_refilled_at = greatest(s.rate_refilled_at, now())
+         from cur, verdict
+         returning 1
+       ), connected as (
+         update stripe_emulator.account_rates r
+         set tokens = own.avail - case when verdict.admitted then 1 else 0 end, refilled_at = greatest(r.refilled_at, now())
+         from own, verdict where r.account = own.account
+         returning 1
        )
-       update stripe_emulator.settings s
-       set rate_tokens = cur.avail - case when cur.avail >= 1 then 1 else 0 end, rate_refilled_at = greatest(s.rate_refilled_at, now())
-       from cur
-       returning cur.avail >= 1 as admitted`,
+       select admitted from verdict`,
+      [account],
     );
     return rows[0]?.admitted ?? true;
   }
@@ -346,8 +382,8 @@ export class PgState implements EmulatorState {
 
   async reset(): Promise<void> {
     await inTransaction(this.pool, async (tx) => {
-      await tx.query('truncate stripe_emulator.faults, stripe_emulator.idempotency_keys, stripe_emulator.payment_intents, stripe_emulator.refunds, stripe_emulator.events');
-      await tx.query('update stripe_emulator.settings set clock_offset_ms = 0, search_lag_ms = 0, search_frozen_at_ms = null, webhooks = null, rate_limit = null');
+      await tx.query('truncate stripe_emulator.faults, stripe_emulator.idempotency_keys, stripe_emulator.payment_intents, stripe_emulator.refunds, stripe_emulator.events, stripe_emulator.account_rates');
+      await tx.query('update stripe_emulator.settings set clock_offset_ms = 0, search_lag_ms = 0, search_frozen_at_ms = null, webhooks = null, rate_limit = null, account_rate_limit = null');
     });
   }
 }

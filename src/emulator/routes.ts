@@ -67,8 +67,9 @@ export async function serveStripe(core: Core, req: IncomingMessage, url: URL, bo
       `The provided key does not have access to account '${entry.account}' (or that account does not exist). Application access may have been revoked.`, { code: 'account_invalid' }));
   }
   const call: Call = { apiKey, account: entry.account, entry, res };
-  // The account's limiter answers before anything else runs, the idempotency layer included.
-  if (!(await core.state.admitRequest())) return respond(res, entry, 429, tooManyRequests('rate_limit'));
+  // The limiter answers before anything else runs, the idempotency layer included. A request on a
+  // connected account counts against it and the platform both (what outboxd assumes of Stripe).
+  if (!(await core.state.admitRequest(call.account))) return respond(res, entry, 429, tooManyRequests('rate_limit'));
   const retrieveIntent = /^\/v1\/payment_intents\/(pi_[A-Za-z0-9]+)$/.exec(url.pathname);
   const changeIntent = /^\/v1\/payment_intents\/(pi_[A-Za-z0-9]+)\/(capture|cancel)$/.exec(url.pathname);
   const refund = /^\/v1\/refunds\/(re_[A-Za-z0-9]+)$/.exec(url.pathname);

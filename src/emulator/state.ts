@@ -176,11 +176,12 @@ export interface EmulatorState {
   configureSearch(settings: Partial<SearchSettings>): Awaitable<void>;
   webhooks(): Awaitable<WebhookTarget | undefined>;
   configureWebhooks(target: WebhookTarget | undefined): Awaitable<void>;
-  /** The account's rate limit, requests/s across all requests (null: none): a token bucket holding one
-   * second's worth, full when set. */
-  configureRateLimit(requestsPerSecond: number | null): Awaitable<void>;
-  /** Takes one request from the account's limit: false means answer 429 rate_limit. */
-  admitRequest(): Awaitable<boolean>;
+  /** The platform account's rate limit, requests/s across all requests (null: none), and each connected
+   * account's (default: the same): token buckets holding one second's worth, full when set. */
+  configureRateLimit(requestsPerSecond: number | null, accountRequestsPerSecond?: number | null): Awaitable<void>;
+  /** Takes one request from the platform's limit, and from the connected account's when it is on one
+   * (Stripe-Account): false, with neither taken, means answer 429 rate_limit. */
+  admitRequest(account: string | null): Awaitable<boolean>;
 
   addFault(rule: FaultRule): Awaitable<string>;
   clearFaults(): Awaitable<void>;
@@ -267,7 +268,7 @@ export class MemoryState implements EmulatorState {
   private readonly refundEntries = new Map<string, RefundEntry>();
   private readonly emitted: EmulatedEvent[] = [];
   private readonly initial: { searchLagMs?: number; webhooks?: WebhookTarget; rateLimit?: number };
-  private limit: { perSecond: number; tokens: number; at: number } | null = null;
+  private limit: { perSecond: number; tokens: number; at: number; accountPerSecond: number; accounts: Map<string, { tokens: number; at: number }> } | null = null;
 
   constructor(initial: { searchLagMs?: number; webhooks?: WebhookTarget; rateLimit?: number } = {}) {
     this.initial = initial;
@@ -300,18 +301,31 @@ export class MemoryState implements EmulatorState {
     this.target = target;
   }
 
-  configureRateLimit(requestsPerSecond: number | null): void {
-    this.limit = requestsPerSecond === null ? null : { perSecond: requestsPerSecond, tokens: requestsPerSecond, at: performance.now() };
+  configureRateLimit(requestsPerSecond: number | null, accountRequestsPerSecond: number | null = null): void {
+    this.limit =
+      requestsPerSecond === null
+        ? null
+        : { perSecond: requestsPerSecond, tokens: requestsPerSecond, at: performance.now(), accountPerSecond: accountRequestsPerSecond ?? requestsPerSecond, accounts: new Map() };
   }
 
-  admitRequest(): boolean {
+  admitRequest(account: string | null): boolean {
     const l = this.limit;
     if (!l) return true;
     const now = performance.now();
-    l.tokens = Math.min(l.perSecond, l.tokens + ((now - l.at) / 1000) * l.perSecond);
-    l.at = now;
-    if (l.tokens < 1) return false;
+    const refill = (b: { tokens: number; at: number }, perSecond: number) => {
+      b.tokens = Math.min(perSecond, b.tokens + ((now - b.at) / 1000) * perSecond);
+      b.at = now;
+    };
+    refill(l, l.perSecond);
+    let own: { tokens: number; at: number } | undefined;
+    if (account !== null) {
+      own = l.accounts.get(account);
+      if (!own) l.accounts.set(account, (own = { tokens: l.accountPerSecond, at: now }));
+      refill(own, l.accountPerSecond);
+    }
+    if (l.tokens < 1 || (own && own.tokens < 1)) return false;
     l.tokens -= 1;
+    if (own) own.tokens -= 1;
     return true;
   }
 

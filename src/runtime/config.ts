@@ -36,6 +36,9 @@ export const envSchema = z.object({
   STRIPE_RATE_LIMIT: rateLimit.optional(),
   /** Stripe Search requests/s for all replicas together (they count against STRIPE_RATE_LIMIT too). */
   STRIPE_SEARCH_RATE_LIMIT: rateLimit.optional(),
+  /** Stripe requests/s on each connected account (Stripe-Account) for all replicas together; they count
+   * against STRIPE_RATE_LIMIT too. */
+  STRIPE_ACCOUNT_RATE_LIMIT: rateLimit.optional(),
   /** Per-attempt client timeout of a Stripe call (the SDK's `timeout`). */
   STRIPE_TIMEOUT_MS: intInRange(100, 120_000, 20_000),
   WORKER_CONCURRENCY: intInRange(1, 256, 8),
@@ -114,6 +117,10 @@ export interface Config {
     /** Requests/s for the fleet, and Search requests/s; undefined: no budget. */
     rateLimit: number | undefined;
     searchRateLimit: number | undefined;
+    /** Requests/s on each connected account, when it needs a bucket of its own: undefined when it has no
+     * limit, or one at or above rateLimit (its requests take from the platform's bucket too, which then
+     * bounds them already: a bucket of its own could never refuse one, and would only cost statements). */
+    accountRateLimit: number | undefined;
   };
   worker: { concurrency: number; leaseTtlMs: number; shutdownGraceMs: number; httpPort: number; httpHost: string; reconcileCron: string };
   /** httpPort unset: the admin routes are served on the main listener (worker.httpPort). */
@@ -249,10 +256,17 @@ export function settlementHandlerTimeoutFromEnv(env: NodeJS.ProcessEnv = process
 const DEFAULT_RATE_LIMIT: Record<StripeMode, number | undefined> = { live: 100, test: 25, emulator: undefined };
 const DEFAULT_SEARCH_RATE_LIMIT = 20;
 
-function rateLimits(e: Env, mode: StripeMode): { rateLimit: number | undefined; searchRateLimit: number | undefined } {
+/**
+ * A connected account's limit is, by default, what Stripe documents for every account in the key's mode
+ * (STRIPE_RATE_LIMIT's own default), whatever STRIPE_RATE_LIMIT says: a platform whose limit Stripe
+ * raised keeps its accounts at theirs. With the emulator, which documents none, it is STRIPE_RATE_LIMIT.
+ */
+function rateLimits(e: Env, mode: StripeMode): { rateLimit: number | undefined; searchRateLimit: number | undefined; accountRateLimit: number | undefined } {
   const rateLimit = e.STRIPE_RATE_LIMIT === 'off' ? undefined : (e.STRIPE_RATE_LIMIT ?? DEFAULT_RATE_LIMIT[mode]);
   const search = e.STRIPE_SEARCH_RATE_LIMIT ?? (rateLimit === undefined ? 'off' : DEFAULT_SEARCH_RATE_LIMIT);
-  return { rateLimit, searchRateLimit: search === 'off' ? undefined : search };
+  const account = e.STRIPE_ACCOUNT_RATE_LIMIT ?? (rateLimit === undefined ? 'off' : (DEFAULT_RATE_LIMIT[mode] ?? rateLimit));
+  const ownBucket = account !== 'off' && (rateLimit === undefined || account < rateLimit);
+  return { rateLimit, searchRateLimit: search === 'off' ? undefined : search, accountRateLimit: ownBucket ? account : undefined };
 }
 
 /** Fails closed: a key of no known mode, a live key sent anywhere but Stripe, or an emulator opt-in beside a key. */

@@ -8,7 +8,7 @@ import { migrate } from '../db/migrate.ts';
 import { createPool, isPooled, type Pool, type Queryable } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import type { PaymentGateway } from '../stripe/gateway.ts';
-import { Budget, budgetMetrics } from '../stripe/budget.ts';
+import { AccountBudgets, Budget, budgetMetrics } from '../stripe/budget.ts';
 import { BudgetedGateway, gatewayMetrics } from '../stripe/budgetedGateway.ts';
 import { StripeGateway } from '../stripe/sdkGateway.ts';
 
@@ -104,23 +104,33 @@ export async function openGateway(config: Config, log: Logger, db: Database, opt
 }
 
 /**
- * STRIPE_RATE_LIMIT (and the Search limit) as buckets in this database, shared by every process on it.
- * A call waits at most half of what the lease has beyond the Stripe timeout, so that even a caller that
- * does not renew its lease (the reconcile sweep) still holds it when its call ends.
+ * STRIPE_RATE_LIMIT (and the Search limit, and each connected account's) as buckets in this database,
+ * shared by every process on it. A call waits at most half of what the lease has beyond the Stripe
+ * timeout, so that even a caller that does not renew its lease (the reconcile sweep) still holds it when
+ * its call ends.
  */
 function withBudget(handle: Omit<GatewayHandle, 'gateway'> & { gateway: PaymentGateway }, config: Config, db: Database, log: Logger): GatewayHandle {
-  const { rateLimit, searchRateLimit, timeoutMs } = config.stripe;
-  const budgeted = rateLimit !== undefined || searchRateLimit !== undefined;
+  const { rateLimit, searchRateLimit, accountRateLimit, timeoutMs } = config.stripe;
+  const budgeted = rateLimit !== undefined || searchRateLimit !== undefined || accountRateLimit !== undefined;
   const own = budgeted && !db.pool ? openPool(db, 'outboxd-budget', 2) : undefined;
   const pool = budgeted ? (db.pool ?? own) : undefined;
   const metrics = budgetMetrics();
   const budget = (name: string, rate: number | undefined) => (pool && rate !== undefined ? new Budget(pool, { name, rate, log, metrics }) : undefined);
   const gateway = new BudgetedGateway(handle.gateway, {
-    budgets: { requests: budget('stripe', rateLimit), search: budget('stripe_search', searchRateLimit) },
+    budgets: {
+      requests: budget('stripe', rateLimit),
+      search: budget('stripe_search', searchRateLimit),
+      accounts: pool && accountRateLimit !== undefined ? new AccountBudgets(pool, { name: 'stripe', rate: accountRateLimit, log, metrics }) : undefined,
+    },
     maxWaitMs: Math.floor((config.worker.leaseTtlMs - timeoutMs) / 2),
     metrics: gatewayMetrics(metrics),
   });
-  if (pool) log.info({ rateLimit: rateLimit ?? 'off', searchRateLimit: searchRateLimit ?? 'off' }, 'Stripe budget shared by every replica (STRIPE_RATE_LIMIT)');
+  if (pool) {
+    log.info(
+      { rateLimit: rateLimit ?? 'off', searchRateLimit: searchRateLimit ?? 'off', accountRateLimit: accountRateLimit ?? 'the platform\'s' },
+      'Stripe budget shared by every replica (STRIPE_RATE_LIMIT)',
+    );
+  }
   return {
     ...handle,
     gateway,

@@ -3,11 +3,12 @@ import type { SqlContext } from './context.ts';
 
 export const budgetStatements = ({ s, statement }: SqlContext) => ({
   /** Each budget's bucket now, for the console: tokens left and how long since a dispatch call came up
-   * short anywhere in the fleet (the budget was the bound then). */
+   * short anywhere in the fleet (the budget was the bound then). The platform's buckets only: a
+   * connected account's (`<budget>@acct_…`, src/stripe/budget.ts) are as many as the accounts. */
   rateBudgetStates: statement<[]>(
     'outboxd_rate_budget_states',
     `select name, tokens, extract(epoch from now() - short_at)::float8 as short_seconds_ago
-     from ${s}.rate_budgets order by name`,
+     from ${s}.rate_budgets where strpos(name, '@') = 0 order by name`,
   ),
 
   /** A budget's bucket, empty: a first replica starts by waiting, not with a burst. */

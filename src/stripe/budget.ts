@@ -16,6 +16,12 @@
 // calls (the reconcile sweep, the drift report) take a token only when no dispatch call waits in this
 // replica, and get nothing from the bucket while a dispatch take anywhere in the fleet came up short in
 // the last YIELD_MS (the row remembers when one last did). Under a sustained backlog, reconciliation waits.
+// Within a priority, the calls of each account (a connected account, or the platform's own) are served
+// in turn, oldest first: a busy account's queue of calls never holds another account's call behind it.
+//
+// Connect (AccountBudgets): a request on a connected account also takes from that account's own bucket,
+// one row per account (`<budget>@acct_…`), its Budget made on the account's first call and dropped once
+// idle, so a replica keeps only the accounts it used lately, whatever their number.
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import type { Queryable } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
@@ -38,9 +44,15 @@ export interface BudgetOptions {
   name: string;
   /** Tokens per second for the whole fleet. */
   rate: number;
+  /** The `budget` label of its metrics (default: name): one for every connected account's bucket, so
+   * that their number never multiplies the metrics' series. */
+  label?: string;
   log?: Logger;
   metrics?: BudgetMetrics;
 }
+
+/** Whose call a take is: a connected account, or null for the platform's own. */
+export type AccountKey = string | null;
 
 /** A take that got no token before its deadline. */
 export class BudgetTimeout extends Error {
@@ -49,22 +61,67 @@ export class BudgetTimeout extends Error {
 
 interface Waiter {
   priority: Priority;
+  account: AccountKey;
   since: number;
   resolve(): void;
   reject(err: Error): void;
   timer: NodeJS.Timeout;
 }
 
+/** One priority's waiting calls: a queue per account, the accounts served in turn. */
+class Turns {
+  /** In turn order: the account served goes to the back. */
+  private readonly byAccount = new Map<AccountKey, Waiter[]>();
+  length = 0;
+
+  push(w: Waiter): void {
+    const queue = this.byAccount.get(w.account);
+    if (queue) queue.push(w);
+    else this.byAccount.set(w.account, [w]);
+    this.length++;
+  }
+
+  remove(w: Waiter): boolean {
+    const queue = this.byAccount.get(w.account);
+    const at = queue ? queue.indexOf(w) : -1;
+    if (at < 0) return false;
+    queue!.splice(at, 1);
+    if (queue!.length === 0) this.byAccount.delete(w.account);
+    this.length--;
+    return true;
+  }
+
+  /** The oldest call of the account whose turn it is. */
+  shift(): Waiter | undefined {
+    const next = this.byAccount.entries().next();
+    if (next.done) return undefined;
+    const [account, queue] = next.value;
+    const w = queue.shift()!;
+    this.byAccount.delete(account);
+    if (queue.length > 0) this.byAccount.set(account, queue);
+    this.length--;
+    return w;
+  }
+
+  drain(): Waiter[] {
+    const all = [...this.byAccount.values()].flat();
+    this.byAccount.clear();
+    this.length = 0;
+    return all;
+  }
+}
+
 export class Budget {
   readonly name: string;
   readonly rate: number;
   readonly capacity: number;
+  private readonly label: string;
   private readonly db: Queryable;
   private readonly log: Logger | undefined;
   private readonly metrics: BudgetMetrics;
   /** Expiry (performance.now()) of each token in the local reserve, oldest first. */
   private readonly reserve: number[] = [];
-  private readonly queues: Record<Priority, Waiter[]> = { dispatch: [], background: [] };
+  private readonly queues: Record<Priority, Turns> = { dispatch: new Turns(), background: new Turns() };
   private running = false;
   private closed = false;
   private pausedUntil = 0;
@@ -77,36 +134,38 @@ export class Budget {
     if (!(opts.rate > 0)) throw new Error(`a budget's rate must be positive, not ${opts.rate}`);
     this.db = db;
     this.name = opts.name;
+    this.label = opts.label ?? opts.name;
     this.rate = opts.rate;
     this.capacity = Math.max(1, Math.round(opts.rate * CAPACITY_SECONDS));
     this.log = opts.log;
     this.metrics = opts.metrics ?? budgetMetrics();
-    this.metrics.limit.set({ budget: this.name }, this.rate);
+    this.metrics.limit.set({ budget: this.label }, this.rate);
   }
 
-  /** Resolves once a token is this caller's; rejects with BudgetTimeout at `deadline` (Date.now() ms). */
-  take(priority: Priority, deadline: number): Promise<void> {
+  /**
+   * Resolves once a token is this caller's; rejects with BudgetTimeout at `deadline` (Date.now() ms).
+   * `account`: whose call it is (null: the platform's), for the turns.
+   */
+  take(priority: Priority, deadline: number, account: AccountKey = null): Promise<void> {
     const started = performance.now();
     this.noteDemand(started);
     if (this.closed) return Promise.reject(new BudgetTimeout(`the ${this.name} budget is closed`));
     this.dropExpired(started);
     if (this.reserve.length > 0 && (priority === 'dispatch' || this.queues.dispatch.length === 0)) {
       this.reserve.shift();
-      this.metrics.waited.observe({ budget: this.name, priority }, 0);
+      this.metrics.waited.observe({ budget: this.label, priority }, 0);
       return Promise.resolve();
     }
     return new Promise<void>((resolve, reject) => {
       const waiter: Waiter = {
         priority,
+        account,
         since: started,
         resolve,
         reject,
         timer: setTimeout(() => {
-          const queue = this.queues[priority];
-          const at = queue.indexOf(waiter);
-          if (at < 0) return;
-          queue.splice(at, 1);
-          this.metrics.timeouts.inc({ budget: this.name, priority });
+          if (!this.queues[priority].remove(waiter)) return;
+          this.metrics.timeouts.inc({ budget: this.label, priority });
           reject(new BudgetTimeout(`no ${this.name} token within ${Math.round(performance.now() - started)} ms (${this.rate}/s for the fleet)`));
         }, Math.max(0, deadline - Date.now())),
       };
@@ -122,8 +181,8 @@ export class Budget {
    * moment, jittered so that replicas do not come back together.
    */
   backOff(ms = 500 + Math.random() * 500): void {
-    this.metrics.backOffs.inc({ budget: this.name });
-    this.metrics.expired.inc({ budget: this.name }, this.reserve.length);
+    this.metrics.backOffs.inc({ budget: this.label });
+    this.metrics.expired.inc({ budget: this.label }, this.reserve.length);
     this.reserve.length = 0;
     this.pausedUntil = Math.max(this.pausedUntil, performance.now() + ms);
   }
@@ -133,11 +192,17 @@ export class Budget {
     this.closed = true;
     this.sleeping?.wake();
     for (const queue of Object.values(this.queues)) {
-      for (const w of queue.splice(0)) {
+      for (const w of queue.drain()) {
         clearTimeout(w.timer);
         w.reject(new BudgetTimeout(`the ${this.name} budget closed while a call waited`));
       }
     }
+  }
+
+  /** Nothing waits, is paused or was taken for `ms`: dropping it loses nothing the bucket's row does not keep. */
+  idleFor(ms: number): boolean {
+    const now = performance.now();
+    return !this.running && this.waiting() === 0 && now >= this.pausedUntil && now - this.demandAt >= ms;
   }
 
   private waiting(): number {
@@ -184,15 +249,15 @@ export class Budget {
 
   private async fetch(want: number, background: boolean): Promise<{ granted: number; remaining: number; yielded: boolean }> {
     const take = () => this.db.query(this.db.sql.takeRateBudget(this.name, this.rate, this.capacity, want, background, YIELD_MS / 1000));
-    this.metrics.statements.inc({ budget: this.name });
+    this.metrics.statements.inc({ budget: this.label });
     let { rows } = await take();
     if (!rows[0]) {
-      this.metrics.statements.inc({ budget: this.name }, 2);
+      this.metrics.statements.inc({ budget: this.label }, 2);
       await this.db.query(this.db.sql.ensureRateBudget(this.name));
       ({ rows } = await take());
     }
     const row = rows[0] ?? { granted: 0, remaining: 0, yielded: false };
-    this.metrics.granted.inc({ budget: this.name }, row.granted);
+    this.metrics.granted.inc({ budget: this.label }, row.granted);
     return row;
   }
 
@@ -205,7 +270,7 @@ export class Budget {
       if (!waiter) return;
       this.reserve.shift();
       clearTimeout(waiter.timer);
-      this.metrics.waited.observe({ budget: this.name, priority: waiter.priority }, (now - waiter.since) / 1000);
+      this.metrics.waited.observe({ budget: this.label, priority: waiter.priority }, (now - waiter.since) / 1000);
       waiter.resolve();
     }
   }
@@ -215,7 +280,7 @@ export class Budget {
     while (n < this.reserve.length && this.reserve[n]! <= now) n++;
     if (n === 0) return;
     this.reserve.splice(0, n);
-    this.metrics.expired.inc({ budget: this.name }, n);
+    this.metrics.expired.inc({ budget: this.label }, n);
   }
 
   private noteDemand(now: number): void {
@@ -240,6 +305,76 @@ export class Budget {
       const timer = setTimeout(done, ms);
       this.sleeping = { priority, wake: done };
     });
+  }
+}
+
+/** A connected account's Budget is dropped once nothing was taken from it for this long. */
+const ACCOUNT_IDLE_MS = 5_000;
+
+export interface AccountBudgetsOptions {
+  /** The platform's budget's name: an account's row is `<name>@<account>`. */
+  name: string;
+  /** Tokens per second, per connected account, for the whole fleet. */
+  rate: number;
+  /** Only for tests: how long an account's Budget is kept idle (default ACCOUNT_IDLE_MS). */
+  idleMs?: number;
+  log?: Logger;
+  metrics?: BudgetMetrics;
+}
+
+/**
+ * Every connected account's own bucket: a Budget per account, made on its first call and kept in order
+ * of last use, so the least recently used are dropped once idle (Budget.idleFor) as others are used. A
+ * replica holds only the accounts of its last few seconds, plus those with calls waiting (bounded by its
+ * slots); an idle Budget holds no timer, and all of them share the gateway's pool.
+ */
+export class AccountBudgets {
+  readonly rate: number;
+  private readonly db: Queryable;
+  private readonly opts: AccountBudgetsOptions;
+  private readonly idleMs: number;
+  private readonly metrics: BudgetMetrics;
+  private readonly byAccount = new Map<string, Budget>();
+  private closed = false;
+
+  constructor(db: Queryable, opts: AccountBudgetsOptions) {
+    this.db = db;
+    this.opts = opts;
+    this.rate = opts.rate;
+    this.idleMs = opts.idleMs ?? ACCOUNT_IDLE_MS;
+    this.metrics = opts.metrics ?? budgetMetrics();
+  }
+
+  /** The account's Budget, made now if it has none. */
+  for(account: string): Budget {
+    let budget = this.byAccount.get(account);
+    if (budget) {
+      this.byAccount.delete(account);
+    } else {
+      this.evictIdle();
+      budget = new Budget(this.db, { name: `${this.opts.name}@${account}`, label: `${this.opts.name}_account`, rate: this.rate, log: this.opts.log, metrics: this.metrics });
+      if (this.closed) budget.close();
+    }
+    this.byAccount.set(account, budget);
+    return budget;
+  }
+
+  /** Accounts whose Budget this replica holds now. */
+  get size(): number {
+    return this.byAccount.size;
+  }
+
+  close(): void {
+    this.closed = true;
+    for (const budget of this.byAccount.values()) budget.close();
+  }
+
+  /** The least recently used first, until one is still in use. */
+  private evictIdle(): void {
+    for (const [account, budget] of this.byAccount) {
+      if (!budget.idleFor(this.idleMs)) return;
+      this.byAccount.delete(account);
+    }
   }
 }
 

@@ -13,6 +13,12 @@
 //   - anything else (`rate_limit`): the account is over its limit. The budget drops its local reserve and
 //     takes nothing for a moment; the call then waits for a token and is sent again, within its deadline.
 // Neither was an attempt: nothing executed at Stripe.
+//
+// Connect: Stripe limits each account, and does not say whether a platform's request on a connected
+// account (Stripe-Account) counts against the platform, the connected account or both. We assume both:
+// such a request takes a token from that account's own bucket (Budgets.accounts) and from the platform's,
+// in that order (the account's is the scarcer); a platform request takes only the platform's. A 429 on a
+// connected account backs off that account's budget alone, so one account's limit never pauses the others.
 import { Counter, type Registry } from 'prom-client';
 import {
   RetryLater,
@@ -26,7 +32,7 @@ import {
   type CreateRefundParams,
   type StripeAccount,
 } from './gateway.ts';
-import { BudgetTimeout, type Budget, type BudgetMetrics, type Priority } from './budget.ts';
+import { BudgetTimeout, type AccountBudgets, type Budget, type BudgetMetrics, type Priority } from './budget.ts';
 
 /** Sends of one call, 429s included. */
 const MAX_SENDS = 3;
@@ -36,6 +42,8 @@ export interface Budgets {
   requests?: Budget | undefined;
   /** Search requests, which take from `requests` as well. */
   search?: Budget | undefined;
+  /** Each connected account's own limit: its requests take from it as well as from `requests`. */
+  accounts?: AccountBudgets | undefined;
 }
 
 export interface BudgetedGatewayOptions {
@@ -64,46 +72,46 @@ export class BudgetedGateway implements PaymentGateway {
     return new BudgetedGateway(this.inner, { ...this.opts, priority, metrics: this.metrics });
   }
 
-  // One line per method: which budgets its request takes from.
+  // One line per method: which budgets its request takes from, on which account.
   createCharge(req: CreateChargeParams): Promise<Charge> {
-    return this.budgeted('request', () => this.inner.createCharge(req));
+    return this.budgeted('request', req.account ?? null, () => this.inner.createCharge(req));
   }
 
   retrieveCharge(externalId: string, account: StripeAccount = null): Promise<Charge> {
-    return this.budgeted('request', () => this.inner.retrieveCharge(externalId, account));
+    return this.budgeted('request', account, () => this.inner.retrieveCharge(externalId, account));
   }
 
   findCharges(operationId: string, account: StripeAccount = null): Promise<Charge[]> {
-    return this.budgeted('search', (nextPage) => this.inner.findCharges(operationId, account, nextPage), 'call');
+    return this.budgeted('search', account, (nextPage) => this.inner.findCharges(operationId, account, nextPage), 'call');
   }
 
   listCharges(since: Date): Promise<Charge[]> {
-    return this.budgeted('request', (nextPage) => this.inner.listCharges(since, nextPage), 'page');
+    return this.budgeted('request', null, (nextPage) => this.inner.listCharges(since, nextPage), 'page');
   }
 
   capturePaymentIntent(req: CaptureParams): Promise<Charge> {
-    return this.budgeted('request', () => this.inner.capturePaymentIntent(req));
+    return this.budgeted('request', req.account, () => this.inner.capturePaymentIntent(req));
   }
 
   cancelPaymentIntent(req: CancelParams): Promise<Charge> {
-    return this.budgeted('request', () => this.inner.cancelPaymentIntent(req));
+    return this.budgeted('request', req.account, () => this.inner.cancelPaymentIntent(req));
   }
 
   createRefund(req: CreateRefundParams): Promise<Refund> {
-    return this.budgeted('request', () => this.inner.createRefund(req));
+    return this.budgeted('request', req.account ?? null, () => this.inner.createRefund(req));
   }
 
   retrieveRefund(externalId: string, account: StripeAccount = null): Promise<Refund> {
-    return this.budgeted('request', () => this.inner.retrieveRefund(externalId, account));
+    return this.budgeted('request', account, () => this.inner.retrieveRefund(externalId, account));
   }
 
-  // A list, not a Search: the account budget only.
+  // A list, not a Search: the account budgets only.
   findRefunds(paymentIntent: string, account: StripeAccount = null): Promise<Refund[]> {
-    return this.budgeted('request', (nextPage) => this.inner.findRefunds(paymentIntent, account, nextPage), 'call');
+    return this.budgeted('request', account, (nextPage) => this.inner.findRefunds(paymentIntent, account, nextPage), 'call');
   }
 
   listRefunds(since: Date): Promise<Refund[]> {
-    return this.budgeted('request', (nextPage) => this.inner.listRefunds(since, nextPage), 'page');
+    return this.budgeted('request', null, (nextPage) => this.inner.listRefunds(since, nextPage), 'page');
   }
 
   /** Metrics of this gateway and its budgets, onto a replica's registry. */
@@ -114,6 +122,7 @@ export class BudgetedGateway implements PaymentGateway {
   close(): void {
     this.opts.budgets.requests?.close();
     this.opts.budgets.search?.close();
+    this.opts.budgets.accounts?.close();
   }
 
   /**
@@ -122,16 +131,16 @@ export class BudgetedGateway implements PaymentGateway {
    * renew), or each as long as a call may (`page`: the drift report's lists, under no lease, at the
    * budget's pace however many pages they run to).
    */
-  private async budgeted<T>(kind: Kind, send: (beforeNextPage: BeforeNextPage) => Promise<T>, pages: 'call' | 'page' = 'call'): Promise<T> {
+  private async budgeted<T>(kind: Kind, account: StripeAccount, send: (beforeNextPage: BeforeNextPage) => Promise<T>, pages: 'call' | 'page' = 'call'): Promise<T> {
     const deadline = Date.now() + this.opts.maxWaitMs;
     let starved: unknown;
     const beforeNextPage = () =>
-      this.tokens(kind, pages === 'call' ? deadline : Date.now() + this.opts.maxWaitMs).catch((err: unknown) => {
+      this.tokens(kind, account, pages === 'call' ? deadline : Date.now() + this.opts.maxWaitMs).catch((err: unknown) => {
         starved = err;
         throw err;
       });
     for (let sends = 1; ; sends++) {
-      await this.tokens(kind, deadline);
+      await this.tokens(kind, account, deadline);
       try {
         return await send(beforeNextPage);
       } catch (err) {
@@ -140,7 +149,8 @@ export class BudgetedGateway implements PaymentGateway {
         const code = err.code ?? 'unknown';
         this.metrics.rateLimited.inc({ code });
         const lockTimeout = code === 'lock_timeout';
-        const budget = kind === 'search' ? (this.opts.budgets.search ?? this.opts.budgets.requests) : this.opts.budgets.requests;
+        const { requests, search, accounts } = this.opts.budgets;
+        const budget = account !== null && accounts ? accounts.for(account) : kind === 'search' ? (search ?? requests) : requests;
         if (!lockTimeout) budget?.backOff();
         // Without a budget to wait for, a rate-limited call goes back to its caller (the dispatcher
         // reschedules it in seconds); a lock timeout is worth a second try either way.
@@ -151,13 +161,14 @@ export class BudgetedGateway implements PaymentGateway {
     }
   }
 
-  private async tokens(kind: Kind, deadline: number): Promise<void> {
-    const { requests, search } = this.opts.budgets;
+  private async tokens(kind: Kind, account: StripeAccount, deadline: number): Promise<void> {
+    const { requests, search, accounts } = this.opts.budgets;
     const priority = this.opts.priority ?? 'dispatch';
     try {
       // The scarcer token first: a requests token held while waiting for a search one would expire unspent.
-      if (kind === 'search') await search?.take(priority, deadline);
-      await requests?.take(priority, deadline);
+      if (kind === 'search') await search?.take(priority, deadline, account);
+      if (account !== null) await accounts?.for(account).take(priority, deadline);
+      await requests?.take(priority, deadline, account);
     } catch (err) {
       if (!(err instanceof BudgetTimeout)) throw err;
       throw new RetryLater(`not sent: ${err.message}`, undefined, undefined, { cause: err, code: 'budget' });

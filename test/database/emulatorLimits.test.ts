@@ -1,6 +1,7 @@
 // The emulator's answers for Stripe's 429s: an account-wide rate limiter (requests/s across all its
 // requests, in memory and shared through PostgreSQL by every process serving that state), and the
-// rate_limit fault's two codes, rate_limit and lock_timeout, as the SDK and our gateway see them.
+// rate_limit fault's two codes, rate_limit and lock_timeout, as the SDK and our gateway see them. A
+// request on a connected account (Stripe-Account) counts against the platform and the account both.
 import { randomUUID } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RetryLater } from '../../src/stripe/gateway.ts';
@@ -9,10 +10,11 @@ import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { startEmulator, TEST_KEY, type RunningEmulator } from '../support/emulator.ts';
 
 /** `n` requests at once (retrieves of a charge that does not exist: 404 when admitted); their statuses and codes. */
-async function burst(urls: string[], n: number): Promise<{ status: number; code: string | undefined }[]> {
+async function burst(urls: string[], n: number, account?: string): Promise<{ status: number; code: string | undefined }[]> {
   return Promise.all(
     Array.from({ length: n }, async (_, i) => {
-      const res = await fetch(`${urls[i % urls.length]}/v1/payment_intents/pi_nothing${i}`, { headers: { Authorization: `Bearer ${TEST_KEY}` } });
+      const headers: Record<string, string> = { Authorization: `Bearer ${TEST_KEY}`, ...(account ? { 'Stripe-Account': account } : {}) };
+      const res = await fetch(`${urls[i % urls.length]}/v1/payment_intents/pi_nothing${i}`, { headers });
       const body = (await res.json()) as { error?: { code?: string } };
       return { status: res.status, code: body.error?.code };
     }),
@@ -22,10 +24,10 @@ const control = (url: string, path: string, body: unknown = {}) =>
   fetch(`${url}/_emulator/${path}`, { method: 'POST', body: JSON.stringify(body) }).then(async (r) => ({ status: r.status, body: await r.json() }));
 
 /** Admitted requests of a burst: the bucket's second's worth, plus what refilled meanwhile. */
-function expectLimited(answers: { status: number; code: string | undefined }[], perSecond: number, elapsedMs: number) {
+function expectLimited(answers: { status: number; code: string | undefined }[], perSecond: number, elapsedMs: number, refillPerSecond = perSecond) {
   const admitted = answers.filter((a) => a.status === 404).length;
   expect(admitted).toBeGreaterThanOrEqual(perSecond);
-  expect(admitted).toBeLessThanOrEqual(perSecond + Math.ceil((perSecond * elapsedMs) / 1000));
+  expect(admitted).toBeLessThanOrEqual(perSecond + Math.ceil((refillPerSecond * elapsedMs) / 1000));
   const limited = answers.filter((a) => a.status === 429);
   expect(limited.length).toBe(answers.length - admitted);
   for (const a of limited) expect(a.code).toBe('rate_limit');
@@ -56,6 +58,12 @@ describe('in memory', () => {
     e.emulator.reset();
     started = performance.now();
     expectLimited(await burst([e.url], 12), 5, performance.now() - started);
+    e.emulator.setRateLimit(null);
+  });
+
+  it("a connected account's requests take from its own limit and the platform's: one busy account leaves the others theirs", async () => {
+    await checkAccounts([e.url], (body) => control(e.url, 'rate-limit', body));
+    expect((await control(e.url, 'rate-limit', { requestsPerSecond: 5, accountRequestsPerSecond: 0 })).body).toEqual({ error: 'accountRequestsPerSecond must be a number > 0, or null (no limit)' });
     e.emulator.setRateLimit(null);
   });
 
@@ -100,4 +108,20 @@ describe('in PostgreSQL: one limit for every process serving the state', () => {
     expect((await control(b, 'reset')).status).toBe(200);
     expect((await burst([a, b], 18)).every((x) => x.status === 404)).toBe(true);
   });
+
+  it("a connected account's limit across two processes, beside the platform's", async () => {
+    const [a, b] = [await serve(), await serve()];
+    await checkAccounts([a, b], (body) => control(a, 'rate-limit', body));
+    await control(b, 'reset');
+  });
 });
+
+/** Platform 20/s, each account 4/s: a burst on one account gets its 4, then another account gets its own 4,
+ * and the platform what is left of its 20 (8 were taken by the accounts). */
+async function checkAccounts(urls: string[], limit: (body: unknown) => Promise<unknown>) {
+  await limit({ requestsPerSecond: 20, accountRequestsPerSecond: 4 });
+  const started = performance.now();
+  expectLimited(await burst(urls, 12, 'acct_busy'), 4, performance.now() - started);
+  expectLimited(await burst(urls, 12, 'acct_other'), 4, performance.now() - started);
+  expectLimited(await burst(urls, 20, undefined), 12, performance.now() - started, 20);
+}

@@ -1,6 +1,7 @@
 // Stripe's rate limit as a budget shared by the fleet (src/stripe/budget.ts, budgetedGateway.ts): the
 // bucket in PostgreSQL bounds every replica together, dispatch calls go before reconciliation, a wait is
-// bounded and is no attempt, and Stripe's 429s are told apart by code.
+// bounded and is no attempt, and Stripe's 429s are told apart by code. Connect: each connected account's
+// requests take from its own bucket and the platform's; one busy account starves neither.
 import { randomUUID } from 'node:crypto';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createPool, type Pool } from '../../src/db/pool.ts';
@@ -10,7 +11,7 @@ import { kindsFor } from '../../src/kinds/index.ts';
 import { RetryLater, type PaymentGateway } from '../../src/stripe/gateway.ts';
 import { acquireLease } from '../../src/engine/operation.ts';
 import { reconcileSweep } from '../../src/reconcile/sweep.ts';
-import { Budget, budgetMetrics, type BudgetMetrics, type Priority } from '../../src/stripe/budget.ts';
+import { AccountBudgets, Budget, budgetMetrics, type AccountKey, type BudgetMetrics, type Priority } from '../../src/stripe/budget.ts';
 import { BudgetedGateway, gatewayMetrics, inBackground, type Budgets } from '../../src/stripe/budgetedGateway.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { startDispatcher } from '../support/dispatcher.ts';
@@ -48,17 +49,27 @@ async function value(metric: { get(): Promise<{ values: { value: number; labels:
 }
 
 /** `loops` callers taking tokens one after another until `until`; the time each token arrived. */
-async function takeUntil(b: Budget, loops: number, until: number, priority: Priority = 'dispatch', grants: number[] = []): Promise<number[]> {
+async function takeUntil(b: Budget, loops: number, until: number, priority: Priority = 'dispatch', grants: number[] = [], account: AccountKey = null): Promise<number[]> {
   await Promise.all(
     Array.from({ length: loops }, async () => {
       while (performance.now() < until) {
-        await b.take(priority, Date.now() + 10_000);
+        await b.take(priority, Date.now() + 10_000, account);
         grants.push(performance.now());
       }
     }),
   );
   return grants;
 }
+
+const request = (id = randomUUID()) => ({
+  operationId: id,
+  amount: 1000,
+  currency: 'eur',
+  customer: 'cus_budget',
+  paymentMethod: 'pm_card_visa',
+  metadata: {},
+  idempotencyKey: `payment-op:${id}`,
+});
 
 describe('the shared bucket', () => {
   it('two replicas taking at once never get more than rate × elapsed + capacity together, and share it', async () => {
@@ -175,15 +186,6 @@ describe('priority: creates before reconciliation', () => {
 });
 
 describe('the budgeted gateway', () => {
-  const request = (id = randomUUID()) => ({
-    operationId: id,
-    amount: 1000,
-    currency: 'eur',
-    customer: 'cus_budget',
-    paymentMethod: 'pm_card_visa',
-    metadata: {},
-    idempotencyKey: `payment-op:${id}`,
-  });
   function gateway(budgetsOf: Budgets, maxWaitMs = 5_000, inner: PaymentGateway = e.gateway()) {
     const metrics = gatewayMetrics();
     return { gateway: new BudgetedGateway(inner, { budgets: budgetsOf, maxWaitMs, metrics }), metrics };
@@ -371,5 +373,152 @@ describe('waiting for a token holds the operation safely', () => {
     expect(inBackground(g)).not.toBe(g);
     const plain = e.gateway();
     expect(inBackground(plain)).toBe(plain);
+  });
+});
+
+describe("Connect: each connected account's own bucket beside the platform's", () => {
+  /** The platform's budget and every account's, on one replica's pool. */
+  function connect(db: Pool, rates: { platform: number; account: number }, name = `connect_${randomUUID().slice(0, 8)}`, metrics = budgetMetrics()) {
+    const requests = budget(db, rates.platform, name, metrics);
+    const accounts = new AccountBudgets(db, { name, rate: rates.account, metrics });
+    return { requests, accounts, metrics, close: () => accounts.close() };
+  }
+  const gatewayOf = (b: ReturnType<typeof connect>, maxWaitMs = 10_000) => new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs });
+  /** `loops` callers on `account` sending retrieves (of nothing: 404) until `until`. */
+  const retrieveUntil = (g: BudgetedGateway, account: AccountKey, loops: number, until: number) =>
+    Promise.all(
+      Array.from({ length: loops }, async () => {
+        while (performance.now() < until) await g.retrieveCharge('pi_nothing', account).catch((err: unknown) => expect(err).toMatchObject({ httpStatus: 404 }));
+      }),
+    );
+  /** What the emulator received, each request's time since `started` (its clock is the wall clock). */
+  const receivedSince = (startedAt: number, account?: AccountKey) =>
+    e.emulator
+      .requests()
+      .filter((r) => account === undefined || r.account === account)
+      .map((r) => r.at - startedAt)
+      .sort((x, y) => x - y);
+  /** The k-th request came no earlier than a bucket of `rate` and `capacity` (empty at first) allowed. */
+  const expectBounded = (sinceStart: number[], rate: number, capacity: number, what: string) =>
+    sinceStart.forEach((ms, i) => expect(i + 1, `${what}: request ${i + 1} at ${ms} ms`).toBeLessThanOrEqual((rate * Math.max(0, ms)) / 1000 + capacity + 1));
+
+  it('in a replica, a busy account with many calls waiting holds no other account (or the platform) behind them', async () => {
+    const b = budget(replicaA, 20);
+    const started = performance.now();
+    const until = started + 2_500;
+    const [busy, other, platform] = await Promise.all([
+      takeUntil(b, 40, until, 'dispatch', [], 'acct_busy'),
+      takeUntil(b, 1, until, 'dispatch', [], 'acct_other'),
+      takeUntil(b, 1, until, 'dispatch', [], null),
+    ]);
+    const total = busy.length + other.length + platform.length;
+    // Served in turn: each of the two single callers gets one of every few tokens, not 1 in 42.
+    expect(other.length).toBeGreaterThan(total / 12);
+    expect(platform.length).toBeGreaterThan(total / 12);
+    expect(busy.length).toBeGreaterThan(total / 3); // and the busy one has the rest
+  });
+
+  it("two replicas, calls spread over eight accounts: the platform's limit holds whatever the accounts' allow", async () => {
+    const name = `connect_fleet_${randomUUID().slice(0, 8)}`;
+    const [a, b] = [connect(replicaA, { platform: 20, account: 40 }, name), connect(replicaB, { platform: 20, account: 40 }, name)];
+    const startedAt = Date.now();
+    const until = performance.now() + 2_500;
+    const accounts = Array.from({ length: 8 }, (_, i) => `acct_fleet${i}`);
+    await Promise.all(accounts.flatMap((acct) => [retrieveUntil(gatewayOf(a), acct, 2, until), retrieveUntil(gatewayOf(b), acct, 2, until)]));
+    a.close();
+    b.close();
+    const all = receivedSince(startedAt);
+    expectBounded(all, 20, a.requests.capacity, 'the fleet');
+    expect(all.length).toBeGreaterThan(20); // the budget is used, not merely bounded
+  });
+
+  it("each account's own limit holds across replicas, another account gets its own in full, and the platform's calls are not held up", async () => {
+    const name = `connect_own_${randomUUID().slice(0, 8)}`;
+    const rates = { platform: 100, account: 5 };
+    const [a, b] = [connect(replicaA, rates, name), connect(replicaB, rates, name)];
+    e.emulator.setRateLimit(100, 5); // the emulator counts each account as Stripe may
+    try {
+      const startedAt = Date.now();
+      const seconds = 2.5;
+      const until = performance.now() + seconds * 1_000;
+      await Promise.all([
+        ...['acct_busy', 'acct_other'].flatMap((acct) => [retrieveUntil(gatewayOf(a), acct, 6, until), retrieveUntil(gatewayOf(b), acct, 6, until)]),
+        retrieveUntil(gatewayOf(a), null, 1, until),
+      ]);
+      a.close();
+      b.close();
+      expect(e.emulator.requests().filter((r) => r.status === 429)).toEqual([]);
+      const capacity = a.accounts.for('acct_busy').capacity;
+      for (const acct of ['acct_busy', 'acct_other']) {
+        const got = receivedSince(startedAt, acct);
+        expectBounded(got, rates.account, capacity, acct);
+        // Its own bucket, in full: not a share of one bucket for every account (counted within the
+        // window: calls that started in it may be sent after it).
+        expect(got.filter((ms) => ms <= seconds * 1_000).length, acct).toBeGreaterThan(rates.account * seconds * 0.7);
+      }
+      // The platform's one caller waited for no account's token.
+      expect(receivedSince(startedAt, null).filter((ms) => ms <= seconds * 1_000).length).toBeGreaterThan(rates.account * seconds * 4);
+    } finally {
+      e.emulator.setRateLimit(null);
+    }
+  });
+
+  it("every request on a connected account takes that account's token; a platform request does not", async () => {
+    // An account's first token comes after a second; the calls may wait 300 ms.
+    const b = connect(replicaA, { platform: 1_000, account: 1 });
+    const g = gatewayOf(b, 300);
+    const calls: [string, (account: AccountKey) => Promise<unknown>][] = [
+      ['createCharge', (account) => g.createCharge({ ...request(randomUUID()), account })],
+      ['retrieveCharge', (account) => g.retrieveCharge('pi_nothing', account)],
+      ['findCharges', (account) => g.findCharges(randomUUID(), account)],
+      ['capturePaymentIntent', (account) => g.capturePaymentIntent({ paymentIntent: 'pi_nothing', amount: 1, idempotencyKey: `capture-op:${randomUUID()}`, account })],
+      ['cancelPaymentIntent', (account) => g.cancelPaymentIntent({ paymentIntent: 'pi_nothing', reason: null, idempotencyKey: `cancel-op:${randomUUID()}`, account })],
+      ['createRefund', (account) => g.createRefund({ operationId: randomUUID(), paymentIntent: 'pi_nothing', amount: 1, reason: null, idempotencyKey: `refund-op:${randomUUID()}`, account })],
+      ['retrieveRefund', (account) => g.retrieveRefund('re_nothing', account)],
+      ['findRefunds', (account) => g.findRefunds('pi_nothing', account)],
+    ];
+    // Each on an account of its own, whose bucket is still empty.
+    for (const [i, [method, call]] of calls.entries()) {
+      const err = await call(`acct_tokens${i}`).catch((x: unknown) => x);
+      expect(err, method).toBeInstanceOf(RetryLater);
+      expect(err, method).toMatchObject({ code: 'budget' });
+      expect(e.emulator.requests(), method).toHaveLength(0);
+    }
+    // The same calls on the platform are sent at once.
+    for (const [method, call] of calls) await call(null).catch((x: unknown) => expect(x, method).not.toBeInstanceOf(RetryLater));
+    expect(e.emulator.requests()).toHaveLength(calls.length);
+    expect(e.emulator.requests().every((r) => r.account === null)).toBe(true);
+    b.close();
+  });
+
+  it("a rate_limit 429 on a connected account backs off that account's budget alone", async () => {
+    const b = connect(replicaA, { platform: 1_000, account: 500 });
+    const g = gatewayOf(b);
+    const req = { ...request(randomUUID()), account: 'acct_limited' };
+    e.emulator.addFault({ fault: { kind: 'rate_limit' }, match: { operationId: req.operationId } });
+    expect((await g.createCharge(req)).status).toBe('succeeded');
+    expect(e.emulator.requests().map((r) => r.status)).toEqual([429, 200]);
+    expect(await value(b.metrics.backOffs, { budget: `${b.requests.name}_account` })).toBe(1);
+    expect(await value(b.metrics.backOffs, { budget: b.requests.name })).toBe(0);
+    b.close();
+  });
+
+  it('a thousand accounts: Budgets made on first use, dropped once idle, one metrics series for them all, none on the console', async () => {
+    const metrics = budgetMetrics();
+    const name = `connect_many_${randomUUID().slice(0, 8)}`;
+    const accounts = new AccountBudgets(replicaA, { name, rate: 1_000, idleMs: 3_000, metrics });
+    for (let i = 0; i < 1_000; i += 50) {
+      await Promise.all(Array.from({ length: 50 }, (_, j) => accounts.for(`acct_many${i + j}`).take('dispatch', Date.now() + 10_000)));
+    }
+    expect(accounts.size).toBe(1_000);
+    await sleep(3_100);
+    await accounts.for('acct_later').take('dispatch', Date.now() + 10_000);
+    expect(accounts.size).toBe(1);
+    for (const m of [metrics.granted, metrics.statements, metrics.limit]) expect((await m.get()).values.map((v) => v.labels.budget)).toEqual([`${name}_account`]);
+    const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.rate_budgets where name like $1`, [`${name}@%`]);
+    expect(rows[0].n).toBe(1_001);
+    const listed = await t.pool.query(t.pool.sql.rateBudgetStates());
+    expect(listed.rows.filter((r: { name: string }) => r.name.startsWith(name))).toEqual([]);
+    accounts.close();
   });
 });

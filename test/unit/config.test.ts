@@ -49,6 +49,22 @@ describe("Stripe's rate limit: a budget for all replicas together", () => {
     expect(loadConfig({ STRIPE_RATE_LIMIT: '12.5' }).stripe.rateLimit).toBe(12.5);
     for (const bad of ['0', '-5', 'fast']) expect(() => loadConfig({ STRIPE_RATE_LIMIT: bad })).toThrow(/STRIPE_RATE_LIMIT: a number of requests per second, or off/);
   });
+
+  it("gives a connected account a bucket of its own only below the platform's rate (the platform's bounds it otherwise)", () => {
+    // Defaults: Stripe's documented limit per account, the platform's own: no bucket of its own.
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_live_x' }).stripe.accountRateLimit).toBeUndefined();
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_test_x' }).stripe.accountRateLimit).toBeUndefined();
+    // A platform whose limit Stripe raised keeps its accounts at the documented one.
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_live_x', STRIPE_RATE_LIMIT: '500' }).stripe).toMatchObject({ rateLimit: 500, accountRateLimit: 100 });
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_live_x', STRIPE_RATE_LIMIT: '500', STRIPE_ACCOUNT_RATE_LIMIT: 'off' }).stripe.accountRateLimit).toBeUndefined();
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_live_x', STRIPE_ACCOUNT_RATE_LIMIT: '40' }).stripe.accountRateLimit).toBe(40);
+    expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_live_x', STRIPE_ACCOUNT_RATE_LIMIT: '100' }).stripe.accountRateLimit).toBeUndefined();
+    // The emulator documents none: STRIPE_RATE_LIMIT's, and none without it unless told.
+    expect(loadConfig({ STRIPE_RATE_LIMIT: '25' }).stripe.accountRateLimit).toBeUndefined();
+    expect(loadConfig({}).stripe.accountRateLimit).toBeUndefined();
+    expect(loadConfig({ STRIPE_ACCOUNT_RATE_LIMIT: '5' }).stripe).toMatchObject({ rateLimit: undefined, accountRateLimit: 5 });
+    expect(() => loadConfig({ STRIPE_ACCOUNT_RATE_LIMIT: 'fast' })).toThrow(/STRIPE_ACCOUNT_RATE_LIMIT: a number of requests per second, or off/);
+  });
 });
 
 describe('tracing: the standard OTEL_ variables, read here and nowhere else in outboxd', () => {
