@@ -326,6 +326,29 @@ describe('Connect', () => {
     expect((await run(r.operationId)).operation.status).toBe('succeeded');
   });
 
+  it('reconciled on its account: past the key window, Search and retrieve carry Stripe-Account; its own webhook settles it', async () => {
+    const viaSearch = await confirm(t, { stripeAccount: account });
+    e.emulator.addFault({ match: { operationId: viaSearch }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });
+    expect((await run(viaSearch)).operation.status).toBe('unknown');
+    await t.pool.query(`update outboxd.payment_operations set first_attempted_at = now() - interval '24 hours' where id = $1`, [viaSearch]);
+    e.emulator.configureSearch({ lagMs: 0 });
+    const before = e.emulator.requests().length;
+    const searched = await run(viaSearch);
+    expect(searched.call).toBe('search');
+    expect(searched.operation.status).toBe('succeeded');
+    const reads = e.emulator.requests().slice(before);
+    expect(new Set(reads.map((q) => q.endpoint))).toEqual(new Set(['search', 'retrieve']));
+    for (const q of reads) expect(q.account).toBe(account);
+
+    const viaWebhook = await confirm(t, { stripeAccount: account });
+    e.emulator.addFault({ match: { operationId: viaWebhook }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });
+    expect((await run(viaWebhook)).operation.status).toBe('unknown');
+    const pi = e.emulator.ledger().find((l) => l.paymentIntent.metadata.operation_id === viaWebhook)!.paymentIntent.id;
+    const event = { id: `evt_${Math.random().toString(36).slice(2)}`, type: 'payment_intent.succeeded', account, data: { object: { id: pi } } } as unknown as Stripe.Event;
+    expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') }, event)).toBe('settled');
+    expect(await operation(t, viaWebhook)).toMatchObject({ status: 'succeeded', external_id: pi });
+  });
+
   it('an event from another account naming our operation settles nothing: the account decides, not the metadata', async () => {
     const charge = await confirm(t, { stripeAccount: account });
     // Another connected account writes its own PaymentIntent's metadata: here, our operation's id.
