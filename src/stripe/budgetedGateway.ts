@@ -150,7 +150,9 @@ export class BudgetedGateway implements PaymentGateway {
         this.metrics.rateLimited.inc({ code });
         const lockTimeout = code === 'lock_timeout';
         const { requests, search, accounts } = this.opts.budgets;
-        const budget = account !== null && accounts ? accounts.for(account) : kind === 'search' ? (search ?? requests) : requests;
+        // A connected account's 429 is its own limit's: its bucket backs off, and without one (its limit is
+        // the platform's, the default) nothing does; pausing the platform's would slow every other account.
+        const budget = account !== null ? accounts?.for(account) : kind === 'search' ? (search ?? requests) : requests;
         if (!lockTimeout) budget?.backOff();
         // Without a budget to wait for, a rate-limited call goes back to its caller (the dispatcher
         // reschedules it in seconds); a lock timeout is worth a second try either way.

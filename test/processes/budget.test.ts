@@ -503,6 +503,21 @@ describe("Connect: each connected account's own bucket beside the platform's", (
     b.close();
   });
 
+  it("with no bucket of its own (the default: its limit is the platform's), a connected account's 429 backs nothing off; the call goes back to its caller", async () => {
+    const b = connect(replicaA, { platform: 1_000, account: 500 });
+    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests }, maxWaitMs: 10_000 });
+    const req = { ...request(randomUUID()), account: 'acct_noisy' };
+    e.emulator.addFault({ fault: { kind: 'rate_limit' }, match: { operationId: req.operationId } });
+    await expect(g.createCharge(req)).rejects.toMatchObject({ name: 'RetryLater', httpStatus: 429 });
+    expect(await value(b.metrics.backOffs, { budget: b.requests.name })).toBe(0);
+    // The platform's own 429 still backs the platform off.
+    const own = request(randomUUID());
+    e.emulator.addFault({ fault: { kind: 'rate_limit' }, match: { operationId: own.operationId } });
+    expect((await g.createCharge(own)).status).toBe('succeeded');
+    expect(await value(b.metrics.backOffs, { budget: b.requests.name })).toBe(1);
+    b.close();
+  });
+
   it('a thousand accounts: Budgets made on first use, dropped once idle, one metrics series for them all, none on the console', async () => {
     const metrics = budgetMetrics();
     const name = `connect_many_${randomUUID().slice(0, 8)}`;
