@@ -104,6 +104,7 @@ describe('defining an effect: its policy is declared, and checked', () => {
   it.each([
     ['a kind that is not an identifier', 'Receipt', { policy: 'at-least-once', execute }, /lower-case identifier/],
     ['a built-in kind', 'refund', { policy: 'at-least-once', execute }, /reserved/],
+    ['a built-in kind since authorizations', 'capture', { policy: 'at-least-once', execute }, /reserved/],
     ['a queue of outboxd’s', 'settled', { policy: 'at-least-once', execute }, /reserved/],
     ['a dead letter’s name', 'receipt_dead', { policy: 'at-least-once', execute }, /reserved/],
     ['Stripe’s policy', 'receipt', { policy: 'idempotent-key', execute }, /at-least-once or reconcile-before-retry/],
