@@ -5,7 +5,7 @@
 import type { EffectCalls } from '../../types/kind.ts';
 import type { LoadedOperation, Operation, Outcome } from '../../types/operation.ts';
 import { accountOf, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
-import { chargeMismatch, chargePayloadOf, chargeSettles, holdOf, isAuthorization } from './evidence.ts';
+import { chargeMismatch, chargePayloadOf, chargeResultOf, chargeSettles } from './evidence.ts';
 
 export function chargeCalls(gateway: PaymentGateway): EffectCalls {
   return {
@@ -46,7 +46,10 @@ function fromCharge(op: Operation, charge: Charge): Outcome {
   if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch, retry: false, requestId };
   const settles = chargeSettles(op, charge);
   // A hold keeps what it holds and until when: a capture is refused past it without asking Stripe.
-  if (settles === 'succeeded') return { kind: 'succeeded', externalId: charge.id, requestId, ...(isAuthorization(op) ? { result: JSON.stringify(holdOf(charge)) } : {}) };
+  if (settles === 'succeeded') {
+    const result = chargeResultOf(op, charge);
+    return { kind: 'succeeded', externalId: charge.id, requestId, ...(result !== null ? { result } : {}) };
+  }
   if (settles === 'failed') return { kind: 'failed', externalId: charge.id, reason: `payment intent ${charge.status}`, requestId };
   // SEPA Debit, ACH: days until the bank answers. Waiting, not unknown (src/engine/processing.ts).
   if (charge.status === 'processing') return { kind: 'processing', externalId: charge.id, reason: 'payment intent processing', requestId };

@@ -56,11 +56,13 @@ export interface Hold {
   capture_before: string | null;
 }
 
-export const holdOf = (charge: Charge): Hold => ({
-  status: charge.status,
-  amount_capturable: charge.amountCapturable,
-  capture_before: charge.captureBefore?.toISOString() ?? null,
-});
+/** What a charge operation keeps of the PaymentIntent that settled it, however it settled (its own call, a
+ * webhook, a person): an authorization's hold (JSON), nothing for an automatic charge. */
+export function chargeResultOf(op: Pick<Operation, 'payload'>, charge: Charge): string | null {
+  if (!isAuthorization(op)) return null;
+  const hold: Hold = { status: charge.status, amount_capturable: charge.amountCapturable, capture_before: charge.captureBefore?.toISOString() ?? null };
+  return JSON.stringify(hold);
+}
 
 export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable> {
   return {
@@ -70,7 +72,8 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable>
     retrieve: (id, account) => gateway.retrieveCharge(id, account),
     mismatch: chargeMismatch,
     settles: chargeSettles,
-    resultOf: (op, object) => (isAuthorization(op) ? JSON.stringify(holdOf(object as Charge)) : null),
+    // Only what retrieve returned reaches here: a PaymentIntent.
+    resultOf: (op, object) => chargeResultOf(op, object as Charge),
     noneSucceeded: (op, reason, refuse, lastAttemptAge, horizon) => noCharge(gateway, op, reason, refuse, lastAttemptAge, horizon),
     drift: (ctx) => chargeDrift(gateway, ctx),
     followUp: recordRelease,
