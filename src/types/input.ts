@@ -46,3 +46,10 @@ export function validationErrorOf(issue: z.core.$ZodIssue): ValidationError {
   }
   return new ValidationError(path.join('.') || 'input', issue.message);
 }
+
+/** `input` parsed by `schema`, or the ValidationError naming its first bad field. */
+export function parseWith<T>(schema: z.ZodType<T>, input: unknown): T {
+  const result = schema.safeParse(input);
+  if (result.success) return result.data;
+  throw validationErrorOf(result.error.issues[0]!);
+}

@@ -1,7 +1,7 @@
 // A charge's input, validated (the example's order confirmation takes the same) (invariant 11): everything
 // is checked before anything is written, and a refusal names the field.
 import { z } from 'zod';
-import { isStorableText, MAX_AMOUNT, MAX_ID_LENGTH, UNSTORABLE, validationErrorOf } from '../../types/input.ts';
+import { isStorableText, MAX_AMOUNT, MAX_ID_LENGTH, UNSTORABLE, parseWith } from '../../types/input.ts';
 import { STRIPE_CURRENCIES } from './currencies.ts';
 
 const id = (what: string) =>
@@ -87,11 +87,7 @@ export const orderInputSchema = z.strictObject({
 export type OrderInput = z.infer<typeof orderInputSchema>;
 
 /** Parses untrusted input into an OrderInput or throws a ValidationError naming the first bad field. */
-export function parseOrderInput(input: unknown): OrderInput {
-  const result = orderInputSchema.safeParse(input);
-  if (result.success) return result.data;
-  throw validationErrorOf(result.error.issues[0]!);
-}
+export const parseOrderInput = (input: unknown): OrderInput => parseWith(orderInputSchema, input);
 
 /** What a charge keeps in its payload beyond the columns; absent (null) for an automatic charge on the
  * platform, every charge before manual capture and Connect. Its refunds, captures and cancels copy the

@@ -4,30 +4,18 @@
 // expired) or a capture asks for more than is held.
 import { z } from 'zod';
 import type { Queryable } from '../../db/pool.ts';
-import { isStorableText, MAX_AMOUNT, MAX_ID_LENGTH, validationErrorOf } from '../../types/input.ts';
+import { MAX_AMOUNT, parseWith } from '../../types/input.ts';
 import { activeTraceparent, ATTR, withSpan } from '../../telemetry/tracing.ts';
 import { CANCELLATION_REASONS } from '../../stripe/gateway.ts';
 import { OperationNotFoundError } from '../../types/errors.ts';
-import { isOperationId } from '../../types/operation.ts';
 import { CHARGE, isAuthorization, type Hold } from '../charge/evidence.ts';
+import { chargeChangeKey, chargeOperationIdInput } from '../refund/request.ts';
 import { RELEASE_KEY_PREFIX, type ChangePayload } from './change.ts';
 
-const chargeOperationId = z
-  .string({ error: 'chargeOperationId must be a string' })
-  .refine(isOperationId, 'chargeOperationId must be an operation id (a UUID)')
-  .transform((id) => id.toLowerCase());
-
-const key = z
-  .string({ error: 'key must be a string' })
-  .min(1, 'key must not be empty')
-  .max(MAX_ID_LENGTH, `key must be at most ${MAX_ID_LENGTH} characters`)
-  // eslint-disable-next-line no-control-regex
-  .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), 'key must not contain control characters')
-  .refine(isStorableText, 'key must not contain U+0000 or half a surrogate pair')
-  .refine((s) => !s.startsWith(RELEASE_KEY_PREFIX), `key must not begin with ${RELEASE_KEY_PREFIX}: outboxd's own releases are named so`);
+const key = chargeChangeKey.refine((s) => !s.startsWith(RELEASE_KEY_PREFIX), `key must not begin with ${RELEASE_KEY_PREFIX}: outboxd's own releases are named so`);
 
 export const captureInputSchema = z.strictObject({
-  chargeOperationId,
+  chargeOperationId: chargeOperationIdInput,
   key,
   /** In minor units; absent: all the authorization holds. The rest is released. */
   amount: z
@@ -39,19 +27,13 @@ export const captureInputSchema = z.strictObject({
 });
 
 export const cancelInputSchema = z.strictObject({
-  chargeOperationId,
+  chargeOperationId: chargeOperationIdInput,
   key,
   reason: z.enum(CANCELLATION_REASONS, { error: `reason must be one of ${CANCELLATION_REASONS.join(', ')}` }).optional(),
 });
 
 export type CaptureInput = z.infer<typeof captureInputSchema>;
 export type CancelInput = z.infer<typeof cancelInputSchema>;
-
-function parse<T>(schema: z.ZodType<T>, input: unknown): T {
-  const result = schema.safeParse(input);
-  if (result.success) return result.data;
-  throw validationErrorOf(result.error.issues[0]!);
-}
 
 /** A capture or a cancel that must not be made, said before anything is written. */
 export class AuthorizationRefused extends Error {
@@ -81,13 +63,13 @@ export interface ChangeRequested {
 
 /** Validates `input` and requests the capture on `db`, the caller's transaction. */
 export function requestCapture(db: Queryable, input: unknown): Promise<ChangeRequested> {
-  const req = parse(captureInputSchema, input);
+  const req = parseWith(captureInputSchema, input);
   return requested(db, 'capture', req.chargeOperationId, req.key, (held) => req.amount ?? held, null);
 }
 
 /** Validates `input` and requests the cancel on `db`, the caller's transaction. */
 export function requestCancel(db: Queryable, input: unknown): Promise<ChangeRequested> {
-  const req = parse(cancelInputSchema, input);
+  const req = parseWith(cancelInputSchema, input);
   return requested(db, 'cancel', req.chargeOperationId, req.key, (held) => held, req.reason ?? null);
 }
 

@@ -2,7 +2,7 @@
 // (charge operation, key), validated before anything is written.
 import { z } from 'zod';
 import type { Queryable } from '../../db/pool.ts';
-import { isStorableText, MAX_AMOUNT, MAX_ID_LENGTH, validationErrorOf } from '../../types/input.ts';
+import { isStorableText, MAX_AMOUNT, MAX_ID_LENGTH, parseWith } from '../../types/input.ts';
 import { activeTraceparent, ATTR, withSpan } from '../../telemetry/tracing.ts';
 import { REFUND_REASONS, type RefundReason } from '../../stripe/gateway.ts';
 import { OperationNotFoundError } from '../../types/errors.ts';
@@ -20,23 +20,30 @@ export interface RefundPayload {
   refund_application_fee?: true;
 }
 
+/** The caller's name for a change of a charge (a refund here, a capture or a cancel: src/kinds/hold): the
+ * same key of the same charge is the same change. */
+export const chargeChangeKey = z
+  .string({ error: 'key must be a string' })
+  .min(1, 'key must not be empty')
+  .max(MAX_ID_LENGTH, `key must be at most ${MAX_ID_LENGTH} characters`)
+  // eslint-disable-next-line no-control-regex
+  .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), 'key must not contain control characters')
+  .refine(isStorableText, 'key must not contain U+0000 or half a surrogate pair');
+
+/** The charge operation a change names. */
+export const chargeOperationIdInput = z
+  .string({ error: 'chargeOperationId must be a string' })
+  .refine(isOperationId, 'chargeOperationId must be an operation id (a UUID)')
+  .transform((id) => id.toLowerCase());
+
 export const refundInputSchema = z.strictObject({
-  chargeOperationId: z
-    .string({ error: 'chargeOperationId must be a string' })
-    .refine(isOperationId, 'chargeOperationId must be an operation id (a UUID)')
-    .transform((id) => id.toLowerCase()),
+  chargeOperationId: chargeOperationIdInput,
   amount: z
     .number({ error: 'amount must be a number of minor units' })
     .int('amount must be an integer number of minor units')
     .positive('amount must be positive')
     .max(MAX_AMOUNT, `amount must be at most ${MAX_AMOUNT} minor units`),
-  key: z
-    .string({ error: 'key must be a string' })
-    .min(1, 'key must not be empty')
-    .max(MAX_ID_LENGTH, `key must be at most ${MAX_ID_LENGTH} characters`)
-    // eslint-disable-next-line no-control-regex
-    .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), 'key must not contain control characters')
-    .refine(isStorableText, 'key must not contain U+0000 or half a surrogate pair'),
+  key: chargeChangeKey,
   reason: z.enum(REFUND_REASONS, { error: `reason must be one of ${REFUND_REASONS.join(', ')}` }).optional(),
   /** A destination charge's refund: the transfer to the connected account is taken back as well. */
   reverseTransfer: z.boolean({ error: 'reverseTransfer must be true or false' }).optional(),
@@ -46,11 +53,7 @@ export const refundInputSchema = z.strictObject({
 
 export type RefundInput = z.infer<typeof refundInputSchema>;
 
-export function parseRefundInput(input: unknown): RefundInput {
-  const result = refundInputSchema.safeParse(input);
-  if (result.success) return result.data;
-  throw validationErrorOf(result.error.issues[0]!);
-}
+export const parseRefundInput = (input: unknown): RefundInput => parseWith(refundInputSchema, input);
 
 /** A refund that must not be made, said before anything is written. */
 export class RefundRefused extends Error {
