@@ -147,13 +147,8 @@ try {
   const md: string[] = [];
   const out: Record<string, unknown> = {};
 
-  // Experiments on the schema, before any row is written (knobs of this spike, not migrations).
+  // An experiment on the schema, before any row is written (a knob, not a migration).
   if (process.env.WAL_FILLFACTOR) await w.pool.query(`alter table outboxd.payment_operations set (fillfactor = ${Number(process.env.WAL_FILLFACTOR)})`);
-  if (process.env.WAL_DROP_OUTBOX_FK) {
-    await w.pool.query(`alter table outboxd.charge_outbox drop constraint if exists charge_outbox_operation_id_payment_operations_id_fk`);
-    await w.pool.query(`alter table outboxd.settlement_outbox drop constraint if exists settlement_outbox_operation_id_payment_operations_id_fk`);
-  }
-  say(`constraints: ${(await w.pool.query(`select string_agg(conname, ', ') as c from pg_constraint where contype = 'f' and conrelid in ('outboxd.charge_outbox'::regclass, 'outboxd.settlement_outbox'::regclass)`)).rows[0].c}`);
 
   // outboxd: confirmation, then one replica draining it (relay, claim, call, outcome, completion, settlement relay).
   await w.pool.query('checkpoint');

@@ -39,25 +39,60 @@ const created: Source = (op) => [
   { at: op.created_at, kind: 'created', title: `${op.kind} operation created`, tone: 'neutral', facts: [['order', op.order_id]] },
 ];
 
-/** The rows the dispatcher, the sweep, resolutions and webhooks wrote as they acted. A call sent is paired
- * with its outcome (same fence, same attempt); a call with none was in flight when its worker stopped. */
+/** The rows the dispatcher, the sweep, resolutions and webhooks wrote as they acted. A call is one row,
+ * written with its outcome (releases before wrote a `sent` row too, paired with it here by fence and
+ * attempt). A call with no outcome was in flight when its worker stopped or lost its lease: the claim
+ * that took the lease over counted it (`unanswered`), and a call in flight now is the lease's. */
 const history: Source = (op, record, now) => {
   const entries: Entry[] = [];
+  const sent = new Map<string, (typeof record.events)[number]>();
   const outcomes = new Map<string, (typeof record.events)[number]>();
-  for (const e of record.events) if (e.type === 'outcome') outcomes.set(`${e.fence}:${e.details.attempt}`, e);
+  // Calls counted (attempts) that no row accounts for: answered by an outcome, counted by a takeover, or
+  // shown as sent with none (a release before one row per call).
+  let unaccounted = op.attempts;
+  for (const e of record.events) {
+    if (e.type === 'sent') sent.set(`${e.fence}:${e.details.attempt}`, e);
+    if (e.type === 'outcome') outcomes.set(`${e.fence}:${e.details.attempt}`, e);
+    if (e.type === 'claimed') unaccounted -= Number(e.details.unanswered ?? 0);
+  }
+  for (const e of record.events) {
+    if (e.type === 'outcome') unaccounted -= e.repeats;
+    if (e.type === 'sent' && !outcomes.has(`${e.fence}:${e.details.attempt}`)) unaccounted -= 1;
+  }
   const leaseLive = op.lease_owner !== null && op.lease_expires_at !== null && op.lease_expires_at > now;
   const settledUnder = new Set(record.events.filter((e) => e.type === 'settled').map((e) => e.fence));
   const resolution = (e: (typeof record.events)[number]) =>
     settledUnder.has(e.fence) ? 'claimed by a resolution, to check the evidence'
       : leaseLive && e.fence === op.fence ? 'claimed by a resolution, checking the evidence now'
       : 'claimed by a resolution that settled nothing (its evidence check refused, or failed)';
+  const call = (at: Date, d: Record<string, string | number | null | undefined>, fence: number | null, outcome: (typeof record.events)[number]): Entry => {
+    const o = outcome.details as Record<string, string | number | null | undefined>;
+    return {
+      at,
+      kind: 'call',
+      title: `${d.call} → ${o.outcome}${times(outcome)}`,
+      tone: TONE_OF_OUTCOME[String(o.outcome)] ?? 'neutral',
+      facts: [
+        ['attempt', d.attempt],
+        ['fence', fence],
+        ['by', outcome.actor],
+        ['duration', duration(o.duration_ms as number | null)],
+        ['Stripe request', o.request_id],
+        ['Stripe object', o.external_id],
+        ['status', o.from === o.to ? `${o.to}` : `${o.from} → ${o.to}`],
+        lastSeen(outcome),
+      ],
+      text: o.error as string | null,
+    };
+  };
   for (const e of record.events) {
     const d = e.details as Record<string, string | number | null | undefined>;
     switch (e.type) {
       case 'relayed':
         entries.push({ at: e.at, kind: 'relayed', title: 'relayed from the outbox to a job', tone: 'neutral', facts: [] });
         break;
-      case 'claimed':
+      case 'claimed': {
+        const unanswered = Number(d.unanswered ?? 0);
         entries.push({
           at: e.at,
           kind: 'claimed',
@@ -65,37 +100,34 @@ const history: Source = (op, record, now) => {
             ? 'claimed, taking over an expired lease'
             : e.actor?.startsWith('resolve:') ? resolution(e) : 'claimed',
           tone: d.previous_owner ? 'warn' : 'neutral',
-          facts: [['fence', e.fence], ['owner', e.actor], ['took over from', d.previous_owner]],
+          facts: [['fence', e.fence], ['owner', e.actor], ['took over from', d.previous_owner], ['calls with no outcome', unanswered || null]],
+          text: unanswered > 0
+            ? `${unanswered === 1 ? 'a call' : `${unanswered} calls`} by ${d.previous_owner} recorded no outcome: it stopped or lost its lease during the call, and whether it reached Stripe is unknown`
+            : null,
         });
         break;
+      }
       case 'sent': {
         const outcome = outcomes.get(`${e.fence}:${d.attempt}`);
-        const o = (outcome?.details ?? {}) as Record<string, string | number | null | undefined>;
         const inFlight = !outcome && leaseLive && e.fence === op.fence;
+        if (outcome) {
+          entries.push(call(e.at, d, e.fence, outcome));
+          break;
+        }
         entries.push({
           at: e.at,
           kind: 'call',
-          title: outcome ? `${d.call} → ${o.outcome}${times(outcome)}` : inFlight ? `${d.call} in flight` : `${d.call} sent, no outcome recorded`,
-          tone: outcome ? (TONE_OF_OUTCOME[String(o.outcome)] ?? 'neutral') : inFlight ? 'info' : 'warn',
-          facts: [
-            ['attempt', d.attempt],
-            ['fence', e.fence],
-            ['duration', outcome ? duration(o.duration_ms as number | null) : null],
-            ['Stripe request', o.request_id],
-            ['Stripe object', o.external_id],
-            ['status', outcome ? (o.from === o.to ? `${o.to}` : `${o.from} → ${o.to}`) : null],
-            outcome ? lastSeen(outcome) : ['last at', null],
-          ],
-          text: outcome
-            ? (o.error as string | null)
-            : inFlight
-              ? 'the lease is held: the call may still be running'
-              : 'the worker stopped or lost its lease during the call: whether it reached Stripe is unknown',
+          title: inFlight ? `${d.call} in flight` : `${d.call} sent, no outcome recorded`,
+          tone: inFlight ? 'info' : 'warn',
+          facts: [['attempt', d.attempt], ['fence', e.fence]],
+          text: inFlight ? 'the lease is held: the call may still be running' : 'the worker stopped or lost its lease during the call: whether it reached Stripe is unknown',
         });
         break;
       }
       case 'outcome':
-        break; // shown with its call
+        // Shown with its `sent` row where a release before one row per call wrote one; at the time it was sent.
+        if (!sent.has(`${e.fence}:${d.attempt}`)) entries.push(call(new Date(e.at.getTime() - Number(d.duration_ms ?? 0)), d, e.fence, e));
+        break;
       case 'flagged':
         entries.push({ at: e.at, kind: 'flagged', title: `held for review${times(e)}`, tone: 'bad', facts: [['fence', e.fence], lastSeen(e)], text: String(d.reason ?? '') });
         break;
@@ -112,6 +144,15 @@ const history: Source = (op, record, now) => {
       default:
         entries.push({ at: e.at, kind: e.type, title: e.type, tone: 'neutral', facts: [['fence', e.fence], ['by', e.actor]], text: JSON.stringify(e.details) });
     }
+  }
+  // Under a live lease, the last call counted and not answered is in flight now; any other was cut off
+  // with no claim taking its lease over (something settled or resolved the operation meanwhile).
+  if (unaccounted > 0) {
+    const inFlight = leaseLive ? 1 : 0;
+    const at = op.updated_at;
+    if (inFlight) entries.push({ at, kind: 'call', title: 'call in flight', tone: 'info', facts: [['attempt', op.attempts], ['fence', op.fence], ['owner', op.lease_owner]], text: 'the lease is held: the call may still be running' });
+    const lost = unaccounted - inFlight;
+    if (lost > 0) entries.push({ at, kind: 'call', title: `${lost === 1 ? 'a call' : `${lost} calls`} with no outcome recorded`, tone: 'warn', facts: [], text: 'whether it reached Stripe is unknown' });
   }
   return entries;
 };

@@ -194,8 +194,9 @@ export const webhookEvents = outboxd.table(
 
 /**
  * Each operation's history, for the people who must decide what happened (the console's timeline):
- * relay, every claim (fence, owner, the owner it took over from), every gateway call sent and its
- * outcome (duration, Stripe's request id, error), flags and settlements from outside a claim. Each row
+ * every gateway call with its outcome (owner, duration, Stripe's request id, error), claims that took
+ * over an expired lease (the owner they took over from, the calls it left unanswered), flags and
+ * settlements from outside a claim. Each row
  * is written by the statement that makes the change it records (a data-modifying CTE), so history costs
  * the dispatcher no round trip. No foreign key: checking one would lock the operation row against the
  * claim that is updating it.
@@ -206,7 +207,9 @@ export const operationEvents = outboxd.table(
     id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
     operationId: uuid('operation_id').notNull(),
     at: timestamp('at', { withTimezone: true }).notNull().defaultNow(),
-    /** relayed, claimed, sent, outcome, flagged, settled */
+    /** outcome (a gateway call with what it answered: one row per call), claimed (a takeover of an
+     * expired lease, or a claim outside the dispatcher's), flagged, settled; releases before one row
+     * per call also wrote relayed and sent. */
     type: text('type').notNull(),
     /** The fencing token of the claim that wrote it (none for the relay or a flag from outside). */
     fence: bigint('fence', { mode: 'number' }),
@@ -235,9 +238,9 @@ export const operationEvents = outboxd.table(
  */
 export const chargeOutbox = outboxd.table('charge_outbox', {
   id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
-  operationId: uuid('operation_id')
-    .notNull()
-    .references(() => paymentOperations.id),
+  /** Written with its operation, in the same statement (no foreign key: its check would lock the
+   * operation's row, a WAL record per operation for a reference the statement already guarantees). */
+  operationId: uuid('operation_id').notNull(),
   /** The operation's kind, so the relay knows its queue without reading the operation. */
   kind: text('kind').notNull().default('charge'),
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
@@ -253,9 +256,8 @@ export const chargeOutbox = outboxd.table('charge_outbox', {
  */
 export const settlementOutbox = outboxd.table('settlement_outbox', {
   id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
-  operationId: uuid('operation_id')
-    .notNull()
-    .references(() => paymentOperations.id),
+  /** Written by the statement that settles the operation (no foreign key, as for charge_outbox). */
+  operationId: uuid('operation_id').notNull(),
   /** What settled it: dispatcher, reconcile, webhook or admin. */
   source: text('source').notNull(),
   createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),

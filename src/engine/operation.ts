@@ -149,6 +149,7 @@ export async function recordOutcome(
     event,
     result,
     recheck_seconds: made.recheckSeconds ?? null,
+    owner: op.lease_owner,
   };
   const recorded = await coalesced(db, 'recordOutcomes', (writes: OutcomeRow[]) => recordOutcomes(db, writes))(write);
   if (recorded instanceof StaleFenceError) throw recorded;
@@ -183,6 +184,8 @@ interface OutcomeRow {
   result: string | null;
   /** Set for a processing payment whose job is replaced: next_check_at is that far from now. */
   recheck_seconds: number | null;
+  /** The claim's owner, who made the call: the timeline's row of the call names it. */
+  owner: string | null;
 }
 
 async function recordOutcomes(db: Queryable, writes: OutcomeRow[]): Promise<(Operation | StaleFenceError)[]> {

@@ -57,8 +57,9 @@ export function sqlContext(schema: string, prepared: boolean) {
    * operation_id, type, fence, actor, details. A refusal that repeats (the same flag, or an outcome that
    * executed nothing or only read, with the same details but for the attempt, duration and request id,
    * as the operation's latest event of its type) counts on that row instead (repeats, last_at). A repeated
-   * outcome's claim and call, which executed nothing, go with it: a revoked key retried every 30 s, a 429
-   * loop, a sweep that flags the same operation each run leave one row, not one a round.
+   * outcome's claim (and a call sent, as releases before one row per call wrote it), which executed
+   * nothing, go with it, but a takeover's, which is evidence: a revoked key retried every 30 s, a 429 loop,
+   * a sweep that flags the same operation each run leave one row, not one a round.
    */
   const event = (from: string, columns: string) => {
     const same = (d: string) => `(${d} - 'attempt' - 'duration_ms' - 'request_id')`;
@@ -80,6 +81,7 @@ export function sqlContext(schema: string, prepared: boolean) {
        ), ${from}_cycle as (
          delete from ${s}.operation_events e using ${from}_repeat r
          where r.type = 'outcome' and e.operation_id = r.operation_id and e.fence = r.fence and e.type in ('claimed', 'sent') and e.id > r.id
+           and not e.details ? 'previous_owner'
        ), ${from}_event as (
          insert into ${s}.operation_events (operation_id, type, fence, actor, details)
          select n.operation_id, n.type, n.fence, n.actor, n.details from ${from}_ev n

@@ -4,7 +4,17 @@
 import { CALL_FACT_WEIGHT as W } from '../types/contracts.ts';
 import type { SqlContext } from './context.ts';
 
-export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, settlementEvent, statement }: SqlContext) => ({
+export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, settlementEvent, statement }: SqlContext) => {
+  /** A claim's timeline row: the fence, the owner, and of a takeover the owner whose expired lease it took
+   * and `unanswered`: how many of the calls counted before this claim (`attempts`) neither an outcome
+   * answers nor an earlier takeover counted: calls its previous owner made and never recorded (it died,
+   * or stalled past its lease), which may have reached Stripe. */
+  const claimEvent = (from: string, attempts: string) =>
+    event(from, `id, 'claimed', fence, lease_owner, jsonb_strip_nulls(jsonb_build_object('previous_owner', previous_owner,
+      'unanswered', case when previous_owner is not null then ${attempts} - (
+        select coalesce(sum(case when e.type = 'outcome' then e.repeats else coalesce((e.details->>'unanswered')::int, 0) end), 0)
+        from ${s}.operation_events e where e.operation_id = ${from}.id and e.type in ('outcome', 'claimed')) end))`);
+  return {
   /** The operation, with whether its idempotency key window (seconds from first_attempted_at) has passed,
    * judged by the database clock so that every replica agrees. */
   loadOperation: statement<[id: string, keyWindowSeconds: number]>(
@@ -20,16 +30,16 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
    * records the claim in the same statement. */
   acquireLease: statement<[id: string, owner: string, ttlMs: number, keyWindowSeconds: number]>(
     'outboxd_acquire_lease',
-    `with prev as (select id, lease_owner from ${s}.payment_operations where id = $1 for update skip locked), claimed as (
+    `with prev as (select id, lease_owner, attempts from ${s}.payment_operations where id = $1 for update skip locked), claimed as (
      update ${s}.payment_operations op
      set fence = op.fence + 1, lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3 / 1000.0),
          updated_at = now()
      from prev
      where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
-     returning ${operationColumns('op')}, prev.lease_owner as previous_owner,
+     returning ${operationColumns('op')}, prev.lease_owner as previous_owner, prev.attempts as prev_attempts,
        coalesce(op.first_attempted_at < now() - make_interval(secs => $4), false) as key_window_passed
-     ), ${event('claimed', `id, 'claimed', fence, lease_owner, jsonb_strip_nulls(jsonb_build_object('previous_owner', previous_owner))`)}
-     select * from claimed`,
+     ), ${claimEvent('claimed', 'prev_attempts')}
+     select ${operationColumns()}, previous_owner, key_window_passed from claimed`,
   ),
 
   /**
@@ -42,8 +52,9 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
    * kind $5 under policy $6; a row of another kind or requested under another policy is claimed without
    * an attempt (call null), and the executor chooses and counts, or holds it for a person, as for any
    * claim. A row another transaction holds (an application's `select … for update`) is skipped, not
-   * waited for, and an id asked twice is claimed for its first request only. The timeline records each claim and its call as
-   * sent, in that order. One row per request, in order: `id` is null when nothing was claimed for it
+   * waited for, and an id asked twice is claimed for its first request only. The timeline records a claim
+   * only when it takes over an expired lease (what the lost owner left unanswered with it); the call is
+   * recorded with its outcome (recordOutcomes), one row per call. One row per request, in order: `id` is null when nothing was claimed for it
    * (settled, leased by a live claim, locked: `locked`, or no such operation), and current_* say what the
    * row holds (read without its lock when another transaction holds it).
    */
@@ -78,14 +89,9 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
        where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
        returning ${operationColumns('op')}, prev.lease_owner as previous_owner, prev.key_window_passed, prev.call,
          prev.first_attempted_at as prev_first_attempted_at, prev.last_attempted_at as prev_last_attempted_at
-     ), steps as (
-       select id, e.type, fence, e.actor, e.details from claimed cross join lateral (values
-         (1, 'claimed', lease_owner, jsonb_strip_nulls(jsonb_build_object('previous_owner', previous_owner))),
-         (2, 'sent', null, jsonb_build_object('call', call, 'attempt', attempts))
-       ) e(step, type, actor, details)
-       where e.type = 'claimed' or call is not null
-       order by id, e.step
-     ), ${event('steps', 'id, type, fence, actor, details')}
+     ), takeovers as (
+       select * from claimed where previous_owner is not null order by id
+     ), ${claimEvent('takeovers', 'attempts - (call is not null)::int')}
      select mine.*, coalesce(prev.status, cur.status) as current_status,
        coalesce(won.lease_owner, prev.lease_owner, cur.lease_owner) as current_owner, prev.id is null and cur.id is not null as locked
      from req
@@ -122,11 +128,12 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
    * invariant 7) and last_attempted_at before the send, returning what they were, so that an outcome that
    * proves nothing executed can put them back. $4: an at-least-once kind, whose create after one that
    * may have acted (first_attempted_at already set) is counted as a possible duplicate. Zero rows: the
-   * fence moved or the operation settled, and the call must not be made. The timeline records the call
-   * as sent: one whose outcome never follows was in flight when its worker died or lost the lease. */
+   * fence moved or the operation settled, and the call must not be made. The call joins the timeline
+   * with its outcome; one whose outcome never follows is counted here (attempts), and the claim that
+   * takes its lease over says so. */
   recordAttempt: statement<[id: string, fence: number, call: string, atLeastOnce: boolean]>(
     'outboxd_record_attempt',
-    `with prev as (select first_attempted_at, last_attempted_at from ${s}.payment_operations where id = $1), attempt as (
+    `with prev as (select first_attempted_at, last_attempted_at from ${s}.payment_operations where id = $1)
      update ${s}.payment_operations
      set attempts = attempts + 1, updated_at = now(),
          first_attempted_at = case when $3 = 'create' then coalesce(first_attempted_at, now()) else first_attempted_at end,
@@ -135,9 +142,7 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
      where id = $1 and fence = $2 and ${UNSETTLED}
      returning attempts, first_attempted_at,
        (select first_attempted_at from prev) as prev_first_attempted_at,
-       (select last_attempted_at from prev) as prev_last_attempted_at
-     ), ${event('attempt', `$1, 'sent', $2, null, jsonb_build_object('call', $3::text, 'attempt', attempts)`)}
-     select * from attempt`,
+       (select last_attempted_at from prev) as prev_last_attempted_at`,
   ),
 
   /** Writes outcomes, each ending its claim's lease, many operations in ONE statement ($1: a JSON array,
@@ -157,7 +162,7 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
        select * from jsonb_to_recordset($1::jsonb) as x(
          ord int, id uuid, fence bigint, status text, external_id text, last_outcome text, last_error text,
          review_reason text, undo boolean, first_attempted_at timestamptz, last_attempted_at timestamptz,
-         source text, event jsonb, result text, recheck_seconds int)
+         source text, event jsonb, result text, recheck_seconds int, owner text)
      ), op as (
      update ${s}.payment_operations o
      set status = x.status, external_id = coalesce(x.external_id, o.external_id), last_outcome = x.last_outcome,
@@ -173,12 +178,12 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
          settled_at = case when x.status in ('succeeded', 'failed') then now() end
      from input x
      where o.id = x.id and o.fence = x.fence and o.${UNSETTLED}
-     returning ${operationColumns('o')}, x.ord, x.source, x.event
+     returning ${operationColumns('o')}, x.ord, x.source, x.event, x.owner as call_owner
      ), settled_event as (
        insert into ${s}.settlement_outbox (operation_id, source)
        select id, source from op where status in ('succeeded', 'failed') order by ord
-     ), ${event('op', `id, 'outcome', fence, null, event`)}
-     select op.*, cur.fence as current_fence, cur.status as current_status
+     ), ${event('op', `id, 'outcome', fence, call_owner, event`)}
+     select ${operationColumns('op')}, op.ord, op.source, op.event, cur.fence as current_fence, cur.status as current_status
      from input
      left join op on op.ord = input.ord
      left join ${s}.payment_operations cur on cur.id = input.id
@@ -250,4 +255,5 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
      ), ${event('flagged', `id, 'flagged', null, null, jsonb_build_object('reason', $2::text)`)}
      select id from flagged`,
   ),
-});
+};
+};

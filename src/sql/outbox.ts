@@ -2,19 +2,16 @@
 // written by the statement that settles and relayed alike (src/outbox/).
 import type { SqlContext } from './context.ts';
 
-export const outboxStatements = ({ boss, event, s, statement }: SqlContext) => ({
+export const outboxStatements = ({ boss, s, statement }: SqlContext) => ({
   outboxHasRows: statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from ${s}.charge_outbox) as any`),
 
   /** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark.
-   * Each operation's timeline records the relay in the same statement. */
+   * (The timeline does not record the relay: the job's creation says when, at no write on the hot path.) */
   takeOutboxBatch: statement<[limit: number]>(
     'outboxd_take_outbox_batch',
-    `with taken as (
-     delete from ${s}.charge_outbox
+    `delete from ${s}.charge_outbox
      where id in (select id from ${s}.charge_outbox order by id limit $1 for update skip locked)
-     returning operation_id, traceparent, kind
-     ), ${event('taken', `operation_id, 'relayed', null, null, '{}'`)}
-     select operation_id, traceparent, kind from taken`,
+     returning operation_id, traceparent, kind`,
   ),
 
   outboxRowFor: statement<[operationId: string]>(

@@ -1,7 +1,7 @@
-// Each operation's history (operation_events), which the console shows as its timeline: the relay,
-// every claim, every gateway call and its outcome with Stripe's request id, flags and settlements from
-// outside a claim. Each row is written by the statement that makes the change, so the timeline costs the
-// dispatcher's path no round trip.
+// Each operation's history (operation_events), which the console shows as its timeline: every gateway
+// call with its outcome and Stripe's request id (one row per call), the claims that took over an expired
+// lease, flags and settlements from outside a claim. Each row is written by the statement that makes the
+// change, so the timeline costs the dispatcher's path no round trip, and a settled charge one row.
 import type Stripe from 'stripe';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { Pool } from '../../src/db/pool.ts';
@@ -40,11 +40,11 @@ const events = async (op: string) =>
   (await t.pool.query(`select type, fence, actor, details from outboxd.operation_events where operation_id = $1 order by id`, [op])).rows;
 
 describe('the operation timeline', () => {
-  it('records relay, claim, call and outcome with its duration and Stripe request id, in the statements that already run', async () => {
+  it('records a call as one row with its outcome, owner, duration and Stripe request id, in the statement that records the outcome', async () => {
     const op = await confirm(t);
     const relayCount = counting(t.pool);
     expect(await relayOutbox(relayCount.pool, t.boss)).toBe(1);
-    // exists?, begin, take the batch (and record the relay), insert the jobs, commit; then the settlement
+    // exists?, begin, take the batch, insert the jobs, commit; then the settlement
     // outbox's exists? (nothing settled yet)
     expect(relayCount.statements()).toBe(6);
 
@@ -52,18 +52,15 @@ describe('the operation timeline', () => {
     const lease = await claimWithAttempt(run.pool, op, 'worker-a');
     const result = await executeOperation(run.pool, kindsFor(e.gateway()), op, lease.fence, { claimed: lease.operation, begun: lease.begun });
     expect(result.operation.status).toBe('succeeded');
-    // the claim with the attempt (recording both), the outcome (recording it): no begin, no commit
+    // the claim with the attempt, the outcome (recording the call): no begin, no commit
     expect(run.statements()).toBe(2);
 
     const create = e.emulator.requests().find((r) => r.endpoint === 'create' && r.operationId === op)!;
     expect(await events(op)).toEqual([
-      { type: 'relayed', fence: null, actor: null, details: {} },
-      { type: 'claimed', fence: 1, actor: 'worker-a', details: {} },
-      { type: 'sent', fence: 1, actor: null, details: { call: 'create', attempt: 1 } },
       {
         type: 'outcome',
         fence: 1,
-        actor: null,
+        actor: 'worker-a',
         details: {
           call: 'create',
           attempt: 1,
@@ -87,7 +84,7 @@ describe('the operation timeline', () => {
     expect(outcome.details).toMatchObject({ outcome: 'failed', request_id: create.requestId, error: expect.stringMatching(/^Declined 402: card_declined/) });
   });
 
-  it('a takeover names the previous owner; a call whose outcome never came is shown as such', async () => {
+  it('a takeover names the previous owner and counts the calls it left with no outcome; the timeline says so', async () => {
     const op = await confirm(t);
     // worker-a claims, counting the create, and dies before its outcome: no outcome follows.
     await claimWithAttempt(t.pool, op, 'worker-a');
@@ -96,21 +93,76 @@ describe('the operation timeline', () => {
     expect(second.previousOwner).toBe('worker-a');
     await executeOperation(t.pool, kindsFor(e.gateway()), op, second.fence, { claimed: second.operation, begun: second.begun });
 
-    const rows = await events(op);
-    expect(rows.filter((r) => r.type === 'claimed')).toEqual([
-      { type: 'claimed', fence: 1, actor: 'worker-a', details: {} },
-      { type: 'claimed', fence: 2, actor: 'worker-b', details: { previous_owner: 'worker-a' } },
+    expect((await events(op)).map((r) => ({ type: r.type, fence: r.fence, actor: r.actor, unanswered: r.details.unanswered }))).toEqual([
+      { type: 'claimed', fence: 2, actor: 'worker-b', unanswered: 1 },
+      { type: 'outcome', fence: 2, actor: 'worker-b', unanswered: undefined },
     ]);
     const current = await operation(t, op);
     const entries = timeline(current, await operationRecord(t.pool, current));
+    expect(entries.map((x) => x.title)).toEqual(['charge operation created', 'claimed, taking over an expired lease', 'create → succeeded']);
+    expect(entries[1]).toMatchObject({ tone: 'warn', text: expect.stringMatching(/^a call by worker-a recorded no outcome/) });
+  });
+
+  it('each takeover counts only the calls no earlier row accounts for; a call under a live lease is in flight', async () => {
+    const op = await confirm(t);
+    const expire = () => t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
+    await claimWithAttempt(t.pool, op, 'worker-a');
+    await expire();
+    await claimWithAttempt(t.pool, op, 'worker-b');
+    const shown = async () => {
+      const current = await operation(t, op);
+      return timeline(current, await operationRecord(t.pool, current));
+    };
+    // worker-b's call is under its live lease.
+    expect((await shown()).map((x) => x.title)).toEqual(['charge operation created', 'claimed, taking over an expired lease', 'call in flight']);
+    await expire();
+    const third = await claimWithAttempt(t.pool, op, 'worker-c');
+    expect((await events(op)).map((r) => r.details.unanswered)).toEqual([1, 1]);
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, third.fence, { claimed: third.operation, begun: third.begun });
+    const entries = await shown();
     expect(entries.map((x) => x.title)).toEqual([
       'charge operation created',
-      'claimed',
-      'create sent, no outcome recorded',
+      'claimed, taking over an expired lease',
       'claimed, taking over an expired lease',
       'create → succeeded',
     ]);
-    expect(entries[2]!.tone).toBe('warn');
+    expect(entries.map((x) => x.text)).toContainEqual(expect.stringMatching(/^a call by worker-b recorded no outcome/));
+  });
+
+  it('a call cut off by a settlement from outside is shown as having no outcome', async () => {
+    const op = await confirm(t);
+    await claimWithAttempt(t.pool, op, 'worker-a');
+    await settleFromOutside(t.pool, op, 'succeeded', 'pi_outside', 'webhook:payment_intent.succeeded', null);
+    const current = await operation(t, op);
+    expect(timeline(current, await operationRecord(t.pool, current)).map((x) => x.title)).toEqual([
+      'charge operation created',
+      'settled succeeded by a Stripe webhook',
+      'a call with no outcome recorded',
+    ]);
+  });
+
+  it("a release before one row per call left a sent row and an outcome row: shown as one call, and a sent row alone as a call with no outcome", async () => {
+    const op = await confirm(t);
+    await t.pool.query(
+      `insert into outboxd.operation_events (operation_id, type, fence, actor, details) values
+         ($1, 'relayed', null, null, '{}'),
+         ($1, 'claimed', 1, 'worker-old', '{}'),
+         ($1, 'sent', 1, null, '{"call": "create", "attempt": 1}'),
+         ($1, 'outcome', 1, null, '{"call": "create", "attempt": 1, "outcome": "ambiguous", "from": "pending", "to": "unknown", "duration_ms": 5}'),
+         ($1, 'claimed', 2, 'worker-old', '{}'),
+         ($1, 'sent', 2, null, '{"call": "create", "attempt": 2}')`,
+      [op],
+    );
+    await t.pool.query(`update outboxd.payment_operations set attempts = 2, fence = 2, status = 'unknown' where id = $1`, [op]);
+    const current = await operation(t, op);
+    expect(timeline(current, await operationRecord(t.pool, current)).map((x) => x.title)).toEqual([
+      'charge operation created',
+      'relayed from the outbox to a job',
+      'claimed',
+      'create → ambiguous',
+      'claimed',
+      'create sent, no outcome recorded',
+    ]);
   });
 
   it('flags and settlements from outside a claim are recorded with their source', async () => {
@@ -142,7 +194,7 @@ describe('the operation timeline', () => {
     expect(entries[2]!.facts).toContainEqual(['Stripe object', pi.id]);
   });
 
-  it('a refusal that repeats is one row with a count and when it was last seen; its claims and calls go with it', async () => {
+  it('a refusal that repeats is one row with a count and when it was last seen', async () => {
     const op = await confirm(t);
     const stripe = new FakeStripe();
     stripe.rateLimitNext = 3;
@@ -154,11 +206,7 @@ describe('the operation timeline', () => {
     expect((await round('worker-b')).operation.status).toBe('succeeded');
     const rows = (await t.pool.query(`select type, fence, details->>'outcome' as outcome, repeats, last_at is not null as repeated from outboxd.operation_events where operation_id = $1 order by id`, [op])).rows;
     expect(rows).toEqual([
-      { type: 'claimed', fence: 1, outcome: null, repeats: 1, repeated: false },
-      { type: 'sent', fence: 1, outcome: null, repeats: 1, repeated: false },
       { type: 'outcome', fence: 1, outcome: 'rate_limited', repeats: 3, repeated: true },
-      { type: 'claimed', fence: 4, outcome: null, repeats: 1, repeated: false },
-      { type: 'sent', fence: 4, outcome: null, repeats: 1, repeated: false },
       { type: 'outcome', fence: 4, outcome: 'succeeded', repeats: 1, repeated: false },
     ]);
     const current = await operation(t, op);
@@ -182,7 +230,7 @@ describe('the operation timeline', () => {
       const lease = await claimWithAttempt(t.pool, lost, `worker-${i}`);
       expect((await executeOperation(t.pool, kindsFor(stripe), lost, lease.fence, { claimed: lease.operation, begun: lease.begun })).outcome?.kind).toBe('ambiguous');
     }
-    expect((await events(lost)).map((r) => r.type)).toEqual(['claimed', 'sent', 'outcome', 'claimed', 'sent', 'outcome']);
+    expect((await events(lost)).map((r) => r.type)).toEqual(['outcome', 'outcome']);
   });
 
   it('a stale claim records nothing: no call, no outcome', async () => {

@@ -104,7 +104,11 @@ export function attemptsChart(
   events: { at: Date; type: string; details: Record<string, unknown> }[],
   now: Date,
 ): Safe {
-  const marks = events.filter((e) => e.type === 'sent' || e.type === 'outcome');
+  // One row per call, written with its outcome: sent its duration before.
+  const marks = events
+    .filter((e) => e.type === 'outcome')
+    .flatMap((e) => [{ ...e, type: 'sent', at: new Date(e.at.getTime() - (Number(e.details.duration_ms) || 0)) }, e])
+    .sort((a, b) => a.at.getTime() - b.at.getTime());
   if (marks.length === 0) return nothing;
   const w = 560;
   const h = 46;
