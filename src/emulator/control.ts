@@ -1,7 +1,7 @@
 // The control API under /_emulator/: the emulator over HTTP for other processes (chaos, the demo, a
 // person); docs/emulator.md lists the routes. JSON in, JSON out.
 import type { ServerResponse } from 'node:http';
-import { clock, type Core } from './core.ts';
+import { clock, resetProcess, type Core } from './core.ts';
 import { faultRule } from './faults.ts';
 import { isRecord, sendRaw } from './http.ts';
 import { currentIntents, currentRefund, expireIntent, settleIntent, settleRefund, type SettleStatus } from './resources.ts';
@@ -41,8 +41,7 @@ export async function control(core: Core, method: string, path: string, body: st
       }));
     }
     if (route === 'POST /_emulator/reset') {
-      core.log.length = 0;
-      core.deliveries.length = 0;
+      resetProcess(core);
       return ok(await state.reset());
     }
     if (route === 'POST /_emulator/webhooks') return ok(await state.configureWebhooks(webhookTarget(input)));

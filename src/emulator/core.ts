@@ -39,7 +39,7 @@ export interface Core {
   /** This process's requests and webhook deliveries, oldest first (not part of the shared state). */
   readonly log: RequestLogEntry[];
   readonly deliveries: WebhookDelivery[];
-  /** Webhook deliveries waiting for their turn (cleared when the server closes). */
+  /** Webhook deliveries waiting for their turn (cleared when the server closes or the emulator resets). */
   readonly timers: Set<NodeJS.Timeout>;
 }
 
@@ -56,4 +56,18 @@ export async function clock(core: Core): Promise<number> {
 /** Keeps a log to requestLogLimit entries, the newest. */
 export function trim<T>(core: Core, entries: T[]): void {
   if (core.opts.requestLogLimit !== undefined && entries.length > core.opts.requestLogLimit) entries.shift();
+}
+
+/** Forgets every webhook delivery still to come: a closed server sends nothing, and after a reset an
+ * earlier event's retry must not reach the endpoint configured since. */
+export function cancelDeliveries(core: Core): void {
+  for (const t of core.timers) clearTimeout(t);
+  core.timers.clear();
+}
+
+/** This process's part of a reset: no requests or deliveries logged, none to come. */
+export function resetProcess(core: Core): void {
+  cancelDeliveries(core);
+  core.log.length = 0;
+  core.deliveries.length = 0;
 }

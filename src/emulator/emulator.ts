@@ -7,7 +7,7 @@
 // drive; the runtime serves an EmulatorServer over a PgState, one ledger per data directory shared by
 // every outboxd process on it (docs/emulator.md). It imports nothing of outboxd: it is the ledger that
 // outboxd is checked against.
-import type { RequestLogEntry, ServerOptions, WebhookDelivery } from './core.ts';
+import { resetProcess, type RequestLogEntry, type ServerOptions, type WebhookDelivery } from './core.ts';
 import { EVENT_FOR_STATUS, newEvent, scheduleDelivery } from './webhooks.ts';
 import { EmulatorServer } from './server.ts';
 import { captureBeforeMs, expire, type SettleStatus } from './resources.ts';
@@ -109,8 +109,7 @@ export class StripeEmulator extends EmulatorServer<MemoryState> {
   /** Back to a new emulator's state and options (the listener stays). */
   reset(): void {
     this.state.reset();
-    this.core.log.length = 0;
-    this.core.deliveries.length = 0;
+    resetProcess(this.core);
   }
 
   /** Moves a refund to a status (a pending one finishes, or fails), with its event if webhooks are on. */

@@ -3,7 +3,7 @@
 import { createServer, type Server } from 'node:http';
 import type { Socket } from 'node:net';
 import { control } from './control.ts';
-import type { Core, ServerOptions } from './core.ts';
+import { cancelDeliveries, type Core, type ServerOptions } from './core.ts';
 import { readBody, sendRaw } from './http.ts';
 import { serveStripe } from './routes.ts';
 import type { EmulatorState } from './state.ts';
@@ -45,8 +45,7 @@ export class EmulatorServer<S extends EmulatorState = EmulatorState> {
   }
 
   async close(): Promise<void> {
-    for (const t of this.core.timers) clearTimeout(t);
-    this.core.timers.clear();
+    cancelDeliveries(this.core);
     for (const s of this.sockets) s.destroy();
     await new Promise<void>((resolve) => (this.server ? this.server.close(() => resolve()) : resolve()));
   }

@@ -265,11 +265,31 @@ describe('Connect', () => {
       const onA = await stripe.paymentIntents.create(params(), { stripeAccount: 'acct_A' });
       const onPlatform = await stripe.paymentIntents.create(params());
       await stripe.refunds.create({ payment_intent: onA.id }, { stripeAccount: 'acct_A' });
-      await waitFor(() => (hook.events.length >= 3 ? true : undefined), 'three events');
+      await waitFor(() => (hook.events.some((ev) => ev.type === 'refund.created') && hook.events.length >= 3 ? true : undefined), 'three events');
       const seen = (id: string) => hook.events.find((ev) => (ev.data.object as { id: string }).id === id)!;
       expect(seen(onA.id)).toMatchObject({ type: 'payment_intent.succeeded', account: 'acct_A' });
       expect(seen(onPlatform.id).account).toBeUndefined();
       expect(hook.events.find((ev) => ev.type === 'refund.created')!.account).toBe('acct_A');
+    } finally {
+      await hook.close();
+    }
+  });
+});
+
+describe('webhook deliveries', () => {
+  it("a reset forgets deliveries still to come: an earlier endpoint's retry never reaches the next one", async () => {
+    e.emulator.configureWebhooks({ url: 'http://127.0.0.1:9/unreachable', secret: 'whsec_x' });
+    await stripe.paymentIntents.create(params());
+    await waitFor(() => (e.emulator.webhookDeliveries().length > 0 ? true : undefined), 'the failed first delivery');
+    e.emulator.reset();
+    const hook = await receiver();
+    try {
+      e.emulator.configureWebhooks({ url: hook.url, secret: hook.secret });
+      const after = await stripe.paymentIntents.create(params());
+      await waitFor(() => (hook.events.length > 0 ? true : undefined), 'the new endpoint\'s event');
+      // Past the failed delivery's retries (200 ms, then 400 ms later).
+      await new Promise((r) => setTimeout(r, 900));
+      expect(hook.events.map((ev) => (ev.data.object as { id: string }).id)).toEqual([after.id]);
     } finally {
       await hook.close();
     }
