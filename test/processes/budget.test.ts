@@ -521,12 +521,13 @@ describe("Connect: each connected account's own bucket beside the platform's", (
   it('a thousand accounts: Budgets made on first use, dropped once idle, one metrics series for them all, none on the console', async () => {
     const metrics = budgetMetrics();
     const name = `connect_many_${randomUUID().slice(0, 8)}`;
-    const accounts = new AccountBudgets(replicaA, { name, rate: 1_000, idleMs: 3_000, metrics });
+    // Idle for 10 s: making the thousand took over 3 s on a loaded CI machine, so the first were already idle.
+    const accounts = new AccountBudgets(replicaA, { name, rate: 1_000, idleMs: 10_000, metrics });
     for (let i = 0; i < 1_000; i += 50) {
       await Promise.all(Array.from({ length: 50 }, (_, j) => accounts.for(`acct_many${i + j}`).take('dispatch', Date.now() + 10_000)));
     }
     expect(accounts.size).toBe(1_000);
-    await sleep(3_100);
+    await sleep(10_100);
     await accounts.for('acct_later').take('dispatch', Date.now() + 10_000);
     expect(accounts.size).toBe(1);
     for (const m of [metrics.granted, metrics.statements, metrics.limit]) expect((await m.get()).values.map((v) => v.labels.budget)).toEqual([`${name}_account`]);
