@@ -234,7 +234,8 @@ export const operationEvents = outboxd.table(
  * The outbox proper: one row per operation to drive (of any kind: the name is the first kind's),
  * inserted in the requesting transaction (a plain insert, far cheaper there than a pg-boss job) and
  * relayed to pg-boss in batches by the workers, to its kind's queue, deleted in the transaction that
- * creates its job.
+ * creates its job. A statement trigger (not modelled here: drizzle/0022_outbox_wake.sql) wakes the
+ * relays when rows arrive in an empty outbox, as on settlement_outbox.
  */
 export const chargeOutbox = outboxd.table('charge_outbox', {
   id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),

@@ -2,7 +2,11 @@
 // written by the statement that settles and relayed alike (src/outbox/).
 import type { SqlContext } from './context.ts';
 
-export const outboxStatements = ({ boss, s, statement }: SqlContext) => ({
+export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => ({
+  /** The channel the outboxes' triggers NOTIFY when rows arrive in an empty one (drizzle/0022_outbox_wake.sql):
+   * the relay LISTENs on it instead of waiting out its poll. */
+  relayChannel: `outboxd_relay_${schema}`,
+
   outboxHasRows: statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from ${s}.charge_outbox) as any`),
 
   /** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark.
