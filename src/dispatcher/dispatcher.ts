@@ -3,7 +3,8 @@
 // operation's lease and fencing token make sure that at most one claim writes, whatever pg-boss
 // redelivers (docs/architecture.md §3).
 //
-// Every replica also relays the outbox: requested operations' rows become jobs in batches.
+// Every replica also relays the outbox: requested operations' rows become jobs in batches, woken by
+// the outboxes' NOTIFY when it can LISTEN, else polling.
 //
 // One job:  claim the operation (fence + 1) and count the call its policy chooses, in one statement
 //           ─▶ executeOperation with the token, lease renewed meanwhile
@@ -22,7 +23,7 @@
 //           ─▶ fenced out: this claim changes nothing; the job completes if the operation settled,
 //              and is retried otherwise
 //           ─▶ abandoned at shutdown and then failed: nothing recorded, the lease left to expire
-import type { Job, JobResult, PgBoss } from 'pg-boss';
+import type { Db, Job, JobResult, PgBoss } from 'pg-boss';
 import { bossDb, type Pool } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import type { EffectCall, KindRegistry, Policy } from '../engine/kinds.ts';
@@ -89,6 +90,9 @@ export interface DispatcherDeps {
   /** The kinds this replica carries out: the built-in ones and the application's (outboxd.startWorker,
    * `worker --effects`), registered alike (src/kinds/index.ts: kindsFor). */
   kinds: KindRegistry;
+  /** A session connection's LISTEN, when the replica has one: rows arriving in an empty outbox wake the
+   * relay at once. Without it the relay polls. */
+  listener?: Pick<Db, 'listen'>;
 }
 
 type Disposition = Omit<JobResult, 'id'>;
@@ -115,6 +119,9 @@ export class Dispatcher {
   private draining = false;
   private relaying: Promise<void> | undefined;
   private wakeRelay: (() => void) | undefined;
+  /** Set by a wake-up while the relay was at work: it looks again before it sleeps. */
+  private relayWanted = false;
+  private relayListening: { close(): Promise<void> } | undefined;
   /** Each kind's policy, and the table its claims choose the call from (callTable). */
   private readonly policies = new Map<string, { policy: Policy; calls: EffectCall[] }>();
   /** One per operation in hand, with its id: aborted when its lease is lost, or all of them when the drain
@@ -203,8 +210,26 @@ export class Dispatcher {
         return pruned;
       });
     }
+    await this.listenForOutboxRows();
     this.relaying = this.relay();
     this.log.info({ concurrency: this.opts.concurrency, leaseTtlMs: this.opts.leaseTtlMs, kinds: this.kinds }, 'dispatcher started');
+  }
+
+  /** The outboxes' NOTIFY (drizzle/0022_outbox_wake.sql), and every reconnect of the listener (a
+   * notification may have been missed meanwhile), wake the relay. A listener that cannot start leaves
+   * the relay to its poll. */
+  private async listenForOutboxRows(): Promise<void> {
+    const { listener, pool } = this.deps;
+    if (!listener?.listen) return;
+    const wake = () => {
+      this.relayWanted = true;
+      this.wakeRelay?.();
+    };
+    try {
+      this.relayListening = await listener.listen(pool.sql.relayChannel, wake, wake);
+    } catch (err) {
+      this.log.warn({ err }, 'cannot LISTEN for outbox rows; the relay polls');
+    }
   }
 
   /** Moves confirmed orders' outbox rows to pg-boss jobs, in batches, until draining. */
@@ -212,12 +237,14 @@ export class Dispatcher {
     const interval = this.opts.relayIntervalMs ?? 50;
     while (!this.draining) {
       let pause = interval;
+      this.relayWanted = false;
       try {
         if ((await relayOutbox(this.deps.pool, this.deps.boss)) === RELAY_BATCH) continue; // more waiting
       } catch (err) {
         this.log.warn({ err }, 'outbox relay failed; retrying');
         pause = 1_000;
       }
+      if (this.relayWanted && pause === interval) continue; // rows arrived while it relayed
       await new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, pause);
         this.wakeRelay = () => {
@@ -234,6 +261,7 @@ export class Dispatcher {
     this.draining = true;
     this.wakeRelay?.();
     await this.relaying;
+    await this.relayListening?.close().catch((err: Error) => this.log.warn({ err }, 'could not close the outbox listener'));
     const { boss, pool } = this.deps;
     const stopped = Promise.all(
       [...this.kinds.flatMap((kind) => [queueFor(kind), deadQueueFor(kind)]), RECONCILE_QUEUE, PRUNE_QUEUE].map((queue) => boss.offWork(queue, { wait: true })),

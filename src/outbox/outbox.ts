@@ -85,6 +85,11 @@ async function ensureKindQueues(boss: PgBoss, kind: string): Promise<void> {
   known.add(kind);
 }
 
+/** Whether a worker on `connection` can LISTEN: on a URL, with a session connection for it (which
+ * DATABASE_URL itself is unless it is a transaction pooler's); never on an application's pool. */
+export const listensOn = (connection: string | pg.Pool, directUrl?: string): boolean =>
+  typeof connection === 'string' && directUrl !== undefined;
+
 /**
  * `migrator` installs or upgrades pg-boss's schema; `worker` also supervises (heartbeat and expiry
  * checks every few seconds, so a lost job comes back fast) and listens for NOTIFY; `subscriber` (an
@@ -101,7 +106,7 @@ export function createBoss(
   directUrl?: string,
 ): PgBoss {
   const worker = role === 'worker';
-  const listens = (worker || role === 'subscriber') && typeof connection === 'string' && directUrl !== undefined;
+  const listens = (worker || role === 'subscriber') && listensOn(connection, directUrl);
   const application_name = `outboxd-boss-${role}`;
   const pooled = typeof connection === 'string' && isPooled(connection, directUrl);
   // A socket whose peer vanished (a failover) is noticed by the kernel and frees its slot.

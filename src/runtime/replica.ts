@@ -9,7 +9,7 @@ import { Dispatcher } from '../dispatcher/dispatcher.ts';
 import type { Kinds } from '../engine/kinds.ts';
 import type { EffectDefinitions } from '../kinds/application/definition.ts';
 import { kindsFor } from '../kinds/index.ts';
-import { createBoss } from '../outbox/outbox.ts';
+import { createBoss, listensOn } from '../outbox/outbox.ts';
 import { PRUNE_CRON } from '../outbox/retention.ts';
 import type { Logger } from '../telemetry/log.ts';
 import { createMetrics, registerStripeMode, type Metrics } from '../telemetry/metrics.ts';
@@ -53,7 +53,8 @@ export async function composeReplica(o: {
   registerStripeMode(metrics.registry, gateway.mode);
   gateway.gateway.registerMetrics(metrics.registry);
   const dispatcher = new Dispatcher(
-    { boss, pool, gateway: gateway.gateway, log, metrics, kinds },
+    // The relay LISTENs through pg-boss's own listener, which reconnects and keeps a heartbeat.
+    { boss, pool, gateway: gateway.gateway, log, metrics, kinds, ...(listensOn(o.bossConnection, db.directUrl) ? { listener: boss.getDb() } : {}) },
     {
       workerId: o.workerId,
       concurrency,

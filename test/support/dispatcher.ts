@@ -15,12 +15,13 @@ export interface InProcessReplica {
   stop(): Promise<void>;
 }
 
-/** A dispatcher replica inside the test process, with its own pg-boss (supervising, listening). */
+/** A dispatcher replica inside the test process, with its own pg-boss (supervising, listening) and, as
+ * outboxd's replicas have, its relay's LISTEN (unless `listen: false`). */
 export async function startDispatcher(
   t: TestDb,
   gateway: PaymentGateway,
   workerId: string,
-  opts: { leaseTtlMs?: number; concurrency?: number; fetchBatch?: number; log?: Logger; effects?: EffectDefinitions; beforeStart?: (boss: PgBoss) => void; pruneCron?: string; processingReviewDays?: number } = {},
+  opts: { leaseTtlMs?: number; concurrency?: number; fetchBatch?: number; log?: Logger; effects?: EffectDefinitions; beforeStart?: (boss: PgBoss) => void; pruneCron?: string; processingReviewDays?: number; relayIntervalMs?: number; listen?: boolean } = {},
 ): Promise<InProcessReplica> {
   const boss = createBoss(t.url, 'worker', 3, t.schema, t.url);
   boss.on('error', () => {});
@@ -28,8 +29,8 @@ export async function startDispatcher(
   opts.beforeStart?.(boss);
   const metrics = createMetrics({ db: t.pool, boss });
   const dispatcher = new Dispatcher(
-    { boss, pool: t.pool, gateway, log: opts.log ?? createLogger('silent'), metrics, kinds: kindsFor(gateway, opts.effects) },
-    { workerId, concurrency: opts.concurrency ?? 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000, ...(opts.fetchBatch ? { fetchBatch: opts.fetchBatch } : {}), ...(opts.pruneCron ? { pruneCron: opts.pruneCron } : {}), ...(opts.processingReviewDays ? { processingReviewDays: opts.processingReviewDays } : {}) },
+    { boss, pool: t.pool, gateway, log: opts.log ?? createLogger('silent'), metrics, kinds: kindsFor(gateway, opts.effects), ...(opts.listen === false ? {} : { listener: boss.getDb() }) },
+    { workerId, concurrency: opts.concurrency ?? 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000, ...(opts.fetchBatch ? { fetchBatch: opts.fetchBatch } : {}), ...(opts.relayIntervalMs ? { relayIntervalMs: opts.relayIntervalMs } : {}), ...(opts.pruneCron ? { pruneCron: opts.pruneCron } : {}), ...(opts.processingReviewDays ? { processingReviewDays: opts.processingReviewDays } : {}) },
   );
   await dispatcher.start();
   // Draining ends the relay loop too: left running, it would keep taking later tests' outbox rows.
