@@ -231,11 +231,23 @@ export const operationEvents = outboxd.table(
 );
 
 /**
+ * The relays asleep on an empty outbox, LISTENing for the outboxes' NOTIFY (drizzle/0022_outbox_wake.sql):
+ * a NOTIFY serializes the commits of the transactions that send one, so the application's confirming
+ * transactions send one only while some relay sleeps, never while the relays keep up with a load. A
+ * relay registers when its poll finds nothing and leaves when it finds rows or drains; a registration
+ * that a dead replica left behind lapses at its expiry, renewed while its relay lives.
+ */
+export const relaySleepers = outboxd.table('relay_sleepers', {
+  workerId: text('worker_id').primaryKey(),
+  expiresAt: timestamp('expires_at', { withTimezone: true }).notNull(),
+});
+
+/**
  * The outbox proper: one row per operation to drive (of any kind: the name is the first kind's),
  * inserted in the requesting transaction (a plain insert, far cheaper there than a pg-boss job) and
  * relayed to pg-boss in batches by the workers, to its kind's queue, deleted in the transaction that
  * creates its job. A statement trigger (not modelled here: drizzle/0022_outbox_wake.sql) wakes the
- * relays when rows arrive in an empty outbox, as on settlement_outbox.
+ * relays that sleep (relay_sleepers), as on settlement_outbox.
  */
 export const chargeOutbox = outboxd.table('charge_outbox', {
   id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),

@@ -80,6 +80,13 @@ export interface DispatcherOptions {
  * (0.95 statements per operation against 1.21), at the price of twice as many jobs waiting in hand. */
 export const FETCH_BATCH = 8;
 
+/** How long a sleeping relay waits for a NOTIFY before it looks anyway: for a notification lost in a
+ * reconnect, or sent by a row whose trigger ran before the relay's registration committed. */
+const ASLEEP_POLL_MS = 1_000;
+/** A sleeping relay's registration lives this long, renewed with a third left: a dead replica's lapses,
+ * and its writers stop paying for a NOTIFY nobody hears. */
+const ASLEEP_TTL_S = 30;
+
 export interface DispatcherDeps {
   boss: PgBoss;
   pool: Pool;
@@ -122,6 +129,9 @@ export class Dispatcher {
   /** Set by a wake-up while the relay was at work: it looks again before it sleeps. */
   private relayWanted = false;
   private relayListening: { close(): Promise<void> } | undefined;
+  /** This relay's registration in relay_sleepers lapses then (local clock), if it has one. */
+  private asleepUntil: number | undefined;
+  private wokenWithRowsAt = 0;
   /** Each kind's policy, and the table its claims choose the call from (callTable). */
   private readonly policies = new Map<string, { policy: Policy; calls: EffectCall[] }>();
   /** One per operation in hand, with its id: aborted when its lease is lost, or all of them when the drain
@@ -236,15 +246,16 @@ export class Dispatcher {
   private async relay(): Promise<void> {
     const interval = this.opts.relayIntervalMs ?? 50;
     while (!this.draining) {
-      let pause = interval;
+      let pause: number;
       this.relayWanted = false;
       try {
-        if ((await relayOutbox(this.deps.pool, this.deps.boss)) === RELAY_BATCH) continue; // more waiting
+        const relayed = await relayOutbox(this.deps.pool, this.deps.boss);
+        pause = this.relayListening ? await this.relayPause(relayed, interval) : relayed === RELAY_BATCH ? 0 : interval;
+        if (pause === 0 || this.relayWanted) continue; // more waiting, or rows arrived while it relayed
       } catch (err) {
         this.log.warn({ err }, 'outbox relay failed; retrying');
         pause = 1_000;
       }
-      if (this.relayWanted && pause === interval) continue; // rows arrived while it relayed
       await new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, pause);
         this.wakeRelay = () => {
@@ -255,14 +266,44 @@ export class Dispatcher {
     }
   }
 
+  /**
+   * After a listening relay's pass that moved `relayed` rows: how long it waits for the next (0: at once),
+   * and whether it sleeps, registered in relay_sleepers so that rows arriving NOTIFY it. It registers
+   * when a pass finds nothing, and looks once more (rows committed before the registration sent no
+   * NOTIFY). Woken with rows twice within `interval`, or finding a full batch, it leaves and polls every
+   * `interval`: a busy outbox costs its writers no NOTIFY, whose lock would serialize their commits.
+   */
+  private async relayPause(relayed: number, interval: number): Promise<number> {
+    const { pool } = this.deps;
+    const asleep = this.asleepUntil !== undefined;
+    const loaded = relayed === RELAY_BATCH || (asleep && relayed > 0 && Date.now() - this.wokenWithRowsAt < interval);
+    if (loaded || (relayed > 0 && !asleep)) {
+      if (asleep) {
+        await pool.query(pool.sql.relayWakes(this.opts.workerId));
+        this.asleepUntil = undefined;
+      }
+      return relayed === RELAY_BATCH ? 0 : interval;
+    }
+    if (relayed > 0) this.wokenWithRowsAt = Date.now();
+    if (!asleep || this.asleepUntil! - Date.now() < (ASLEEP_TTL_S * 1000) / 3) {
+      await pool.query(pool.sql.relaySleeps(this.opts.workerId, ASLEEP_TTL_S));
+      this.asleepUntil = Date.now() + ASLEEP_TTL_S * 1000;
+      if (!asleep) return 0;
+    }
+    return Math.max(interval, ASLEEP_POLL_MS);
+  }
+
   /** Stops claiming, lets in-flight operations finish within graceMs, then gives back this replica's
    * leases, but those of calls still running. */
   async drain(graceMs: number): Promise<{ finished: boolean }> {
     this.draining = true;
     this.wakeRelay?.();
     await this.relaying;
-    await this.relayListening?.close().catch((err: Error) => this.log.warn({ err }, 'could not close the outbox listener'));
     const { boss, pool } = this.deps;
+    if (this.asleepUntil !== undefined) {
+      await pool.query(pool.sql.relayWakes(this.opts.workerId)).catch((err: Error) => this.log.warn({ err }, 'could not leave relay_sleepers; its registration lapses'));
+    }
+    await this.relayListening?.close().catch((err: Error) => this.log.warn({ err }, 'could not close the outbox listener'));
     const stopped = Promise.all(
       [...this.kinds.flatMap((kind) => [queueFor(kind), deadQueueFor(kind)]), RECONCILE_QUEUE, PRUNE_QUEUE].map((queue) => boss.offWork(queue, { wait: true })),
     );

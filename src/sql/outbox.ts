@@ -3,9 +3,20 @@
 import type { SqlContext } from './context.ts';
 
 export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => ({
-  /** The channel the outboxes' triggers NOTIFY when rows arrive in an empty one (drizzle/0022_outbox_wake.sql):
-   * the relay LISTENs on it instead of waiting out its poll. */
+  /** The channel the outboxes' triggers NOTIFY while a relay sleeps (drizzle/0022_outbox_wake.sql): the
+   * relay LISTENs on it instead of waiting out its poll. */
   relayChannel: `outboxd_relay_${schema}`,
+
+  /** Registers (or renews) a relay asleep on empty outboxes, which the outboxes' triggers then NOTIFY,
+   * for `seconds`; registrations that dead replicas left lapsed an hour ago go. */
+  relaySleeps: statement<[workerId: string, seconds: number]>(
+    'outboxd_relay_sleeps',
+    `with lapsed as (delete from ${s}.relay_sleepers where expires_at < now() - interval '1 hour')
+     insert into ${s}.relay_sleepers (worker_id, expires_at) values ($1, now() + make_interval(secs => $2))
+     on conflict (worker_id) do update set expires_at = excluded.expires_at`,
+  ),
+
+  relayWakes: statement<[workerId: string]>('outboxd_relay_wakes', `delete from ${s}.relay_sleepers where worker_id = $1`),
 
   outboxHasRows: statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from ${s}.charge_outbox) as any`),
 

@@ -1,6 +1,6 @@
 // The relay woken by the outboxes' NOTIFY (drizzle/0022_outbox_wake.sql) rather than its poll, and the
-// triggers that send one only when rows arrive in an empty outbox (a NOTIFY serializes its senders'
-// commits: the application's confirming transactions under load must not pay for it).
+// triggers that send one only while a relay sleeps (relay_sleepers): a NOTIFY serializes its senders'
+// commits, so the application's confirming transactions under load must not send one.
 import pg from 'pg';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
@@ -23,47 +23,85 @@ beforeEach(async () => {
 
 const channel = () => t.pool.sql.relayChannel;
 
+const sleepers = async () => (await t.pool.query(`select worker_id from outboxd.relay_sleepers order by worker_id`)).rows.map((r) => r.worker_id as string);
+
+/** A session LISTENing on the relays' channel: what each write sent. */
+async function listening<T>(use: (sent: (write: () => Promise<unknown>) => Promise<string[]>, heard: string[]) => Promise<T>): Promise<T> {
+  const listener = new pg.Client({ connectionString: t.url });
+  await listener.connect();
+  const heard: string[] = [];
+  listener.on('notification', (n) => heard.push(n.payload ?? ''));
+  await listener.query(`listen "${channel()}"`);
+  // Notifications arrive in commit order: one sent after a write shows whether the write sent one.
+  const sent = async (write: () => Promise<unknown>) => {
+    const marker = `marker-${heard.length}`;
+    await write();
+    await t.pool.query('select pg_notify($1, $2)', [channel(), marker]);
+    await waitUntil(async () => heard.includes(marker), 10_000, marker);
+    return heard.splice(0).filter((p) => p !== marker);
+  };
+  try {
+    return await use(sent, heard);
+  } finally {
+    await listener.end();
+  }
+}
+
 describe("the outboxes' triggers", () => {
-  it('notify when rows arrive in an empty outbox, and not while rows wait', async () => {
-    const listener = new pg.Client({ connectionString: t.url });
-    await listener.connect();
-    const heard: string[] = [];
-    listener.on('notification', (n) => heard.push(n.payload ?? ''));
-    await listener.query(`listen "${channel()}"`);
-    // Notifications arrive in commit order: one sent after a write shows whether the write sent one.
-    const after = async (write: () => Promise<unknown>) => {
-      const marker = `marker-${heard.length}`;
-      await write();
-      await t.pool.query('select pg_notify($1, $2)', [channel(), marker]);
-      await waitUntil(async () => heard.includes(marker), 10_000, marker);
-      return heard.splice(0).filter((p) => p !== marker);
-    };
-    try {
-      expect(await after(() => confirm(t))).toEqual(['']);
-      expect(await after(() => confirm(t))).toEqual([]); // the first one's row still waits
-      expect(await after(() => relay(t))).toEqual([]);
-      expect(await after(() => confirm(t))).toEqual(['']);
-      await relay(t);
-      // The settlement outbox alike (its relay drops an event whose operation does not exist).
-      const event = () => t.pool.query(`insert into outboxd.settlement_outbox (operation_id, source) values (gen_random_uuid(), 'test')`);
-      expect(await after(event)).toEqual(['']);
-      expect(await after(event)).toEqual([]);
-    } finally {
-      await relay(t);
-      await listener.end();
-    }
+  it('notify while a relay sleeps, and not when none does or its registration lapsed', async () => {
+    const event = () => t.pool.query(`insert into outboxd.settlement_outbox (operation_id, source) values (gen_random_uuid(), 'test')`);
+    await listening(async (sent) => {
+      try {
+        expect(await sent(() => confirm(t))).toEqual([]);
+        expect(await sent(event)).toEqual([]);
+        await t.pool.query(t.pool.sql.relaySleeps('sleeper-a', 30));
+        expect(await sent(() => confirm(t))).toEqual(['']);
+        expect(await sent(() => confirm(t))).toEqual(['']);
+        expect(await sent(event)).toEqual(['']);
+        // A dead replica's registration, past its expiry: nobody hears, nobody pays.
+        await t.pool.query(`update outboxd.relay_sleepers set expires_at = now() - interval '1 second'`);
+        expect(await sent(() => confirm(t))).toEqual([]);
+        // Registering clears those an hour lapsed.
+        await t.pool.query(`update outboxd.relay_sleepers set expires_at = now() - interval '2 hours'`);
+        await t.pool.query(t.pool.sql.relaySleeps('sleeper-b', 30));
+        expect(await sleepers()).toEqual(['sleeper-b']);
+      } finally {
+        // Rows, not jobs: a job left behind would be the next test's replica's work.
+        await t.pool.query(`delete from outboxd.relay_sleepers; delete from outboxd.charge_outbox; delete from outboxd.settlement_outbox`);
+      }
+    });
   });
 });
 
 describe('a replica that can LISTEN', () => {
-  it('relays an order and its settlement event at once, not after its poll (here 10 minutes)', async () => {
+  it('sleeps registered, relays an order and its settlement event at once, not after its poll (here 10 minutes), and leaves at its drain', async () => {
     const replica = await startDispatcher(t, e.gateway({ timeoutMs: 10_000 }), 'wake-a', { relayIntervalMs: 600_000 });
     try {
+      await waitUntil(async () => (await sleepers()).includes('wake-a'), 10_000, 'registered asleep');
       const op = await confirm(t);
       await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 15_000, 'settled');
       const settlementWaiting = async () =>
         (await t.pool.query(`select count(*)::int as n from outboxd.settlement_outbox where operation_id = $1`, [op])).rows[0].n;
       await waitUntil(async () => (await settlementWaiting()) === 0, 15_000, 'settlement event relayed');
+    } finally {
+      await replica.stop();
+    }
+    expect(await sleepers()).toEqual([]);
+  });
+
+  it('under a load of confirms, leaves the sleepers and polls it: the confirms send next to no NOTIFY', async () => {
+    const replica = await startDispatcher(t, e.gateway({ timeoutMs: 10_000 }), 'wake-b', { relayIntervalMs: 50 });
+    try {
+      await waitUntil(async () => (await sleepers()).includes('wake-b'), 10_000, 'registered asleep');
+      await listening(async (sent) => {
+        const confirms = 200;
+        const notified = await sent(async () => {
+          for (let i = 0; i < confirms; i++) await confirm(t);
+        });
+        // Each return to sleep costs the next confirm a NOTIFY (and a second one wakes it to leave);
+        // a relay that stayed asleep would have made every confirm send one.
+        expect(notified.length).toBeLessThan(confirms / 5);
+      });
     } finally {
       await replica.stop();
     }
