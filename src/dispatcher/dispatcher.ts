@@ -86,6 +86,10 @@ const ASLEEP_POLL_MS = 1_000;
 /** A sleeping relay's registration lives this long, renewed with a third left: a dead replica's lapses,
  * and its writers stop paying for a NOTIFY nobody hears. */
 const ASLEEP_TTL_S = 30;
+/** How long an awake relay's passes find nothing before it sleeps: under a load that several replicas
+ * share, a pass often finds nothing while the next does not, and each registration costs the writers
+ * NOTIFYs until the relay leaves again. */
+const SLEEP_AFTER_MS = 250;
 
 export interface DispatcherDeps {
   boss: PgBoss;
@@ -131,7 +135,11 @@ export class Dispatcher {
   private relayListening: { close(): Promise<void> } | undefined;
   /** This relay's registration in relay_sleepers lapses then (local clock), if it has one. */
   private asleepUntil: number | undefined;
-  private wokenWithRowsAt = 0;
+  /** When the relay's passes began to find nothing, awake. */
+  private emptySince: number | undefined;
+  private starting = true;
+  /** When it heard its last three NOTIFYs, asleep (oldest first). */
+  private heardAt: [number, number, number] = [0, 0, 0];
   /** Each kind's policy, and the table its claims choose the call from (callTable). */
   private readonly policies = new Map<string, { policy: Policy; calls: EffectCall[] }>();
   /** One per operation in hand, with its id: aborted when its lease is lost, or all of them when the drain
@@ -226,12 +234,15 @@ export class Dispatcher {
   }
 
   /** The outboxes' NOTIFY (drizzle/0022_outbox_wake.sql), and every reconnect of the listener (a
-   * notification may have been missed meanwhile), wake the relay. A listener that cannot start leaves
-   * the relay to its poll. */
+   * notification may have been missed meanwhile), wake the relay while it sleeps; another replica's
+   * registration makes every relay hear them, and one at work has no use for them. A listener that
+   * cannot start leaves the relay to its poll. */
   private async listenForOutboxRows(): Promise<void> {
     const { listener, pool } = this.deps;
     if (!listener?.listen) return;
     const wake = () => {
+      if (this.asleepUntil === undefined) return;
+      this.heardAt = [this.heardAt[1], this.heardAt[2], Date.now()];
       this.relayWanted = true;
       this.wakeRelay?.();
     };
@@ -251,7 +262,7 @@ export class Dispatcher {
       try {
         const relayed = await relayOutbox(this.deps.pool, this.deps.boss);
         pause = this.relayListening ? await this.relayPause(relayed, interval) : relayed === RELAY_BATCH ? 0 : interval;
-        if (pause === 0 || this.relayWanted) continue; // more waiting, or rows arrived while it relayed
+        if (pause === 0 || this.relayWanted) continue; // more waiting, rows arrived while it relayed, or the drain
       } catch (err) {
         this.log.warn({ err }, 'outbox relay failed; retrying');
         pause = 1_000;
@@ -268,42 +279,69 @@ export class Dispatcher {
 
   /**
    * After a listening relay's pass that moved `relayed` rows: how long it waits for the next (0: at once),
-   * and whether it sleeps, registered in relay_sleepers so that rows arriving NOTIFY it. It registers
-   * when a pass finds nothing, and looks once more (rows committed before the registration sent no
-   * NOTIFY). Woken with rows twice within `interval`, or finding a full batch, it leaves and polls every
-   * `interval`: a busy outbox costs its writers no NOTIFY, whose lock would serialize their commits.
+   * and whether it sleeps, registered in relay_sleepers so that the outboxes' writers NOTIFY it. It
+   * registers once its passes have found nothing for SLEEP_AFTER_MS (at once when it starts), and looks
+   * once more (rows committed before the registration sent no NOTIFY). Hearing a third NOTIFY within
+   * `interval` (an idle order sends two: its charge's row and its settlement event's), or finding a full
+   * batch, it leaves and polls every `interval`: a busy outbox costs its writers no NOTIFY, whose lock
+   * would serialize their commits.
    */
   private async relayPause(relayed: number, interval: number): Promise<number> {
     const { pool } = this.deps;
-    const asleep = this.asleepUntil !== undefined;
-    const loaded = relayed === RELAY_BATCH || (asleep && relayed > 0 && Date.now() - this.wokenWithRowsAt < interval);
-    if (loaded || (relayed > 0 && !asleep)) {
-      if (asleep) {
-        await pool.query(pool.sql.relayWakes(this.opts.workerId));
-        this.asleepUntil = undefined;
+    const now = Date.now();
+    if (this.asleepUntil === undefined) {
+      if (relayed > 0) {
+        this.emptySince = undefined;
+        return relayed === RELAY_BATCH ? 0 : interval;
       }
+      this.emptySince ??= now;
+      if (now - this.emptySince < SLEEP_AFTER_MS && !this.starting) return interval;
+      this.starting = false;
+      if (!(await this.register())) return interval;
+      this.heardAt = [0, 0, 0];
+      return 0;
+    }
+    if (relayed === RELAY_BATCH || now - this.heardAt[0] < interval) {
+      this.asleepUntil = undefined;
+      this.emptySince = undefined;
+      await pool.query(pool.sql.relayWakes(this.opts.workerId));
       return relayed === RELAY_BATCH ? 0 : interval;
     }
-    if (relayed > 0) this.wokenWithRowsAt = Date.now();
-    if (!asleep || this.asleepUntil! - Date.now() < (ASLEEP_TTL_S * 1000) / 3) {
-      await pool.query(pool.sql.relaySleeps(this.opts.workerId, ASLEEP_TTL_S));
-      this.asleepUntil = Date.now() + ASLEEP_TTL_S * 1000;
-      if (!asleep) return 0;
-    }
+    if (this.asleepUntil - now < (ASLEEP_TTL_S * 1000) / 3) await this.register();
     return Math.max(interval, ASLEEP_POLL_MS);
+  }
+
+  /** Registers (or renews) this relay in relay_sleepers. On a schema without it (a worker started before
+   * its migration ran) the relay stops listening and polls. */
+  private async register(): Promise<boolean> {
+    const { pool } = this.deps;
+    try {
+      await pool.query(pool.sql.relaySleeps(this.opts.workerId, ASLEEP_TTL_S));
+    } catch (err) {
+      if ((err as { code?: string }).code !== '42P01') throw err;
+      this.log.warn({ err }, 'relay_sleepers is missing (migrate); the relay polls');
+      const listening = this.relayListening;
+      this.relayListening = undefined;
+      void listening?.close().catch(() => {});
+      return false;
+    }
+    this.asleepUntil = Date.now() + ASLEEP_TTL_S * 1000;
+    return true;
   }
 
   /** Stops claiming, lets in-flight operations finish within graceMs, then gives back this replica's
    * leases, but those of calls still running. */
   async drain(graceMs: number): Promise<{ finished: boolean }> {
     this.draining = true;
+    this.relayWanted = true; // a relay inside a pass must not then wait out its pause
     this.wakeRelay?.();
     await this.relaying;
     const { boss, pool } = this.deps;
     if (this.asleepUntil !== undefined) {
       await pool.query(pool.sql.relayWakes(this.opts.workerId)).catch((err: Error) => this.log.warn({ err }, 'could not leave relay_sleepers; its registration lapses'));
     }
-    await this.relayListening?.close().catch((err: Error) => this.log.warn({ err }, 'could not close the outbox listener'));
+    // Not awaited: closing a socket to a host that vanished waits on TCP, and the process is leaving.
+    void this.relayListening?.close().catch((err: Error) => this.log.warn({ err }, 'could not close the outbox listener'));
     const stopped = Promise.all(
       [...this.kinds.flatMap((kind) => [queueFor(kind), deadQueueFor(kind)]), RECONCILE_QUEUE, PRUNE_QUEUE].map((queue) => boss.offWork(queue, { wait: true })),
     );

@@ -8,10 +8,10 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
   relayChannel: `outboxd_relay_${schema}`,
 
   /** Registers (or renews) a relay asleep on empty outboxes, which the outboxes' triggers then NOTIFY,
-   * for `seconds`; registrations that dead replicas left lapsed an hour ago go. */
+   * for `seconds`; lapsed registrations, which dead replicas left, go. */
   relaySleeps: statement<[workerId: string, seconds: number]>(
     'outboxd_relay_sleeps',
-    `with lapsed as (delete from ${s}.relay_sleepers where expires_at < now() - interval '1 hour')
+    `with lapsed as (delete from ${s}.relay_sleepers where expires_at < now())
      insert into ${s}.relay_sleepers (worker_id, expires_at) values ($1, now() + make_interval(secs => $2))
      on conflict (worker_id) do update set expires_at = excluded.expires_at`,
   ),
