@@ -1,8 +1,10 @@
-// Behind PgBouncer in transaction mode (Debian's 1.18: no prepared statement survives a transaction, no
-// startup parameter it does not know), with a pool of two server connections, so that one client's
+// Behind PgBouncer in transaction mode, with a pool of two server connections, so that one client's
 // consecutive transactions land on different ones: everything an application calls, the CLI, and a worker
 // replica as a real process. What needs a session (the migrations' lock, LISTEN) goes to the database
-// directly (DATABASE_DIRECT_URL, directConnectionString).
+// directly (DATABASE_DIRECT_URL, directConnectionString). Two releases: Debian bookworm's 1.18 (no prepared
+// statement survives a transaction, no startup parameter it does not know) and the current one (>= 1.21,
+// max_prepared_statements on, as managed poolers run it), where the application's own named statements
+// share the transactions outboxd joins.
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
@@ -12,64 +14,83 @@ import type { SettlementEvent } from '../../src/outbox/settlements.ts';
 import { startReplica, waitUntil, type Replica } from '../../harness/replica.ts';
 import { createTestDatabase, inAppTransaction, type TestDb } from '../support/db.ts';
 import { startEmulator, TEST_KEY, type RunningEmulator } from '../support/emulator.ts';
-import { hasPgBouncer, PGBOUNCER, startPgBouncer, type RunningPgBouncer } from '../support/pgbouncer.ts';
+import { CURRENT_PGBOUNCER_ROOT, currentPgBouncer, debianPgBouncer, PGBOUNCER, startPgBouncer, type PgBouncerRelease, type RunningPgBouncer } from '../support/pgbouncer.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/outboxd.js', import.meta.url));
-if (!hasPgBouncer) throw new Error(`${PGBOUNCER} is missing: install Debian's pgbouncer (.ci/run does)`);
-
-let t: TestDb;
-let e: RunningEmulator;
-let bouncer: RunningPgBouncer;
-let pooled: string;
-let appPool: pg.Pool;
-let app: Outboxd;
-let replica: Replica | undefined;
-const settled: SettlementEvent[] = [];
-
-beforeAll(async () => {
-  [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
-  bouncer = await startPgBouncer(t.url, { poolSize: 2 });
-  pooled = bouncer.through(t.url);
-  appPool = new pg.Pool({ connectionString: pooled, max: 6 });
-  // startWorker reads the worker's settings from the environment, as `outboxd worker` does.
-  Object.assign(process.env, { STRIPE_API_BASE: e.url, STRIPE_SECRET_KEY: TEST_KEY, LOG_LEVEL: 'silent' });
-  app = new Outboxd({ connectionString: pooled, directConnectionString: t.url, schema: t.schema });
-  app.defineEffect('pooler_note', { policy: 'at-least-once', execute: async ({ payload }) => ({ noted: payload }) });
-});
-afterAll(async () => {
-  await replica?.kill('SIGTERM');
-  await replica?.exited;
-  await app.stop();
-  await appPool.end();
-  await t.close();
-  await bouncer.stop();
-  await e.close();
-});
-
-function outboxd(...args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const env = { ...process.env, DATABASE_URL: pooled, DATABASE_DIRECT_URL: t.url, LOG_LEVEL: 'warn' };
-    const child = spawn(process.execPath, [BIN, ...args], { env });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    child.on('exit', (code) => resolve({ code, stdout, stderr }));
-  });
+const debian = debianPgBouncer();
+if (!debian) throw new Error(`${PGBOUNCER} is missing: install Debian's pgbouncer (.ci/run does)`);
+const current = currentPgBouncer();
+// CI makes the current release's root (.ci/run, scripts/ci/pgbouncer-current.sh) and requires it here.
+if (!current && process.env.OUTBOXD_REQUIRE_PGBOUNCER_CURRENT === '1') {
+  throw new Error(`no PgBouncer >= 1.21 under ${CURRENT_PGBOUNCER_ROOT}: run scripts/ci/pgbouncer-current.sh as root`);
 }
 
-const statusOf = async (id: string) => (await app.getOperation(id))?.status;
-const charge = (i: number) => ({ orderId: `pooled-${i}`, amount: 1000 + i, currency: 'eur', customer: 'cus_pooled', paymentMethod: 'pm_card_visa' });
+const releases = [debian, current]
+  .filter((r): r is PgBouncerRelease => r !== undefined)
+  .map((release) => ({ release, label: `${release.version}${release.preparedStatements ? ', max_prepared_statements on' : ''}` }));
 
-describe('through PgBouncer 1.18 in transaction mode', () => {
+describe.for(releases)('through PgBouncer $label in transaction mode', ({ release }) => {
+  let t: TestDb;
+  let e: RunningEmulator;
+  let bouncer: RunningPgBouncer;
+  let pooled: string;
+  let appPool: pg.Pool;
+  let app: Outboxd;
+  let replica: Replica | undefined;
+  const settled: SettlementEvent[] = [];
+
+  beforeAll(async () => {
+    [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
+    bouncer = await startPgBouncer(t.url, { poolSize: 2, release });
+    pooled = bouncer.through(t.url);
+    appPool = new pg.Pool({ connectionString: pooled, max: 6 });
+    // startWorker reads the worker's settings from the environment, as `outboxd worker` does.
+    Object.assign(process.env, { STRIPE_API_BASE: e.url, STRIPE_SECRET_KEY: TEST_KEY, LOG_LEVEL: 'silent' });
+    app = new Outboxd({ connectionString: pooled, directConnectionString: t.url, schema: t.schema });
+    app.defineEffect('pooler_note', { policy: 'at-least-once', execute: async ({ payload }) => ({ noted: payload }) });
+  });
+  afterAll(async () => {
+    await replica?.kill('SIGTERM');
+    await replica?.exited;
+    await app.stop();
+    await appPool.end();
+    await t.close();
+    await bouncer.stop();
+    await e.close();
+  });
+
+  function outboxd(...args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+    return new Promise((resolve) => {
+      const env = { ...process.env, DATABASE_URL: pooled, DATABASE_DIRECT_URL: t.url, LOG_LEVEL: 'warn' };
+      const child = spawn(process.execPath, [BIN, ...args], { env });
+      let stdout = '';
+      let stderr = '';
+      child.stdout.on('data', (d) => (stdout += d));
+      child.stderr.on('data', (d) => (stderr += d));
+      child.on('exit', (code) => resolve({ code, stdout, stderr }));
+    });
+  }
+
+  const statusOf = async (id: string) => (await app.getOperation(id))?.status;
+  const charge = (i: number) => ({ orderId: `pooled-${i}`, amount: 1000 + i, currency: 'eur', customer: 'cus_pooled', paymentMethod: 'pm_card_visa' });
+
   it('requests, the CLI, a worker replica, onSettled, refunds and an application effect all work', async () => {
-    // The application's transactions, several at once, each joined by requestCharge.
+    // The application's transactions, several at once, each joined by requestCharge; where the pooler keeps
+    // prepared statements, each also runs the application's own named statement before and after.
+    const appStatement = { name: 'app_order_note', text: 'select $1::text as note' };
+    const withAppStatements = async <T>(client: pg.PoolClient, fn: () => Promise<T>): Promise<T> => {
+      if (!release.preparedStatements) return fn();
+      expect((await client.query({ ...appStatement, values: ['before'] })).rows).toEqual([{ note: 'before' }]);
+      const result = await fn();
+      expect((await client.query({ ...appStatement, values: ['after'] })).rows).toEqual([{ note: 'after' }]);
+      return result;
+    };
     const requested = await Promise.all(
-      Array.from({ length: 6 }, (_, i) => inAppTransaction(appPool, (client) => app.requestCharge(client, charge(i)))),
+      Array.from({ length: 6 }, (_, i) => inAppTransaction(appPool, (client) => withAppStatements(client, () => app.requestCharge(client, charge(i))))),
     );
     expect(requested.every((r) => r.created)).toBe(true);
     // The same order again, in another transaction (on another server connection): the same operation.
-    const again = await inAppTransaction(appPool, (client) => app.requestCharge(client, charge(0)));
+    const again = await inAppTransaction(appPool, (client) => withAppStatements(client, () => app.requestCharge(client, charge(0))));
     expect(again).toEqual({ operationId: requested[0]!.operationId, created: false });
 
     const confirmed = await outboxd('order', 'confirm', '--order-id', 'pooled-cli', '--amount', '1999', '--currency', 'EUR', '--customer', 'cus_1', '--payment-method', 'pm_card_visa');

@@ -1,6 +1,9 @@
 // Debian's PgBouncer in transaction mode (what managed poolers run) in front of a test database: a small
 // pool, so that consecutive transactions of one client really land on different server connections.
-import { spawn } from 'node:child_process';
+// Two releases: bookworm's 1.18 (no prepared statement survives a transaction), and trixie's current
+// one (>= 1.21: protocol-level named statements with max_prepared_statements, as managed poolers run it),
+// from its own Debian root (scripts/ci/pgbouncer-current.sh), run with chroot on the host's network.
+import { execFileSync, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { connect } from 'node:net';
@@ -10,7 +13,33 @@ import { freePort } from '../../src/db/embedded.ts';
 import { waitUntil } from '../../harness/replica.ts';
 
 export const PGBOUNCER = '/usr/sbin/pgbouncer';
-export const hasPgBouncer = existsSync(PGBOUNCER);
+/** The Debian root holding the current PgBouncer (scripts/ci/pgbouncer-current.sh makes it). */
+export const CURRENT_PGBOUNCER_ROOT = process.env.OUTBOXD_PGBOUNCER_ROOT ?? '/var/cache/outboxd/pgbouncer-trixie';
+
+/** One PgBouncer binary: the host's, or one inside a Debian root of its own. */
+export interface PgBouncerRelease {
+  /** A Debian root to chroot into; none: the host's binary. */
+  root?: string;
+  /** `1.18.0`, `1.24.1`. */
+  version: string;
+  /** From 1.21 on, named statements survive a transaction when max_prepared_statements > 0. */
+  preparedStatements: boolean;
+}
+
+function releaseAt(root: string | undefined): PgBouncerRelease | undefined {
+  if (!existsSync(path.join(root ?? '/', PGBOUNCER))) return undefined;
+  const command = root ? ['chroot', root, PGBOUNCER] : [PGBOUNCER];
+  const out = execFileSync(command[0]!, [...command.slice(1), '--version'], { encoding: 'utf8' });
+  const version = /PgBouncer (\d+\.\d+\.\d+)/.exec(out)?.[1];
+  if (!version) throw new Error(`${command.join(' ')} --version said: ${out}`);
+  const [major, minor] = version.split('.').map(Number) as [number, number];
+  return { ...(root ? { root } : {}), version, preparedStatements: major > 1 || minor >= 21 };
+}
+
+/** Debian bookworm's (apt-get install pgbouncer), when installed. */
+export const debianPgBouncer = (): PgBouncerRelease | undefined => releaseAt(undefined);
+/** The current release in its own root, when scripts/ci/pgbouncer-current.sh has made it. */
+export const currentPgBouncer = (): PgBouncerRelease | undefined => (process.getuid?.() === 0 ? releaseAt(CURRENT_PGBOUNCER_ROOT) : undefined);
 
 export interface RunningPgBouncer {
   /** `url` (a database on the server behind it) through the pooler. */
@@ -20,10 +49,17 @@ export interface RunningPgBouncer {
   stop(): Promise<void>;
 }
 
-export async function startPgBouncer(serverUrl: string, opts: { poolSize?: number } = {}): Promise<RunningPgBouncer> {
+export async function startPgBouncer(
+  serverUrl: string,
+  opts: { poolSize?: number; release?: PgBouncerRelease } = {},
+): Promise<RunningPgBouncer> {
+  const release = opts.release ?? debianPgBouncer();
+  if (!release) throw new Error(`${PGBOUNCER} is missing: install Debian's pgbouncer (.ci/run does)`);
   const server = new URL(serverUrl);
   const port = await freePort();
-  const dir = await mkdtemp(path.join(tmpdir(), 'outboxd-pgbouncer-'));
+  // Its files inside its root, where a chrooted PgBouncer finds them at `inside`.
+  const dir = await mkdtemp(path.join(release.root ? path.join(release.root, 'tmp') : tmpdir(), 'outboxd-pgbouncer-'));
+  const inside = release.root ? path.join('/', path.relative(release.root, dir)) : dir;
   const user = decodeURIComponent(server.username);
   const quote = (s: string) => `"${s.replaceAll('"', '""')}"`;
   await writeFile(path.join(dir, 'userlist.txt'), `${quote(user)} ${quote(decodeURIComponent(server.password))}\n`);
@@ -37,22 +73,27 @@ export async function startPgBouncer(serverUrl: string, opts: { poolSize?: numbe
       `listen_port = ${port}`,
       'unix_socket_dir =',
       'auth_type = plain',
-      `auth_file = ${path.join(dir, 'userlist.txt')}`,
+      `auth_file = ${path.join(inside, 'userlist.txt')}`,
       'pool_mode = transaction',
       `default_pool_size = ${opts.poolSize ?? 2}`,
       'max_client_conn = 500',
       // Nothing tolerated beyond what PgBouncer 1.18 knows: a startup parameter outboxd sends that a
       // pooler refuses must fail the test.
       'ignore_startup_parameters =',
+      // As managed poolers run a release that has it: the application's named statements work through it.
+      ...(release.preparedStatements ? ['max_prepared_statements = 200'] : []),
     ].join('\n'),
   );
   // PgBouncer refuses to run as root; -u drops to an unprivileged user, which must read its files.
-  const root = process.getuid?.() === 0;
-  if (root) {
+  const asRoot = process.getuid?.() === 0;
+  if (asRoot) {
     await chmod(dir, 0o755);
     await chmod(path.join(dir, 'userlist.txt'), 0o644);
   }
-  const proc = spawn(PGBOUNCER, [...(root ? ['-u', 'nobody'] : []), path.join(dir, 'pgbouncer.ini')], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const args = [...(asRoot ? ['-u', 'nobody'] : []), path.join(inside, 'pgbouncer.ini')];
+  const proc = release.root
+    ? spawn('chroot', [release.root, PGBOUNCER, ...args], { stdio: ['ignore', 'ignore', 'pipe'] })
+    : spawn(PGBOUNCER, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   proc.stderr.on('data', (d) => (log += d));
   const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()));
