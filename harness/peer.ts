@@ -8,6 +8,7 @@
 // a backlog lasts no loop waits out a polling interval. PEER_SLOTS calls in flight at most, as
 // PEER_SLOTS / PEER_BATCH loops of PEER_BATCH jobs each.
 import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { PgBoss, type Job } from 'pg-boss';
@@ -49,12 +50,46 @@ export async function startPeer(env: Record<string, string>, nodeArgs: readonly 
   return { proc, exited, kill: (signal) => proc.kill(signal) };
 }
 
+/**
+ * The calls alone: PEER_SLOTS loops of the same create, no queue and no database, for `seconds` (after
+ * one of warm-up), as an OS process of their own with `nodeArgs`. Calls per second: what the emulator,
+ * HTTP and the SDK on this machine allow any worker with that many slots, the ceiling of the
+ * latency-bound rates.
+ */
+export async function callsOnly(env: Record<string, string>, nodeArgs: readonly string[], seconds: number): Promise<number> {
+  const proc = spawn(process.execPath, [...nodeArgs, fileURLToPath(import.meta.url)], { env: { ...process.env, ...env, PEER_CALLS_ONLY_SECONDS: String(seconds) }, stdio: ['ignore', 'ignore', 'pipe'] });
+  let out = '';
+  proc.stderr!.on('data', (d) => (out += d));
+  const [code] = (await once(proc, 'exit')) as [number | null];
+  const rate = /^calls per second (\S+)$/m.exec(out)?.[1];
+  if (code !== 0 || rate === undefined) throw new Error(`the calls-only peer exited with ${code}: ${out.slice(-500)}`);
+  return Number(rate);
+}
+
+async function callsOnlyLoops(stripe: Stripe, slots: number, seconds: number): Promise<void> {
+  let calls = 0;
+  const from = performance.now() + 1_000;
+  const to = from + seconds * 1_000;
+  await Promise.all(Array.from({ length: slots }, async (_, slot) => {
+    for (let i = 0; performance.now() < to; i++) {
+      await stripe.paymentIntents.create(
+        { amount: 1000, currency: 'eur', customer: 'cus_bench', payment_method: 'pm_card_visa', confirm: true, off_session: true, metadata: { order_id: `calls-only-${slot}-${i}` } },
+        { idempotencyKey: `peer-calls-only:${process.pid}:${slot}:${i}` },
+      );
+      const now = performance.now();
+      if (now >= from && now < to) calls++;
+    }
+  }));
+  process.stderr.write(`calls per second ${calls / seconds}\n`);
+}
+
 async function main() {
   const env = process.env;
   const slots = Number(env.PEER_SLOTS ?? 8);
   const batchSize = Number(env.PEER_BATCH ?? 1);
   const api = new URL(env.STRIPE_API_BASE!);
   const stripe = new Stripe(env.STRIPE_SECRET_KEY!, { host: api.hostname, port: Number(api.port), protocol: 'http' });
+  if (env.PEER_CALLS_ONLY_SECONDS) return callsOnlyLoops(stripe, slots, Number(env.PEER_CALLS_ONLY_SECONDS));
   const boss = new PgBoss({ connectionString: env.DATABASE_URL!, useListenNotify: true, application_name: 'bench-peer' });
   boss.on('error', (err) => process.stderr.write(`pg-boss: ${err.message}\n`));
   await boss.start();
