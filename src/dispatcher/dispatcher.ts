@@ -6,8 +6,9 @@
 // Every replica also relays the outbox: requested operations' rows become jobs in batches, woken by
 // the outboxes' NOTIFY when it can LISTEN, else polling.
 //
-// One job:  claim the operation (fence + 1) and count the call its policy chooses, in one statement
-//           ─▶ executeOperation with the token, lease renewed meanwhile
+// One job:  claim the operation (fence + 1) and count the call its policy chooses, in one statement,
+//           while the slots may still be busy (given back uncounted should the replica drain first)
+//           ─▶ a free slot ─▶ executeOperation with the token, lease renewed meanwhile
 //           ─▶ settled: outcome and lease release in ONE fenced statement; then pg-boss completes the job
 //              (fenced to the attempt it fetched; should that be lost, the redelivery finds the operation
 //              settled and completes at once)
@@ -42,6 +43,7 @@ import {
   isSettled,
   peekOperation,
   releaseLease,
+  releaseUnsentClaim,
   renewLease,
   reschedules,
   StaleFenceError,
@@ -79,6 +81,9 @@ export interface DispatcherOptions {
  * together) more than anything else in the dispatcher: 8 settled ~12 % more per second at 0 ms than 4
  * (0.95 statements per operation against 1.21), at the price of twice as many jobs waiting in hand. */
 export const FETCH_BATCH = 8;
+
+/** Claims a replica holds at once for each of its slots: the one whose call runs, and one made ahead. */
+const CLAIMS_PER_SLOT = 2;
 
 /** How long a sleeping relay waits for a NOTIFY before it looks anyway: for a notification lost in a
  * reconnect, or sent by a row whose trigger ran before the relay's registration committed. */
@@ -128,6 +133,9 @@ export class Dispatcher {
   private readonly opts: DispatcherOptions;
   private readonly log: Logger;
   private draining = false;
+  /** Resolved when the drain begins: claims made ahead, still waiting for a slot, are given back then. */
+  private readonly drainBegun: Promise<void>;
+  private beginDrain!: () => void;
   private relaying: Promise<void> | undefined;
   private wakeRelay: (() => void) | undefined;
   /** Set by a wake-up while the relay was at work: it looks again before it sleeps. */
@@ -150,6 +158,7 @@ export class Dispatcher {
     this.deps = deps;
     this.opts = opts;
     this.log = deps.log;
+    this.drainBegun = new Promise<void>((resolve) => (this.beginDrain = resolve));
   }
 
   get isDraining(): boolean {
@@ -163,10 +172,11 @@ export class Dispatcher {
 
   /**
    * The replica has `concurrency` slots, shared by its kinds (calls in flight at once: a slot is taken
-   * before the claim and given back when the call returns, its outcome recorded outside it; waiting jobs
-   * take them in fetch order, whatever their kind). Each kind has as many pg-boss loops as slots, each
-   * fetching up to fetchBatch jobs per round trip; pg-boss completes a loop's batch in one statement,
-   * once all of it is done. A fetched job waits, unclaimed, for a free slot. pg-boss waits out its
+   * after the claim and given back when the call returns, its outcome recorded outside it; claimed jobs
+   * take them in fetch order, whatever their kind), and twice as many claims. Each kind has as many
+   * pg-boss loops as slots, each fetching up to fetchBatch jobs per round trip; pg-boss completes a loop's
+   * batch in one statement, once all of it is done. A fetched job waits, unclaimed, for a free claim, then
+   * claimed (its lease renewed) for a free slot. pg-boss waits out its
    * polling interval after every fetch unless the loop was notified meanwhile, so a loop wakes itself
    * (notifyWorker) once its batch is done: while there is a backlog it fetches again at once, and only an
    * empty fetch waits. NOTIFY wakes idle loops the moment a job is enqueued. As many loops as slots: a
@@ -186,18 +196,25 @@ export class Dispatcher {
         return results;
       });
     };
+    // Calls in flight at once, and claims made ahead of them: a job claims its operation while the slots
+    // are busy, so that a slot given back starts its next call at once, without a claim's round trip in
+    // it, and the claims of a fetched batch go out together in one statement (measured with npm run
+    // bench: 92 % -> 96 % of slots / latency at 100 ms; 1.06 -> 0.81 statements per operation at 0 ms).
+    // At most as many claims wait as there are slots: each holds its operation's lease, renewed while it
+    // waits.
     const slots = new Slots(this.opts.concurrency);
+    const claims = new Slots(CLAIMS_PER_SLOT * this.opts.concurrency);
     for (const kind of this.kinds) {
       if (!BUILT_IN_KINDS.includes(kind)) await createKindQueues(boss, kind); // the built-in ones: by migrate
       const { policy } = this.deps.kinds.get(kind)!;
       this.policies.set(kind, { policy, calls: callTable(policy) });
       const batch = Math.min(this.opts.fetchBatch ?? FETCH_BATCH, this.opts.concurrency);
       const handle = (job: Job<OperationJob>) => traceDispatch(job, async () => {
-        const release = await slots.take();
+        const releaseClaim = await claims.take();
         try {
-          return await this.handle(job, kind, release);
+          return await this.handle(job, kind, () => slots.take());
         } finally {
-          release();
+          releaseClaim();
         }
       });
       for (let i = 0; i < this.opts.concurrency; i++) await register(queueFor(kind), handle, batch);
@@ -333,6 +350,7 @@ export class Dispatcher {
    * leases, but those of calls still running. */
   async drain(graceMs: number): Promise<{ finished: boolean }> {
     this.draining = true;
+    this.beginDrain();
     this.relayWanted = true; // a relay inside a pass must not then wait out its pause
     this.wakeRelay?.();
     await this.relaying;
@@ -367,8 +385,9 @@ export class Dispatcher {
     return { finished };
   }
 
-  /** `endCall` gives the job's slot back once its call has returned (the outcome is recorded outside it). */
-  private async handle(job: Job<OperationJob>, kind: string, endCall: () => void): Promise<Disposition> {
+  /** Claims the job's operation, then waits for a slot (`takeSlot`) to make its call; the slot is given
+   * back once the call has returned (the outcome is recorded outside it). */
+  private async handle(job: Job<OperationJob>, kind: string, takeSlot: () => Promise<() => void>): Promise<Disposition> {
     const { pool, kinds, boss, metrics } = this.deps;
     const operationId = operationIdOf(job);
     const log = this.log.child({ jobId: job.id, operationId, kind, jobRetry: job.retryCount });
@@ -377,7 +396,7 @@ export class Dispatcher {
       return { status: 'deadletter', output: { reason: 'malformed job' } };
     }
 
-    // SIGTERM: no new claims. A job that waited for its slot until now is left to another replica.
+    // SIGTERM: no new claims. A job that waited until now is left to another replica.
     if (this.draining) return retryLater('this replica is shutting down');
 
     const keyWindowSeconds = this.opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
@@ -394,16 +413,37 @@ export class Dispatcher {
       opLog.warn({ previousOwner: lease.previousOwner }, 'took over an expired lease');
     }
 
-    metrics.inFlight.inc();
-    const started = performance.now();
+    // The lease is kept from the claim on, through the wait for a slot.
     const call = new AbortController();
-    this.calls.set(call, operationId);
     const held = keepLease(call, {
       ttlMs: this.opts.leaseTtlMs,
       claimSentAt,
       renew: () => renewLease(pool, operationId, fence, this.opts.leaseTtlMs),
       log: opLog,
     });
+    const slot = takeSlot();
+    const endCall = await Promise.race([slot, this.drainBegun.then(() => undefined)]);
+    if (!endCall) {
+      // Draining before this claim got a slot: it sent nothing, so it is given back uncounted, and the
+      // job goes to another replica. The slot, should it come, is passed on at once.
+      held.stop();
+      void slot.then((release) => release());
+      await releaseUnsentClaim(pool, operationId, fence, lease.begun, policy).catch((err: Error) =>
+        opLog.warn({ err }, 'could not give back a claim that sent nothing: its lease expires'),
+      );
+      return retryLater('this replica is shutting down');
+    }
+    if (call.signal.aborted && !(call.signal.reason instanceof CallAbandoned)) {
+      // Taken over while it waited (a renewal found another claim's fence): no call; the job comes back.
+      held.stop();
+      endCall();
+      metrics.fencedOut.inc();
+      return retryLater('the lease was taken over while the claim waited for a slot');
+    }
+
+    metrics.inFlight.inc();
+    const started = performance.now();
+    this.calls.set(call, operationId);
     let released = false;
     try {
       const run = await executeOperation(pool, kinds, operationId, fence, {
@@ -473,6 +513,7 @@ export class Dispatcher {
       metrics.jobs.inc({ result: 'error' });
       return retryLater(String(err));
     } finally {
+      endCall();
       held.stop();
       this.calls.delete(call);
       metrics.inFlight.dec();

@@ -1,6 +1,7 @@
-// A replica's slots, shared by every kind it carries out: at most `size` operations between their claim
-// and the end of their call at once (WORKER_CONCURRENCY), whatever their kind. Jobs fetched beyond the
-// free slots wait here, in fetch order, unclaimed.
+// A counted set of slots, taken in the order asked for: a replica's calls in flight (WORKER_CONCURRENCY),
+// and its claims (twice as many: src/dispatcher/dispatcher.ts), shared by every kind it carries out.
+// Jobs fetched beyond the free claims wait here unclaimed, and claimed jobs beyond the free calls wait
+// here with their lease.
 export class Slots {
   private free: number;
   private readonly waiting: (() => void)[] = [];

@@ -324,6 +324,15 @@ export async function releaseLease(db: Queryable, id: string, fence: number): Pr
   await db.query(db.sql.releaseLease(id, fence));
 }
 
+/** Fenced: ends a claim that sent nothing, and uncounts the attempt it began (`begun`, as claimAttempt
+ * returned it; a create's stamps go back to what they were, and so does a possible duplicate it counted
+ * under the at-least-once policy). */
+export async function releaseUnsentClaim(db: Queryable, id: string, fence: number, begun: BegunAttempt | undefined, policy: Policy): Promise<void> {
+  const { prev_first_attempted_at: prevFirst = null, prev_last_attempted_at: prevLast = null } = begun?.attempt ?? {};
+  const duplicate = begun?.call === 'create' && policy === 'at-least-once' && prevFirst !== null ? 1 : 0;
+  await db.query(db.sql.releaseUnsentClaim(id, fence, begun?.call ?? null, prevFirst, prevLast, duplicate));
+}
+
 /** Fenced: settles an operation under the caller's own claim (a person's resolution). Undefined when
  * the fence moved or the operation settled meanwhile. */
 export async function settleUnderLease(

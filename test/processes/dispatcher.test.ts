@@ -161,19 +161,23 @@ describe('dispatcher replicas (OS processes)', () => {
     for (const op of ops) expect(await operation(t, op)).toMatchObject({ status: 'succeeded', lease_owner: null });
   });
 
-  it('SIGTERM: jobs fetched but still waiting for a slot are not claimed; another replica settles them', async () => {
+  it('SIGTERM: claims made ahead of a slot are given back uncounted, with no key window opened; another replica settles them', async () => {
     e.emulator.addFault({ fault: { kind: 'latency', ms: 1500 }, count: Infinity });
     const ops = await Promise.all(Array.from({ length: 4 }, () => confirm(t)));
     await relay(t); // four jobs waiting: the two loops fetch two each, two slots run two calls
     const a = await replica({ WORKER_CONCURRENCY: '2', STRIPE_TIMEOUT_MS: '6000', LEASE_TTL_MS: '8000' });
     await waitUntil(() => ops.filter((op) => createsFor(op).length === 1).length === 2, 20_000, 'two calls in flight');
-    const fetched = async () => (await t.pool.query(`select count(*)::int as n from pgboss.job where name = 'charge' and state = 'active'`)).rows[0].n;
-    await waitUntil(async () => (await fetched()) === 4, 5_000, 'the second loop to fetch its two');
+    const waiting = ops.filter((op) => createsFor(op).length === 0);
+    // The other two are claimed ahead (two claims per slot): leased, their create counted, not sent.
+    await waitUntil(async () => (await Promise.all(waiting.map((op) => operation(t, op)))).every((o) => o.lease_owner !== null), 5_000, 'the claims made ahead');
+    for (const op of waiting) expect(await operation(t, op)).toMatchObject({ status: 'pending', attempts: 1, fence: 1, first_attempted_at: expect.any(Date) });
     a.kill('SIGTERM');
     expect((await a.exited).code).toBe(0);
     const waited = ops.filter((op) => createsFor(op).length === 0);
-    expect(waited).toHaveLength(2);
-    for (const op of waited) expect(await operation(t, op)).toMatchObject({ status: 'pending', attempts: 0, fence: 0, lease_owner: null });
+    expect(waited).toEqual(waiting);
+    for (const op of waited) {
+      expect(await operation(t, op)).toMatchObject({ status: 'pending', attempts: 0, fence: 1, lease_owner: null, first_attempted_at: null, last_attempted_at: null });
+    }
     e.emulator.clearFaults();
     await replica();
     await waitUntil(async () => (await Promise.all(ops.map(settled))).every(Boolean), 30_000, 'all settled');
@@ -283,6 +287,27 @@ describe('dispatcher (in-process)', () => {
       expect(createsFor(slow)).toHaveLength(1);
       expect(await settled(slow)).toBe(false); // its call is still in flight
       await waitUntil(() => settled(slow), 20_000, 'the slow operation');
+    } finally {
+      await a.stop();
+    }
+  });
+
+  it('a claim made ahead of a slot and taken over while it waits sends nothing', async () => {
+    const slow = await Promise.all([confirm(t), confirm(t)]);
+    for (const op of slow) e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 4_000 } });
+    await relay(t);
+    const ahead = await confirm(t);
+    await relay(t); // a later job: fetched behind the slow ones
+    // Two slots: the slow calls hold them, the other operation is claimed ahead and waits, renewing its lease.
+    const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 1_500 });
+    try {
+      await waitUntil(async () => slow.every((op) => createsFor(op).length === 1) && (await operation(t, ahead)).lease_owner === 'replica-a', 10_000, 'two calls, one claim waiting');
+      // Another claim takes it (as a takeover or a settlement from outside does: the fence moves).
+      await t.pool.query(`update outboxd.payment_operations set fence = fence + 1, lease_owner = 'replica-b', lease_expires_at = now() + interval '1 minute' where id = $1`, [ahead]);
+      await waitUntil(async () => (await Promise.all(slow.map(settled))).every(Boolean), 20_000, 'the slow calls to settle');
+      await waitUntil(async () => (await a.metrics.fencedOut.get()).values[0]?.value === 1, 10_000, 'the waiting claim to notice');
+      expect(createsFor(ahead)).toHaveLength(0);
+      expect(await operation(t, ahead)).toMatchObject({ status: 'pending', lease_owner: 'replica-b' });
     } finally {
       await a.stop();
     }
