@@ -29,7 +29,7 @@ import { bossDb, type Pool } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import type { EffectCall, KindRegistry, Policy } from '../engine/kinds.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
-import { KIND_QUEUE_OPTIONS, createKindQueues, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type OperationJob } from '../outbox/outbox.ts';
+import { KIND_QUEUE_OPTIONS, createKindQueues, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type OperationJob, type RelayPass } from '../outbox/outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
 import { pruneWebhookEvents } from '../webhooks/inbox.ts';
 import { createPruneQueue, DEFAULT_RETENTION_DAYS, PRUNE_QUEUE, pruneHistory, type RetentionDays } from '../outbox/retention.ts';
@@ -273,15 +273,18 @@ export class Dispatcher {
   /** Moves confirmed orders' outbox rows to pg-boss jobs, in batches, until draining. */
   private async relay(): Promise<void> {
     const interval = this.opts.relayIntervalMs ?? 50;
+    let last: RelayPass = { operations: 0, settlements: 0 };
     while (!this.draining) {
       let pause: number;
       this.relayWanted = false;
       try {
-        const relayed = await relayOutbox(this.deps.pool, this.deps.boss);
+        last = await relayOutbox(this.deps.pool, this.deps.boss, RELAY_BATCH, last);
+        const relayed = Math.max(last.operations, last.settlements);
         pause = this.relayListening ? await this.relayPause(relayed, interval) : relayed === RELAY_BATCH ? 0 : interval;
         if (pause === 0 || this.relayWanted) continue; // more waiting, rows arrived while it relayed, or the drain
       } catch (err) {
         this.log.warn({ err }, 'outbox relay failed; retrying');
+        last = { operations: 0, settlements: 0 };
         pause = 1_000;
       }
       await new Promise<void>((resolve) => {

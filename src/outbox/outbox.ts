@@ -151,12 +151,30 @@ export async function createQueues(boss: PgBoss): Promise<void> {
 
 export const RELAY_BATCH = 500;
 
+/** What one relay pass moved from each outbox. */
+export interface RelayPass {
+  operations: number;
+  settlements: number;
+}
+
 /**
  * Relays both outboxes: operations to jobs of their kind's queue, settlement events to `settled` jobs
- * (src/outbox/settlements.ts). Returns the larger batch: `limit` means more may be waiting.
+ * (src/outbox/settlements.ts). An outbox the pass before (`last`) found rows in is taken from at once;
+ * otherwise one statement looks into both first, so an idle relay opens no transaction. A pass that
+ * moved `limit` rows from either leaves more waiting.
  */
-export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): Promise<number> {
-  return Math.max(await relayOperations(db, boss, limit), await relaySettlements(db, boss, limit));
+export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH, last: RelayPass = { operations: 0, settlements: 0 }): Promise<RelayPass> {
+  let operations = last.operations > 0;
+  let settlements = last.settlements > 0;
+  if (!operations || !settlements) {
+    const { rows } = await db.query(db.sql.outboxesHaveRows());
+    operations ||= rows[0].operations;
+    settlements ||= rows[0].settlements;
+  }
+  return {
+    operations: operations ? await relayOperations(db, boss, limit) : 0,
+    settlements: settlements ? await relaySettlements(db, boss, limit) : 0,
+  };
 }
 
 /**
@@ -165,8 +183,6 @@ export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH): 
  * disjoint batches (SKIP LOCKED). Returns how many were relayed.
  */
 async function relayOperations(db: Pool, boss: PgBoss, limit: number): Promise<number> {
-  const { rows: any } = await db.query(db.sql.outboxHasRows());
-  if (!any[0].any) return 0;
   return inTransaction(db, async (tx) => {
     const { rows } = await tx.query(tx.sql.takeOutboxBatch(limit));
     if (rows.length === 0) return 0;

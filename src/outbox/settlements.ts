@@ -75,10 +75,8 @@ export async function createSettlementQueues(boss: PgBoss): Promise<void> {
 /** Moves up to `limit` settlement events to `settled` jobs, and to a job on each named subscriber's
  * queue, in one transaction, as relayOutbox does for charges. */
 export async function relaySettlements(db: Pool, boss: PgBoss, limit: number): Promise<number> {
-  const { rows: any } = await db.query(db.sql.settlementOutboxHasRows());
-  if (!any[0].any) return 0;
   return inTransaction(db, async (tx) => {
-    const { rows } = await tx.query(tx.sql.takeSettlementBatch(limit));
+    const { rows } = await tx.query(tx.sql.takeSettlementBatch(limit, SETTLED_EVENT));
     if (rows.length === 0) return 0;
     const jobs = rows.map((r) => ({
       data: {
@@ -97,8 +95,7 @@ export async function relaySettlements(db: Pool, boss: PgBoss, limit: number): P
       } satisfies SettledJob,
     }));
     await boss.insert(SETTLED_QUEUE, jobs, { db: bossDb(tx) });
-    const { rows: subscribed } = await tx.query(tx.sql.settlementSubscriberQueues(SETTLED_EVENT));
-    for (const { name } of subscribed as { name: string }[]) {
+    for (const name of rows[0].subscribers as string[]) {
       await boss.insert(name, jobs.map((j) => ({ data: { ...j.data, queue: name } })), { db: bossDb(tx) });
     }
     return rows.length;

@@ -18,7 +18,11 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
 
   relayWakes: statement<[workerId: string]>('outboxd_relay_wakes', `delete from ${s}.relay_sleepers where worker_id = $1`),
 
-  outboxHasRows: statement<[]>('outboxd_outbox_has_rows', `select exists (select 1 from ${s}.charge_outbox) as any`),
+  /** Whether each outbox has rows: the relay's one look before it opens a transaction on either. */
+  outboxesHaveRows: statement<[]>(
+    'outboxd_outboxes_have_rows',
+    `select exists (select 1 from ${s}.charge_outbox) as operations, exists (select 1 from ${s}.settlement_outbox) as settlements`,
+  ),
 
   /** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark.
    * (The timeline does not record the relay: the job's creation says when, at no write on the hot path.) */
@@ -36,13 +40,10 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
 
   outboxDepth: statement<[]>('outboxd_outbox_depth', `select count(*)::int as rows from ${s}.charge_outbox`),
 
-  settlementOutboxHasRows: statement<[]>(
-    'outboxd_settlement_outbox_has_rows',
-    `select exists (select 1 from ${s}.settlement_outbox) as any`,
-  ),
-
-  /** Takes the oldest events no other relay holds, with what they say (the settled operation's fields). */
-  takeSettlementBatch: statement<[limit: number]>(
+  /** Takes the oldest events no other relay holds, with what they say (the settled operation's fields),
+   * and on each row the named subscribers' queues ($2: pg-boss's event, as settlementSubscriberQueues
+   * reads them), read in the same statement and snapshot. */
+  takeSettlementBatch: statement<[limit: number, event: string]>(
     'outboxd_take_settlement_batch',
     `with taken as (
        delete from ${s}.settlement_outbox
@@ -59,7 +60,8 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
             -- PaymentIntent that held the funds (not one found captured already): a hold.
             case when op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual' and op.status = 'succeeded'
                    and coalesce(op.result->>'status', 'requires_capture') = 'requires_capture'
-              then jsonb_build_object('captureBefore', op.result->>'capture_before') end as hold
+              then jsonb_build_object('captureBefore', op.result->>'capture_before') end as hold,
+            (select coalesce(array_agg(q.name order by q.name), '{}') from ${boss}.subscription q where q.event = $2) as subscribers
      from taken join ${s}.payment_operations op on op.id = taken.operation_id
      order by taken.id`,
   ),

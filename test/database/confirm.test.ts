@@ -100,7 +100,7 @@ describe('the outbox relay', () => {
     const ops = await Promise.all(Array.from({ length: 300 }, () => confirmOrder(t.pool, orderInput()).then((c) => c.operationId)));
     const moved = await Promise.all(Array.from({ length: 4 }, () => relayOutbox(t.pool, t.boss, 50)));
     const rest = await relay(t);
-    expect(moved.reduce((a, b) => a + b, 0) + rest).toBeGreaterThanOrEqual(300);
+    expect(moved.reduce((a, b) => a + b.operations, 0) + rest).toBeGreaterThanOrEqual(300);
     const { rows } = await t.pool.query(
       `select data->>'operationId' as op, count(*)::int as n from pgboss.job where name = 'charge' and data->>'operationId' = any($1) group by 1`,
       [ops],

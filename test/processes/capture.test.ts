@@ -12,6 +12,7 @@ import { requestCancel, requestCapture } from '../../src/kinds/hold/request.ts';
 import { requestRefund } from '../../src/kinds/refund/request.ts';
 import { cancelIdempotencyKeyFor, captureIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
 import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
+import { SETTLED_EVENT } from '../../src/outbox/settlements.ts';
 import { driftReport } from '../../src/reconcile/drift.ts';
 import { reconcileSweep } from '../../src/reconcile/sweep.ts';
 import { resolveOperation } from '../../src/admin/resolve.ts';
@@ -62,11 +63,11 @@ describe('an authorization', () => {
     expect(op.payload).toEqual({ capture_method: 'manual' });
     expect(op.result).toMatchObject({ amount_capturable: 2599 });
     expect(new Date((op.result as { capture_before: string }).capture_before).getTime()).toBeGreaterThan(Date.now() + 6 * 86_400_000);
-    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
     expect(events.find((r) => r.operation_id === charge)).toMatchObject({ kind: 'charge', status: 'succeeded', hold: { captureBefore: (op.result as { capture_before: string }).capture_before } });
     const automatic = await confirm(t);
     await run(automatic);
-    const later = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    const later = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
     expect(later.find((r) => r.operation_id === automatic)).toMatchObject({ hold: null });
   });
 
@@ -174,7 +175,7 @@ describe('carrying out a capture or a cancel', () => {
     expect(done.operation).toMatchObject({ status: 'succeeded', external_id: pi });
     expect(intentOf(pi).paymentIntent).toMatchObject({ status: 'succeeded', amount_received: 1500, amount_capturable: 0 });
     expect(sent('capture', captureIdempotencyKeyFor(operationId))).toHaveLength(1);
-    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
     expect(events.find((r) => r.operation_id === operationId)).toMatchObject({ kind: 'capture', effect_key: 'ship', amount: 1500, hold: null });
     await expect(refund({ chargeOperationId: charge, amount: 1501, key: 'r-1' })).rejects.toMatchObject({ code: 'exceeds_remaining' });
     const r = await refund({ chargeOperationId: charge, amount: 1500, key: 'r-1' });
@@ -252,7 +253,7 @@ describe('an authorization released in Stripe', () => {
     expect(rows).toHaveLength(1);
     const released = await operation(t, rows[0].id);
     expect(released).toMatchObject({ kind: 'cancel', status: 'succeeded', external_id: pi, effect_key: `${charge}/outboxd:expired`, amount: 2599, payload: { key: 'outboxd:expired', reason: 'the authorization expired' } });
-    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
     expect(events.find((r) => r.operation_id === released.id)).toMatchObject({ kind: 'cancel', status: 'succeeded', effect_key: 'outboxd:expired', source: 'webhook' });
     await expect(capture({ chargeOperationId: charge, key: 'after' })).rejects.toMatchObject({ code: 'canceled' });
     expect(await operation(t, charge)).toMatchObject({ status: 'succeeded' }); // settled is final
@@ -272,7 +273,7 @@ describe('an authorization released in Stripe', () => {
     expect((await sweep()).followedUp).toEqual([]);
     const { rows } = await t.pool.query(`select kind, status, effect_key from outboxd.payment_operations where parent_operation_id = any($1::uuid[]) order by kind`, [[released.charge, lateInStripe.charge]]);
     expect(rows).toEqual([{ kind: 'cancel', status: 'succeeded', effect_key: `${released.charge}/outboxd:expired` }]);
-    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
     expect(events.filter((r) => r.kind === 'cancel' && r.effect_key === 'outboxd:expired').map((r) => r.source)).toContain('reconcile');
   });
 
@@ -382,7 +383,7 @@ describe('what Stripe shows outside outboxd', () => {
       return (await tx.query('select 1 as ok')).rows[0].ok; // the caller's transaction is not aborted
     });
     expect(after).toBe(1);
-    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
     expect(events.find((r) => r.operation_id === charge)).toMatchObject({ status: 'succeeded', hold: null });
   });
 
@@ -420,7 +421,7 @@ describe('what Stripe shows outside outboxd', () => {
     await run(automatic);
     const { operationId } = await refund({ chargeOperationId: automatic, amount: 10, key: `${automatic}/abc` });
     await run(operationId);
-    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000))).rows);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
     expect(events.find((r) => r.operation_id === operationId)).toMatchObject({ kind: 'refund', effect_key: `${automatic}/abc` });
   });
 });

@@ -48,10 +48,12 @@ export async function outboxRows(t: TestDb, operationId?: string): Promise<numbe
   return rows[0].n;
 }
 
-/** Relays every outbox row to a pg-boss job, as a worker's relay does. */
+/** Relays every outbox row to a pg-boss job, as a worker's relay does: how many operations' rows. */
 export async function relay(t: TestDb): Promise<number> {
   let total = 0;
-  for (let n = -1; n !== 0; total += n) n = await relayOutbox(t.pool, t.boss);
+  for (let pass = await relayOutbox(t.pool, t.boss); pass.operations + pass.settlements > 0; pass = await relayOutbox(t.pool, t.boss, undefined, pass)) {
+    total += pass.operations;
+  }
   return total;
 }
 
