@@ -133,9 +133,9 @@ export class Dispatcher {
   private readonly opts: DispatcherOptions;
   private readonly log: Logger;
   private draining = false;
-  /** Resolved when the drain begins: claims made ahead, still waiting for a slot, are given back then. */
-  private readonly drainBegun: Promise<void>;
-  private beginDrain!: () => void;
+  /** Claims made ahead that wait for a slot, each to be told when the drain begins (it gives its claim
+   * back). Held only while waiting: a promise per job kept until the drain would grow without bound. */
+  private readonly waitingForSlots = new Set<() => void>();
   private relaying: Promise<void> | undefined;
   private wakeRelay: (() => void) | undefined;
   /** Set by a wake-up while the relay was at work: it looks again before it sleeps. */
@@ -158,7 +158,6 @@ export class Dispatcher {
     this.deps = deps;
     this.opts = opts;
     this.log = deps.log;
-    this.drainBegun = new Promise<void>((resolve) => (this.beginDrain = resolve));
   }
 
   get isDraining(): boolean {
@@ -353,7 +352,8 @@ export class Dispatcher {
    * leases, but those of calls still running. */
   async drain(graceMs: number): Promise<{ finished: boolean }> {
     this.draining = true;
-    this.beginDrain();
+    for (const giveUp of this.waitingForSlots) giveUp();
+    this.waitingForSlots.clear();
     this.relayWanted = true; // a relay inside a pass must not then wait out its pause
     this.wakeRelay?.();
     await this.relaying;
@@ -424,19 +424,20 @@ export class Dispatcher {
       renew: () => renewLease(pool, operationId, fence, this.opts.leaseTtlMs),
       log: opLog,
     });
-    const slot = takeSlot();
-    const endCall = await Promise.race([slot, this.drainBegun.then(() => undefined)]);
-    if (!endCall) {
-      // Draining before this claim got a slot: it sent nothing, so it is given back uncounted, and the
-      // job goes to another replica. The slot, should it come, is passed on at once.
+    const endCall = await this.slotUnlessDraining(takeSlot);
+    held.check();
+    if (!endCall || call.signal.reason instanceof CallAbandoned) {
+      // Draining before this claim got a slot, or its lease's deadline passed while it waited (renewals
+      // failed): it sent nothing, so it is given back uncounted, its key window as it was, and the job
+      // goes to another replica or comes back.
       held.stop();
-      void slot.then((release) => release());
+      endCall?.();
       await releaseUnsentClaim(pool, operationId, fence, lease.begun, policy).catch((err: Error) =>
         opLog.warn({ err }, 'could not give back a claim that sent nothing: its lease expires'),
       );
-      return retryLater('this replica is shutting down');
+      return retryLater(endCall ? 'the lease ran out while the claim waited for a slot' : 'this replica is shutting down');
     }
-    if (call.signal.aborted && !(call.signal.reason instanceof CallAbandoned)) {
+    if (call.signal.aborted) {
       // Taken over while it waited (a renewal found another claim's fence): no call; the job comes back.
       held.stop();
       endCall();
@@ -522,6 +523,20 @@ export class Dispatcher {
       metrics.inFlight.dec();
       if (!released) await releaseLease(pool, operationId, fence).catch(() => {});
     }
+  }
+
+  /** A slot's release, or undefined once the drain has begun (then a slot that comes later is passed on
+   * at once to the next in line). */
+  private slotUnlessDraining(takeSlot: () => Promise<() => void>): Promise<(() => void) | undefined> {
+    if (this.draining) return Promise.resolve(undefined);
+    return new Promise((resolve) => {
+      const giveUp = () => resolve(undefined);
+      this.waitingForSlots.add(giveUp);
+      void takeSlot().then((release) => {
+        if (this.waitingForSlots.delete(giveUp)) resolve(release);
+        else release();
+      });
+    });
   }
 
   /** No claim: settled (nothing to do), unknown (a broken job), or leased by a live claim or locked by

@@ -119,7 +119,8 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
    * its lease ends, and the attempt it counted is uncounted, with the stamps it replaced ($3: the call it
    * counted, or null; $4, $5: first_attempted_at and last_attempted_at before it; $6: 1 when it counted
    * a possible duplicate), so no key window is opened by a create that was never sent. Fenced: after a
-   * settlement from outside (the fence moved) nothing is changed. */
+   * settlement from outside or another claim (the fence moved) nothing is changed; a lease the drain's
+   * releaseLeasesOf ended first is still this claim's to uncount. */
   releaseUnsentClaim: statement<[id: string, fence: number, call: string | null, prevFirst: Date | null, prevLast: Date | null, duplicate: number]>(
     'outboxd_release_unsent_claim',
     `update ${s}.payment_operations
@@ -128,7 +129,7 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
          first_attempted_at = case when $3::text = 'create' then $4::timestamptz else first_attempted_at end,
          last_attempted_at = case when $3::text = 'create' then $5::timestamptz else last_attempted_at end,
          possible_duplicates = possible_duplicates - $6::int
-     where id = $1 and fence = $2 and lease_owner is not null`,
+     where id = $1 and fence = $2`,
   ),
 
   /** At shutdown: gives back every lease this replica still holds but those of calls still in flight

@@ -1,6 +1,7 @@
 // The dispatcher: in-process replicas for queue semantics, real OS processes where the property is
 // about processes (kill -9, SIGSTOP, SIGTERM).
 import { AsyncLocalStorage } from 'node:async_hooks';
+import { queryObjects } from 'node:v8';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { inTransaction } from '../../src/db/pool.ts';
@@ -144,6 +145,26 @@ describe('dispatcher replicas (OS processes)', () => {
     expect(after).toMatchObject({ status: 'succeeded', fence: settledByB.fence, external_id: settledByB.external_id, settled_at: settledByB.settled_at });
     expect(charges(op)).toHaveLength(1);
     expect(await b.metric('outboxd_fenced_out_writes_total')).toBe(0);
+  });
+
+  it('a claim made ahead that waits past its lease (the replica stopped) sends nothing and is not counted: its operation settles at one attempt', async () => {
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 1500 }, count: Infinity });
+    const ops = await Promise.all(Array.from({ length: 4 }, () => confirm(t)));
+    await relay(t);
+    const a = await replica({ WORKER_CONCURRENCY: '2' }); // 3 s leases
+    await waitUntil(() => ops.filter((op) => createsFor(op).length === 1).length === 2, 20_000, 'two calls in flight');
+    const waiting = ops.filter((op) => createsFor(op).length === 0);
+    await waitUntil(async () => (await Promise.all(waiting.map((op) => operation(t, op)))).every((o) => o.attempts === 1), 5_000, 'the claims made ahead');
+    a.kill('SIGSTOP');
+    await new Promise((resolve) => setTimeout(resolve, 4_000)); // past the leases, with no renewal
+    e.emulator.clearFaults();
+    a.kill('SIGCONT');
+    await waitUntil(async () => (await Promise.all(ops.map(settled))).every(Boolean), 60_000, 'all settled');
+    for (const op of waiting) {
+      expect(createsFor(op)).toHaveLength(1);
+      expect(await operation(t, op)).toMatchObject({ status: 'succeeded', attempts: 1, possible_duplicates: 0 });
+    }
+    for (const op of ops) expect(charges(op)).toHaveLength(1);
   });
 
   it('SIGTERM during in-flight calls: /readyz turns unready, the calls finish, exit 0, nothing left leased', async () => {
@@ -308,6 +329,28 @@ describe('dispatcher (in-process)', () => {
       await waitUntil(async () => (await a.metrics.fencedOut.get()).values[0]?.value === 1, 10_000, 'the waiting claim to notice');
       expect(createsFor(ahead)).toHaveLength(0);
       expect(await operation(t, ahead)).toMatchObject({ status: 'pending', lease_owner: 'replica-b' });
+    } finally {
+      await a.stop();
+    }
+  });
+
+  it('a replica keeps nothing of the operations it settled: live promises do not grow with them', async () => {
+    // A claim waiting for a slot listens for the drain: a listener left behind by each job (a promise per
+    // job chained to one that resolves only at SIGTERM) grew a replica by ~570 bytes an operation.
+    const livePromises = () => queryObjects(Promise, { format: 'count' }) as number; // after a full GC
+    const a = await dispatcher('replica-a', { concurrency: 4 });
+    const settle = async (n: number) => {
+      const ops = await Promise.all(Array.from({ length: n }, () => confirm(t)));
+      await relay(t);
+      await waitUntil(async () => (await Promise.all(ops.map(settled))).every(Boolean), 60_000, `${n} settled`);
+      await waitUntil(async () => (await a.metrics.inFlight.get()).values[0]?.value === 0, 10_000, 'idle');
+      await new Promise((resolve) => setTimeout(resolve, 500)); // every handler has returned
+    };
+    try {
+      await settle(20); // warm-up: pools, prepared statements, loops
+      const before = livePromises();
+      await settle(300);
+      expect(livePromises() - before).toBeLessThan(150);
     } finally {
       await a.stop();
     }
