@@ -25,7 +25,7 @@
 //              and is retried otherwise
 //           ─▶ abandoned at shutdown and then failed: nothing recorded, the lease left to expire
 import type { Db, Job, JobResult, PgBoss } from 'pg-boss';
-import { bossDb, type Pool } from '../db/pool.ts';
+import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import type { EffectCall, KindRegistry, Policy } from '../engine/kinds.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
@@ -47,12 +47,13 @@ import {
   renewLease,
   reschedules,
   StaleFenceError,
+  type BegunAttempt,
   type OperationState,
   type Outcome,
 } from '../engine/operation.ts';
 import { traceDispatch, traceOperation, untraced } from '../telemetry/tracing.ts';
 import type { Metrics } from '../telemetry/metrics.ts';
-import { keepLease } from './lease.ts';
+import { keepLease, leaseMargin } from './lease.ts';
 import { Slots } from './slots.ts';
 
 export interface DispatcherOptions {
@@ -136,6 +137,8 @@ export class Dispatcher {
   /** Claims made ahead that wait for a slot, each to be told when the drain begins (it gives its claim
    * back). Held only while waiting: a promise per job kept until the drain would grow without bound. */
   private readonly waitingForSlots = new Set<() => void>();
+  /** Operations whose claims made ahead are being given back: the drain leaves their leases to that. */
+  private readonly givingBack = new Set<string>();
   private relaying: Promise<void> | undefined;
   private wakeRelay: (() => void) | undefined;
   /** Set by a wake-up while the relay was at work: it looks again before it sleeps. */
@@ -198,7 +201,8 @@ export class Dispatcher {
     // Calls in flight at once, and claims made ahead of them: a job claims its operation while the slots
     // are busy, so that a slot given back starts its next call at once, without a claim's round trip in
     // it, and the claims of a fetched batch go out together in one statement (measured with npm run
-    // bench: 92 % -> 96 % of slots / latency at 100 ms; 1.06 -> 0.81 statements per operation at 0 ms).
+    // bench: 92 % -> 96-97 % of slots / latency at 100 ms; 1.06 -> 0.81-0.88 statements per operation
+    // at 0 ms).
     // At most as many claims wait as there are slots: each holds its operation's lease, renewed while it
     // waits.
     const slots = new Slots(this.opts.concurrency);
@@ -211,7 +215,7 @@ export class Dispatcher {
       const handle = (job: Job<OperationJob>) => traceDispatch(job, async () => {
         const releaseClaim = await claims.take();
         try {
-          return await this.handle(job, kind, () => slots.take());
+          return await this.handle(job, kind, () => slots.request());
         } finally {
           releaseClaim();
         }
@@ -352,8 +356,7 @@ export class Dispatcher {
    * leases, but those of calls still running. */
   async drain(graceMs: number): Promise<{ finished: boolean }> {
     this.draining = true;
-    for (const giveUp of this.waitingForSlots) giveUp();
-    this.waitingForSlots.clear();
+    for (const giveUp of [...this.waitingForSlots]) giveUp();
     this.relayWanted = true; // a relay inside a pass must not then wait out its pause
     this.wakeRelay?.();
     await this.relaying;
@@ -378,7 +381,7 @@ export class Dispatcher {
     // Calls still running are abandoned: an application's effect is told so through its signal. Their
     // leases are kept, to expire as after kill -9: the request may still be on its way, and a claim made
     // before it lands would resend it, or check an effect not done yet and execute it again.
-    const inFlight = [...this.calls.values()];
+    const inFlight = [...this.calls.values(), ...this.givingBack];
     for (const call of this.calls.keys()) call.abort(new CallAbandoned('the worker is shutting down'));
     const released = await pool.query(pool.sql.releaseLeasesOf(this.opts.workerId, inFlight)).then(
       ({ rows }) => rows.length,
@@ -390,7 +393,7 @@ export class Dispatcher {
 
   /** Claims the job's operation, then waits for a slot (`takeSlot`) to make its call; the slot is given
    * back once the call has returned (the outcome is recorded outside it). */
-  private async handle(job: Job<OperationJob>, kind: string, takeSlot: () => Promise<() => void>): Promise<Disposition> {
+  private async handle(job: Job<OperationJob>, kind: string, takeSlot: () => ReturnType<Slots['request']>): Promise<Disposition> {
     const { pool, kinds, boss, metrics } = this.deps;
     const operationId = operationIdOf(job);
     const log = this.log.child({ jobId: job.id, operationId, kind, jobRetry: job.retryCount });
@@ -424,25 +427,30 @@ export class Dispatcher {
       renew: () => renewLease(pool, operationId, fence, this.opts.leaseTtlMs),
       log: opLog,
     });
-    const endCall = await this.slotUnlessDraining(takeSlot);
+    const endCall = await this.slotWithin(takeSlot, this.longestWait(lease, keyWindowSeconds), call.signal);
     held.check();
-    if (!endCall || call.signal.reason instanceof CallAbandoned) {
-      // Draining before this claim got a slot, or its lease's deadline passed while it waited (renewals
-      // failed): it sent nothing, so it is given back uncounted, its key window as it was, and the job
-      // goes to another replica or comes back.
-      held.stop();
-      endCall?.();
-      await releaseUnsentClaim(pool, operationId, fence, lease.begun, policy).catch((err: Error) =>
-        opLog.warn({ err }, 'could not give back a claim that sent nothing: its lease expires'),
-      );
-      return retryLater(endCall ? 'the lease ran out while the claim waited for a slot' : 'this replica is shutting down');
-    }
-    if (call.signal.aborted) {
+    if (call.signal.aborted && !(call.signal.reason instanceof CallAbandoned)) {
       // Taken over while it waited (a renewal found another claim's fence): no call; the job comes back.
       held.stop();
-      endCall();
+      endCall?.();
       metrics.fencedOut.inc();
       return retryLater('the lease was taken over while the claim waited for a slot');
+    }
+    if (!endCall || call.signal.aborted) {
+      // Draining before this claim got a slot, no slot within the longest wait, or its lease's deadline
+      // passed while it waited (renewals failed): it sent nothing, so it is given back uncounted, its key
+      // window as it was.
+      held.stop();
+      endCall?.();
+      this.givingBack.add(operationId);
+      try {
+        return await this.giveBack(job, kind, operationId, fence, lease.begun, policy);
+      } catch (err) {
+        opLog.warn({ err }, 'could not give back a claim that sent nothing: its lease expires');
+        return retryLater('the claim could not be given back');
+      } finally {
+        this.givingBack.delete(operationId);
+      }
     }
 
     metrics.inFlight.inc();
@@ -525,16 +533,65 @@ export class Dispatcher {
     }
   }
 
-  /** A slot's release, or undefined once the drain has begun (then a slot that comes later is passed on
-   * at once to the next in line). */
-  private slotUnlessDraining(takeSlot: () => Promise<() => void>): Promise<(() => void) | undefined> {
-    if (this.draining) return Promise.resolve(undefined);
+  /**
+   * Gives back a claim made ahead that sent nothing. Draining: the job goes back to pg-boss for another
+   * replica (a retry spent). Otherwise no slot came in time: that was no attempt, so, in the transaction
+   * that gives the claim back, the job completes and a fresh one drives the operation at once, spending
+   * no retry (whichever replica has a slot takes it; a claim of it chooses its call anew).
+   */
+  private async giveBack(job: Job<OperationJob>, kind: string, id: string, fence: number, begun: BegunAttempt | undefined, policy: Policy): Promise<Disposition> {
+    const { pool, boss, metrics } = this.deps;
+    if (this.draining) {
+      await releaseUnsentClaim(pool, id, fence, begun, policy);
+      return retryLater('this replica is shutting down');
+    }
+    await inTransaction(pool, async (tx) => {
+      await releaseUnsentClaim(tx, id, fence, begun, policy);
+      // Fenced to this attempt by pg-boss, as onRescheduled's.
+      const { affected } = (await boss.complete(queueFor(kind), { id: job.id, retryCount: job.retryCount }, null, { db: bossDb(tx) })) as { affected: number };
+      if (affected > 0) await untraced(() => enqueueOperation(boss, bossDb(tx), { id, kind }, 0));
+    });
+    metrics.jobs.inc({ result: 'rescheduled' });
+    return completed;
+  }
+
+  /**
+   * How long a claim made ahead may wait for a slot: its lease's TTL, so that a replica whose slots are
+   * stuck (an effect that never returns) keeps no operation from other replicas for long; and a create
+   * sent again under a key Stripe already holds must go out inside the key window its claim judged it in
+   * (measured on the database's clock: the claim's now() is updated_at), or be claimed anew, which then
+   * reconciles instead.
+   */
+  private longestWait(lease: { operation: { updated_at: Date }; begun?: BegunAttempt | undefined }, keyWindowSeconds: number): number {
+    const ttl = this.opts.leaseTtlMs;
+    const sentBefore = lease.begun?.call === 'create' ? lease.begun.attempt.prev_first_attempted_at : null;
+    if (!sentBefore) return ttl;
+    const windowLeft = sentBefore.getTime() + keyWindowSeconds * 1000 - lease.operation.updated_at.getTime();
+    return Math.max(0, Math.min(ttl, windowLeft - leaseMargin(ttl)));
+  }
+
+  /** A slot's release, or undefined once the drain has begun, `maxWaitMs` passed or the claim's lease was
+   * lost (`lost` aborted) first: the request is then withdrawn, and a slot given meanwhile goes on at
+   * once to the next in line. */
+  private slotWithin(takeSlot: () => ReturnType<Slots['request']>, maxWaitMs: number, lost: AbortSignal): Promise<(() => void) | undefined> {
+    if (this.draining || lost.aborted) return Promise.resolve(undefined);
     return new Promise((resolve) => {
-      const giveUp = () => resolve(undefined);
+      const slot = takeSlot();
+      const giveUp = () => {
+        clearTimeout(timer);
+        lost.removeEventListener('abort', giveUp);
+        this.waitingForSlots.delete(giveUp);
+        slot.cancel();
+        resolve(undefined);
+      };
+      const timer = setTimeout(giveUp, maxWaitMs);
+      lost.addEventListener('abort', giveUp);
       this.waitingForSlots.add(giveUp);
-      void takeSlot().then((release) => {
-        if (this.waitingForSlots.delete(giveUp)) resolve(release);
-        else release();
+      void slot.taken.then((release) => {
+        if (!this.waitingForSlots.delete(giveUp)) return release();
+        clearTimeout(timer);
+        lost.removeEventListener('abort', giveUp);
+        resolve(release);
       });
     });
   }

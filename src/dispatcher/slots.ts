@@ -12,9 +12,32 @@ export class Slots {
 
   /** Resolves once a slot is this caller's, with the function that gives it back (once, however often
    * it is called). */
-  async take(): Promise<() => void> {
-    if (this.free > 0) this.free--;
-    else await new Promise<void>((resolve) => this.waiting.push(resolve));
+  take(): Promise<() => void> {
+    return this.request().taken;
+  }
+
+  /** Asks for a slot, as take() does; `cancel` withdraws the request, and gives back a slot it was
+   * already given, so a caller that stops waiting leaves nothing queued behind. */
+  request(): { taken: Promise<() => void>; cancel(): void } {
+    let grant!: () => void;
+    const taken = new Promise<void>((resolve) => (grant = resolve)).then(() => this.releaser());
+    if (this.free > 0) {
+      this.free--;
+      grant();
+    } else {
+      this.waiting.push(grant);
+    }
+    return {
+      taken,
+      cancel: () => {
+        const queued = this.waiting.indexOf(grant);
+        if (queued >= 0) this.waiting.splice(queued, 1);
+        else void taken.then((release) => release());
+      },
+    };
+  }
+
+  private releaser(): () => void {
     let held = true;
     return () => {
       if (held) this.release();

@@ -7,7 +7,10 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import { inTransaction } from '../../src/db/pool.ts';
 import { idempotencyKeyFor, refundIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
 import { acquireLease, releaseLease } from '../../src/engine/operation.ts';
+import { KEY_WINDOW_SECONDS } from '../../src/engine/executor.ts';
 import { requestRefund } from '../../src/kinds/refund/request.ts';
+import { requestEffect } from '../../src/kinds/application/request.ts';
+import type { EffectDefinitions } from '../../src/kinds/application/definition.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { startDispatcher } from '../support/dispatcher.ts';
 import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
@@ -330,6 +333,63 @@ describe('dispatcher (in-process)', () => {
       expect(createsFor(ahead)).toHaveLength(0);
       expect(await operation(t, ahead)).toMatchObject({ status: 'pending', lease_owner: 'replica-b' });
     } finally {
+      await a.stop();
+    }
+  });
+
+  it('a claim made ahead to send a create again never sends it past the key window: it waits no longer, and is claimed anew to reconcile', async () => {
+    const slow = await Promise.all([confirm(t), confirm(t)]);
+    for (const op of slow) e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 5_000 } });
+    await relay(t);
+    const ahead = await confirm(t);
+    // Sent once before with no answer (unknown, no pi_), 23 h less 2 s ago: inside the key window when claimed.
+    await t.pool.query(
+      `update outboxd.payment_operations
+       set status = 'unknown', attempts = 1,
+           first_attempted_at = now() - make_interval(secs => $2) + interval '2 seconds',
+           last_attempted_at = now() - make_interval(secs => $2) + interval '2 seconds'
+       where id = $1`,
+      [ahead, KEY_WINDOW_SECONDS],
+    );
+    await relay(t); // fetched behind the slow ones
+    const a = await dispatcher('replica-a', { concurrency: 2 });
+    try {
+      await waitUntil(async () => slow.every((op) => createsFor(op).length === 1) && (await operation(t, ahead)).lease_owner === 'replica-a', 10_000, 'two calls, one claim waiting');
+      const searched = () => e.emulator.requests().some((r) => r.endpoint === 'search' && r.operationId === ahead);
+      await waitUntil(() => searched() || createsFor(ahead).length > 0, 30_000, 'the waiting claim to act');
+      expect(createsFor(ahead)).toEqual([]); // a create here would be sent past the window its claim judged
+      await waitUntil(async () => (await operation(t, ahead)).review_reason !== null, 10_000, 'no match: held for a person');
+      expect(await operation(t, ahead)).toMatchObject({ status: 'unknown', attempts: 2 }); // the search, not a create
+    } finally {
+      await a.stop();
+    }
+  });
+
+  it('a replica whose slots are stuck keeps no operation from the others for longer than a lease: its claims made ahead are given back', async () => {
+    // Two effects that never return (they honour only the abort at shutdown) hold both slots.
+    const stuck: EffectDefinitions = new Map([
+      ['stuck_note', { policy: 'at-least-once', execute: ({ signal }) => new Promise<never>((_, reject) => signal.addEventListener('abort', () => reject(signal.reason))) }],
+    ]);
+    const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 2_000, effects: stuck });
+    let b: Awaited<ReturnType<typeof dispatcher>> | undefined;
+    try {
+      for (const key of ['one', 'two']) await inTransaction(t.pool, (tx) => requestEffect(tx, stuck, 'stuck_note', { key: `stuck-${key}-${Date.now()}`, payload: {} }));
+      await relay(t);
+      await waitUntil(async () => (await a.metrics.inFlight.get()).values[0]?.value === 2, 10_000, 'both slots stuck');
+      const op = await confirm(t);
+      await relay(t);
+      await waitUntil(async () => (await operation(t, op)).lease_owner === 'replica-a', 10_000, 'the charge claimed ahead');
+      // Given back within its lease's TTL, with a fresh job (claimed ahead again by this replica, given back
+      // again, …, until a replica with a free slot fetches it: no retry spent meanwhile).
+      const rescheduled = async () => (await a.metrics.jobs.get()).values.find((v) => v.labels.result === 'rescheduled')?.value ?? 0;
+      await waitUntil(async () => (await rescheduled()) >= 1, 10_000, 'the claim given back');
+      b = await dispatcher('replica-b', { concurrency: 2 });
+      await waitUntil(() => settled(op), 60_000, 'another replica to settle it');
+      expect(createsFor(op)).toHaveLength(1);
+      // Every claim given back was uncounted: one attempt, the one that charged.
+      expect(await operation(t, op)).toMatchObject({ status: 'succeeded', attempts: 1 });
+    } finally {
+      await b?.stop();
       await a.stop();
     }
   });
