@@ -316,10 +316,16 @@ describe('dispatcher (in-process)', () => {
     }
   });
 
-  it('a claim made ahead of a slot and taken over while it waits sends nothing', async () => {
+  /** Two operations whose calls take `ms`, relayed: with two slots, a later job's claim waits behind them. */
+  const twoSlowCalls = async (ms: number) => {
     const slow = await Promise.all([confirm(t), confirm(t)]);
-    for (const op of slow) e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 4_000 } });
+    for (const op of slow) e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms } });
     await relay(t);
+    return slow;
+  };
+
+  it('a claim made ahead of a slot and taken over while it waits sends nothing', async () => {
+    const slow = await twoSlowCalls(4_000);
     const ahead = await confirm(t);
     await relay(t); // a later job: fetched behind the slow ones
     // Two slots: the slow calls hold them, the other operation is claimed ahead and waits, renewing its lease.
@@ -338,9 +344,7 @@ describe('dispatcher (in-process)', () => {
   });
 
   it('a claim made ahead to send a create again never sends it past the key window: it waits no longer, and is claimed anew to reconcile', async () => {
-    const slow = await Promise.all([confirm(t), confirm(t)]);
-    for (const op of slow) e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 5_000 } });
-    await relay(t);
+    const slow = await twoSlowCalls(5_000);
     const ahead = await confirm(t);
     // Sent once before with no answer (unknown, no pi_), 23 h less 2 s ago: inside the key window when claimed.
     await t.pool.query(
