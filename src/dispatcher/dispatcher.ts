@@ -25,7 +25,7 @@
 //              and is retried otherwise
 //           ─▶ abandoned at shutdown and then failed: nothing recorded, the lease left to expire
 import type { Db, Job, JobResult, PgBoss } from 'pg-boss';
-import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
+import { bossDb, inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import type { EffectCall, KindRegistry, Policy } from '../engine/kinds.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
@@ -472,12 +472,9 @@ export class Dispatcher {
         // be dead-lettered after some hours). The job completes, and a fresh one drives the operation
         // again later, in the transaction that records the outcome: no instant without a job.
         onRescheduled: async (tx, op, outcome, recheckSeconds) => {
-          // Fenced to this attempt by pg-boss; `affected` is returned at runtime though not declared.
-          const { affected } = (await boss.complete(queueFor(kind), { id: job.id, retryCount: job.retryCount }, null, {
-            db: bossDb(tx),
-          })) as { affected: number };
-          if (affected === 0) opLog.warn('job attempt was no longer ours at completion; the operation was recorded all the same');
-          else await untraced(() => enqueueOperation(boss, bossDb(tx), op, recheckSeconds ?? notAnAttemptDelaySeconds(outcome)));
+          if (!(await this.replaceJob(tx, job, op, recheckSeconds ?? notAnAttemptDelaySeconds(outcome)))) {
+            opLog.warn('job attempt was no longer ours at completion; the operation was recorded all the same');
+          }
         },
       });
       const { operation: op, policy, outcome } = run;
@@ -540,19 +537,29 @@ export class Dispatcher {
    * no retry (whichever replica has a slot takes it; a claim of it chooses its call anew).
    */
   private async giveBack(job: Job<OperationJob>, kind: string, id: string, fence: number, begun: BegunAttempt | undefined, policy: Policy): Promise<Disposition> {
-    const { pool, boss, metrics } = this.deps;
+    const { pool, metrics } = this.deps;
     if (this.draining) {
       await releaseUnsentClaim(pool, id, fence, begun, policy);
       return retryLater('this replica is shutting down');
     }
     await inTransaction(pool, async (tx) => {
       await releaseUnsentClaim(tx, id, fence, begun, policy);
-      // Fenced to this attempt by pg-boss, as onRescheduled's.
-      const { affected } = (await boss.complete(queueFor(kind), { id: job.id, retryCount: job.retryCount }, null, { db: bossDb(tx) })) as { affected: number };
-      if (affected > 0) await untraced(() => enqueueOperation(boss, bossDb(tx), { id, kind }, 0));
+      await this.replaceJob(tx, job, { id, kind }, 0);
     });
     metrics.jobs.inc({ result: 'rescheduled' });
     return completed;
+  }
+
+  /** In `tx`: completes `job`, fenced to the attempt this delivery fetched, and enqueues a fresh job for
+   * `op` in `delaySeconds`, spending no retry. False (nothing enqueued) when the attempt was no longer
+   * this delivery's: the job was redelivered, and its other delivery drives the operation. */
+  private async replaceJob(tx: Tx, job: Job<OperationJob>, op: { id: string; kind: string }, delaySeconds: number): Promise<boolean> {
+    const { boss } = this.deps;
+    // `affected` is returned at runtime though not declared.
+    const { affected } = (await boss.complete(queueFor(op.kind), { id: job.id, retryCount: job.retryCount }, null, { db: bossDb(tx) })) as { affected: number };
+    if (affected === 0) return false;
+    await untraced(() => enqueueOperation(boss, bossDb(tx), op, delaySeconds));
+    return true;
   }
 
   /**

@@ -115,8 +115,8 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
      where id = $1 and fence = $2 and lease_owner is not null`,
   ),
 
-  /** Gives a claim back that sent nothing (claimed ahead of a free slot when the replica began to drain):
-   * its lease ends, and the attempt it counted is uncounted, with the stamps it replaced ($3: the call it
+  /** Gives a claim back that sent nothing (one claimed ahead of a free slot that got none: the replica
+   * began to drain, the wait ran out, or the claim's lease deadline passed): its lease ends, and the attempt it counted is uncounted, with the stamps it replaced ($3: the call it
    * counted, or null; $4, $5: first_attempted_at and last_attempted_at before it; $6: 1 when it counted
    * a possible duplicate), so no key window is opened by a create that was never sent. Fenced: after a
    * settlement from outside or another claim (the fence moved) nothing is changed; a lease the drain's
