@@ -26,12 +26,14 @@ export interface PgBouncerRelease {
   preparedStatements: boolean;
 }
 
+/** The command line that runs the release's binary with `args`: in its root, when it has one. */
+const commandOf = (root: string | undefined, args: string[]): [string, string[]] => (root ? ['chroot', [root, PGBOUNCER, ...args]] : [PGBOUNCER, args]);
+
 function releaseAt(root: string | undefined): PgBouncerRelease | undefined {
   if (!existsSync(path.join(root ?? '/', PGBOUNCER))) return undefined;
-  const command = root ? ['chroot', root, PGBOUNCER] : [PGBOUNCER];
-  const out = execFileSync(command[0]!, [...command.slice(1), '--version'], { encoding: 'utf8' });
+  const out = execFileSync(...commandOf(root, ['--version']), { encoding: 'utf8' });
   const version = /PgBouncer (\d+\.\d+\.\d+)/.exec(out)?.[1];
-  if (!version) throw new Error(`${command.join(' ')} --version said: ${out}`);
+  if (!version) throw new Error(`${root ?? ''}${PGBOUNCER} --version said: ${out}`);
   const [major, minor] = version.split('.').map(Number) as [number, number];
   return { ...(root ? { root } : {}), version, preparedStatements: major > 1 || minor >= 21 };
 }
@@ -90,10 +92,7 @@ export async function startPgBouncer(
     await chmod(dir, 0o755);
     await chmod(path.join(dir, 'userlist.txt'), 0o644);
   }
-  const args = [...(asRoot ? ['-u', 'nobody'] : []), path.join(inside, 'pgbouncer.ini')];
-  const proc = release.root
-    ? spawn('chroot', [release.root, PGBOUNCER, ...args], { stdio: ['ignore', 'ignore', 'pipe'] })
-    : spawn(PGBOUNCER, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  const proc = spawn(...commandOf(release.root, [...(asRoot ? ['-u', 'nobody'] : []), path.join(inside, 'pgbouncer.ini')]), { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   proc.stderr.on('data', (d) => (log += d));
   const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()));
