@@ -18,7 +18,7 @@ import { CURRENT_PGBOUNCER_ROOT, currentPgBouncer, debianPgBouncer, PGBOUNCER, s
 
 const BIN = fileURLToPath(new URL('../../bin/outboxd.js', import.meta.url));
 const debian = debianPgBouncer();
-if (!debian) throw new Error(`${PGBOUNCER} is missing: install Debian's pgbouncer (.ci/run does)`);
+if (!debian) throw new Error(`${PGBOUNCER} is missing: install Debian's pgbouncer (npm test does, as root)`);
 const current = currentPgBouncer();
 // CI makes the current release's root (.ci/run, scripts/ci/pgbouncer-current.sh) and requires it here.
 if (!current && process.env.OUTBOXD_REQUIRE_PGBOUNCER_CURRENT === '1') {

@@ -56,7 +56,7 @@ export async function startPgBouncer(
   opts: { poolSize?: number; release?: PgBouncerRelease } = {},
 ): Promise<RunningPgBouncer> {
   const release = opts.release ?? debianPgBouncer();
-  if (!release) throw new Error(`${PGBOUNCER} is missing: install Debian's pgbouncer (.ci/run does)`);
+  if (!release) throw new Error(`${PGBOUNCER} is missing: install Debian's pgbouncer (npm test does, as root)`);
   const server = new URL(serverUrl);
   const port = await freePort();
   // Its files inside its root, where a chrooted PgBouncer finds them at `inside`.
