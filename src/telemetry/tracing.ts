@@ -1,4 +1,5 @@
-// Traces, through the OpenTelemetry API (and core's W3C propagator, which registers and starts nothing).
+// Traces, through the OpenTelemetry API (and core's W3C propagator, which registers and starts nothing,
+// loaded only once there is a trace context to carry).
 // The spans go to whatever SDK the process registered: the application's own (the library starts none),
 // or the one `outboxd` starts when OTEL_EXPORTER_OTLP_ENDPOINT is set (src/telemetry/tracingSdk.ts). With none
 // registered the API is a no-op: no context is kept, every span is a non-recording one, and nothing is
@@ -9,8 +10,10 @@
 // order's transaction to the Stripe call. Every later attempt (a retry, a requeue, the reconcile sweep,
 // a webhook, a resolution) is a trace of its own that LINKS to it: a trace that grew for hours or days
 // would be cut or dropped by most backends.
+import { createRequire } from 'node:module';
 import {
   context,
+  createContextKey,
   defaultTextMapGetter,
   defaultTextMapSetter,
   isSpanContextValid,
@@ -22,8 +25,10 @@ import {
   type Context,
   type Link,
   type Span,
+  type TextMapGetter,
+  type TextMapPropagator,
+  type TextMapSetter,
 } from '@opentelemetry/api';
-import { suppressTracing, W3CTraceContextPropagator } from '@opentelemetry/core';
 
 const tracer = trace.getTracer('outboxd');
 
@@ -56,8 +61,34 @@ export const outcomeOn =
     return outcome;
   };
 
-/** Trace ids only: baggage could carry anything an application put there, and these are kept in tables. */
-export const traceContextPropagator = new W3CTraceContextPropagator();
+/**
+ * Trace ids only: baggage could carry anything an application put there, and these are kept in tables.
+ * Core's W3C propagator, loaded the first time there is a context to inject (a valid span context: an
+ * SDK is registered) or a traceparent to extract: a process that traces nothing never loads
+ * @opentelemetry/core (~2 MB of a replica's RSS, measured in npm run bench). Both shortcuts are the
+ * propagator's own first steps.
+ */
+export const traceContextPropagator: TextMapPropagator = {
+  inject(ctx: Context, carrier: unknown, setter: TextMapSetter) {
+    const sc = trace.getSpanContext(ctx);
+    if (sc && isSpanContextValid(sc)) w3cPropagator().inject(ctx, carrier, setter);
+  },
+  extract(ctx: Context, carrier: unknown, getter: TextMapGetter) {
+    return getter.get(carrier, 'traceparent') ? w3cPropagator().extract(ctx, carrier, getter) : ctx;
+  },
+  fields: () => w3cPropagator().fields(),
+};
+
+let w3c: TextMapPropagator | undefined;
+function w3cPropagator(): TextMapPropagator {
+  // Synchronous, as inject and extract are: core's CommonJS build, through require.
+  w3c ??= new (createRequire(import.meta.url)('@opentelemetry/core') as typeof import('@opentelemetry/core')).W3CTraceContextPropagator();
+  return w3c;
+}
+
+/** Core's suppressTracing key, which every SDK checks: the API makes keys with Symbol.for, so this is
+ * the same key (so that copies of core agree), without loading core (test/unit/tracingLazy.test.ts). */
+const SUPPRESS_TRACING = createContextKey('OpenTelemetry SDK Context Key SUPPRESS_TRACING');
 
 export interface SpanOptions {
   kind?: SpanKind;
@@ -184,7 +215,7 @@ export async function traceRelay<T>(
  * of this one instead of a trace that links to the payment's.
  */
 export function untraced<T>(fn: () => Promise<T>): Promise<T> {
-  return context.with(suppressTracing(context.active()), fn);
+  return context.with(context.active().setValue(SUPPRESS_TRACING, true), fn);
 }
 
 /** trace_id and span_id of the active span, for log lines (pino's mixin); nothing when none is traced. */
