@@ -81,8 +81,12 @@ export const traceContextPropagator: TextMapPropagator = {
 
 let w3c: TextMapPropagator | undefined;
 function w3cPropagator(): TextMapPropagator {
-  // Synchronous, as inject and extract are: core's CommonJS build, through require.
-  w3c ??= new (createRequire(import.meta.url)('@opentelemetry/core') as typeof import('@opentelemetry/core')).W3CTraceContextPropagator();
+  if (!w3c) {
+    // Synchronous, as inject and extract are: core's CommonJS build, through require. Bound to a name
+    // first: `new (require(…) as T).C()` compiles to `new require(…).C()`, which calls the wrong thing.
+    const core = createRequire(import.meta.url)('@opentelemetry/core') as typeof import('@opentelemetry/core');
+    w3c = new core.W3CTraceContextPropagator();
+  }
   return w3c;
 }
 

@@ -26,6 +26,8 @@ import { and, eq } from 'drizzle-orm';
 import { drizzle } from 'drizzle-orm/node-postgres';
 import { integer, pgTable, text } from 'drizzle-orm/pg-core';
 import pg from 'pg';
+import { context, ROOT_CONTEXT, trace, TraceFlags } from '@opentelemetry/api';
+import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
 
 const orders = pgTable('orders', {
   id: text('id').primaryKey(),
@@ -44,11 +46,19 @@ async function setup() {
   await pool.query('create table public.orders (id text primary key, email text not null, total_cents integer not null, status text not null)');
 }
 
+// The first request runs in a traced context, as under an application's OpenTelemetry SDK: its span's
+// traceparent is stored with the operation and read back by the worker.
+const TRACE_ID = '4bf92f3577b34da6a3ce929d0e0e4736';
+context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+const traced = trace.setSpan(ROOT_CONTEXT, trace.wrapSpanContext({ traceId: TRACE_ID, spanId: '00f067aa0ba902b7', traceFlags: TraceFlags.SAMPLED }));
+
 async function request() {
-  const viaDrizzle = await db.transaction(async (tx) => {
-    await tx.insert(orders).values(newOrder('app-1'));
-    return outboxd.requestCharge(tx, charge('app-1'));
-  });
+  const viaDrizzle = await context.with(traced, () =>
+    db.transaction(async (tx) => {
+      await tx.insert(orders).values(newOrder('app-1'));
+      return outboxd.requestCharge(tx, charge('app-1'));
+    }),
+  );
   const client = await pool.connect();
   let viaPg, rolledBack;
   try {
@@ -198,7 +208,13 @@ beforeAll(async () => {
       name: 'packed-app',
       private: true,
       type: 'module',
-      dependencies: { outboxd: `file:../${tarball}`, 'drizzle-orm': '0.45.4', pg: '8.23.1' },
+      dependencies: {
+        outboxd: `file:../${tarball}`,
+        'drizzle-orm': '0.45.4',
+        pg: '8.23.1',
+        '@opentelemetry/api': '1.9.1',
+        '@opentelemetry/context-async-hooks': '2.12.1',
+      },
     }),
   );
   await writeFile(path.join(app, 'app.mjs'), APP);
@@ -286,6 +302,9 @@ describe('the packed package in a fresh application', () => {
     const result = JSON.parse(stdout);
     expect(result.viaDrizzle.created).toBe(true);
     expect(result.viaPg.created).toBe(true);
+    // The traced request's context went with it (the installed build's propagator), the untraced one's did not.
+    const traceparents = (await client.query(`select traceparent from outboxd.payment_operations where id = any($1) order by id = $2 desc`, [[result.viaDrizzle.operationId, result.viaPg.operationId], result.viaDrizzle.operationId])).rows;
+    expect(traceparents).toEqual([{ traceparent: '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' }, { traceparent: null }]);
     expect(result.again).toEqual({ operationId: result.viaDrizzle.operationId, created: false });
     // The rolled-back transaction left nothing: no operation, no outbox row, no order.
     expect(result.rolledBackOperation).toBeNull();

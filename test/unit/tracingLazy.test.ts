@@ -16,7 +16,7 @@ import { activeTraceparent, contextOf, traceContextPropagator, untraced } from '
 const root = resolve(import.meta.dirname, '../..');
 
 describe('tracing without an SDK', () => {
-  it('loads no @opentelemetry/core: not on import of the library or the worker, nor when a request, the relay or a job runs untraced', async () => {
+  it('loads no @opentelemetry/core: not on import of the library or the worker, nor to inject without a span, extract without a traceparent, or run untraced', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'outboxd-lazy-'));
     const hook = join(dir, 'hook.mjs');
     // Every module the process resolves, as the worker's own imports would resolve it.
