@@ -85,6 +85,50 @@ export class CallAbandoned extends Error {
   override name = 'CallAbandoned';
 }
 
+/** A call outlived its kind's callTimeoutMs: its signal aborted with this, and it was given up. */
+export class CallTimedOut extends Error {
+  override name = 'CallTimedOut';
+}
+
+/**
+ * `call`'s promise, or a CallTimedOut once `timeoutMs` have passed (the call's signal aborts with it
+ * first). A call that ignores its signal is abandoned, not waited for: it never holds its slot, its lease
+ * or its job longer than its kind allows, whatever it does (an effect stuck on a socket with no timeout
+ * would otherwise keep renewing its lease forever). What it returns later is dropped.
+ */
+async function withinCallTimeout<T>(timeoutMs: number | undefined, signal: AbortSignal, call: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  if (timeoutMs === undefined) return call(signal);
+  const timer = new AbortController();
+  const work = call(AbortSignal.any([signal, timer.signal]));
+  let timeout: NodeJS.Timeout | undefined;
+  const expired = new Promise<never>((_, reject) => {
+    timeout = setTimeout(() => {
+      const err = new CallTimedOut(`the call did not return within ${timeoutMs} ms (timeoutMs): told to stop (its signal) and given up`);
+      timer.abort(err);
+      reject(err);
+    }, timeoutMs);
+  });
+  work.catch(() => {}); // abandoned: a later failure has nobody left to tell
+  try {
+    return await Promise.race([work, expired]);
+  } finally {
+    clearTimeout(timeout);
+  }
+}
+
+/**
+ * A call given up while it may still run. A check or a read acted on nothing: asked again. A create may
+ * have acted, or still act: ambiguous, as any lost answer, except under reconcile-before-retry, whose
+ * retry trusts a check, which cannot rule out a create that acts after it: a person decides.
+ */
+function timedOut(err: CallTimedOut, call: EffectCall, policy: Policy): Outcome {
+  const reason = `${call}: ${err.message}`;
+  if (call === 'create' && policy === 'reconcile-before-retry') {
+    return { kind: 'needs_review', externalId: null, retry: false, reason: `${reason}; it may still act, which no check can rule out: a person establishes whether it happened` };
+  }
+  return { kind: 'ambiguous', externalId: null, reason };
+}
+
 export async function executeOperation(
   db: Pool,
   kinds: KindRegistry,
@@ -131,9 +175,10 @@ export async function executeOperation(
     const signal = opts.signal ?? new AbortController().signal;
     opts.checkLease?.();
     if (signal.reason instanceof CallAbandoned) throw signal.reason;
-    return made(op, { attempt: attempts, signal })
+    return withinCallTimeout(effect.callTimeoutMs, signal, (callSignal) => made(op, { attempt: attempts, signal: callSignal }))
       .catch((err: unknown) => {
         if (signal.reason instanceof CallAbandoned) throw signal.reason;
+        if (err instanceof CallTimedOut) return timedOut(err, call, effect.policy);
         return fromError(err, call);
       })
       .then(outcomeOn(span));

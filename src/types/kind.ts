@@ -18,7 +18,8 @@ export type EffectCall = 'create' | 'retrieve' | 'search' | 'check';
 export interface CallContext {
   /** This call's number among the operation's calls (1 for the first). */
   attempt: number;
-  /** Aborted when the claim is lost or the worker shuts down past its grace period. */
+  /** Aborted when the claim is lost, the worker shuts down past its grace period, or the kind's
+   * callTimeoutMs has passed. */
   signal: AbortSignal;
 }
 
@@ -116,6 +117,10 @@ export interface Kind {
   readonly kind: string;
   readonly policy: Policy;
   readonly calls: EffectCalls;
+  /** The longest one call may take: past it the call's signal aborts (with CallTimedOut) and the engine
+   * gives the call up, whether or not it stops (src/engine/executor.ts). Absent: the call's own bounds
+   * only (the built-in kinds: the Stripe client's timeout). */
+  readonly callTimeoutMs?: number;
   /** A provider's evidence; absent for an application's kind (resolve records the person's word). */
   readonly evidence?: KindEvidence;
 }

@@ -112,7 +112,8 @@ describe('defining an effect: its policy is declared, and checked', () => {
     ['no execute', 'receipt', { policy: 'at-least-once' }, /execute must be a function/],
     ['reconcile-before-retry without check', 'reservation', { policy: 'reconcile-before-retry', execute }, /needs check/],
     ['at-least-once with a check it would never use', 'receipt', { policy: 'at-least-once', execute, check: async () => ({ status: 'done' }) }, /never checks/],
-  ])('refuses %s', (_name, kind, def, message) => {
+    ...[0, -1, 1.5, '100', 86_400_001].map((timeoutMs) => [`timeoutMs ${JSON.stringify(timeoutMs)}`, 'receipt', { policy: 'at-least-once', execute, timeoutMs }, /timeoutMs must be an integer of milliseconds from 1 to 86400000/]),
+  ] as [string, string, object, RegExp][])('refuses %s', (_name, kind, def, message) => {
     expect(() => new Outboxd({ connectionString: t.url }).defineEffect(kind, def as EffectDefinition)).toThrow(message);
   });
 });
@@ -406,6 +407,73 @@ describe('a person’s resolution of an effect of the application’s', () => {
     const { rows } = await t.pool.query(`select actor, details->'evidence' as evidence from outboxd.admin_audit where operation_id = $1`, [op]);
     expect(rows).toEqual([{ actor: 'carol', evidence: { reference: 'res-ticket-1', checked: 'nothing: outboxd cannot check an effect of kind manual_reservation' } }]);
     expect(r.calls).toEqual({ execute: 0, check: 0 });
+  });
+});
+
+describe('timeoutMs: a call that outlives it is given up, and never holds its slot or its lease forever', () => {
+  /** An execute that never returns and ignores its signal (a hung socket without a timeout of its own):
+   * nothing it does can end the call. */
+  const hung = (seen: EffectContext[]) => (ctx: EffectContext) => (seen.push(ctx), new Promise<never>(() => {}));
+
+  it('at-least-once: ambiguous once its time is up (the signal says so), executed again and counted as a possible duplicate', async () => {
+    const seen: EffectContext[] = [];
+    const def: EffectDefinition = { policy: 'at-least-once', timeoutMs: 300, execute: (ctx) => (ctx.attempt === 1 ? hung(seen)(ctx) : { sent: ctx.attempt }) };
+    const op = await request(app({ hung_receipt: def }), 'hung_receipt', { email: 'i@example.com' });
+    const fence = await claim(t, op);
+    const first = await execute(op, { hung_receipt: def }, fence);
+    expect(first).toMatchObject({ call: 'create', outcome: { kind: 'ambiguous' }, operation: { status: 'unknown', last_outcome: 'ambiguous' } });
+    expect(first.operation.last_error).toMatch(/did not return within 300 ms \(timeoutMs\)/);
+    expect(seen[0]!.signal.aborted).toBe(true);
+    expect(seen[0]!.signal.reason).toMatchObject({ name: 'CallTimedOut' });
+    const second = await execute(op, { hung_receipt: def }, fence);
+    expect(second.operation).toMatchObject({ status: 'succeeded', possible_duplicates: 1, result: { sent: 2 } });
+  });
+
+  it('reconcile-before-retry: held for a person, never checked: a call still running may act after any check found it not done', async () => {
+    const seen: EffectContext[] = [];
+    let checks = 0;
+    const def: EffectDefinition = { policy: 'reconcile-before-retry', timeoutMs: 300, execute: hung(seen), check: async () => (checks++, { status: 'not_done' }) };
+    const op = await request(app({ hung_hold: def }), 'hung_hold', { sku: 'sku-11' });
+    const fence = await claim(t, op);
+    const run = await execute(op, { hung_hold: def }, fence);
+    expect(run).toMatchObject({ call: 'create', outcome: { kind: 'needs_review', retry: false }, operation: { status: 'unknown', needs_review: true } });
+    expect(run.operation.review_reason).toMatch(/did not return within 300 ms \(timeoutMs\).*may still act/);
+    expect(seen[0]!.signal.aborted).toBe(true);
+    expect(checks).toBe(0); // retry: false: its job is dead-lettered, as any held for a person
+  });
+
+  it('a check that outlives it acted on nothing: ambiguous, and checked again', async () => {
+    const seen: EffectContext[] = [];
+    const r = reservations({ loseAnswer: 1 });
+    let checks = 0;
+    const def: EffectDefinition = { ...r.def, timeoutMs: 300, check: (ctx) => (++checks === 1 ? hung(seen)(ctx) : r.def.check!(ctx)) };
+    const op = await request(app({ slow_check: def }), 'slow_check', { sku: 'sku-12' });
+    const fence = await claim(t, op);
+    expect((await execute(op, { slow_check: def }, fence)).operation.status).toBe('unknown'); // the answer was lost
+    const timedOut = await execute(op, { slow_check: def }, fence);
+    expect(timedOut).toMatchObject({ call: 'check', outcome: { kind: 'ambiguous' }, operation: { status: 'unknown', needs_review: false } });
+    expect(await execute(op, { slow_check: def }, fence)).toMatchObject({ call: 'check', operation: { status: 'succeeded', result: r.held.get(op) } });
+    expect(r.calls.execute).toBe(1);
+  });
+
+  it('one replica slot: a hung call gives its slot up, and the operations behind it are carried out', async () => {
+    const seen: EffectContext[] = [];
+    const def: EffectDefinition = { policy: 'at-least-once', timeoutMs: 500, execute: (ctx) => ((ctx.payload as { hang: boolean }).hang ? hung(seen)(ctx) : { sent: true }) };
+    const o = app({ one_slot_mail: def });
+    const stuck = await request(o, 'one_slot_mail', { hang: true });
+    const replica = await startDispatcher(t, new FakeStripe(), 'one-slot', { concurrency: 1, effects: new Map([['one_slot_mail', def]]) });
+    try {
+      await waitUntil(() => seen.length === 1, 20_000, 'the hung call under way');
+      const behind = [await request(o, 'one_slot_mail', { hang: false }), await request(o, 'one_slot_mail', { hang: false })];
+      await waitUntil(async () => (await Promise.all(behind.map((op) => operation(t, op)))).every((row) => row.status === 'succeeded'), 20_000, 'the operations behind it');
+      // The hung one is retried on its schedule, each attempt given up in turn.
+      await waitUntil(() => seen.length >= 2, 20_000, 'the hung one executed again');
+      const row = await operation(t, stuck);
+      expect(row).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous' });
+      expect(row.possible_duplicates).toBeGreaterThanOrEqual(1);
+    } finally {
+      await replica.stop();
+    }
   });
 });
 

@@ -26,8 +26,8 @@ export interface EffectContext {
   payload: unknown;
   /** This call's number among the operation's calls (1 for the first). */
   attempt: number;
-  /** Aborted when this worker loses the operation's lease or shuts down past its grace period: stop, the
-   * outcome will not be recorded. */
+  /** Aborted when this worker loses the operation's lease, shuts down past its grace period, or the
+   * definition's timeoutMs has passed: stop, what it returns from then on is not recorded. */
   signal: AbortSignal;
 }
 
@@ -47,7 +47,16 @@ export interface EffectDefinition {
   execute(ctx: EffectContext): unknown;
   /** Required for reconcile-before-retry, and only used by it. */
   check?(ctx: EffectContext): CheckResult | Promise<CheckResult>;
+  /** The longest one execute or check may take (default 60 s). Past it the call's signal aborts and the
+   * call is given up, returned or not, so that it never holds its worker's slot: an execute is then
+   * ambiguous (at-least-once: executed again; reconcile-before-retry: held for a person, as it may still
+   * act after a check found it not done), a check is asked again. */
+  timeoutMs?: number;
 }
+
+/** An effect's timeoutMs unless it says otherwise: River's default job timeout. */
+const DEFAULT_EFFECT_TIMEOUT_MS = 60_000;
+const MAX_EFFECT_TIMEOUT_MS = 86_400_000;
 
 /** The application's kinds this process defines (outboxd.defineEffect, `outboxd worker --effects`). */
 export type EffectDefinitions = ReadonlyMap<string, EffectDefinition>;
@@ -55,7 +64,7 @@ export type EffectDefinitions = ReadonlyMap<string, EffectDefinition>;
 /** An application's kind, registered as the built-in ones are; no provider outboxd could ask, so no
  * evidence: a person's resolution records their word. */
 export function applicationKind(kind: string, def: EffectDefinition): Kind {
-  return { kind, policy: def.policy, calls: applicationCalls(def) };
+  return { kind, policy: def.policy, calls: applicationCalls(def), callTimeoutMs: def.timeoutMs ?? DEFAULT_EFFECT_TIMEOUT_MS };
 }
 const KIND_NAME = /^[a-z][a-z0-9_]{0,39}$/;
 
@@ -76,6 +85,9 @@ export function validDefinition(kind: unknown, def: unknown, reserved: ReadonlyS
   }
   if (d.policy === 'at-least-once' && d.check !== undefined) {
     throw new TypeError(`effect ${kind}: at-least-once never checks; give check only with reconcile-before-retry`);
+  }
+  if (d.timeoutMs !== undefined && !(Number.isSafeInteger(d.timeoutMs) && d.timeoutMs >= 1 && d.timeoutMs <= MAX_EFFECT_TIMEOUT_MS)) {
+    throw new TypeError(`effect ${kind}: timeoutMs must be an integer of milliseconds from 1 to ${MAX_EFFECT_TIMEOUT_MS}: ${JSON.stringify(d.timeoutMs)}`);
   }
   return d as EffectDefinition;
 }
