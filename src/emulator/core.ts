@@ -28,7 +28,7 @@ export interface RequestLogEntry {
   /** Its Stripe-Account header: the connected account it acts on; null: the platform. */
   account: string | null;
   operationId: string | null;
-  status: number | 'reset' | 'truncated' | 'hung';
+  status: number | 'reset' | 'truncated' | 'hung' | 'trickled';
   replayed: boolean;
   at: number;
 }

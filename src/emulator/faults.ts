@@ -52,6 +52,21 @@ export function deliver(res: ServerResponse, entry: RequestLogEntry, response: S
     case 'hang':
       entry.status = 'hung'; // never answered; the client's timeout ends it
       return;
+    case 'trickle_headers':
+    case 'trickle_body': {
+      // A byte every 200 ms (a proxy or a network gone wrong): never idle long enough for a socket's idle
+      // timeout, which is all the SDK's `timeout` is, so only a total deadline ends it.
+      entry.status = 'trickled';
+      const body = Buffer.from(response.body);
+      const head = Buffer.from(`HTTP/1.1 ${response.status} OK\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`);
+      const socket = res.socket!;
+      const bytes = lose.mode === 'trickle_body' ? body : Buffer.concat([head, body]);
+      if (lose.mode === 'trickle_body') socket.write(head);
+      let at = 0;
+      const timer = setInterval(() => (at < bytes.length && !socket.destroyed ? socket.write(bytes.subarray(at, ++at)) : clearInterval(timer)), 200);
+      socket.once('close', () => clearInterval(timer));
+      return;
+    }
   }
 }
 

@@ -11,7 +11,7 @@ export type Fault =
   /** The charge is made, but the key stores (and replays) this error. */
   | { kind: 'error_after_commit'; status: number }
   /** The charge is made and stored; this response never arrives whole. */
-  | { kind: 'lose_response_after_commit'; mode: 'reset' | 'truncate' | 'hang' }
+  | { kind: 'lose_response_after_commit'; mode: 'reset' | 'truncate' | 'hang' | 'trickle_headers' | 'trickle_body' }
   /** A 429 before anything executes: `rate_limit` (the default: the account's limit) or `lock_timeout`
    * (another request holds the object). */
   | { kind: 'rate_limit'; code?: RateLimitCode }

@@ -39,7 +39,8 @@ export const envSchema = z.object({
   /** Stripe requests/s on each connected account (Stripe-Account) for all replicas together; they count
    * against STRIPE_RATE_LIMIT too. */
   STRIPE_ACCOUNT_RATE_LIMIT: rateLimit.optional(),
-  /** Per-attempt client timeout of a Stripe call (the SDK's `timeout`). */
+  /** Per-attempt timeout of a Stripe call (the SDK's `timeout`), as a deadline for the whole request
+   * (src/stripe/boundedHttpClient.ts). */
   STRIPE_TIMEOUT_MS: intInRange(100, 120_000, 20_000),
   WORKER_CONCURRENCY: intInRange(1, 256, 8),
   /** Operation lease. Must outlive STRIPE_TIMEOUT_MS: it is renewed every third of it while a call runs. */

@@ -20,6 +20,7 @@ import {
   type CreateRefundParams,
   type StripeAccount,
 } from './gateway.ts';
+import { boundedHttpClient } from './boundedHttpClient.ts';
 import { tracedHttpClient } from './tracedHttpClient.ts';
 
 export interface StripeGatewayOptions {
@@ -38,7 +39,7 @@ export function stripeClient(opts: StripeGatewayOptions): Stripe {
     maxNetworkRetries: opts.maxNetworkRetries ?? 0,
     timeout: opts.timeoutMs,
     telemetry: false,
-    httpClient: tracedHttpClient(),
+    httpClient: tracedHttpClient(boundedHttpClient()),
     ...(base
       ? {
           host: base.hostname,
