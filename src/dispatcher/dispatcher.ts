@@ -33,7 +33,7 @@ import { KIND_QUEUE_OPTIONS, createKindQueues, deadQueueFor, enqueueOperation, q
 import { reconcileSweep } from '../reconcile/sweep.ts';
 import { pruneWebhookEvents } from '../webhooks/inbox.ts';
 import { createPruneQueue, DEFAULT_RETENTION_DAYS, PRUNE_QUEUE, pruneHistory, type RetentionDays } from '../outbox/retention.ts';
-import { CallAbandoned, callTable, executeOperation, KEY_WINDOW_SECONDS } from '../engine/executor.ts';
+import { CallAbandoned, CallTimedOut, callTable, executeOperation, KEY_WINDOW_SECONDS } from '../engine/executor.ts';
 import type { PaymentGateway } from '../stripe/gateway.ts';
 import {
   claimAttempt,
@@ -53,7 +53,7 @@ import {
 } from '../engine/operation.ts';
 import { traceDispatch, traceOperation, untraced } from '../telemetry/tracing.ts';
 import type { Metrics } from '../telemetry/metrics.ts';
-import { keepLease, leaseMargin } from './lease.ts';
+import { keepLease, leaseMargin, type LocalLease } from './lease.ts';
 import { Slots } from './slots.ts';
 
 export interface DispatcherOptions {
@@ -154,7 +154,8 @@ export class Dispatcher {
   /** Each kind's policy, and the table its claims choose the call from (callTable). */
   private readonly policies = new Map<string, { policy: Policy; calls: EffectCall[] }>();
   /** One per operation in hand, with its id: aborted when its lease is lost, or all of them when the drain
-   * gives up (whose leases it then keeps). */
+   * gives up (whose leases it then keeps). A call given up past its timeout that keeps its lease
+   * (keepUntilReturned) stays here until it returns. */
   private readonly calls = new Map<AbortController, string>();
 
   constructor(deps: DispatcherDeps, opts: DispatcherOptions) {
@@ -457,6 +458,7 @@ export class Dispatcher {
     const started = performance.now();
     this.calls.set(call, operationId);
     let released = false;
+    let kept = false; // the lease outlives this job: keepUntilReturned ends it
     try {
       const run = await executeOperation(pool, kinds, operationId, fence, {
         keyWindowSeconds,
@@ -498,6 +500,12 @@ export class Dispatcher {
       metrics.jobs.inc({ result: 'retry' });
       return retryLater(`${op.status}: ${op.last_error ?? outcome?.kind}`);
     } catch (err) {
+      if (err instanceof CallTimedOut) {
+        released = kept = true;
+        this.keepUntilReturned(err.running, call, held, operationId, fence, opLog);
+        metrics.jobs.inc({ result: 'abandoned' });
+        return retryLater(err.message);
+      }
       if (err instanceof CallAbandoned) {
         released = true; // kept, to expire
         opLog.warn({ reason: err.message }, 'call abandoned: no outcome recorded; its lease expires before another claim');
@@ -523,11 +531,34 @@ export class Dispatcher {
       return retryLater(String(err));
     } finally {
       endCall();
-      held.stop();
-      this.calls.delete(call);
       metrics.inFlight.dec();
+      if (!kept) {
+        held.stop();
+        this.calls.delete(call);
+      }
       if (!released) await releaseLease(pool, operationId, fence).catch(() => {});
     }
+  }
+
+  /**
+   * A create given up past its kind's timeout under reconcile-before-retry may still act, after any check
+   * found it not done: until it returns, its lease is renewed, so that no claim, requeue or resolution
+   * acts on the operation; its slot and its job go on. Once it returns (its result is only logged: the
+   * next claim's check establishes what happened) the lease is released. One that never returns holds
+   * its operation until this process stops, when the lease is kept to expire as after kill -9.
+   */
+  private keepUntilReturned(running: Promise<void>, call: AbortController, held: LocalLease, operationId: string, fence: number, log: Logger): void {
+    const { pool, metrics } = this.deps;
+    const since = performance.now();
+    log.warn('call given up past its timeout: it may still act, so its lease is kept until it returns; its slot goes on');
+    metrics.callsOverdue.inc();
+    void running.then(async () => {
+      held.stop();
+      this.calls.delete(call);
+      metrics.callsOverdue.dec();
+      log.warn({ overdueMs: Math.round(performance.now() - since) }, 'call given up past its timeout returned: its lease is released, and the next claim checks what it did');
+      if (!(call.signal.reason instanceof CallAbandoned)) await releaseLease(pool, operationId, fence).catch(() => {});
+    });
   }
 
   /**

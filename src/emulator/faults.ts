@@ -58,12 +58,17 @@ export function deliver(res: ServerResponse, entry: RequestLogEntry, response: S
       // timeout, which is all the SDK's `timeout` is, so only a total deadline ends it.
       entry.status = 'trickled';
       const body = Buffer.from(response.body);
-      const head = Buffer.from(`HTTP/1.1 ${response.status} OK\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`);
+      // Written to the socket itself, and the connection closed after the last byte: the server's response
+      // never ends, so no later request may be answered on this connection.
+      const head = Buffer.from(`HTTP/1.1 ${response.status} OK\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n`);
       const socket = res.socket!;
       const bytes = lose.mode === 'trickle_body' ? body : Buffer.concat([head, body]);
       if (lose.mode === 'trickle_body') socket.write(head);
       let at = 0;
-      const timer = setInterval(() => (at < bytes.length && !socket.destroyed ? socket.write(bytes.subarray(at, ++at)) : clearInterval(timer)), 200);
+      const timer = setInterval(() => {
+        if (at < bytes.length && !socket.destroyed) socket.write(bytes.subarray(at, ++at));
+        else socket.destroySoon();
+      }, 200);
       socket.once('close', () => clearInterval(timer));
       return;
     }

@@ -85,9 +85,11 @@ export class CallAbandoned extends Error {
   override name = 'CallAbandoned';
 }
 
-/** A call outlived its kind's callTimeoutMs: its signal aborted with this, and it was given up. */
+/** A call outlived its kind's callTimeoutMs: its signal aborted with this, and it was given up.
+ * `running`: the call itself, settled (either way) when it returns, if it ever does. */
 export class CallTimedOut extends Error {
   override name = 'CallTimedOut';
+  running: Promise<void> = Promise.resolve();
 }
 
 /**
@@ -104,11 +106,11 @@ async function withinCallTimeout<T>(timeoutMs: number | undefined, signal: Abort
   const expired = new Promise<never>((_, reject) => {
     timeout = setTimeout(() => {
       const err = new CallTimedOut(`the call did not return within ${timeoutMs} ms (timeoutMs): told to stop (its signal) and given up`);
+      err.running = work.then(() => {}, () => {});
       timer.abort(err);
       reject(err);
     }, timeoutMs);
   });
-  work.catch(() => {}); // abandoned: a later failure has nobody left to tell
   try {
     return await Promise.race([work, expired]);
   } finally {
@@ -119,14 +121,12 @@ async function withinCallTimeout<T>(timeoutMs: number | undefined, signal: Abort
 /**
  * A call given up while it may still run. A check or a read acted on nothing: asked again. A create may
  * have acted, or still act: ambiguous, as any lost answer, except under reconcile-before-retry, whose
- * retry trusts a check, which cannot rule out a create that acts after it: a person decides.
+ * retry trusts a check, which cannot rule out a create that acts after it: nothing is recorded, and the
+ * CallTimedOut goes to the caller, which keeps the lease until the call returns (src/dispatcher).
  */
 function timedOut(err: CallTimedOut, call: EffectCall, policy: Policy): Outcome {
-  const reason = `${call}: ${err.message}`;
-  if (call === 'create' && policy === 'reconcile-before-retry') {
-    return { kind: 'needs_review', externalId: null, retry: false, reason: `${reason}; it may still act, which no check can rule out: a person establishes whether it happened` };
-  }
-  return { kind: 'ambiguous', externalId: null, reason };
+  if (call === 'create' && policy === 'reconcile-before-retry') throw err;
+  return { kind: 'ambiguous', externalId: null, reason: `${call}: ${err.message}` };
 }
 
 export async function executeOperation(

@@ -77,6 +77,11 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
     }),
     jobs: new Counter({ name: 'outboxd_jobs_total', help: 'Jobs handled, by result', labelNames: ['result'], registers: r }),
     inFlight: new Gauge({ name: 'outboxd_in_flight', help: 'Operations being executed by this replica', registers: r }),
+    callsOverdue: new Gauge({
+      name: 'outboxd_calls_overdue',
+      help: "Calls given up past their kind's timeout that have not returned, each keeping its operation's lease (reconcile-before-retry)",
+      registers: r,
+    }),
     queueDepth: new Gauge({
       name: 'outboxd_queue_depth',
       help: 'Jobs queued (created or retry) by kind, as pg-boss last counted them',

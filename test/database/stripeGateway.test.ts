@@ -36,7 +36,7 @@ describe('executeOperation over HTTP with the real SDK', () => {
   });
 
   // trickle_*: an answer that never goes idle for the SDK's timeout (a socket idle timeout) ends at it all
-  // the same (src/stripe/tracedHttpClient.ts): without that bound the call, its slot and its lease are
+  // the same (src/stripe/boundedHttpClient.ts): without that bound the call, its slot and its lease are
   // held for as long as the trickle lasts.
   it.each(['reset', 'truncate', 'hang', 'trickle_headers', 'trickle_body'] as const)(
     'response lost (%s) → unknown; the retry with the same key replays the charge: succeeded, one charge',

@@ -47,16 +47,19 @@ export interface EffectDefinition {
   execute(ctx: EffectContext): unknown;
   /** Required for reconcile-before-retry, and only used by it. */
   check?(ctx: EffectContext): CheckResult | Promise<CheckResult>;
-  /** The longest one execute or check may take (default 60 s). Past it the call's signal aborts and the
-   * call is given up, returned or not, so that it never holds its worker's slot: an execute is then
-   * ambiguous (at-least-once: executed again; reconcile-before-retry: held for a person, as it may still
-   * act after a check found it not done), a check is asked again. */
+  /** The longest one execute or check may take (default 60 s, at most 10 min). Past it the call's signal
+   * aborts and the call is given up, returned or not, so that it never holds its worker's slot: an
+   * execute is then ambiguous (at-least-once: executed again; reconcile-before-retry: its lease is kept
+   * until it returns, as it may still act, and then checked), a check is asked again. */
   timeoutMs?: number;
 }
 
 /** An effect's timeoutMs unless it says otherwise: River's default job timeout. */
 const DEFAULT_EFFECT_TIMEOUT_MS = 60_000;
-const MAX_EFFECT_TIMEOUT_MS = 86_400_000;
+/** Below pg-boss's expiry of a job in hand (15 min, src/outbox/outbox.ts): a handler that outlives it
+ * stops its fetch loop until it returns. An effect that takes longer is two: one that starts it, one that
+ * checks it has finished. */
+const MAX_EFFECT_TIMEOUT_MS = 600_000;
 
 /** The application's kinds this process defines (outboxd.defineEffect, `outboxd worker --effects`). */
 export type EffectDefinitions = ReadonlyMap<string, EffectDefinition>;
