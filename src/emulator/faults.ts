@@ -66,8 +66,9 @@ export function deliver(res: ServerResponse, entry: RequestLogEntry, response: S
       if (lose.mode === 'trickle_body') socket.write(head);
       let at = 0;
       const timer = setInterval(() => {
-        if (at < bytes.length && !socket.destroyed) socket.write(bytes.subarray(at, ++at));
-        else socket.destroySoon();
+        if (at < bytes.length && !socket.destroyed) return void socket.write(bytes.subarray(at, ++at));
+        clearInterval(timer);
+        socket.destroySoon();
       }, 200);
       socket.once('close', () => clearInterval(timer));
       return;
