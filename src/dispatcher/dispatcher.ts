@@ -468,6 +468,10 @@ export class Dispatcher {
         signal: call.signal,
         checkLease: held.check,
         onCallEnded: endCall,
+        onGivenUp: (running) => {
+          metrics.callsOverdue.inc();
+          void running.finally(() => metrics.callsOverdue.dec());
+        },
         ...(this.opts.processingReviewDays !== undefined ? { processingReviewDays: this.opts.processingReviewDays } : {}),
         // Nothing executed, so this was no attempt: it must not spend the job's retries (40 of them would
         // dead-letter an operation that only ever met 429s). Nor may a payment that takes days (it would
@@ -548,14 +552,12 @@ export class Dispatcher {
    * its operation until this process stops, when the lease is kept to expire as after kill -9.
    */
   private keepUntilReturned(running: Promise<void>, call: AbortController, held: LocalLease, operationId: string, fence: number, log: Logger): void {
-    const { pool, metrics } = this.deps;
+    const { pool } = this.deps;
     const since = performance.now();
     log.warn('call given up past its timeout: it may still act, so its lease is kept until it returns; its slot goes on');
-    metrics.callsOverdue.inc();
     void running.then(async () => {
       held.stop();
       this.calls.delete(call);
-      metrics.callsOverdue.dec();
       log.warn({ overdueMs: Math.round(performance.now() - since) }, 'call given up past its timeout returned: its lease is released, and the next claim checks what it did');
       if (!(call.signal.reason instanceof CallAbandoned)) await releaseLease(pool, operationId, fence).catch(() => {});
     });

@@ -58,6 +58,8 @@ export interface ExecuteOptions {
   /** Called right before the external call: aborts `signal` (with CallAbandoned) when the claim's own
    * deadline has passed, so that a process that slept past its lease sends nothing. */
   checkLease?: () => void;
+  /** A call was given up past its kind's timeout while it still runs: `running` settles when it returns. */
+  onGivenUp?: (running: Promise<void>) => void;
 }
 
 export interface Execution {
@@ -178,7 +180,10 @@ export async function executeOperation(
     return withinCallTimeout(effect.callTimeoutMs, signal, (callSignal) => made(op, { attempt: attempts, signal: callSignal }))
       .catch((err: unknown) => {
         if (signal.reason instanceof CallAbandoned) throw signal.reason;
-        if (err instanceof CallTimedOut) return timedOut(err, call, effect.policy);
+        if (err instanceof CallTimedOut) {
+          opts.onGivenUp?.(err.running);
+          return timedOut(err, call, effect.policy);
+        }
         return fromError(err, call);
       })
       .then(outcomeOn(span));

@@ -79,7 +79,7 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
     inFlight: new Gauge({ name: 'outboxd_in_flight', help: 'Operations being executed by this replica', registers: r }),
     callsOverdue: new Gauge({
       name: 'outboxd_calls_overdue',
-      help: "Calls given up past their kind's timeout that have not returned, each keeping its operation's lease (reconcile-before-retry)",
+      help: "Calls of this replica given up past their kind's timeout that have not returned (outside WORKER_CONCURRENCY); a reconcile-before-retry execute among them keeps its operation's lease",
       registers: r,
     }),
     queueDepth: new Gauge({

@@ -498,8 +498,9 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
       await waitUntil(() => seen.length === 1, 20_000, 'the hung call under way');
       const behind = [await request(o, 'one_slot_mail', { hang: false }), await request(o, 'one_slot_mail', { hang: false })];
       await waitUntil(async () => (await Promise.all(behind.map((op) => operation(t, op)))).every((row) => row.status === 'succeeded'), 20_000, 'the operations behind it');
-      // The hung one is retried on its schedule, each attempt given up in turn.
+      // The hung one is retried on its schedule, each attempt given up in turn, and counted while it runs.
       await waitUntil(() => seen.length >= 2, 20_000, 'the hung one executed again');
+      await waitUntil(async () => (await replica.metrics.callsOverdue.get()).values[0]!.value >= 1, 5_000, 'counted as given up, still running');
       const row = await operation(t, stuck);
       expect(row).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous' });
       expect(row.possible_duplicates).toBeGreaterThanOrEqual(1);
