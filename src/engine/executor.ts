@@ -96,9 +96,9 @@ export class CallTimedOut extends Error {
 
 /**
  * `call`'s promise, or a CallTimedOut once `timeoutMs` have passed (the call's signal aborts with it
- * first). A call that ignores its signal is abandoned, not waited for: it never holds its slot, its lease
- * or its job longer than its kind allows, whatever it does (an effect stuck on a socket with no timeout
- * would otherwise keep renewing its lease forever). What it returns later is dropped.
+ * first). A call that ignores its signal is abandoned, not waited for: it never holds its slot or its job
+ * longer than its kind allows, whatever it does (an effect stuck on a socket with no timeout held them,
+ * renewing its lease, forever). What it returns later is dropped (`running` tells when it returns).
  */
 async function withinCallTimeout<T>(timeoutMs: number | undefined, signal: AbortSignal, call: (signal: AbortSignal) => Promise<T>): Promise<T> {
   if (timeoutMs === undefined) return call(signal);
