@@ -3,6 +3,7 @@
 // on pg-boss's built-in pool, with the same guarantees as that one's (pg-boss's dist/db.js).
 import type pg from 'pg';
 import type { Db } from 'pg-boss';
+import { withinDeadline } from '../types/deadline.ts';
 
 type TransactionHandle = Awaited<ReturnType<NonNullable<Db['beginTransaction']>>>;
 
@@ -51,17 +52,11 @@ export async function beginBossTransaction(pool: pg.Pool): Promise<TransactionHa
     },
     async rollback() {
       if (released) return;
-      let timer: NodeJS.Timeout | undefined;
-      const deadline = new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new Error('ROLLBACK did not complete in time')), ROLLBACK_TIMEOUT_MS);
-      });
       try {
-        await Promise.race([client.query('rollback'), deadline]);
+        await withinDeadline(client.query('rollback'), ROLLBACK_TIMEOUT_MS, () => new Error('ROLLBACK did not complete in time'));
         release();
       } catch (err) {
         release(err as Error);
-      } finally {
-        clearTimeout(timer);
       }
     },
   };

@@ -7,6 +7,7 @@
 // the registry the caller hands in (src/engine/kinds.ts); the engine never names a kind.
 import type { EffectCall, KindRegistry, Policy } from './kinds.ts';
 import { callTableIndex } from '../types/contracts.ts';
+import { withinDeadline } from '../types/deadline.ts';
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import { ATTR, operationAttributes, outcomeOn, withSpan } from '../telemetry/tracing.ts';
@@ -104,20 +105,12 @@ async function withinCallTimeout<T>(timeoutMs: number | undefined, signal: Abort
   if (timeoutMs === undefined) return call(signal);
   const timer = new AbortController();
   const work = call(AbortSignal.any([signal, timer.signal]));
-  let timeout: NodeJS.Timeout | undefined;
-  const expired = new Promise<never>((_, reject) => {
-    timeout = setTimeout(() => {
-      const err = new CallTimedOut(`the call did not return within ${timeoutMs} ms (timeoutMs): told to stop (its signal) and given up`);
-      err.running = work.then(() => {}, () => {});
-      timer.abort(err);
-      reject(err);
-    }, timeoutMs);
+  return withinDeadline(work, timeoutMs, () => {
+    const err = new CallTimedOut(`the call did not return within ${timeoutMs} ms (timeoutMs): told to stop (its signal) and given up`);
+    err.running = work.then(() => {}, () => {});
+    timer.abort(err);
+    return err;
   });
-  try {
-    return await Promise.race([work, expired]);
-  } finally {
-    clearTimeout(timeout);
-  }
 }
 
 /**

@@ -12,6 +12,7 @@ import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
 import type { SettlementSource } from '../engine/operation.ts';
 import type { Statements } from '../sql/statements.ts';
 import { traceDelivery } from '../telemetry/tracing.ts';
+import { withinDeadline } from '../types/deadline.ts';
 
 export const SETTLED_QUEUE = 'settled';
 export const SETTLED_DEAD_QUEUE = 'settled_dead';
@@ -234,19 +235,8 @@ async function workSlots(
 /** `fn`'s promise, or a SettlementTimeoutError once `ms` have passed. The handler itself cannot be
  * stopped: it is abandoned (a transactional one's transaction is rolled back, and refuses its later
  * statements), and its slot takes the next event. */
-async function withinTimeout<T>(fn: () => Promise<T> | T, ms: number): Promise<T> {
-  const work = Promise.resolve().then(fn);
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new SettlementTimeoutError(`the settlement handler did not return within ${ms} ms (SETTLEMENT_HANDLER_TIMEOUT_MS)`)), ms);
-  });
-  // An abandoned handler that fails later has nobody left to tell.
-  work.catch(() => {});
-  try {
-    return await Promise.race([work, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
+function withinTimeout<T>(fn: () => Promise<T> | T, ms: number): Promise<T> {
+  return withinDeadline(Promise.resolve().then(fn), ms, () => new SettlementTimeoutError(`the settlement handler did not return within ${ms} ms (SETTLEMENT_HANDLER_TIMEOUT_MS)`));
 }
 
 /**

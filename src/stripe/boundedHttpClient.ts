@@ -7,6 +7,7 @@
 // itself, owned by nothing, and its response dropped when it comes.
 import type { IncomingMessage } from 'node:http';
 import Stripe from 'stripe';
+import { withinDeadline } from '../types/deadline.ts';
 
 export function boundedHttpClient(inner: Stripe.HttpClient = Stripe.createNodeHttpClient()): Stripe.HttpClient {
   return {
@@ -14,17 +15,10 @@ export function boundedHttpClient(inner: Stripe.HttpClient = Stripe.createNodeHt
     makeRequest: async (host, port, path, method, headers, body, protocol, timeout) => {
       const deadline = performance.now() + timeout;
       const pending = inner.makeRequest(host, port, path, method, headers, body, protocol, timeout);
-      let timer: NodeJS.Timeout | undefined;
-      const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(Stripe.HttpClient.makeTimeoutError()), timeout)));
-      let res: Stripe.HttpClientResponse;
-      try {
-        res = await Promise.race([pending, late]);
-      } catch (err) {
+      const res = await withinDeadline(pending, timeout, () => {
         pending.then((r) => raw(r)?.destroy(), () => {});
-        throw err;
-      } finally {
-        clearTimeout(timer);
-      }
+        return Stripe.HttpClient.makeTimeoutError();
+      });
       const stream = raw(res);
       if (!stream) return res;
       // What is left of the deadline for the body: the client's own toJSON fails once its stream is destroyed.
