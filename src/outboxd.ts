@@ -25,8 +25,11 @@ import {
   subscribeSettlements,
   SUBSCRIBER_NAME,
   TRANSACTIONAL_SLOTS,
+  deliverSettlements,
+  LEGACY_POLL_SECONDS,
   workSettlements,
   workSettlementsInTransaction,
+  type SettlementDelivery,
   type SettlementEvent,
   type SettlementTransaction,
 } from './outbox/settlements.ts';
@@ -193,6 +196,8 @@ export class Outboxd {
   readonly #subscribedQueues = new Set<string>();
   #boss: Promise<PgBoss> | undefined;
   #subscription: Promise<void> | undefined;
+  /** The unnamed handlers' delivery from settlement_outbox. */
+  #delivery: SettlementDelivery | undefined;
   #worker: Promise<EffectWorker> | undefined;
   #stopped = false;
 
@@ -385,10 +390,15 @@ export class Outboxd {
 
   async #subscribe(): Promise<void> {
     const boss = await this.#startBoss();
-    this.#subscribedQueues.add(SETTLED_QUEUE);
-    await workSettlements(boss, { queue: SETTLED_QUEUE, slots: SETTLED_SLOTS, timeoutMs: this.#settlementTimeoutMs }, async (event) => {
+    const handle = async (event: SettlementEvent) => {
       for (const handler of this.#handlers) await handler(event);
-    });
+    };
+    const pool = this.#ownPool ?? (this.#connection as pg.Pool);
+    this.#delivery = deliverSettlements({ db: this.#db, pool, boss }, { slots: SETTLED_SLOTS, timeoutMs: this.#settlementTimeoutMs, onError: this.#onError }, handle);
+    // What workers of a release before 0.9 relayed to the pg-boss queue `settled` (a rolling upgrade's),
+    // in two slots, looked into every few seconds.
+    this.#subscribedQueues.add(SETTLED_QUEUE);
+    await workSettlements(boss, { queue: SETTLED_QUEUE, slots: 2, timeoutMs: this.#settlementTimeoutMs, idlePollSeconds: LEGACY_POLL_SECONDS }, handle);
   }
 
   /** The pg-boss every subscription of this instance works on: a few connections for fetching and
@@ -409,6 +419,7 @@ export class Outboxd {
     if (this.#stopped) return;
     this.#stopped = true;
     await (await this.#worker?.catch(() => undefined))?.stop();
+    await this.#delivery?.stop();
     const boss = await this.#boss?.catch(() => undefined);
     for (const queue of this.#subscribedQueues) await boss?.offWork(queue, { wait: true });
     await boss?.stop({ graceful: true, timeout: 10_000 });

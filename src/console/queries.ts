@@ -197,15 +197,18 @@ export interface OperationRecord {
   audit: AuditRow[];
   /** Every other operation of the same order: a charge's refunds, a refund's charge, earlier charges. */
   related: Operation[];
-  /** Its settlement events on their way to the application (pg-boss jobs of `settled` / `settled_dead`). */
+  /** Its settlement events on their way to the application as pg-boss jobs: the named subscribers'
+   * (`settled.<name>`), the dead letter, and an earlier release's `settled`. */
   settlements: { id: string; name: string; state: string; retry_count: number; created_on: Date; completed_on: Date | null; source: string | null; output: unknown }[];
+  /** Its settlement event while it waits for the unnamed onSettled handlers (settlement_outbox: gone once handled). */
+  waitingEvents: { id: number; created_at: Date; attempts: number; not_before: Date; last_error: string | null }[];
 }
 
 /** A timeline longer than this is cut (a stuck operation retried for days): its newest part is what matters least. */
 export const HISTORY_LIMIT = 1000;
 
 export async function operationRecord(pool: Pool, op: Operation): Promise<OperationRecord> {
-  const [events, webhooks, audit, related, settlements] = await Promise.all([
+  const [events, webhooks, audit, related, settlements, waiting] = await Promise.all([
     pool.query(pool.sql.operationEvents(op.id, HISTORY_LIMIT)),
     pool.query(pool.sql.webhookEventsOf(op.id, HISTORY_LIMIT)),
     listAudit(pool, { operationId: op.id, limit: HISTORY_LIMIT }),
@@ -213,6 +216,7 @@ export async function operationRecord(pool: Pool, op: Operation): Promise<Operat
     pool
       .query(pool.sql.settlementSubscriberQueues(SETTLED_EVENT))
       .then(({ rows }) => pool.query(pool.sql.settlementEventsOf(op.id, [SETTLED_QUEUE, SETTLED_DEAD_QUEUE, ...rows.map((r: { name: string }) => r.name)], HISTORY_LIMIT))),
+    pool.query(pool.sql.settlementEventOf(op.id)),
   ]);
   return {
     events: events.rows,
@@ -220,6 +224,7 @@ export async function operationRecord(pool: Pool, op: Operation): Promise<Operat
     audit,
     related: related.rows.filter((r: Operation) => r.id !== op.id),
     settlements: settlements.rows,
+    waitingEvents: waiting.rows,
   };
 }
 

@@ -186,17 +186,27 @@ const audit: Source = (_op, record) =>
     };
   });
 
-/** Each settlement event's way to the application's onSettled handlers: the unnamed ones' queue
- * (`settled`), each named subscriber's (`settled.<name>`), and the dead letter. */
-const settlements: Source = (_op, record) =>
-  record.settlements.flatMap((j) => {
+/** Each settlement event's way to the application's onSettled handlers: while it waits for the unnamed
+ * ones (its row, gone once one returned), each named subscriber's queue (`settled.<name>`), the dead letter,
+ * and the queue `settled` of an earlier release. */
+const settlements: Source = (_op, record) => [
+  ...record.waitingEvents.map((w): Entry => ({
+    at: w.created_at,
+    kind: 'settlement',
+    title: w.last_error === null ? 'settlement event waiting for onSettled' : `settlement event waiting for onSettled, which failed ${w.attempts} time${w.attempts === 1 ? '' : 's'}`,
+    tone: w.last_error === null ? 'info' : 'bad',
+    facts: [['event', w.id], ['deliveries begun', w.attempts], ['next delivery from', w.not_before.toISOString()]],
+    text: w.last_error,
+  })),
+  ...record.settlements.flatMap((j): Entry[] => {
     const dead = j.name === 'settled_dead';
     const to = j.name.startsWith('settled.') ? `subscriber ${j.name.slice('settled.'.length)}` : 'onSettled';
     const facts: Entry['facts'] = [['event job', j.id], ['settled by', j.source], ['handler retries', j.retry_count]];
     const queued: Entry = { at: j.created_on, kind: 'settlement', title: dead ? 'settlement event dead-lettered (handlers kept failing)' : `settlement event queued for ${to}`, tone: dead ? 'bad' : 'info', facts };
     if (dead || j.state !== 'completed' || !j.completed_on) return [queued];
     return [queued, { at: j.completed_on, kind: 'settlement', title: `settlement event delivered to ${to}`, tone: 'good', facts }];
-  });
+  }),
+];
 
 const SOURCES: Source[] = [created, history, webhooks, audit, settlements];
 

@@ -87,14 +87,15 @@ export function createPool(
 /**
  * Runs `fn` in one short transaction on a checked-out client, committing on return and rolling back
  * on throw, with outboxd's lock and statement timeouts. Nothing slow belongs inside: above all no
- * external call (invariant 3).
+ * external call (invariant 3). `sql`: the statements the transaction's client hands out, outboxd's own
+ * pool's by default (an application's pool has none of its own).
  */
-export async function inTransaction<T>(pool: Pool, fn: (tx: Tx) => Promise<T>): Promise<T> {
+export async function inTransaction<T>(pool: Pool | pg.Pool, fn: (tx: Tx) => Promise<T>, sql: Statements = (pool as Pool).sql): Promise<T> {
   return withClient(pool, async (client, markBroken) => {
     try {
       // One round trip: the transaction and its timeouts, which end with it.
       await client.query(`begin; ${timeouts('local')}`);
-      const result = await fn({ query: client.query.bind(client) as pg.PoolClient['query'], sql: pool.sql });
+      const result = await fn({ query: client.query.bind(client) as pg.PoolClient['query'], sql });
       await client.query('commit');
       return result;
     } catch (err) {

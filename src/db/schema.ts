@@ -263,18 +263,35 @@ export const chargeOutbox = outboxd.table('charge_outbox', {
 
 /**
  * Settlement events on their way to the application's onSettled: one row per settled operation,
- * inserted by the very statement that settles it (so in its transaction), relayed to the pg-boss
- * `settled` queue in batches and deleted in the transaction that creates its job. The event's other
- * fields are the operation's, which nothing changes once it is settled.
+ * inserted by the very statement that settles it (so in its transaction). The row is where the unnamed
+ * handlers take the event from (src/outbox/settlements.ts): leased by pushing not_before past the
+ * handler's time, deleted once a handler returned, put off with backoff when one threw. The relay copies
+ * it to each named subscriber's pg-boss queue, once (fanned_out), and only while one exists. The event's
+ * other fields are the operation's, which nothing changes once it is settled.
  */
-export const settlementOutbox = outboxd.table('settlement_outbox', {
-  id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
-  /** Written by the statement that settles the operation (no foreign key, as for charge_outbox). */
-  operationId: uuid('operation_id').notNull(),
-  /** What settled it: dispatcher, reconcile, webhook or admin. */
-  source: text('source').notNull(),
-  createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
-});
+export const settlementOutbox = outboxd.table(
+  'settlement_outbox',
+  {
+    id: bigint('id', { mode: 'number' }).primaryKey().generatedAlwaysAsIdentity(),
+    /** Written by the statement that settles the operation (no foreign key, as for charge_outbox). */
+    operationId: uuid('operation_id').notNull(),
+    /** What settled it: dispatcher, reconcile, webhook or admin. */
+    source: text('source').notNull(),
+    createdAt: timestamp('created_at', { withTimezone: true }).notNull().defaultNow(),
+    /** Copied to the named subscribers' queues: the unnamed handlers take it only then, while any exists. */
+    fannedOut: boolean('fanned_out').notNull().default(false),
+    /** Deliveries to the unnamed handlers begun (the fence of the one in hand). */
+    attempts: integer('attempts').notNull().default(0),
+    /** When a handler may take it: its insert, the end of the lease of a delivery in hand, or of its backoff. */
+    notBefore: timestamp('not_before', { withTimezone: true }).notNull().defaultNow(),
+    /** Why the last delivery failed. */
+    lastError: text('last_error'),
+  },
+  (t) => [
+    index('settlement_outbox_ready_idx').on(t.notBefore, t.id),
+    index('settlement_outbox_fan_out_idx').on(t.id).where(sql`not ${t.fannedOut}`),
+  ],
+);
 
 /**
  * Which transactional subscriber consumed which settlement (src/outbox/settlements.ts): written in the

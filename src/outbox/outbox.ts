@@ -13,7 +13,7 @@ import { PooledBossDb } from '../db/bossDb.ts';
 import { bossDb, inTransaction, isPooled, type Pool } from '../db/pool.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
 import { DEAD_LETTER_SUFFIX, LIVE_JOB_STATES as LIVE_JOB_STATE_LIST } from '../types/contracts.ts';
-import { createSettlementQueues, relaySettlements, SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from './settlements.ts';
+import { createSettlementQueues, relaySettlements, SETTLED_DEAD_QUEUE, SETTLED_EVENT, SETTLED_QUEUE } from './settlements.ts';
 import { bossSchemaFor } from '../sql/statements.ts';
 import { traceContextPropagator, traceRelay, untraced } from '../telemetry/tracing.ts';
 import { createPruneQueue, PRUNE_QUEUE } from './retention.ts';
@@ -158,8 +158,8 @@ export interface RelayPass {
 }
 
 /**
- * Relays both outboxes: operations to jobs of their kind's queue, settlement events to `settled` jobs
- * (src/outbox/settlements.ts). An outbox the pass before (`last`) found rows in is taken from at once;
+ * Relays both outboxes: operations to jobs of their kind's queue, settlement events to the named
+ * subscribers' queues (src/outbox/settlements.ts). An outbox the pass before (`last`) found rows in is taken from at once;
  * otherwise one statement looks into both first, so an idle relay opens no transaction. A pass that
  * moved `limit` rows from either leaves more waiting.
  */
@@ -167,7 +167,7 @@ export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH, l
   let operations = last.operations > 0;
   let settlements = last.settlements > 0;
   if (!operations || !settlements) {
-    const { rows } = await db.query(db.sql.outboxesHaveRows());
+    const { rows } = await db.query(db.sql.outboxesHaveRows(SETTLED_EVENT));
     operations ||= rows[0].operations;
     settlements ||= rows[0].settlements;
   }

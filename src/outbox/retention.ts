@@ -1,7 +1,8 @@
 // Bounded growth (issue 22): the ledger (payment_operations) is kept; the history around it is not.
 // The timeline (operation_events) is kept OPERATION_EVENTS_RETENTION_DAYS after its operation settled,
 // the audit trail AUDIT_RETENTION_DAYS; an unsettled operation's history is kept whatever its age (a
-// person may need it). Webhook events (WEBHOOK_RETENTION_DAYS) and console sessions are pruned as before;
+// person may need it). A settlement event no unnamed onSettled handler took goes after 14 days, as a job
+// pg-boss never handed out does. Webhook events (WEBHOOK_RETENTION_DAYS) and console sessions are pruned as before;
 // pg-boss deletes its completed jobs by the retention set on outboxd's queues (src/outbox/outbox.ts).
 //
 // Pruning is a pg-boss cron job on a singleton queue: one replica at a time in the whole fleet, never in
@@ -23,6 +24,10 @@ export interface RetentionDays {
   audit: number;
 }
 
+/** How long a settlement event waits for an unnamed onSettled handler: pg-boss's retention of a job
+ * never taken (JOB_RETENTION in src/outbox/outbox.ts), which delivered them before. */
+export const SETTLEMENT_EVENT_RETENTION_DAYS = 14;
+
 export const DEFAULT_RETENTION_DAYS: RetentionDays = { operationEvents: 90, audit: 365 };
 
 export async function createPruneQueue(boss: PgBoss): Promise<void> {
@@ -34,7 +39,7 @@ export async function pruneHistory(
   pool: Pool,
   days: RetentionDays,
   opts: { scan?: number; budgetMs?: number } = {},
-): Promise<{ operationEvents: number; audit: number }> {
+): Promise<{ operationEvents: number; audit: number; settlementEvents: number }> {
   const until = performance.now() + (opts.budgetMs ?? PRUNE_BUDGET_MS);
   const scan = opts.scan ?? PRUNE_SCAN;
   const prune = async (batch: (afterId: number) => ReturnType<Pool['sql']['pruneOperationEvents']>): Promise<number> => {
@@ -51,5 +56,6 @@ export async function pruneHistory(
   return {
     operationEvents: await prune((after) => pool.sql.pruneOperationEvents(days.operationEvents, after, scan)),
     audit: await prune((after) => pool.sql.pruneAdminAudit(days.audit, after, scan)),
+    settlementEvents: await prune((after) => pool.sql.pruneSettlementOutbox(SETTLEMENT_EVENT_RETENTION_DAYS, after, scan)),
   };
 }

@@ -1,14 +1,18 @@
 // Settlement events: the way back to the application. Every statement that settles an operation
-// (src/engine/operation.ts) inserts its settlement_outbox row, so the event commits or rolls back
-// with the status change. Workers relay the rows to the pg-boss `settled` queue in batches, like the
-// charge outbox; an application's onSettled handlers work that queue. Delivery is at least once: a
-// handler that throws or outlives SETTLEMENT_HANDLER_TIMEOUT_MS is retried with backoff, one that keeps
-// failing is dead-lettered to `settled_dead` (counted in /metrics) until `outboxd settlements redrive`
-// sends it again. A named subscriber (onSettled's `subscriber`, and every transactional one) has a
-// queue of its own, `settled.<name>`, to which the relay copies every event in the same transaction.
+// (src/engine/operation.ts) inserts its settlement_outbox row, so the event commits or rolls back with the
+// status change. The application's unnamed onSettled handlers take the events from that table
+// (deliverSettlements): a lease, then a delete, and no job of its own per event, which cost the database
+// about 1 KB of WAL per settled operation more (docs/benchmarks.md). A named subscriber (onSettled's
+// `subscriber`, and every transactional one) has a pg-boss queue of its own, `settled.<name>`, to which
+// the workers' relay copies each event once. Delivery is at least once: a handler that throws or outlives
+// SETTLEMENT_HANDLER_TIMEOUT_MS is retried with backoff, one that keeps failing is dead-lettered to
+// `settled_dead` (counted in /metrics) until `outboxd settlements redrive` sends it again. Releases
+// before 0.9 relayed every event to the pg-boss queue `settled`: the unnamed handlers still drain it
+// (docs/runbook.md, upgrading).
 import type { QueryConfig, QueryResult, QueryResultRow } from 'pg';
 import type { Db as IDatabase, Job, PgBoss, Queue, WorkHandler, WorkOptions } from 'pg-boss';
-import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
+import type pg from 'pg';
+import { bossDb, inTransaction, type Pool, type Queryable } from '../db/pool.ts';
 import type { SettlementSource } from '../engine/operation.ts';
 import type { Statements } from '../sql/statements.ts';
 import { traceDelivery } from '../telemetry/tracing.ts';
@@ -73,31 +77,31 @@ export async function createSettlementQueues(boss: PgBoss): Promise<void> {
   await boss.createQueue(SETTLED_QUEUE, settledQueueOptions);
 }
 
-/** Moves up to `limit` settlement events to `settled` jobs, and to a job on each named subscriber's
- * queue, in one transaction, as relayOutbox does for charges. */
+/** The job (or dead letter) of an event as takeSettlementBatch and takeSettlementEvent read it. */
+const settledJobOf = (r: Record<string, any>): SettledJob => ({
+  operationId: r.operation_id,
+  orderId: r.order_id,
+  kind: r.kind,
+  key: r.effect_key,
+  status: r.status,
+  externalId: r.external_id,
+  amount: r.amount,
+  currency: r.currency,
+  settledAt: (r.settled_at as Date).toISOString(),
+  source: r.source,
+  hold: r.hold,
+  traceparent: r.traceparent,
+});
+
+/** Copies up to `limit` settlement events to a job on each named subscriber's queue, in one transaction,
+ * as relayOutbox does for charges; the events stay for the unnamed handlers. */
 export async function relaySettlements(db: Pool, boss: PgBoss, limit: number): Promise<number> {
   return inTransaction(db, async (tx) => {
     const { rows } = await tx.query(tx.sql.takeSettlementBatch(limit, SETTLED_EVENT));
     if (rows.length === 0) return 0;
-    const jobs = rows.map((r) => ({
-      data: {
-        operationId: r.operation_id,
-        orderId: r.order_id,
-        kind: r.kind,
-        key: r.effect_key,
-        status: r.status,
-        externalId: r.external_id,
-        amount: r.amount,
-        currency: r.currency,
-        settledAt: (r.settled_at as Date).toISOString(),
-        source: r.source,
-        hold: r.hold,
-        traceparent: r.traceparent,
-      } satisfies SettledJob,
-    }));
-    await boss.insert(SETTLED_QUEUE, jobs, { db: bossDb(tx) });
+    const jobs = rows.map(settledJobOf);
     for (const name of rows[0].subscribers as string[]) {
-      await boss.insert(name, jobs.map((j) => ({ data: { ...j.data, queue: name } })), { db: bossDb(tx) });
+      await boss.insert(name, jobs.map((data) => ({ data: { ...data, queue: name } })), { db: bossDb(tx) });
     }
     return rows.length;
   });
@@ -148,13 +152,112 @@ function eventOf(data: SettledJob): SettlementEvent {
 
 export async function workSettlements(
   boss: PgBoss,
-  work: { queue: string; slots: number; timeoutMs: number },
+  work: { queue: string; slots: number; timeoutMs: number; idlePollSeconds?: number },
   handle: (event: SettlementEvent) => Promise<void>,
 ): Promise<void> {
-  await workSlots(boss, work.queue, work.slots, {}, async (job) => {
+  const idle = work.idlePollSeconds === undefined ? {} : { pollingIntervalSeconds: work.idlePollSeconds, notifyPollingIntervalSeconds: work.idlePollSeconds };
+  await workSlots(boss, work.queue, work.slots, idle, async (job) => {
     const event = eventOf(job.data);
     await traceDelivery({ ...event, traceparent: job.data.traceparent }, job.retryCount, () => withinTimeout(() => handle(event), work.timeoutMs));
   });
+}
+
+/** A delivery's lease lasts the handler's timeout and this: the event of an application process that died
+ * mid-handler comes back about this long after the handler's time (the named queues' heartbeat). */
+const LEASE_MARGIN_SECONDS = settledQueueOptions.heartbeatSeconds!;
+/** How often an idle delivery loop looks for events (a named queue's first slot polls as often). */
+const IDLE_POLL_MS = 1_000;
+
+/** How often the unnamed handlers look into the pg-boss queue `settled`, where only workers of a release
+ * before table delivery put events (a rolling upgrade's; NOTIFY wakes them sooner where they listen). */
+export const LEGACY_POLL_SECONDS = 5;
+
+/** Delivering the events of settlement_outbox, until stop() (a handler in hand finishes first). */
+export interface SettlementDelivery {
+  stop(): Promise<void>;
+}
+
+/**
+ * Delivers the events waiting in settlement_outbox to `handle` (the unnamed handlers), in `slots` loops of
+ * one event each, so that a slow or hung handler holds only its own slot. Each delivery leases its event
+ * (takeSettlementEvent) for the handler's timeout and a margin, fenced by its attempt. A handler that
+ * returns deletes the event; one that throws or outlives timeoutMs puts it off with backoff, as the named
+ * subscribers' queues do (1 s doubling to 5 min, with jitter), and its 41st failure dead-letters it to
+ * `settled_dead` in the transaction that deletes it. A loop that got an event wakes the next (a backlog
+ * spreads over the slots) and looks again itself once done; only the first looks while idle, every second.
+ * `db` runs single statements, `pool` the dead letter's transaction; `onError`: what failed around a
+ * handler (never a handler's own throw, which is retried).
+ */
+export function deliverSettlements(
+  { db, pool, boss }: { db: Queryable; pool: pg.Pool; boss: PgBoss },
+  work: { slots: number; timeoutMs: number; onError: (err: Error) => void },
+  handle: (event: SettlementEvent) => Promise<void>,
+): SettlementDelivery {
+  const leaseSeconds = Math.ceil(work.timeoutMs / 1000) + LEASE_MARGIN_SECONDS;
+  const wakes: ((() => void) | undefined)[] = [];
+  let stopped = false;
+  const sleep = (slot: number, ms: number) =>
+    new Promise<void>((resolve) => {
+      const timer = setTimeout(done, ms);
+      function done() {
+        clearTimeout(timer);
+        if (wakes[slot] === done) wakes[slot] = undefined;
+        resolve();
+      }
+      wakes[slot] = done;
+    });
+  const wake = (slot: number) => wakes[slot]?.();
+
+  async function settleDelivery(row: Record<string, any>, failure: unknown): Promise<void> {
+    const { id, attempts } = row as { id: number; attempts: number };
+    if (failure === undefined) {
+      await db.query(db.sql.settlementEventDone(id, attempts));
+    } else if (attempts > settledQueueOptions.retryLimit!) {
+      await inTransaction(pool, async (tx) => {
+        const { rowCount } = await tx.query(tx.sql.settlementEventDone(id, attempts));
+        if (rowCount) await boss.insert(SETTLED_DEAD_QUEUE, [{ data: settledJobOf(row) }], { db: bossDb(tx) });
+      }, db.sql);
+    } else {
+      const backoff = Math.min(settledQueueOptions.retryDelayMax!, settledQueueOptions.retryDelay! * 2 ** (attempts - 1));
+      const message = failure instanceof Error ? failure.message : String(failure);
+      await db.query(db.sql.settlementEventRetry(id, attempts, backoff * (0.5 + Math.random() / 2), message.slice(0, 2000)));
+    }
+  }
+
+  async function loop(slot: number): Promise<void> {
+    while (!stopped) {
+      let row: Record<string, any> | undefined;
+      try {
+        row = (await db.query(db.sql.takeSettlementEvent(leaseSeconds, SETTLED_EVENT))).rows[0];
+      } catch (err) {
+        work.onError(err as Error);
+      }
+      if (!row) {
+        if (!stopped) await sleep(slot, slot === 0 ? IDLE_POLL_MS : 2 ** 31 - 1);
+        continue;
+      }
+      wake((slot + 1) % work.slots);
+      const job = settledJobOf(row);
+      const event = eventOf(job);
+      let failure: unknown;
+      try {
+        await traceDelivery({ ...event, traceparent: job.traceparent }, row.attempts - 1, () => withinTimeout(() => handle(event), work.timeoutMs));
+      } catch (err) {
+        failure = err ?? new Error('the handler threw nothing');
+      }
+      // Not recorded (the database failed): the lease lapses and the event comes back.
+      await settleDelivery(row, failure).catch((err) => work.onError(err as Error));
+    }
+  }
+
+  const loops = Array.from({ length: work.slots }, (_, slot) => loop(slot));
+  return {
+    async stop() {
+      stopped = true;
+      wakes.forEach((w) => w?.());
+      await Promise.all(loops);
+    },
+  };
 }
 
 /**
@@ -211,7 +314,7 @@ async function workSlots(
   boss: PgBoss,
   queue: string,
   slots: number,
-  options: { transactional?: true; transactionTimeoutSeconds?: number },
+  options: { transactional?: true; transactionTimeoutSeconds?: number; pollingIntervalSeconds?: number; notifyPollingIntervalSeconds?: number },
   deliver: (job: Job<SettledJob>, tx: IDatabase | undefined) => Promise<void>,
 ): Promise<void> {
   const ids: string[] = [];
@@ -228,7 +331,7 @@ async function workSlots(
         if (self) boss.notifyWorker(self);
       }
     };
-    ids.push(await boss.work<SettledJob>(queue, { ...options, ...polling, batchSize: 1 } as WorkOptions, handler as WorkHandler<SettledJob>));
+    ids.push(await boss.work<SettledJob>(queue, { ...polling, ...options, batchSize: 1 } as WorkOptions, handler as WorkHandler<SettledJob>));
   }
 }
 
@@ -240,21 +343,26 @@ function withinTimeout<T>(fn: () => Promise<T> | T, ms: number): Promise<T> {
 }
 
 /**
- * Sends dead-lettered events back to the queue they died on (once the failing handler is fixed), in one
- * transaction: taken from the dead letter, inserted and completed together, so an interrupted redrive
- * changes nothing (no event lost or doubled, no retry of the dead letter spent). An event of a subscriber
- * whose queue was deleted (retired) has nowhere to go: it is completed, not sent. How many it sent.
+ * Sends dead-lettered events back where they died (once the failing handler is fixed), in one
+ * transaction: taken from the dead letter, sent and completed together, so an interrupted redrive changes
+ * nothing (no event lost or doubled, no retry of the dead letter spent). A named subscriber's goes back to
+ * its queue, an unnamed handlers' to settlement_outbox. One of a subscriber whose queue was deleted
+ * (retired), or of an operation that does not exist, has nowhere to go: it is completed, not sent. How
+ * many it sent.
  */
 export async function redriveSettlements(db: Pool, boss: PgBoss, limit = 1000): Promise<number> {
   return inTransaction(db, async (tx) => {
     const dead = await boss.fetch<SettledJob>(SETTLED_DEAD_QUEUE, { batchSize: limit, db: bossDb(tx) });
     if (dead.length === 0) return 0;
     const byQueue = new Map<string, { data: SettledJob }[]>();
-    for (const j of dead) {
-      const queue = j.data.queue ?? SETTLED_QUEUE;
-      (byQueue.get(queue) ?? byQueue.set(queue, []).get(queue)!).push({ data: j.data });
-    }
     let sent = 0;
+    for (const j of dead) {
+      if (j.data.queue === undefined) {
+        sent += (await tx.query(tx.sql.redriveSettlementEvent(j.data.operationId, j.data.source))).rowCount ?? 0;
+        continue;
+      }
+      (byQueue.get(j.data.queue) ?? byQueue.set(j.data.queue, []).get(j.data.queue)!).push({ data: j.data });
+    }
     for (const [queue, jobs] of byQueue) {
       if (!(await boss.getQueue(queue))) continue;
       await boss.insert(queue, jobs, { db: bossDb(tx) });

@@ -106,22 +106,24 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
     }),
     settlementOutboxRows: new Gauge({
       name: 'outboxd_settlement_outbox_rows',
-      help: 'Settlement events written with their settlement, waiting to be relayed to the settled queue',
+      help: 'Settlement events written with their settlement, waiting to be copied to the named subscribers\' queues (0 while none is subscribed)',
       registers: r,
       async collect() {
-        this.set((await source.db.query(source.db.sql.settlementOutboxDepth())).rows[0].rows);
+        this.set((await source.db.query(source.db.sql.settlementOutboxDepth(SETTLED_EVENT))).rows[0].unrelayed);
       },
     }),
     settlementEvents: new Gauge({
       name: 'outboxd_settlement_events',
-      help: 'Settlement events queued for the application (waiting: no onSettled handler has taken them yet; dead: their handler kept failing)',
+      help: 'Settlement events for the application\'s unnamed onSettled handlers (waiting: no handler has taken them yet; dead: their handler kept failing)',
       labelNames: ['state'],
       registers: r,
       async collect() {
-        const [waiting, dead] = await Promise.all(
-          [SETTLED_QUEUE, SETTLED_DEAD_QUEUE].map((q) => source.boss.getQueue(q).catch(() => null)),
-        );
-        if (waiting) this.set({ state: 'waiting' }, waiting.queuedCount);
+        // Waiting: in settlement_outbox, and in the queue `settled` where an earlier release's workers put them.
+        const [table, legacy, dead] = await Promise.all([
+          source.db.query(source.db.sql.settlementOutboxDepth(SETTLED_EVENT)),
+          ...[SETTLED_QUEUE, SETTLED_DEAD_QUEUE].map((q) => source.boss.getQueue(q).catch(() => null)),
+        ]);
+        this.set({ state: 'waiting' }, table.rows[0].waiting + (legacy?.queuedCount ?? 0));
         if (dead) this.set({ state: 'dead' }, dead.queuedCount);
       },
     }),

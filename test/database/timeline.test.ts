@@ -99,7 +99,7 @@ describe('the operation timeline', () => {
     ]);
     const current = await operation(t, op);
     const entries = timeline(current, await operationRecord(t.pool, current));
-    expect(entries.map((x) => x.title)).toEqual(['charge operation created', 'claimed, taking over an expired lease', 'create → succeeded']);
+    expect(entries.map((x) => x.title)).toEqual(['charge operation created', 'claimed, taking over an expired lease', 'create → succeeded', 'settlement event waiting for onSettled']);
     expect(entries[1]).toMatchObject({ tone: 'warn', text: expect.stringMatching(/^a call by worker-a recorded no outcome/) });
   });
 
@@ -125,6 +125,7 @@ describe('the operation timeline', () => {
       'claimed, taking over an expired lease',
       'claimed, taking over an expired lease',
       'create → succeeded',
+      'settlement event waiting for onSettled',
     ]);
     expect(entries.map((x) => x.text)).toContainEqual(expect.stringMatching(/^a call by worker-b recorded no outcome/));
   });
@@ -138,6 +139,7 @@ describe('the operation timeline', () => {
       'charge operation created',
       'settled succeeded by a Stripe webhook',
       'a call with no outcome recorded',
+      'settlement event waiting for onSettled',
     ]);
   });
 
@@ -190,6 +192,7 @@ describe('the operation timeline', () => {
       'charge operation created',
       'settled succeeded by a Stripe webhook',
       'Stripe event payment_intent.succeeded → settled',
+      'settlement event waiting for onSettled',
     ]);
     expect(entries[2]!.facts).toContainEqual(['Stripe object', pi.id]);
   });
@@ -242,16 +245,16 @@ describe('the operation timeline', () => {
     expect((await events(op)).map((r) => r.type)).toEqual(['claimed', 'claimed']);
   });
 
-  it("its settlement event's way to onSettled joins the timeline: queued, then delivered", async () => {
+  it("its settlement event's way to onSettled joins the timeline: waiting, failed with its error, then gone once handled", async () => {
     const op = await confirm(t);
     await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
     await relay(t);
     const shown = async () => timeline(await operation(t, op), await operationRecord(t.pool, await operation(t, op))).filter((x) => x.kind === 'settlement');
-    expect((await shown()).map((x) => x.title)).toEqual(['settlement event queued for onSettled']);
-    const jobs = await t.boss.fetch<{ operationId: string }>('settled', { batchSize: 100 });
-    const job = jobs.find((j) => j.data.operationId === op);
-    await t.boss.complete('settled', job!.id);
-    expect((await shown()).map((x) => x.title)).toEqual(['settlement event queued for onSettled', 'settlement event delivered to onSettled']);
+    expect((await shown()).map((x) => x.title)).toEqual(['settlement event waiting for onSettled']);
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = 2, last_error = 'the order service is down' where operation_id = $1`, [op]);
+    expect((await shown()).map((x) => [x.title, x.tone, x.text])).toEqual([['settlement event waiting for onSettled, which failed 2 times', 'bad', 'the order service is down']]);
+    await t.pool.query(`delete from outboxd.settlement_outbox where operation_id = $1`, [op]);
+    expect(await shown()).toEqual([]);
   });
 
   it("a named subscriber's delivery joins the timeline beside the unnamed handlers'", async () => {
@@ -260,7 +263,7 @@ describe('the operation timeline', () => {
     await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
     await relay(t);
     const shown = async () => timeline(await operation(t, op), await operationRecord(t.pool, await operation(t, op))).filter((x) => x.kind === 'settlement');
-    expect((await shown()).map((x) => x.title).sort()).toEqual(['settlement event queued for onSettled', 'settlement event queued for subscriber mark-paid']);
+    expect((await shown()).map((x) => x.title).sort()).toEqual(['settlement event queued for subscriber mark-paid', 'settlement event waiting for onSettled']);
     const jobs = await t.boss.fetch<{ operationId: string }>(settledQueueFor('mark-paid'), { batchSize: 100 });
     await t.boss.complete(settledQueueFor('mark-paid'), jobs.find((j) => j.data.operationId === op)!.id);
     expect((await shown()).map((x) => x.title)).toContain('settlement event delivered to subscriber mark-paid');

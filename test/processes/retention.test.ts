@@ -1,5 +1,5 @@
-// Bounded growth (issue 22): the ledger is kept, the timeline and the audit trail past their retention
-// are pruned in small batches by one replica at a time, never the history of an operation that has not
+// Bounded growth (issue 22): the ledger is kept, the timeline and the audit trail past their retention,
+// and settlement events no onSettled handler took within 14 days, are pruned in small batches by one replica at a time, never the history of an operation that has not
 // settled; pg-boss deletes outboxd's completed jobs by a retention set on its queues.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../harness/replica.ts';
@@ -58,10 +58,15 @@ describe('retention of the timeline and the audit trail', () => {
     await audited(unsettledLongAgo, 400, 'old-requeue');
     await audited(null, 400, 'old-reconcile');
     await audited(null, 30, 'recent-reconcile');
+    // Settlement events no unnamed handler took: gone after 14 days, as a pg-boss job never taken.
+    await t.pool.query(`insert into outboxd.settlement_outbox (operation_id, source, created_at)
+      values ($1, 'dispatcher', now() - interval '15 days'), ($2, 'dispatcher', now() - interval '13 days')`, [settledLongAgo, settledLately]);
+    const settlementEventOf = async (op: string) => (await t.pool.query(`select 1 from outboxd.settlement_outbox where operation_id = $1`, [op])).rows.length;
 
     // Three rows a statement: many batches, each a short statement of its own.
     const pruned = await pruneHistory(t.pool, days, { scan: 3 });
-    expect(pruned).toEqual({ operationEvents: 4, audit: 2 });
+    expect(pruned).toEqual({ operationEvents: 4, audit: 2, settlementEvents: 1 });
+    expect([await settlementEventOf(settledLongAgo), await settlementEventOf(settledLately)]).toEqual([0, 1]);
     expect(await eventsOf(settledLongAgo)).toBe(0);
     expect(await eventsOf(unsettledLongAgo)).toBe(4);
     expect(await eventsOf(settledLately)).toBe(4);
@@ -72,7 +77,7 @@ describe('retention of the timeline and the audit trail', () => {
     const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where id = any($1::uuid[])`, [[settledLongAgo, unsettledLongAgo, settledLately, recent]]);
     expect(rows[0].n).toBe(4);
     // Nothing more to do: the next run deletes nothing.
-    expect(await pruneHistory(t.pool, days, { scan: 3 })).toEqual({ operationEvents: 0, audit: 0 });
+    expect(await pruneHistory(t.pool, days, { scan: 3 })).toEqual({ operationEvents: 0, audit: 0, settlementEvents: 0 });
   });
 
   it("a repeated event is aged by the last time it happened", async () => {

@@ -1,6 +1,7 @@
 // Settlement events: every settlement (executor, reconcile sweep, webhook, a person's resolution)
-// writes its event in the statement that changes the status, the workers' relay makes it a `settled`
-// job, and onSettled handlers get it at least once: again after a throw, dead-lettered after many, and
+// writes its event in the statement that changes the status; the unnamed onSettled handlers take it from
+// that table, the workers' relay copies it to each named subscriber's queue, and handlers get it at least
+// once: again after a throw or a process that died mid-handler, dead-lettered after many failures, and
 // sent again by `outboxd settlements redrive`.
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
@@ -17,7 +18,7 @@ import { executeOperation } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
 import { settleFromOutside, StaleFenceError } from '../../src/engine/operation.ts';
 import { reconcileSweep } from '../../src/reconcile/sweep.ts';
-import { redriveSettlements, SETTLED_DEAD_QUEUE, SETTLED_QUEUE } from '../../src/outbox/settlements.ts';
+import { redriveSettlements, SETTLED_DEAD_QUEUE, SETTLED_QUEUE, subscribeSettlements } from '../../src/outbox/settlements.ts';
 import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
 import { waitUntil } from '../../harness/replica.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
@@ -94,16 +95,25 @@ describe('every settlement writes its event with the status change', () => {
     expect(await events(op)).toEqual([{ source: 'admin' }]);
   });
 
-  it('the relay makes each event one `settled` job carrying the operation’s settlement', async () => {
+  it('the event waits in its table for the unnamed handlers; the relay copies it to each named subscriber, once, and only while one exists', async () => {
     const op = await confirm(t);
     await executeOperation(t.pool, kindsFor(new FakeStripe()), op, await claim(t, op));
     await relay(t);
-    expect(await events(op)).toEqual([]);
-    const [job] = await jobs(SETTLED_QUEUE, op);
-    expect(job.data).toMatchObject({ operationId: op, kind: 'charge', status: 'succeeded', amount: 2599, currency: 'eur', source: 'dispatcher' });
-    expect(job.data.externalId).toMatch(/^pi_/);
-    expect(await relay(t)).toBe(0);
-    expect(await jobs(SETTLED_QUEUE, op)).toHaveLength(1);
+    expect(await events(op)).toEqual([{ source: 'dispatcher' }]);
+    expect(await jobs(SETTLED_QUEUE, op)).toEqual([]);
+
+    const queue = await subscribeSettlements(t.boss, 'copies');
+    try {
+      await relay(t);
+      const [job] = await jobs(queue, op);
+      expect(job.data).toMatchObject({ operationId: op, kind: 'charge', status: 'succeeded', amount: 2599, currency: 'eur', source: 'dispatcher', queue });
+      expect(job.data.externalId).toMatch(/^pi_/);
+      await relay(t);
+      expect(await jobs(queue, op)).toHaveLength(1);
+      expect(await events(op)).toEqual([{ source: 'dispatcher' }]);
+    } finally {
+      await t.boss.deleteQueue(queue);
+    }
   });
 });
 
@@ -132,7 +142,7 @@ describe('onSettled', () => {
       expect(event).toMatchObject({ orderId: expect.any(String), kind: 'charge', status: 'succeeded', amount: 2599, currency: 'eur', source: 'dispatcher' });
       expect(event.settledAt).toBeInstanceOf(Date);
       expect(seen.find((e) => e.operationId === second)).toMatchObject({ status: 'failed', source: 'dispatcher' });
-      await waitUntil(async () => (await jobs(SETTLED_QUEUE, first))[0]?.state === 'completed', 10_000, 'the job completes');
+      await waitUntil(async () => (await events(first)).length === 0, 10_000, 'the handled event goes');
     } finally {
       await outboxd.stop();
     }
@@ -140,13 +150,16 @@ describe('onSettled', () => {
 
   it('a handler that keeps failing: dead-lettered, counted in /metrics, and sent again by `outboxd settlements redrive`', async () => {
     const op = await settle();
-    await t.pool.query(`update pgboss.job set retry_limit = 0 where name = $1 and data->>'operationId' = $2`, [SETTLED_QUEUE, op]);
+    // Its 40 retries spent: the next failure is its last.
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = 40 where operation_id = $1`, [op]);
     const failing = new Outboxd({ connectionString: t.url, onError: () => {} });
     await failing.onSettled(() => {
       throw new Error('a bug in the handler');
     });
     try {
       await waitUntil(async () => (await jobs(SETTLED_DEAD_QUEUE, op)).length === 1, 30_000, 'dead-lettered');
+      expect(await events(op)).toEqual([]);
+      expect((await jobs(SETTLED_DEAD_QUEUE, op))[0].data).toMatchObject({ operationId: op, status: 'succeeded', source: 'dispatcher' });
     } finally {
       await failing.stop(); // a timeout here must not leave it taking the events later tests wait for
     }
@@ -211,10 +224,11 @@ describe('a handler’s time is bounded', () => {
       if (deliveries++ === 0) await new Promise(() => {}); // never returns
     });
     try {
-      await waitUntil(async () => (await jobs(SETTLED_QUEUE, op))[0]?.state === 'completed', 60_000, 'the retried delivery completes');
+      await waitUntil(async () => (await t.pool.query(`select last_error from outboxd.settlement_outbox where operation_id = $1`, [op])).rows[0]?.last_error, 10_000, 'the first delivery failed');
+      const { rows } = await t.pool.query(`select attempts, last_error from outboxd.settlement_outbox where operation_id = $1`, [op]);
+      expect(rows).toEqual([{ attempts: 1, last_error: expect.stringMatching(/did not return within 1500 ms/) }]);
+      await waitUntil(async () => (await events(op)).length === 0, 60_000, 'the retried delivery is handled');
       expect(deliveries).toBe(2);
-      const { rows } = await t.pool.query(`select retry_count from pgboss.job where name = $1 and data->>'operationId' = $2`, [SETTLED_QUEUE, op]);
-      expect(rows[0].retry_count).toBe(1);
     } finally {
       await outboxd.stop();
     }
@@ -223,7 +237,8 @@ describe('a handler’s time is bounded', () => {
 
 describe('`outboxd settlements redrive` is one transaction', () => {
   it('interrupted between sending the event again and completing its dead letter: nothing changed, no retry spent', async () => {
-    const op = randomUUID();
+    const op = await settle();
+    await t.pool.query(`delete from outboxd.settlement_outbox where operation_id = $1`, [op]); // as a dead-lettering delivery does
     const data = { operationId: op, orderId: null, kind: 'charge', key: null, status: 'succeeded', externalId: null, amount: 1, currency: 'eur', settledAt: new Date().toISOString(), source: 'admin' };
     await t.boss.send(SETTLED_DEAD_QUEUE, data);
     const dead = async () => (await t.pool.query(`select state, retry_count from pgboss.job where name = $1 and data->>'operationId' = $2`, [SETTLED_DEAD_QUEUE, op])).rows;
@@ -238,13 +253,81 @@ describe('`outboxd settlements redrive` is one transaction', () => {
     } finally {
       await t.pool.query(`drop trigger interrupt_redrive on pgboss.job; drop function pgboss.interrupt_redrive()`);
     }
-    expect(await jobs(SETTLED_QUEUE, op)).toEqual([]);
+    expect(await events(op)).toEqual([]);
     expect(await dead()).toEqual(before);
     expect(before).toEqual([{ state: 'created', retry_count: 0 }]);
 
     expect(await redriveSettlements(t.pool, t.boss)).toBeGreaterThanOrEqual(1);
-    expect(await jobs(SETTLED_QUEUE, op)).toHaveLength(1);
+    // Back in the unnamed handlers' table, marked copied: the named subscribers had their own.
+    const { rows } = await t.pool.query(`select source, fanned_out from outboxd.settlement_outbox where operation_id = $1`, [op]);
+    expect(rows).toEqual([{ source: 'admin', fanned_out: true }]);
     expect((await dead()).map((j) => j.state)).toEqual(['completed']);
+  });
+
+  it("a dead letter of an operation that does not exist is completed, not sent", async () => {
+    const op = randomUUID();
+    await t.boss.send(SETTLED_DEAD_QUEUE, { operationId: op, orderId: null, kind: 'charge', key: null, status: 'succeeded', externalId: null, amount: 1, currency: 'eur', settledAt: new Date().toISOString(), source: 'admin' });
+    await redriveSettlements(t.pool, t.boss);
+    expect(await events(op)).toEqual([]);
+    expect((await jobs(SETTLED_DEAD_QUEUE, op)).map((j) => j.state)).toEqual(['completed']);
+  });
+});
+
+describe('the unnamed handlers’ table', () => {
+  it('while a subscriber is named, an event reaches the unnamed handlers only once the relay copied it to that subscriber', { timeout: 60_000 }, async () => {
+    const queue = await subscribeSettlements(t.boss, 'gate');
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    const seen: string[] = [];
+    try {
+      const op = await confirm(t);
+      await executeOperation(t.pool, kindsFor(new FakeStripe()), op, await claim(t, op)); // settled, not relayed
+      await outboxd.onSettled((event) => {
+        seen.push(event.operationId);
+      });
+      await new Promise((resolve) => setTimeout(resolve, 2_500)); // two idle looks of the delivery
+      expect(seen).not.toContain(op);
+      await relay(t);
+      await waitUntil(() => seen.includes(op), 20_000, 'delivered once copied');
+      expect(await jobs(queue, op)).toHaveLength(1);
+    } finally {
+      await outboxd.stop();
+      await t.boss.deleteQueue(queue);
+    }
+  });
+
+  it('an event whose delivery was never finished (its process died mid-handler) comes back once its lease lapses', { timeout: 60_000 }, async () => {
+    const op = await settle();
+    // Leased for two seconds by a delivery that never ends, as a killed process leaves it.
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = attempts + 1, not_before = now() + interval '2 seconds' where operation_id = $1`, [op]);
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    const seen: string[] = [];
+    try {
+      await outboxd.onSettled((event) => {
+        seen.push(event.operationId);
+      });
+      await waitUntil(() => seen.includes(op), 20_000, 'delivered once the lease lapsed');
+      await waitUntil(async () => (await events(op)).length === 0, 10_000, 'the handled event goes');
+    } finally {
+      await outboxd.stop();
+    }
+  });
+
+  it('an event a worker of an earlier release put on the pg-boss queue `settled` is delivered too (a rolling upgrade)', { timeout: 60_000 }, async () => {
+    const op = randomUUID();
+    // What the relay of releases before table delivery sent.
+    await t.boss.insert(SETTLED_QUEUE, [{ data: { operationId: op, orderId: 'o-1', kind: 'charge', key: null, status: 'succeeded', externalId: 'pi_1', amount: 5, currency: 'eur', settledAt: new Date().toISOString(), source: 'dispatcher', traceparent: null } }]);
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    const seen: SettlementEvent[] = [];
+    try {
+      await outboxd.onSettled((event) => {
+        seen.push(event);
+      });
+      await waitUntil(() => seen.some((e) => e.operationId === op), 30_000, 'the earlier release’s event');
+      expect(seen.find((e) => e.operationId === op)).toMatchObject({ orderId: 'o-1', status: 'succeeded', externalId: 'pi_1', hold: null });
+      await waitUntil(async () => (await jobs(SETTLED_QUEUE, op))[0]?.state === 'completed', 10_000, 'its job completes');
+    } finally {
+      await outboxd.stop();
+    }
   });
 });
 

@@ -204,7 +204,7 @@ describe('`outboxd settlements redrive`', () => {
     await t.boss.deleteQueue(settledQueueFor('retired'));
     expect(await redriveSettlements(t.pool, t.boss)).toBeGreaterThanOrEqual(1);
     expect(await subscriberJobs('mark-paid', [op])).toEqual([{ state: 'created', retry_count: 0 }]);
-    expect((await t.pool.query(`select 1 from pgboss.job where name = 'settled' and data->>'operationId' = $1`, [op])).rows).toEqual([]);
+    expect((await t.pool.query(`select 1 from outboxd.settlement_outbox where operation_id = $1`, [op])).rows).toEqual([]);
     const left = await t.pool.query(`select state from pgboss.job where name = $1 and data->>'operationId' = any($2) order by state`, [SETTLED_DEAD_QUEUE, [op, orphan]]);
     expect(left.rows).toEqual([{ state: 'completed' }, { state: 'completed' }]);
   });
