@@ -3,10 +3,11 @@
 -- event instead of a job's insert, fetch and completion. The relay now only copies events to named
 -- subscribers' queues, and marks them fanned_out. The columns' defaults are constants (no rewrite);
 -- the indexes are built plainly, under the migration's lock_timeout, as the release before this one
--- keeps the table empty (its relay deletes each row as it relays it).
+-- keeps the table near empty (its relay deletes each row as it relays it).
 ALTER TABLE "outboxd"."settlement_outbox" ADD COLUMN "fanned_out" boolean DEFAULT false NOT NULL;--> statement-breakpoint
 ALTER TABLE "outboxd"."settlement_outbox" ADD COLUMN "attempts" integer DEFAULT 0 NOT NULL;--> statement-breakpoint
 ALTER TABLE "outboxd"."settlement_outbox" ADD COLUMN "not_before" timestamp with time zone DEFAULT now() NOT NULL;--> statement-breakpoint
+ALTER TABLE "outboxd"."settlement_outbox" ADD COLUMN "leased_until" timestamp with time zone;--> statement-breakpoint
 ALTER TABLE "outboxd"."settlement_outbox" ADD COLUMN "last_error" text;--> statement-breakpoint
 CREATE INDEX "settlement_outbox_ready_idx" ON "outboxd"."settlement_outbox" USING btree ("not_before","id");--> statement-breakpoint
 CREATE INDEX "settlement_outbox_fan_out_idx" ON "outboxd"."settlement_outbox" USING btree ("id") WHERE not "outboxd"."settlement_outbox"."fanned_out";

@@ -1,5 +1,5 @@
 // `npm run bench:wal`: where the WAL of a settled charge goes (issue 25). Drains a backlog with one replica (as the bench's
-// growth section does), then the peer, each from a checkpoint, and reads the WAL of each window back with
+// growth section does), then lets an unnamed onSettled handler take the settlement events, then runs the peer, each from a checkpoint, and reads the WAL of each window back with
 // pg_walinspect: bytes per settled operation by relation, record type and step (the transaction that wrote
 // it, classified by the relations it touched), full-page images apart. WAL_FPW=off repeats it with
 // full_page_writes off (what is left without FPIs). Prints markdown; writes bench/results/wal-<time>.json.
@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { confirmOrder } from '../src/exampleApp/confirm.ts';
 import { bossDb } from '../src/db/pool.ts';
+import { Outboxd } from '../src/outboxd.ts';
 import { EMULATOR_KEY } from '../src/runtime/open.ts';
 import { PEER_QUEUE, startPeer, type PeerJob } from '../harness/peer.ts';
 import { waitUntil } from '../harness/replica.ts';
@@ -62,8 +63,9 @@ function step(rels: Set<string>): string {
   const has = (s: string) => [...rels].some((r) => r.includes(s));
   if (has('orders')) return 'confirm (order + operation + outbox)';
   if (has('charge_outbox') && has('job')) return 'relay (outbox → charge job)';
-  if (has('settlement_outbox') && has('job')) return 'settlement relay (→ settled job)';
-  if (has('settlement_outbox')) return 'outcome (fenced, + settlement event)';
+  if (has('settlement_outbox') && has('job')) return 'settlement relay (→ a subscriber\'s job)';
+  if (has('settlement_outbox') && has('payment_operations')) return 'outcome (fenced, + settlement event)';
+  if (has('settlement_outbox')) return 'onSettled delivery (lease, delete)';
   if (has('payment_operations')) return 'claim (+ attempt)';
   if (has('job')) return 'pg-boss (insert/fetch/complete/maintain)';
   if (rels.size === 0) return 'no relation (commit-only / running xacts)';
@@ -159,7 +161,7 @@ try {
   const a1 = await lsn(w);
   const r = await w.startReplica({ WORKER_CONCURRENCY: '8', LOG_LEVEL: 'warn' });
   await waitUntil(async () => (await one(w, `select count(*) as n from outboxd.payment_operations where settled_at is not null`)) >= N
-    && (await one(w, `select count(*) as n from outboxd.settlement_outbox`)) === 0
+    && (await one(w, `select count(*) as n from outboxd.settlement_outbox`)) >= N
     && (await one(w, `select count(*) as n from pgboss.job where name = 'charge' and state = 'completed'`)) >= N, 300_000, 'drained');
   r.kill('SIGTERM');
   await r.exited;
@@ -169,6 +171,13 @@ try {
       + (select count(*) from outboxd.charge_outbox) + (select count(*) from outboxd.settlement_outbox)
       + (select count(*) from pgboss.job where name in ('charge', 'settled')) as n`);
   const events = (await w.pool.query(`select type, count(*)::int as n from outboxd.operation_events group by type order by type`)).rows;
+
+  // An application's unnamed onSettled handler takes every event (a lease and a delete each).
+  const app = new Outboxd({ connectionString: w.url, onError: (err) => say(`onSettled: ${err.message}`) });
+  await app.onSettled(() => {});
+  await waitUntil(async () => (await one(w, `select count(*) as n from outboxd.settlement_outbox`)) === 0, 300_000, 'events taken');
+  await app.stop();
+  const a3 = await lsn(w);
   const hot = (await w.pool.query(`select relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del from pg_stat_user_tables
      where relname in ('payment_operations', 'operation_events', 'charge_outbox', 'settlement_outbox') or schemaname = 'pgboss' order by relname`)).rows;
 
@@ -187,9 +196,10 @@ try {
   const b2 = await lsn(w);
 
   const wins: [Window, number][] = [
-    [{ name: 'outboxd, whole (confirm → settled → settlement relayed)', from: a0, to: a2 }, N],
+    [{ name: 'outboxd, whole (confirm → settled, its event waiting)', from: a0, to: a2 }, N],
     [{ name: 'outboxd, confirmation only', from: a0, to: a1 }, N],
     [{ name: 'outboxd, worker only', from: a1, to: a2 }, N],
+    [{ name: 'outboxd, an onSettled handler taking the events', from: a2, to: a3 }, N],
     [{ name: 'peer, whole (insert → completed)', from: b0, to: b2 }, N],
   ];
   for (const [win, ops] of wins) {

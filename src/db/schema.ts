@@ -264,8 +264,9 @@ export const chargeOutbox = outboxd.table('charge_outbox', {
 /**
  * Settlement events on their way to the application's onSettled: one row per settled operation,
  * inserted by the very statement that settles it (so in its transaction). The row is where the unnamed
- * handlers take the event from (src/outbox/settlements.ts): leased by pushing not_before past the
- * handler's time, deleted once a handler returned, put off with backoff when one threw. The relay copies
+ * handlers take the event from (src/outbox/settlements.ts): leased (leased_until, in no index, so that
+ * the lease is a HOT update), deleted once a handler returned, put off with backoff (not_before) when one
+ * threw. The relay copies
  * it to each named subscriber's pg-boss queue, once (fanned_out), and only while one exists. The event's
  * other fields are the operation's, which nothing changes once it is settled.
  */
@@ -282,8 +283,10 @@ export const settlementOutbox = outboxd.table(
     fannedOut: boolean('fanned_out').notNull().default(false),
     /** Deliveries to the unnamed handlers begun (the fence of the one in hand). */
     attempts: integer('attempts').notNull().default(0),
-    /** When a handler may take it: its insert, the end of the lease of a delivery in hand, or of its backoff. */
+    /** When a handler may take it: its insert, or the end of its backoff after a failed delivery. */
     notBefore: timestamp('not_before', { withTimezone: true }).notNull().defaultNow(),
+    /** The end of the lease of the delivery in hand: until then no other handler takes it. */
+    leasedUntil: timestamp('leased_until', { withTimezone: true }),
     /** Why the last delivery failed. */
     lastError: text('last_error'),
   },

@@ -183,8 +183,8 @@ export interface SettlementDelivery {
  * (takeSettlementEvent) for the handler's timeout and a margin, fenced by its attempt. A handler that
  * returns deletes the event; one that throws or outlives timeoutMs puts it off with backoff, as the named
  * subscribers' queues do (1 s doubling to 5 min, with jitter), and its 41st failure dead-letters it to
- * `settled_dead` in the transaction that deletes it. A loop that got an event wakes the next (a backlog
- * spreads over the slots) and looks again itself once done; only the first looks while idle, every second.
+ * `settled_dead` in the transaction that deletes it. A loop that got an event wakes a sleeping one (a
+ * backlog spreads over the slots) and looks again itself once done; while idle, one looks every second.
  * `db` runs single statements, `pool` the dead letter's transaction; `onError`: what failed around a
  * handler (never a handler's own throw, which is retried).
  */
@@ -194,19 +194,14 @@ export function deliverSettlements(
   handle: (event: SettlementEvent) => Promise<void>,
 ): SettlementDelivery {
   const leaseSeconds = Math.ceil(work.timeoutMs / 1000) + LEASE_MARGIN_SECONDS;
-  const wakes: ((() => void) | undefined)[] = [];
   let stopped = false;
-  const sleep = (slot: number, ms: number) =>
-    new Promise<void>((resolve) => {
-      const timer = setTimeout(done, ms);
-      function done() {
-        clearTimeout(timer);
-        if (wakes[slot] === done) wakes[slot] = undefined;
-        resolve();
-      }
-      wakes[slot] = done;
-    });
-  const wake = (slot: number) => wakes[slot]?.();
+  /** The loops asleep on an empty table (or a failed look), each woken by one call. */
+  const asleep: (() => void)[] = [];
+  const sleep = () => new Promise<void>((resolve) => asleep.push(resolve));
+  const wakeOne = () => asleep.shift()?.();
+  // One sleeping loop looks again every IDLE_POLL_MS, whichever is free: a hung handler's slot never
+  // is the only one that would have looked.
+  const poll = setInterval(wakeOne, IDLE_POLL_MS);
 
   async function settleDelivery(row: Record<string, any>, failure: unknown): Promise<void> {
     const { id, attempts } = row as { id: number; attempts: number };
@@ -224,7 +219,7 @@ export function deliverSettlements(
     }
   }
 
-  async function loop(slot: number): Promise<void> {
+  async function loop(): Promise<void> {
     while (!stopped) {
       let row: Record<string, any> | undefined;
       try {
@@ -233,10 +228,10 @@ export function deliverSettlements(
         work.onError(err as Error);
       }
       if (!row) {
-        if (!stopped) await sleep(slot, slot === 0 ? IDLE_POLL_MS : 2 ** 31 - 1);
+        if (!stopped) await sleep();
         continue;
       }
-      wake((slot + 1) % work.slots);
+      wakeOne();
       const job = settledJobOf(row);
       const event = eventOf(job);
       let failure: unknown;
@@ -250,11 +245,12 @@ export function deliverSettlements(
     }
   }
 
-  const loops = Array.from({ length: work.slots }, (_, slot) => loop(slot));
+  const loops = Array.from({ length: work.slots }, loop);
   return {
     async stop() {
       stopped = true;
-      wakes.forEach((w) => w?.());
+      clearInterval(poll);
+      asleep.splice(0).forEach((wake) => wake());
       await Promise.all(loops);
     },
   };

@@ -76,17 +76,18 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
 
     /**
      * Leases the next event an unnamed handler may take for $1 seconds, fenced by its attempt: one whose
-     * time has come (not_before: its insert, a lapsed lease, the end of its backoff), and, while anyone is
-     * subscribed by name ($2: pg-boss's event), one the relay copied to their queues already (so that
-     * consuming it never takes it from them).
+     * time has come (its insert, or the end of its backoff), that no delivery holds (a lapsed lease is
+     * a delivery that died), and, while anyone is subscribed by name ($2: pg-boss's event), that the
+     * relay copied to their queues already (so that consuming it never takes it from them). The lease
+     * touches no indexed column: a HOT update.
      */
     takeSettlementEvent: statement<[leaseSeconds: number, event: string]>(
       'outboxd_take_settlement_event',
       `with taken as (
-         update ${s}.settlement_outbox set attempts = attempts + 1, not_before = now() + make_interval(secs => $1)
+         update ${s}.settlement_outbox set attempts = attempts + 1, leased_until = now() + make_interval(secs => $1)
          where id = (
            select id from ${s}.settlement_outbox
-           where not_before <= now() and (fanned_out or not ${subscribed(2)})
+           where not_before <= now() and (leased_until is null or leased_until <= now()) and (fanned_out or not ${subscribed(2)})
            order by not_before, id limit 1 for update skip locked
          )
          returning id, operation_id, source, attempts
@@ -104,7 +105,7 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
     /** A delivery in hand failed: the event waits $3 seconds, unless another took it over. */
     settlementEventRetry: statement<[id: number, attempt: number, delaySeconds: number, error: string]>(
       'outboxd_settlement_event_retry',
-      `update ${s}.settlement_outbox set not_before = now() + make_interval(secs => $3), last_error = $4
+      `update ${s}.settlement_outbox set not_before = now() + make_interval(secs => $3), leased_until = null, last_error = $4
        where id = $1 and attempts = $2`,
     ),
 
@@ -120,7 +121,7 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
     /** An operation's event waiting for the unnamed handlers, as the console shows it. */
     settlementEventOf: statement<[operationId: string]>(
       'outboxd_settlement_event_of',
-      `select id, created_at, attempts, not_before, last_error, fanned_out from ${s}.settlement_outbox
+      `select id, created_at, attempts, greatest(not_before, leased_until) as not_before, last_error from ${s}.settlement_outbox
        where operation_id = $1 order by id`,
     ),
 

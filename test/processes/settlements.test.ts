@@ -298,7 +298,7 @@ describe('the unnamed handlers’ table', () => {
   it('an event whose delivery was never finished (its process died mid-handler) comes back once its lease lapses', { timeout: 60_000 }, async () => {
     const op = await settle();
     // Leased for two seconds by a delivery that never ends, as a killed process leaves it.
-    await t.pool.query(`update outboxd.settlement_outbox set attempts = attempts + 1, not_before = now() + interval '2 seconds' where operation_id = $1`, [op]);
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = attempts + 1, leased_until = now() + interval '2 seconds' where operation_id = $1`, [op]);
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
     const seen: string[] = [];
     try {
