@@ -192,7 +192,7 @@ export class Outboxd {
   readonly #handlers: SettlementHandler[] = [];
   readonly #effects = new Map<string, EffectDefinition>();
   readonly #settlementTimeoutMs: number;
-  /** The queues this instance works: `settled` for the unnamed handlers, one per named subscriber. */
+  /** The pg-boss queues this instance works: one per named subscriber, and `settled` (a previous release's, for the unnamed handlers). */
   readonly #subscribedQueues = new Set<string>();
   #boss: Promise<PgBoss> | undefined;
   #subscription: Promise<void> | undefined;
@@ -347,7 +347,7 @@ export class Outboxd {
    * handler are not covered: give them an idempotency key.
    *
    * `{ subscriber }`: the subscriber's name; each named subscriber consumes each event independently
-   * (on a queue of its own), from the first batch relayed after it first subscribed.
+   * (on a queue of its own), from the events settled after it first subscribed.
    */
   async onSettled(handler: SettlementHandler, options?: SettledOptions & { transactional?: false }): Promise<void>;
   async onSettled(handler: TransactionalSettlementHandler, options: SettledOptions & { transactional: true }): Promise<void>;
@@ -390,15 +390,16 @@ export class Outboxd {
 
   async #subscribe(): Promise<void> {
     const boss = await this.#startBoss();
+    if (this.#stopped) return;
     const handle = async (event: SettlementEvent) => {
       for (const handler of this.#handlers) await handler(event);
     };
     const pool = this.#ownPool ?? (this.#connection as pg.Pool);
-    this.#delivery = deliverSettlements({ db: this.#db, pool, boss }, { slots: SETTLED_SLOTS, timeoutMs: this.#settlementTimeoutMs, onError: this.#onError }, handle);
-    // What workers of a release before 0.9 relayed to the pg-boss queue `settled` (a rolling upgrade's),
-    // in two slots, looked into every few seconds.
+    this.#delivery = await deliverSettlements({ db: this.#db, pool, boss }, { slots: SETTLED_SLOTS, timeoutMs: this.#settlementTimeoutMs, onError: this.#onError }, handle);
+    // What workers of the release before put on the pg-boss queue `settled` (src/outbox/settlements.ts):
+    // its first loop looks every few seconds, the others when woken by a job found.
     this.#subscribedQueues.add(SETTLED_QUEUE);
-    await workSettlements(boss, { queue: SETTLED_QUEUE, slots: 2, timeoutMs: this.#settlementTimeoutMs, idlePollSeconds: LEGACY_POLL_SECONDS }, handle);
+    await workSettlements(boss, { queue: SETTLED_QUEUE, slots: SETTLED_SLOTS, timeoutMs: this.#settlementTimeoutMs, idlePollSeconds: LEGACY_POLL_SECONDS }, handle);
   }
 
   /** The pg-boss every subscription of this instance works on: a few connections for fetching and
@@ -419,6 +420,8 @@ export class Outboxd {
     if (this.#stopped) return;
     this.#stopped = true;
     await (await this.#worker?.catch(() => undefined))?.stop();
+    // A subscription still starting is let finish first, so that what it starts is stopped too.
+    await this.#subscription?.catch(() => undefined);
     await this.#delivery?.stop();
     const boss = await this.#boss?.catch(() => undefined);
     for (const queue of this.#subscribedQueues) await boss?.offWork(queue, { wait: true });

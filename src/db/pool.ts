@@ -90,7 +90,9 @@ export function createPool(
  * external call (invariant 3). `sql`: the statements the transaction's client hands out, outboxd's own
  * pool's by default (an application's pool has none of its own).
  */
-export async function inTransaction<T>(pool: Pool | pg.Pool, fn: (tx: Tx) => Promise<T>, sql: Statements = (pool as Pool).sql): Promise<T> {
+export async function inTransaction<T>(pool: Pool, fn: (tx: Tx) => Promise<T>): Promise<T>;
+export async function inTransaction<T>(pool: pg.Pool, fn: (tx: Tx) => Promise<T>, sql: Statements): Promise<T>;
+export async function inTransaction<T>(pool: pg.Pool, fn: (tx: Tx) => Promise<T>, sql: Statements = (pool as Pool).sql): Promise<T> {
   return withClient(pool, async (client, markBroken) => {
     try {
       // One round trip: the transaction and its timeouts, which end with it.

@@ -297,6 +297,21 @@ export const settlementOutbox = outboxd.table(
 );
 
 /**
+ * One row once the unnamed onSettled handlers take settlement events from settlement_outbox: written by
+ * the first application of that release to start them, or by the migration of a new database (no earlier
+ * application can run there). Until then workers relay every event to the pg-boss queue `settled`, as
+ * releases before did, which is where earlier applications look (src/outbox/settlements.ts).
+ */
+export const settlementDelivery = outboxd.table(
+  'settlement_delivery',
+  {
+    id: integer('id').primaryKey().default(1),
+    since: timestamp('since', { withTimezone: true }).notNull().defaultNow(),
+  },
+  (t) => [check('settlement_delivery_one_row', sql`${t.id} = 1`)],
+);
+
+/**
  * Which transactional subscriber consumed which settlement (src/outbox/settlements.ts): written in the
  * delivery's transaction, beside the application's own writes and the job's fenced completion, so the
  * three commit together. The key makes a second consumption of one event by one subscriber impossible,

@@ -2,16 +2,20 @@
 // (src/engine/operation.ts) inserts its settlement_outbox row, so the event commits or rolls back with the
 // status change. The application's unnamed onSettled handlers take the events from that table
 // (deliverSettlements): a lease, then a delete, and no job of its own per event, which cost the database
-// about 1 KB of WAL per settled operation more (docs/benchmarks.md). A named subscriber (onSettled's
+// about 1.9 KB of WAL per settled operation more (docs/benchmarks.md). A named subscriber (onSettled's
 // `subscriber`, and every transactional one) has a pg-boss queue of its own, `settled.<name>`, to which
-// the workers' relay copies each event once. Delivery is at least once: a handler that throws or outlives
-// SETTLEMENT_HANDLER_TIMEOUT_MS is retried with backoff, one that keeps failing is dead-lettered to
-// `settled_dead` (counted in /metrics) until `outboxd settlements redrive` sends it again. Releases
-// before 0.9 relayed every event to the pg-boss queue `settled`: the unnamed handlers still drain it
-// (docs/runbook.md, upgrading).
+// the workers' relay copies each event settled after it subscribed, once. Delivery is at least once: a
+// handler that throws or outlives SETTLEMENT_HANDLER_TIMEOUT_MS is retried with backoff, one that keeps
+// failing is dead-lettered to `settled_dead` (counted in /metrics) until `outboxd settlements redrive`
+// sends it again.
+//
+// Releases before this delivery relayed every event to the pg-boss queue `settled`, which is where their
+// applications look. So the workers go on doing that until the first application of this release starts
+// its unnamed handlers (settlement_delivery gets its row; `outboxd migrate` writes it on a new database),
+// and this release's handlers drain `settled` too (docs/runbook.md, "Upgrading").
+import type pg from 'pg';
 import type { QueryConfig, QueryResult, QueryResultRow } from 'pg';
 import type { Db as IDatabase, Job, PgBoss, Queue, WorkHandler, WorkOptions } from 'pg-boss';
-import type pg from 'pg';
 import { bossDb, inTransaction, type Pool, type Queryable } from '../db/pool.ts';
 import type { SettlementSource } from '../engine/operation.ts';
 import type { Statements } from '../sql/statements.ts';
@@ -51,8 +55,10 @@ type SettledJob = Omit<SettlementEvent, 'settledAt' | 'hold'> & {
   hold?: { captureBefore: string | null } | null;
   /** The payment's trace context, for the delivery span's link; not part of the event. */
   traceparent?: string | null;
-  /** A named subscriber's queue (redrive sends a dead copy back there); absent for `settled`. */
+  /** A named subscriber's queue (redrive sends a dead copy back there); absent for the unnamed handlers. */
   queue?: string;
+  /** A dead letter of the unnamed handlers': their last error (a named subscriber's is its job's output). */
+  lastError?: string;
 };
 
 /**
@@ -93,16 +99,24 @@ const settledJobOf = (r: Record<string, any>): SettledJob => ({
   traceparent: r.traceparent,
 });
 
-/** Copies up to `limit` settlement events to a job on each named subscriber's queue, in one transaction,
- * as relayOutbox does for charges; the events stay for the unnamed handlers. */
-export async function relaySettlements(db: Pool, boss: PgBoss, limit: number): Promise<number> {
+/**
+ * Relays up to `limit` settlement events in one transaction, as relayOutbox does for charges: a job on
+ * each named subscriber's queue that subscribed before the event settled. `fromTable`: the unnamed
+ * handlers take events from settlement_outbox, where the rows stay, marked copied; before, every event
+ * is also a job on the queue `settled`, and its row goes.
+ */
+export async function relaySettlements(db: Pool, boss: PgBoss, limit: number, fromTable: boolean): Promise<number> {
   return inTransaction(db, async (tx) => {
-    const { rows } = await tx.query(tx.sql.takeSettlementBatch(limit, SETTLED_EVENT));
-    if (rows.length === 0) return 0;
-    const jobs = rows.map(settledJobOf);
-    for (const name of rows[0].subscribers as string[]) {
-      await boss.insert(name, jobs.map((data) => ({ data: { ...data, queue: name } })), { db: bossDb(tx) });
+    const take = fromTable ? tx.sql.takeSettlementBatch : tx.sql.takeSettlementBatchForQueue;
+    const { rows } = await tx.query(take(limit, SETTLED_EVENT));
+    const byQueue = new Map<string, { data: SettledJob }[]>();
+    const send = (queue: string, data: SettledJob) => (byQueue.get(queue) ?? byQueue.set(queue, []).get(queue)!).push({ data });
+    for (const row of rows) {
+      const data = settledJobOf(row);
+      if (!fromTable) send(SETTLED_QUEUE, data);
+      for (const name of row.subscribers as string[]) send(name, { ...data, queue: name });
     }
+    for (const [queue, jobs] of byQueue) await boss.insert(queue, jobs, { db: bossDb(tx) });
     return rows.length;
   });
 }
@@ -145,18 +159,17 @@ class SettlementTimeoutError extends Error {
  */
 /** The event a job carries, its times as Dates. */
 function eventOf(data: SettledJob): SettlementEvent {
-  const { settledAt, hold, traceparent: _traceparent, queue: _queue, ...event } = data;
+  const { settledAt, hold, traceparent: _traceparent, queue: _queue, lastError: _lastError, ...event } = data;
   const captureBefore = hold?.captureBefore;
   return { ...event, hold: hold ? { captureBefore: captureBefore ? new Date(captureBefore) : null } : null, settledAt: new Date(settledAt) };
 }
 
 export async function workSettlements(
   boss: PgBoss,
-  work: { queue: string; slots: number; timeoutMs: number; idlePollSeconds?: number },
+  work: { queue: string; slots: number; timeoutMs: number; idlePollSeconds?: IdlePollSeconds },
   handle: (event: SettlementEvent) => Promise<void>,
 ): Promise<void> {
-  const idle = work.idlePollSeconds === undefined ? {} : { pollingIntervalSeconds: work.idlePollSeconds, notifyPollingIntervalSeconds: work.idlePollSeconds };
-  await workSlots(boss, work.queue, work.slots, idle, async (job) => {
+  await workSlots(boss, work.queue, work.slots, { idlePollSeconds: work.idlePollSeconds }, async (job) => {
     const event = eventOf(job.data);
     await traceDelivery({ ...event, traceparent: job.data.traceparent }, job.retryCount, () => withinTimeout(() => handle(event), work.timeoutMs));
   });
@@ -168,9 +181,9 @@ const LEASE_MARGIN_SECONDS = settledQueueOptions.heartbeatSeconds!;
 /** How often an idle delivery loop looks for events (a named queue's first slot polls as often). */
 const IDLE_POLL_MS = 1_000;
 
-/** How often the unnamed handlers look into the pg-boss queue `settled`, where only workers of a release
- * before table delivery put events (a rolling upgrade's; NOTIFY wakes them sooner where they listen). */
-export const LEGACY_POLL_SECONDS = 5;
+/** How often the unnamed handlers look into the pg-boss queue `settled`, where only workers of the release
+ * before table delivery put events (a rolling upgrade's): its first loop, and each other. */
+export const LEGACY_POLL_SECONDS: IdlePollSeconds = { first: 5, others: 60 };
 
 /** Delivering the events of settlement_outbox, until stop() (a handler in hand finishes first). */
 export interface SettlementDelivery {
@@ -188,11 +201,13 @@ export interface SettlementDelivery {
  * `db` runs single statements, `pool` the dead letter's transaction; `onError`: what failed around a
  * handler (never a handler's own throw, which is retried).
  */
-export function deliverSettlements(
+export async function deliverSettlements(
   { db, pool, boss }: { db: Queryable; pool: pg.Pool; boss: PgBoss },
   work: { slots: number; timeoutMs: number; onError: (err: Error) => void },
   handle: (event: SettlementEvent) => Promise<void>,
-): SettlementDelivery {
+): Promise<SettlementDelivery> {
+  // From now on the workers leave every event in the table for the unnamed handlers (module comment).
+  await db.query(db.sql.deliverFromTable());
   const leaseSeconds = Math.ceil(work.timeoutMs / 1000) + LEASE_MARGIN_SECONDS;
   let stopped = false;
   /** The loops asleep on an empty table (or a failed look), each woken by one call. */
@@ -202,46 +217,70 @@ export function deliverSettlements(
   // One sleeping loop looks again every IDLE_POLL_MS, whichever is free: a hung handler's slot never
   // is the only one that would have looked.
   const poll = setInterval(wakeOne, IDLE_POLL_MS);
+  const reportError = (err: unknown) => {
+    try {
+      work.onError(err instanceof Error ? err : new Error(String(err)));
+    } catch {
+      // The application's own onError threw: there is no one else to tell, and the loop must go on.
+    }
+  };
 
   async function settleDelivery(row: Record<string, any>, failure: unknown): Promise<void> {
     const { id, attempts } = row as { id: number; attempts: number };
     if (failure === undefined) {
       await db.query(db.sql.settlementEventDone(id, attempts));
-    } else if (attempts > settledQueueOptions.retryLimit!) {
+      return;
+    }
+    const lastError = (failure instanceof Error ? failure.message : String(failure)).slice(0, 2000);
+    if (attempts > settledQueueOptions.retryLimit!) {
       await inTransaction(pool, async (tx) => {
         const { rowCount } = await tx.query(tx.sql.settlementEventDone(id, attempts));
-        if (rowCount) await boss.insert(SETTLED_DEAD_QUEUE, [{ data: settledJobOf(row) }], { db: bossDb(tx) });
+        if (rowCount) await boss.insert(SETTLED_DEAD_QUEUE, [{ data: { ...settledJobOf(row), lastError } }], { db: bossDb(tx) });
       }, db.sql);
     } else {
       const backoff = Math.min(settledQueueOptions.retryDelayMax!, settledQueueOptions.retryDelay! * 2 ** (attempts - 1));
-      const message = failure instanceof Error ? failure.message : String(failure);
-      await db.query(db.sql.settlementEventRetry(id, attempts, backoff * (0.5 + Math.random() / 2), message.slice(0, 2000)));
+      await db.query(db.sql.settlementEventRetry(id, attempts, backoff * (0.5 + Math.random() / 2), lastError));
     }
+  }
+
+  /** Takes and delivers one event; false when there was none to take. */
+  async function deliverOne(): Promise<boolean> {
+    const row = (await db.query(db.sql.takeSettlementEvent(leaseSeconds, SETTLED_EVENT))).rows[0];
+    if (!row) return false;
+    wakeOne();
+    if (row.orphan) {
+      // Its operation does not exist: there is nothing to tell, and it would be leased again for ever.
+      await db.query(db.sql.settlementEventDone(row.id, row.attempts));
+      return true;
+    }
+    if (row.attempts > settledQueueOptions.retryLimit! + 1) {
+      // Its deliveries since its last recorded failure never finished (each process died or stalled in
+      // the handler, its lease lapsing): an event that kills its process is dead-lettered like one that throws.
+      await settleDelivery(row, new Error('its deliveries never finished: the process died or stalled in the handler'));
+      return true;
+    }
+    const job = settledJobOf(row);
+    const event = eventOf(job);
+    let failure: unknown;
+    try {
+      await traceDelivery({ ...event, traceparent: job.traceparent }, row.attempts - 1, () => withinTimeout(() => handle(event), work.timeoutMs));
+    } catch (err) {
+      failure = err ?? new Error('the handler threw nothing');
+    }
+    await settleDelivery(row, failure);
+    return true;
   }
 
   async function loop(): Promise<void> {
     while (!stopped) {
-      let row: Record<string, any> | undefined;
+      let found = false;
       try {
-        row = (await db.query(db.sql.takeSettlementEvent(leaseSeconds, SETTLED_EVENT))).rows[0];
+        found = await deliverOne();
       } catch (err) {
-        work.onError(err as Error);
+        // The database failed: a delivery not recorded is a lease that lapses, and the event comes back.
+        reportError(err);
       }
-      if (!row) {
-        if (!stopped) await sleep();
-        continue;
-      }
-      wakeOne();
-      const job = settledJobOf(row);
-      const event = eventOf(job);
-      let failure: unknown;
-      try {
-        await traceDelivery({ ...event, traceparent: job.traceparent }, row.attempts - 1, () => withinTimeout(() => handle(event), work.timeoutMs));
-      } catch (err) {
-        failure = err ?? new Error('the handler threw nothing');
-      }
-      // Not recorded (the database failed): the lease lapses and the event comes back.
-      await settleDelivery(row, failure).catch((err) => work.onError(err as Error));
+      if (!found && !stopped) await sleep();
     }
   }
 
@@ -300,22 +339,26 @@ export async function workSettlementsInTransaction(
   });
 }
 
+/** How often an idle pg-boss loop of a subscription polls: its first, and each other (NOTIFY wakes them sooner where they listen). */
+type IdlePollSeconds = { first: number; others: number };
+
 /**
  * `slots` pg-boss loops on `queue`, one job each, so that a slow or hung handler holds only its own slot
  * and every other event keeps flowing. A loop that got a job wakes the next one (a backlog spreads over
- * the slots) and looks again itself once done; only the first polls every second or two when idle (the
- * others every few seconds, or at once on NOTIFY), so an idle subscription costs about what one loop did.
+ * the slots) and looks again itself once done; only the first polls often when idle (by default every
+ * second or two, the others every few seconds), so an idle subscription costs about what one loop did.
  */
 async function workSlots(
   boss: PgBoss,
   queue: string,
   slots: number,
-  options: { transactional?: true; transactionTimeoutSeconds?: number; pollingIntervalSeconds?: number; notifyPollingIntervalSeconds?: number },
+  { idlePollSeconds = { first: 1, others: 5 }, ...options }: { transactional?: true; transactionTimeoutSeconds?: number; idlePollSeconds?: IdlePollSeconds | undefined },
   deliver: (job: Job<SettledJob>, tx: IDatabase | undefined) => Promise<void>,
 ): Promise<void> {
   const ids: string[] = [];
   for (let slot = 0; slot < slots; slot++) {
-    const polling = slot === 0 ? { pollingIntervalSeconds: 1, notifyPollingIntervalSeconds: 2 } : { pollingIntervalSeconds: 5, notifyPollingIntervalSeconds: 10 };
+    const seconds = slot === 0 ? idlePollSeconds.first : idlePollSeconds.others;
+    const polling = { pollingIntervalSeconds: seconds, notifyPollingIntervalSeconds: 2 * seconds };
     const handler = async (jobs: Job<SettledJob>[], tx?: IDatabase) => {
       if (jobs.length === 0) return;
       const next = ids[(slot + 1) % slots];
@@ -327,7 +370,7 @@ async function workSlots(
         if (self) boss.notifyWorker(self);
       }
     };
-    ids.push(await boss.work<SettledJob>(queue, { ...polling, ...options, batchSize: 1 } as WorkOptions, handler as WorkHandler<SettledJob>));
+    ids.push(await boss.work<SettledJob>(queue, { ...options, ...polling, batchSize: 1 } as WorkOptions, handler as WorkHandler<SettledJob>));
   }
 }
 

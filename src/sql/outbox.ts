@@ -18,6 +18,18 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
             case when op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual' and op.status = 'succeeded'
                    and coalesce(op.result->>'status', 'requires_capture') = 'requires_capture'
               then jsonb_build_object('captureBefore', op.result->>'capture_before') end as hold`;
+  /** The events of the rows `taken` (a CTE returning id, operation_id, source, created_at) that the relay
+   * holds, with on each the named subscribers' queues ($2: pg-boss's event) that subscribed before it
+   * settled, read in the same statement and snapshot. */
+  const relayedEvents = (taken: string) => `with taken as (${taken})
+       select ${EVENT},
+              (select coalesce(array_agg(q.name order by q.name), '{}') from ${boss}.subscription q
+               where q.event = $2 and q.created_on <= taken.created_at) as subscribers
+       from taken join ${s}.payment_operations op on op.id = taken.operation_id
+       order by taken.id`;
+  /** The oldest settlement_outbox rows no other relay holds, matching `where`. */
+  const oldest = (where: string) =>
+    `id in (select id from ${s}.settlement_outbox where ${where} order by id limit $1 for update skip locked)`;
   return {
     /** The channel the outboxes' triggers NOTIFY while a relay sleeps (drizzle/0022_outbox_wake.sql): the
      * relay LISTENs on it instead of waiting out its poll. */
@@ -35,11 +47,20 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
     relayWakes: statement<[workerId: string]>('outboxd_relay_wakes', `delete from ${s}.relay_sleepers where worker_id = $1`),
 
     /** Whether each outbox has rows to relay: the relay's one look before it opens a transaction on either.
-     * Settlement events are relayed only to named subscribers ($1: pg-boss's event), and only once. */
+     * Once the unnamed handlers take events from their table (table_delivery), settlement events are
+     * relayed only to named subscribers ($1: pg-boss's event), and only once; before, every one is. */
     outboxesHaveRows: statement<[event: string]>(
       'outboxd_outboxes_have_rows',
-      `select exists (select 1 from ${s}.charge_outbox) as operations,
-         exists (select 1 from ${s}.settlement_outbox where not fanned_out) and ${subscribed(1)} as settlements`,
+      `select exists (select 1 from ${s}.charge_outbox) as operations, d.on as table_delivery,
+         case when d.on then exists (select 1 from ${s}.settlement_outbox where not fanned_out) and ${subscribed(1)}
+           else exists (select 1 from ${s}.settlement_outbox) end as settlements
+       from (select exists (select 1 from ${s}.settlement_delivery) as on) d`,
+    ),
+
+    /** The unnamed handlers take events from settlement_outbox from now on (src/outbox/settlements.ts). */
+    deliverFromTable: statement<[]>(
+      'outboxd_deliver_from_table',
+      `insert into ${s}.settlement_delivery default values on conflict do nothing`,
     ),
 
     /** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark.
@@ -58,20 +79,19 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
 
     outboxDepth: statement<[]>('outboxd_outbox_depth', `select count(*)::int as rows from ${s}.charge_outbox`),
 
-    /** Takes the oldest events no relay copied yet and no other relay holds, with what they say, and on
-     * each row the named subscribers' queues ($2: pg-boss's event, as settlementSubscriberQueues reads them),
-     * read in the same statement and snapshot. The rows stay for the unnamed handlers, marked copied. */
+    /** Takes the oldest events no relay copied yet and no other relay holds, with what they say and the
+     * subscribers to copy each to. The rows stay for the unnamed handlers, marked copied. */
     takeSettlementBatch: statement<[limit: number, event: string]>(
       'outboxd_take_settlement_batch',
-      `with taken as (
-         update ${s}.settlement_outbox set fanned_out = true
-         where id in (select id from ${s}.settlement_outbox where not fanned_out order by id limit $1 for update skip locked)
-         returning id, operation_id, source
-       )
-       select ${EVENT},
-              (select coalesce(array_agg(q.name order by q.name), '{}') from ${boss}.subscription q where q.event = $2) as subscribers
-       from taken join ${s}.payment_operations op on op.id = taken.operation_id
-       order by taken.id`,
+      relayedEvents(`update ${s}.settlement_outbox set fanned_out = true where ${oldest('not fanned_out')}
+         returning id, operation_id, source, created_at`),
+    ),
+
+    /** As takeSettlementBatch, before the unnamed handlers take events from their table: the rows go, as
+     * their jobs on the queue `settled` are made (releases before did only this). */
+    takeSettlementBatchForQueue: statement<[limit: number, event: string]>(
+      'outboxd_take_settlement_batch_for_queue',
+      relayedEvents(`delete from ${s}.settlement_outbox where ${oldest('true')} returning id, operation_id, source, created_at`),
     ),
 
     /**
@@ -79,7 +99,7 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
      * time has come (its insert, or the end of its backoff), that no delivery holds (a lapsed lease is
      * a delivery that died), and, while anyone is subscribed by name ($2: pg-boss's event), that the
      * relay copied to their queues already (so that consuming it never takes it from them). The lease
-     * touches no indexed column: a HOT update.
+     * touches no indexed column: a HOT update. `orphan`: its operation does not exist (nothing to say).
      */
     takeSettlementEvent: statement<[leaseSeconds: number, event: string]>(
       'outboxd_take_settlement_event',
@@ -92,8 +112,8 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
          )
          returning id, operation_id, source, attempts
        )
-       select taken.id, taken.attempts, ${EVENT}
-       from taken join ${s}.payment_operations op on op.id = taken.operation_id`,
+       select taken.id, taken.attempts, op.id is null as orphan, ${EVENT}
+       from taken left join ${s}.payment_operations op on op.id = taken.operation_id`,
     ),
 
     /** A delivery in hand is over (handled, or dead-lettered): the event goes, unless another took it over. */
@@ -125,13 +145,15 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
        where operation_id = $1 order by id`,
     ),
 
-    /** Events waiting for the unnamed handlers, and those of them still to copy to named subscribers ($1:
-     * pg-boss's event); one scan of the table. */
+    /** Events waiting in the table for the unnamed handlers, and those the relay has still to take ($1:
+     * pg-boss's event): to copy to named subscribers, or, before the unnamed handlers take events from
+     * the table, to relay to the queue `settled`. One scan of the table. */
     settlementOutboxDepth: statement<[event: string]>(
       'outboxd_settlement_outbox_depth',
-      `select count(*)::int as waiting,
-         case when ${subscribed(1)} then (count(*) filter (where not fanned_out))::int else 0 end as unrelayed
-       from ${s}.settlement_outbox`,
+      `select case when d.on then c.n else 0 end as waiting,
+         case when not d.on then c.n when ${subscribed(1)} then c.unfanned else 0 end as unrelayed
+       from (select count(*)::int as n, (count(*) filter (where not fanned_out))::int as unfanned from ${s}.settlement_outbox) c,
+            (select exists (select 1 from ${s}.settlement_delivery) as on) d`,
     ),
 
     /** The named subscribers' queues (pg-boss's subscriptions to the event `settled`, which its foreign

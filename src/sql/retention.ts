@@ -41,14 +41,15 @@ export const retentionStatements = ({ s, statement }: SqlContext) => ({
   ),
 
   /** Settlement events no unnamed handler took within $1 days (pg-boss's retention of a job never taken,
-   * as when they were jobs), as pruneAdminAudit: ids and insert times grow together. */
+   * as when they were jobs), as pruneAdminAudit: ids and insert times grow together. One a delivery holds
+   * is left to it (its failure is still recorded, or dead-lettered). */
   pruneSettlementOutbox: statement<[retentionDays: number, afterId: number, scan: number]>(
     'outboxd_prune_settlement_outbox',
     `with scanned as (
        select id, created_at from ${s}.settlement_outbox where id > $2 order by id limit $3
      ), gone as (
        delete from ${s}.settlement_outbox o using scanned sc
-       where o.id = sc.id and sc.created_at < now() - make_interval(days => $1)
+       where o.id = sc.id and sc.created_at < now() - make_interval(days => $1) and (o.leased_until is null or o.leased_until < now())
        returning o.id
      )
      select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,

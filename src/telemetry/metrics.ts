@@ -22,11 +22,10 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
   const registry = new Registry();
   collectDefaultMetrics({ register: registry, prefix: 'outboxd_' });
   const r = [registry];
-  let health: Promise<{ needs_review: number; oldest_unsettled_seconds: number }> | undefined;
-  // One query per scrape feeds the three gauges that come from it.
-  const readHealth = () => (health ??= source.db.query(source.db.sql.operationHealth()).then((x) => x.rows[0]).finally(() => setTimeout(() => (health = undefined), 500)));
-  let host: Promise<HostHealth> | undefined;
-  const readHost = () => (host ??= source.db.query(source.db.sql.hostHealth()).then((x) => x.rows[0]).finally(() => setTimeout(() => (host = undefined), 500)));
+  // One query per scrape feeds every gauge that comes from it.
+  const readHealth = perScrape<{ needs_review: number; oldest_unsettled_seconds: number }>(() => source.db.query(source.db.sql.operationHealth()));
+  const readHost = perScrape<HostHealth>(() => source.db.query(source.db.sql.hostHealth()));
+  const readSettlementOutbox = perScrape<{ waiting: number; unrelayed: number }>(() => source.db.query(source.db.sql.settlementOutboxDepth(SETTLED_EVENT)));
 
   return {
     registry,
@@ -106,10 +105,10 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
     }),
     settlementOutboxRows: new Gauge({
       name: 'outboxd_settlement_outbox_rows',
-      help: 'Settlement events written with their settlement, waiting to be copied to the named subscribers\' queues (0 while none is subscribed)',
+      help: 'Settlement events the relay has still to take: to copy to the named subscribers\' queues (none while nobody is subscribed by name), or, until the unnamed onSettled handlers take events from their table, to relay to the queue settled',
       registers: r,
       async collect() {
-        this.set((await source.db.query(source.db.sql.settlementOutboxDepth(SETTLED_EVENT))).rows[0].unrelayed);
+        this.set((await readSettlementOutbox()).unrelayed);
       },
     }),
     settlementEvents: new Gauge({
@@ -120,10 +119,10 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
       async collect() {
         // Waiting: in settlement_outbox, and in the queue `settled` where an earlier release's workers put them.
         const [table, legacy, dead] = await Promise.all([
-          source.db.query(source.db.sql.settlementOutboxDepth(SETTLED_EVENT)),
+          readSettlementOutbox(),
           ...[SETTLED_QUEUE, SETTLED_DEAD_QUEUE].map((q) => source.boss.getQueue(q).catch(() => null)),
         ]);
-        this.set({ state: 'waiting' }, table.rows[0].waiting + (legacy?.queuedCount ?? 0));
+        this.set({ state: 'waiting' }, table.waiting + (legacy?.queuedCount ?? 0));
         if (dead) this.set({ state: 'dead' }, dead.queuedCount);
       },
     }),
@@ -202,4 +201,10 @@ export function registerStripeMode(registry: Registry, mode: StripeMode): void {
     registers: [registry],
   });
   for (const m of ['emulator', 'test', 'live'] as const) gauge.set({ mode: m }, m === mode ? 1 : 0);
+}
+
+/** `read`'s first row, read once for every gauge of a scrape that asks within half a second. */
+function perScrape<T>(read: () => Promise<{ rows: unknown[] }>): () => Promise<T> {
+  let row: Promise<T> | undefined;
+  return () => (row ??= read().then((x) => x.rows[0] as T).finally(() => setTimeout(() => (row = undefined), 500)));
 }

@@ -9,6 +9,7 @@ import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
 import { confirm, operation, relay } from '../support/fixtures.ts';
 import { waitUntil } from '../../harness/replica.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
+import { subscribeSettlements } from '../../src/outbox/settlements.ts';
 
 let t: TestDb;
 let e: RunningEmulator;
@@ -80,16 +81,19 @@ describe("the outboxes' triggers", () => {
 
 describe('a replica that can LISTEN', () => {
   it('sleeps registered, relays an order and its settlement event at once, not after its poll (here 10 minutes), and leaves at its drain', async () => {
+    // A named subscriber, so that there is a settlement event to relay (the unnamed handlers take theirs from the table).
+    const queue = await subscribeSettlements(t.boss, 'wake');
     const replica = await startDispatcher(t, e.gateway({ timeoutMs: 10_000 }), 'wake-a', { relayIntervalMs: 600_000 });
     try {
       await waitUntil(async () => (await sleepers()).includes('wake-a'), 10_000, 'registered asleep');
       const op = await confirm(t);
       await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 15_000, 'settled');
-      const settlementWaiting = async () =>
-        (await t.pool.query(`select count(*)::int as n from outboxd.settlement_outbox where operation_id = $1`, [op])).rows[0].n;
-      await waitUntil(async () => (await settlementWaiting()) === 0, 15_000, 'settlement event relayed');
+      const copied = async () =>
+        (await t.pool.query(`select count(*)::int as n from pgboss.job where name = $1 and data->>'operationId' = $2`, [queue, op])).rows[0].n;
+      await waitUntil(async () => (await copied()) === 1, 15_000, 'settlement event relayed');
     } finally {
       await replica.stop();
+      await t.boss.deleteQueue(queue);
     }
     expect(await sleepers()).toEqual([]);
   });

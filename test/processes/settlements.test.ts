@@ -4,6 +4,7 @@
 // once: again after a throw or a process that died mid-handler, dead-lettered after many failures, and
 // sent again by `outboxd settlements redrive`.
 import { spawn } from 'node:child_process';
+import pg from 'pg';
 import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import type Stripe from 'stripe';
@@ -95,24 +96,50 @@ describe('every settlement writes its event with the status change', () => {
     expect(await events(op)).toEqual([{ source: 'admin' }]);
   });
 
-  it('the event waits in its table for the unnamed handlers; the relay copies it to each named subscriber, once, and only while one exists', async () => {
-    const op = await confirm(t);
-    await executeOperation(t.pool, kindsFor(new FakeStripe()), op, await claim(t, op));
+  it('the event waits in its table for the unnamed handlers; the relay copies it to each named subscriber that subscribed before it settled, once', async () => {
+    const before = await confirm(t);
+    await executeOperation(t.pool, kindsFor(new FakeStripe()), before, await claim(t, before)); // settled before anyone subscribed
     await relay(t);
-    expect(await events(op)).toEqual([{ source: 'dispatcher' }]);
-    expect(await jobs(SETTLED_QUEUE, op)).toEqual([]);
+    expect(await events(before)).toEqual([{ source: 'dispatcher' }]);
+    expect(await jobs(SETTLED_QUEUE, before)).toEqual([]);
 
     const queue = await subscribeSettlements(t.boss, 'copies');
     try {
+      const op = await confirm(t);
+      await executeOperation(t.pool, kindsFor(new FakeStripe()), op, await claim(t, op));
       await relay(t);
       const [job] = await jobs(queue, op);
       expect(job.data).toMatchObject({ operationId: op, kind: 'charge', status: 'succeeded', amount: 2599, currency: 'eur', source: 'dispatcher', queue });
       expect(job.data.externalId).toMatch(/^pi_/);
       await relay(t);
       expect(await jobs(queue, op)).toHaveLength(1);
+      expect(await jobs(queue, before)).toEqual([]); // a subscriber hears of what settled after it subscribed
       expect(await events(op)).toEqual([{ source: 'dispatcher' }]);
+      expect(await jobs(SETTLED_QUEUE, op)).toEqual([]);
     } finally {
       await t.boss.deleteQueue(queue);
+    }
+  });
+
+  it('until an application of this release starts its unnamed handlers, the relay puts every event on `settled`, where the applications of the release before look', async () => {
+    await t.pool.query(`delete from outboxd.settlement_delivery`); // a database upgraded from that release
+    try {
+      const op = await confirm(t);
+      await executeOperation(t.pool, kindsFor(new FakeStripe()), op, await claim(t, op));
+      await relay(t);
+      expect(await events(op)).toEqual([]);
+      expect((await jobs(SETTLED_QUEUE, op)).map((j) => j.data)).toEqual([expect.objectContaining({ operationId: op, status: 'succeeded', source: 'dispatcher' })]);
+
+      const app = new Outboxd({ connectionString: t.url, onError: () => {} });
+      await app.onSettled(() => {});
+      await app.stop();
+      const next = await confirm(t);
+      await executeOperation(t.pool, kindsFor(new FakeStripe()), next, await claim(t, next));
+      await relay(t);
+      expect(await events(next)).toEqual([{ source: 'dispatcher' }]);
+      expect(await jobs(SETTLED_QUEUE, next)).toEqual([]);
+    } finally {
+      await t.pool.query(`insert into outboxd.settlement_delivery default values on conflict do nothing`);
     }
   });
 });
@@ -159,7 +186,7 @@ describe('onSettled', () => {
     try {
       await waitUntil(async () => (await jobs(SETTLED_DEAD_QUEUE, op)).length === 1, 30_000, 'dead-lettered');
       expect(await events(op)).toEqual([]);
-      expect((await jobs(SETTLED_DEAD_QUEUE, op))[0].data).toMatchObject({ operationId: op, status: 'succeeded', source: 'dispatcher' });
+      expect((await jobs(SETTLED_DEAD_QUEUE, op))[0].data).toMatchObject({ operationId: op, status: 'succeeded', source: 'dispatcher', lastError: 'a bug in the handler' });
     } finally {
       await failing.stop(); // a timeout here must not leave it taking the events later tests wait for
     }
@@ -295,20 +322,79 @@ describe('the unnamed handlers’ table', () => {
     }
   });
 
-  it('an event whose delivery was never finished (its process died mid-handler) comes back once its lease lapses', { timeout: 60_000 }, async () => {
+  it('an event whose delivery was never finished (its process died mid-handler) comes back once its lease lapses, not before', { timeout: 60_000 }, async () => {
     const op = await settle();
-    // Leased for two seconds by a delivery that never ends, as a killed process leaves it.
-    await t.pool.query(`update outboxd.settlement_outbox set attempts = attempts + 1, leased_until = now() + interval '2 seconds' where operation_id = $1`, [op]);
+    // Leased for three seconds by a delivery that never ends, as a killed process leaves it.
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = attempts + 1, leased_until = now() + interval '3 seconds' where operation_id = $1`, [op]);
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
     const seen: string[] = [];
     try {
       await outboxd.onSettled((event) => {
         seen.push(event.operationId);
       });
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      expect(seen).not.toContain(op);
       await waitUntil(() => seen.includes(op), 20_000, 'delivered once the lease lapsed');
       await waitUntil(async () => (await events(op)).length === 0, 10_000, 'the handled event goes');
     } finally {
       await outboxd.stop();
+    }
+  });
+
+  it('an event whose deliveries kill their process is dead-lettered like one whose handler throws, without running the handler again', { timeout: 60_000 }, async () => {
+    const op = await settle();
+    // 41 deliveries begun, the last one's lease lapsed with nothing recorded.
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = 41, leased_until = now() - interval '1 second' where operation_id = $1`, [op]);
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    const seen: string[] = [];
+    try {
+      await outboxd.onSettled((event) => {
+        seen.push(event.operationId);
+      });
+      await waitUntil(async () => (await jobs(SETTLED_DEAD_QUEUE, op)).length === 1, 20_000, 'dead-lettered');
+      expect((await jobs(SETTLED_DEAD_QUEUE, op))[0].data.lastError).toMatch(/never finished/);
+      expect(seen).not.toContain(op);
+      expect(await events(op)).toEqual([]);
+    } finally {
+      await outboxd.stop();
+    }
+  });
+
+  it('a failure before the last retry puts the event off, keeping its error; the 41st failure dead-letters it', { timeout: 60_000 }, async () => {
+    const op = await settle();
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = 39 where operation_id = $1`, [op]);
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    try {
+      await outboxd.onSettled((event) => {
+        if (event.operationId === op) throw new Error('still failing');
+      });
+      const row = async () => (await t.pool.query(`select attempts, last_error, not_before > now() as later from outboxd.settlement_outbox where operation_id = $1`, [op])).rows[0];
+      await waitUntil(async () => (await row())?.last_error === 'still failing', 20_000, 'the 40th failure recorded');
+      expect(await row()).toEqual({ attempts: 40, last_error: 'still failing', later: true });
+      expect(await jobs(SETTLED_DEAD_QUEUE, op)).toEqual([]);
+      await t.pool.query(`update outboxd.settlement_outbox set not_before = now() where operation_id = $1`, [op]);
+      await waitUntil(async () => (await jobs(SETTLED_DEAD_QUEUE, op)).length === 1, 20_000, 'the 41st failure dead-lettered');
+    } finally {
+      await outboxd.stop();
+    }
+  });
+
+  it('stop() while onSettled is still starting leaves no delivery running (on the application’s pool, which stop() leaves open)', { timeout: 60_000 }, async () => {
+    const appPool = new pg.Pool({ connectionString: t.url, max: 4 });
+    const outboxd = new Outboxd({ pool: appPool, onError: () => {} });
+    const seen: string[] = [];
+    try {
+      const subscribing = outboxd.onSettled((event) => {
+        seen.push(event.operationId);
+      });
+      await outboxd.stop();
+      await subscribing.catch(() => {});
+      const op = await settle();
+      await new Promise((resolve) => setTimeout(resolve, 2_500));
+      expect(seen).not.toContain(op);
+      expect(await events(op)).toEqual([{ source: 'dispatcher' }]);
+    } finally {
+      await appPool.end();
     }
   });
 
