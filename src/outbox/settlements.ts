@@ -153,10 +153,6 @@ class SettlementTimeoutError extends Error {
   override name = 'SettlementTimeoutError';
 }
 
-/**
- * Works `queue` with `handle`: a job completes when `handle` resolves for its event, and is retried
- * with backoff when it throws or outlives `timeoutMs`. Resolves once subscribed.
- */
 /** The event a job carries, its times as Dates. */
 function eventOf(data: SettledJob): SettlementEvent {
   const { settledAt, hold, traceparent: _traceparent, queue: _queue, lastError: _lastError, ...event } = data;
@@ -164,6 +160,10 @@ function eventOf(data: SettledJob): SettlementEvent {
   return { ...event, hold: hold ? { captureBefore: captureBefore ? new Date(captureBefore) : null } : null, settledAt: new Date(settledAt) };
 }
 
+/**
+ * Works `queue` with `handle`: a job completes when `handle` resolves for its event, and is retried
+ * with backoff when it throws or outlives `timeoutMs`. Resolves once subscribed.
+ */
 export async function workSettlements(
   boss: PgBoss,
   work: { queue: string; slots: number; timeoutMs: number; idlePollSeconds?: IdlePollSeconds },
