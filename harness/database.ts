@@ -29,5 +29,8 @@ export async function createMigratedDatabase(
 ): Promise<{ url: string; drop(): Promise<void> }> {
   const database = await createEmptyDatabase(adminUrl, prefix);
   await migrate(database.url, schema);
+  // Only this release runs here: settlement events wait in their table for the unnamed handlers, as once
+  // an application of this release has subscribed (src/outbox/settlements.ts).
+  await adminQuery(database.url, `insert into "${schema}".settlement_delivery default values`);
   return database;
 }

@@ -358,8 +358,19 @@ export class Outboxd {
     if (typeof transactional !== 'boolean') throw new TypeError('onSettled: transactional is true or false');
     if (subscriber === undefined && !transactional) {
       this.#handlers.push(handler as SettlementHandler);
-      this.#subscription ??= this.#subscribe();
-      return this.#subscription;
+      try {
+        await (this.#subscription ??= this.#subscribe().catch(async (err) => {
+          // Not subscribed: onSettled may be called again, and nothing this attempt started goes on.
+          this.#subscription = undefined;
+          await this.#delivery?.stop();
+          this.#delivery = undefined;
+          throw err;
+        }));
+      } catch (err) {
+        this.#handlers.splice(this.#handlers.indexOf(handler as SettlementHandler), 1);
+        throw err;
+      }
+      return;
     }
     const name = subscriber ?? 'default';
     if (typeof name !== 'string' || !SUBSCRIBER_NAME.test(name)) {
@@ -395,7 +406,7 @@ export class Outboxd {
       for (const handler of this.#handlers) await handler(event);
     };
     const pool = this.#ownPool ?? (this.#connection as pg.Pool);
-    this.#delivery = await deliverSettlements({ db: this.#db, pool, boss }, { slots: SETTLED_SLOTS, timeoutMs: this.#settlementTimeoutMs, onError: this.#onError }, handle);
+    this.#delivery = deliverSettlements({ db: this.#db, pool, boss }, { slots: SETTLED_SLOTS, timeoutMs: this.#settlementTimeoutMs, onError: this.#onError }, handle);
     // What workers of the release before put on the pg-boss queue `settled` (src/outbox/settlements.ts):
     // its first loop looks every few seconds, the others when woken by a job found.
     this.#subscribedQueues.add(SETTLED_QUEUE);
@@ -409,9 +420,22 @@ export class Outboxd {
       const boss = createBoss(this.#connection, 'subscriber', 4 + 2 * TRANSACTIONAL_SLOTS, this.schema, this.#direct);
       boss.on('error', this.#onError);
       await boss.start();
+      await this.#deliverFromTable();
       return boss;
     })();
     return this.#boss;
+  }
+
+  /** An application of this release subscribes: from now on the workers leave settlement events in their
+   * table for the unnamed handlers (src/outbox/settlements.ts). A role that may not say so leaves them
+   * relaying every event to the queue `settled` as well, which this instance drains too: said once, not fatal. */
+  async #deliverFromTable(): Promise<void> {
+    try {
+      await this.#db.query(this.#db.sql.deliverFromTable());
+    } catch (err) {
+      if ((err as { code?: string }).code !== '42501') throw err;
+      this.#onError(new Error(`settlement events stay on the queue settled: this role may not write settlement_delivery (${(err as Error).message})`));
+    }
   }
 
   /** Stops the worker (calls in flight finish first) and the subscription (a handler running finishes

@@ -52,18 +52,13 @@ async function adoptLegacyMigrations(client: PoolClient, schema: string, journal
   }
 }
 
-/** How many of outboxd's migrations `schema` records as applied (0: a new database). */
-async function appliedMigrations(client: Pick<PoolClient, 'query'>, schema: string): Promise<number> {
-  // Two statements: PostgreSQL resolves a table name when it parses, even in a branch never taken.
-  const { rows: exists } = await client.query(`select to_regclass($1) is not null as ok`, [`"${schema}".${MIGRATIONS_TABLE}`]);
-  if (!exists[0].ok) return 0;
-  const { rows } = await client.query(`select count(*)::int as applied from "${schema}".${MIGRATIONS_TABLE}`);
-  return rows[0].applied;
-}
-
 /** Whether drizzle's journal lists migrations this database has not applied yet. */
 export async function drizzlePending(client: Pick<PoolClient, 'query'>, schema: string, journal: Journal): Promise<boolean> {
-  return (await appliedMigrations(client, schema)) < journal.entries.length;
+  // Two statements: PostgreSQL resolves a table name when it parses, even in a branch never taken.
+  const { rows: exists } = await client.query(`select to_regclass($1) is not null as ok`, [`"${schema}".${MIGRATIONS_TABLE}`]);
+  if (!exists[0].ok) return true;
+  const { rows } = await client.query(`select count(*)::int as applied from "${schema}".${MIGRATIONS_TABLE}`);
+  return rows[0].applied < journal.entries.length;
 }
 
 /**
@@ -94,10 +89,7 @@ async function migrateWith(client: PoolClient, connection: string | pg.Pool, sch
     await client.query(`create schema if not exists "${schema}"`);
     const journal = await readJournal(folder);
     await adoptLegacyMigrations(client, schema, journal);
-    const applied = await appliedMigrations(client, schema);
-    if (applied < journal.entries.length) await applyMigrations(client, schema, folder);
-    // A new database: no application of an earlier release can be reading the queue `settled`.
-    if (applied === 0) await client.query(`insert into "${schema}".settlement_delivery default values on conflict do nothing`);
+    if (await drizzlePending(client, schema, journal)) await applyMigrations(client, schema, folder);
     const boss = createBoss(connection, 'migrator', 2, schema);
     await boss.start();
     try {

@@ -157,10 +157,6 @@ export interface RelayPass {
   settlements: number;
 }
 
-/** Per pool, whether the unnamed onSettled handlers take events from their table, as last read: once
- * they do, they always will (src/outbox/settlements.ts). */
-const tableDelivery = new WeakMap<Pool, boolean>();
-
 /**
  * Relays both outboxes: operations to jobs of their kind's queue, settlement events to the named
  * subscribers' queues, and to `settled` until the unnamed handlers take them from their table
@@ -175,11 +171,10 @@ export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH, l
     const { rows } = await db.query(db.sql.outboxesHaveRows(SETTLED_EVENT));
     operations ||= rows[0].operations;
     settlements ||= rows[0].settlements;
-    tableDelivery.set(db, rows[0].table_delivery);
   }
   return {
     operations: operations ? await relayOperations(db, boss, limit) : 0,
-    settlements: settlements ? await relaySettlements(db, boss, limit, tableDelivery.get(db) ?? false) : 0,
+    settlements: settlements ? await relaySettlements(db, boss, limit) : 0,
   };
 }
 

@@ -10,9 +10,9 @@
 // sends it again.
 //
 // Releases before this delivery relayed every event to the pg-boss queue `settled`, which is where their
-// applications look. So the workers go on doing that until the first application of this release starts
-// its unnamed handlers (settlement_delivery gets its row; `outboxd migrate` writes it on a new database),
-// and this release's handlers drain `settled` too (docs/runbook.md, "Upgrading").
+// applications look. So the workers go on doing that until the first application of this release
+// subscribes (settlement_delivery gets its row), and this release's handlers drain `settled` too
+// (docs/runbook.md, "Upgrading").
 import type pg from 'pg';
 import type { QueryConfig, QueryResult, QueryResultRow } from 'pg';
 import type { Db as IDatabase, Job, PgBoss, Queue, WorkHandler, WorkOptions } from 'pg-boss';
@@ -101,12 +101,14 @@ const settledJobOf = (r: Record<string, any>): SettledJob => ({
 
 /**
  * Relays up to `limit` settlement events in one transaction, as relayOutbox does for charges: a job on
- * each named subscriber's queue that subscribed before the event settled. `fromTable`: the unnamed
- * handlers take events from settlement_outbox, where the rows stay, marked copied; before, every event
- * is also a job on the queue `settled`, and its row goes.
+ * each named subscriber's queue that subscribed before the event settled. Once the unnamed handlers take
+ * events from settlement_outbox, the rows stay there, marked copied; before, every event is also a job
+ * on the queue `settled`, and its row goes. Which, is read in the pass's transaction, under the switch's
+ * lock: a pass never takes rows the old way after the switch.
  */
-export async function relaySettlements(db: Pool, boss: PgBoss, limit: number, fromTable: boolean): Promise<number> {
+export async function relaySettlements(db: Pool, boss: PgBoss, limit: number): Promise<number> {
   return inTransaction(db, async (tx) => {
+    const fromTable: boolean = (await tx.query(tx.sql.settlementRelayMode())).rows[0].table_delivery;
     const take = fromTable ? tx.sql.takeSettlementBatch : tx.sql.takeSettlementBatchForQueue;
     const { rows } = await tx.query(take(limit, SETTLED_EVENT));
     const byQueue = new Map<string, { data: SettledJob }[]>();
@@ -201,13 +203,11 @@ export interface SettlementDelivery {
  * `db` runs single statements, `pool` the dead letter's transaction; `onError`: what failed around a
  * handler (never a handler's own throw, which is retried).
  */
-export async function deliverSettlements(
+export function deliverSettlements(
   { db, pool, boss }: { db: Queryable; pool: pg.Pool; boss: PgBoss },
   work: { slots: number; timeoutMs: number; onError: (err: Error) => void },
   handle: (event: SettlementEvent) => Promise<void>,
-): Promise<SettlementDelivery> {
-  // From now on the workers leave every event in the table for the unnamed handlers (module comment).
-  await db.query(db.sql.deliverFromTable());
+): SettlementDelivery {
   const leaseSeconds = Math.ceil(work.timeoutMs / 1000) + LEASE_MARGIN_SECONDS;
   let stopped = false;
   /** The loops asleep on an empty table (or a failed look), each woken by one call. */
@@ -256,7 +256,8 @@ export async function deliverSettlements(
     if (row.attempts > settledQueueOptions.retryLimit! + 1) {
       // Its deliveries since its last recorded failure never finished (each process died or stalled in
       // the handler, its lease lapsing): an event that kills its process is dead-lettered like one that throws.
-      await settleDelivery(row, new Error('its deliveries never finished: the process died or stalled in the handler'));
+      const lapsed = 'its last deliveries never finished: the process died or stalled in the handler';
+      await settleDelivery(row, new Error(row.last_error ? `${row.last_error} (then ${lapsed})` : lapsed));
       return true;
     }
     const job = settledJobOf(row);

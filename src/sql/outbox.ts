@@ -3,6 +3,9 @@
 // relay to the named subscribers' queues (src/outbox/).
 import type { SqlContext } from './context.ts';
 
+/** The most settlement events the metrics count (outboxd_settlement_events and _outbox_rows saturate there). */
+export const DEPTH_CAP = 100_000;
+
 export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => {
   /** Whether anyone subscribed by name to pg-boss's event $n (`settled`): the relay copies events only then. */
   const subscribed = (n: number) => `exists (select 1 from ${boss}.subscription where event = $${n})`;
@@ -18,15 +21,18 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
             case when op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual' and op.status = 'succeeded'
                    and coalesce(op.result->>'status', 'requires_capture') = 'requires_capture'
               then jsonb_build_object('captureBefore', op.result->>'capture_before') end as hold`;
-  /** The events of the rows `taken` (a CTE returning id, operation_id, source, created_at) that the relay
-   * holds, with on each the named subscribers' queues ($2: pg-boss's event) that subscribed before it
-   * settled, read in the same statement and snapshot. */
+  /** The events of the rows `taken` (a CTE returning id, operation_id, source, created_at, fanned_out)
+   * that the relay holds, with on each the named subscribers' queues ($2: pg-boss's event) that
+   * subscribed before it settled (none for a row copied already), read in the same statement and snapshot. */
   const relayedEvents = (taken: string) => `with taken as (${taken})
        select ${EVENT},
               (select coalesce(array_agg(q.name order by q.name), '{}') from ${boss}.subscription q
-               where q.event = $2 and q.created_on <= taken.created_at) as subscribers
+               where q.event = $2 and q.created_on <= taken.created_at and not taken.fanned_out) as subscribers
        from taken join ${s}.payment_operations op on op.id = taken.operation_id
        order by taken.id`;
+  /** The advisory lock between a relay's pass over settlement events (shared) and the switch to the
+   * unnamed handlers' table (exclusive): no pass that began before the switch is still taking rows after it. */
+  const SWITCH_LOCK = `hashtextextended('${schema}.settlement_delivery', 0)`;
   /** The oldest settlement_outbox rows no other relay holds, matching `where`. */
   const oldest = (where: string) =>
     `id in (select id from ${s}.settlement_outbox where ${where} order by id limit $1 for update skip locked)`;
@@ -47,20 +53,29 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
     relayWakes: statement<[workerId: string]>('outboxd_relay_wakes', `delete from ${s}.relay_sleepers where worker_id = $1`),
 
     /** Whether each outbox has rows to relay: the relay's one look before it opens a transaction on either.
-     * Once the unnamed handlers take events from their table (table_delivery), settlement events are
-     * relayed only to named subscribers ($1: pg-boss's event), and only once; before, every one is. */
+     * Once the unnamed handlers take events from their table, settlement events are relayed only to named
+     * subscribers ($1: pg-boss's event), and only once; before, every one is. */
     outboxesHaveRows: statement<[event: string]>(
       'outboxd_outboxes_have_rows',
-      `select exists (select 1 from ${s}.charge_outbox) as operations, d.on as table_delivery,
+      `select exists (select 1 from ${s}.charge_outbox) as operations,
          case when d.on then exists (select 1 from ${s}.settlement_outbox where not fanned_out) and ${subscribed(1)}
            else exists (select 1 from ${s}.settlement_outbox) end as settlements
        from (select exists (select 1 from ${s}.settlement_delivery) as on) d`,
     ),
 
-    /** The unnamed handlers take events from settlement_outbox from now on (src/outbox/settlements.ts). */
+    /** The unnamed handlers take events from settlement_outbox from now on (src/outbox/settlements.ts),
+     * once every relay pass begun before has ended. */
     deliverFromTable: statement<[]>(
       'outboxd_deliver_from_table',
-      `insert into ${s}.settlement_delivery default values on conflict do nothing`,
+      `with switch as (select pg_advisory_xact_lock(${SWITCH_LOCK}))
+       insert into ${s}.settlement_delivery (id) select 1 from switch on conflict do nothing`,
+    ),
+
+    /** First statement of a relay's pass over settlement events: whether the unnamed handlers take them
+     * from their table, read under the switch's lock (shared, until the pass commits). */
+    settlementRelayMode: statement<[]>(
+      'outboxd_settlement_relay_mode',
+      `select exists (select 1 from ${s}.settlement_delivery) as table_delivery from (select pg_advisory_xact_lock_shared(${SWITCH_LOCK})) l`,
     ),
 
     /** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark.
@@ -84,14 +99,16 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
     takeSettlementBatch: statement<[limit: number, event: string]>(
       'outboxd_take_settlement_batch',
       relayedEvents(`update ${s}.settlement_outbox set fanned_out = true where ${oldest('not fanned_out')}
-         returning id, operation_id, source, created_at`),
+         returning id, operation_id, source, created_at, false as fanned_out`),
     ),
 
-    /** As takeSettlementBatch, before the unnamed handlers take events from their table: the rows go, as
-     * their jobs on the queue `settled` are made (releases before did only this). */
+    /** As takeSettlementBatch, while the unnamed handlers do not take events from their table: the rows go,
+     * as their jobs on the queue `settled` are made (releases before did only this); not one a delivery
+     * holds (the switch was undone under it). */
     takeSettlementBatchForQueue: statement<[limit: number, event: string]>(
       'outboxd_take_settlement_batch_for_queue',
-      relayedEvents(`delete from ${s}.settlement_outbox where ${oldest('true')} returning id, operation_id, source, created_at`),
+      relayedEvents(`delete from ${s}.settlement_outbox where ${oldest('leased_until is null or leased_until < now()')}
+         returning id, operation_id, source, created_at, fanned_out`),
     ),
 
     /**
@@ -110,9 +127,9 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
            where not_before <= now() and (leased_until is null or leased_until <= now()) and (fanned_out or not ${subscribed(2)})
            order by not_before, id limit 1 for update skip locked
          )
-         returning id, operation_id, source, attempts
+         returning id, operation_id, source, attempts, last_error
        )
-       select taken.id, taken.attempts, op.id is null as orphan, ${EVENT}
+       select taken.id, taken.attempts, taken.last_error, op.id is null as orphan, ${EVENT}
        from taken left join ${s}.payment_operations op on op.id = taken.operation_id`,
     ),
 
@@ -147,12 +164,14 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
 
     /** Events waiting in the table for the unnamed handlers, and those the relay has still to take ($1:
      * pg-boss's event): to copy to named subscribers, or, before the unnamed handlers take events from
-     * the table, to relay to the queue `settled`. One scan of the table. */
+     * the table, to relay to the queue `settled`. One scan of at most DEPTH_CAP rows: the table keeps 14
+     * days of events nobody takes. */
     settlementOutboxDepth: statement<[event: string]>(
       'outboxd_settlement_outbox_depth',
       `select case when d.on then c.n else 0 end as waiting,
          case when not d.on then c.n when ${subscribed(1)} then c.unfanned else 0 end as unrelayed
-       from (select count(*)::int as n, (count(*) filter (where not fanned_out))::int as unfanned from ${s}.settlement_outbox) c,
+       from (select count(*)::int as n, (count(*) filter (where not fanned_out))::int as unfanned
+             from (select fanned_out from ${s}.settlement_outbox limit ${DEPTH_CAP}) capped) c,
             (select exists (select 1 from ${s}.settlement_delivery) as on) d`,
     ),
 

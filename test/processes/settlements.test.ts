@@ -121,7 +121,7 @@ describe('every settlement writes its event with the status change', () => {
     }
   });
 
-  it('until an application of this release starts its unnamed handlers, the relay puts every event on `settled`, where the applications of the release before look', async () => {
+  it('until an application of this release subscribes, the relay puts every event on `settled`, where the applications of the release before look', async () => {
     await t.pool.query(`delete from outboxd.settlement_delivery`); // a database upgraded from that release
     try {
       const op = await confirm(t);
@@ -140,6 +140,43 @@ describe('every settlement writes its event with the status change', () => {
       expect(await jobs(SETTLED_QUEUE, next)).toEqual([]);
     } finally {
       await t.pool.query(`insert into outboxd.settlement_delivery default values on conflict do nothing`);
+    }
+  });
+
+  it('the switch waits for every relay pass begun before it; a pass after it leaves the events in the table', async () => {
+    await t.pool.query(`delete from outboxd.settlement_delivery`);
+    const relayPass = await t.pool.connect();
+    try {
+      await relayPass.query('begin');
+      expect((await relayPass.query(t.pool.sql.settlementRelayMode())).rows[0].table_delivery).toBe(false);
+      let switched = false;
+      const switching = t.pool.query(t.pool.sql.deliverFromTable()).then(() => (switched = true));
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      expect(switched).toBe(false); // a pass that read the old way may still be taking rows that way
+      await relayPass.query('commit');
+      await switching;
+      await relayPass.query('begin');
+      expect((await relayPass.query(t.pool.sql.settlementRelayMode())).rows[0].table_delivery).toBe(true);
+      await relayPass.query('commit');
+    } finally {
+      relayPass.release();
+      await t.pool.query(`insert into outboxd.settlement_delivery default values on conflict do nothing`);
+    }
+  });
+
+  it('undone (an application rolled back), the old relay copies no event to a subscriber twice', async () => {
+    const queue = await subscribeSettlements(t.boss, 'undone');
+    try {
+      const op = await settle(); // copied to the subscriber, left in the table
+      expect(await jobs(queue, op)).toHaveLength(1);
+      await t.pool.query(`delete from outboxd.settlement_delivery`);
+      await relay(t);
+      expect(await events(op)).toEqual([]);
+      expect(await jobs(SETTLED_QUEUE, op)).toHaveLength(1);
+      expect(await jobs(queue, op)).toHaveLength(1);
+    } finally {
+      await t.pool.query(`insert into outboxd.settlement_delivery default values on conflict do nothing`);
+      await t.boss.deleteQueue(queue);
     }
   });
 });
@@ -344,7 +381,7 @@ describe('the unnamed handlers’ table', () => {
   it('an event whose deliveries kill their process is dead-lettered like one whose handler throws, without running the handler again', { timeout: 60_000 }, async () => {
     const op = await settle();
     // 41 deliveries begun, the last one's lease lapsed with nothing recorded.
-    await t.pool.query(`update outboxd.settlement_outbox set attempts = 41, leased_until = now() - interval '1 second' where operation_id = $1`, [op]);
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = 41, last_error = 'out of memory', leased_until = now() - interval '1 second' where operation_id = $1`, [op]);
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
     const seen: string[] = [];
     try {
@@ -352,7 +389,7 @@ describe('the unnamed handlers’ table', () => {
         seen.push(event.operationId);
       });
       await waitUntil(async () => (await jobs(SETTLED_DEAD_QUEUE, op)).length === 1, 20_000, 'dead-lettered');
-      expect((await jobs(SETTLED_DEAD_QUEUE, op))[0].data.lastError).toMatch(/never finished/);
+      expect((await jobs(SETTLED_DEAD_QUEUE, op))[0].data.lastError).toMatch(/^out of memory \(then its last deliveries never finished/);
       expect(seen).not.toContain(op);
       expect(await events(op)).toEqual([]);
     } finally {
