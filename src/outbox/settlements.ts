@@ -131,8 +131,8 @@ export const SETTLED_EVENT = 'settled';
 /** A subscriber's name: it identifies the subscriber across processes and restarts. */
 export const SUBSCRIBER_NAME = /^[a-z0-9][a-z0-9_-]{0,39}$/;
 
-/** Creates a named subscriber's queue and records its subscription: from the next relayed batch on,
- * every settlement event is also a job on that queue (idempotent). */
+/** Creates a named subscriber's queue and records its subscription: every settlement event settled after
+ * it is also a job on that queue (idempotent: the first subscription's time stays). */
 export async function subscribeSettlements(boss: PgBoss, subscriber: string): Promise<string> {
   const queue = settledQueueFor(subscriber);
   await boss.createQueue(queue, settledQueueOptions);
