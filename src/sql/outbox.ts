@@ -4,7 +4,7 @@
 import type { SqlContext } from './context.ts';
 
 /** The most settlement events the metrics count (outboxd_settlement_events and _outbox_rows saturate there). */
-export const DEPTH_CAP = 100_000;
+const DEPTH_CAP = 100_000;
 
 export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => {
   /** Whether anyone subscribed by name to pg-boss's event $n (`settled`): the relay copies events only then. */
