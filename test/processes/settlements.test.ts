@@ -143,6 +143,41 @@ describe('every settlement writes its event with the status change', () => {
     }
   });
 
+  it('an application whose role may not write settlement_delivery says so once, leaves the switch alone and receives its events through `settled`', { timeout: 60_000 }, async () => {
+    const role = `outboxd_limited_${randomUUID().slice(0, 8)}`;
+    await t.pool.query(`delete from outboxd.settlement_delivery`); // a database upgraded from the release before
+    await t.pool.query(`create role ${role} login password 'limited'`);
+    try {
+      // What the runbook lists for onSettled, less the insert that writes the switch.
+      await t.pool.query(`grant usage on schema outboxd, pgboss to ${role};
+        grant select, insert, update, delete on all tables in schema outboxd, pgboss to ${role};
+        grant usage on all sequences in schema outboxd, pgboss to ${role};
+        revoke insert on outboxd.settlement_delivery from ${role}`);
+      const url = new URL(t.url);
+      url.username = role;
+      url.password = 'limited';
+      const errors: Error[] = [];
+      const seen: string[] = [];
+      const app = new Outboxd({ connectionString: url.toString(), onError: (err) => errors.push(err) });
+      try {
+        await app.onSettled((event) => {
+          seen.push(event.operationId);
+        });
+        const op = await confirm(t);
+        await executeOperation(t.pool, kindsFor(new FakeStripe()), op, await claim(t, op));
+        await relay(t);
+        await waitUntil(() => seen.includes(op), 30_000, 'the event, through the queue settled');
+        expect(errors.map((e) => e.message)).toEqual([expect.stringContaining('this role may not write settlement_delivery')]);
+        expect((await t.pool.query(`select count(*)::int as n from outboxd.settlement_delivery`)).rows[0].n).toBe(0);
+      } finally {
+        await app.stop();
+      }
+    } finally {
+      await t.pool.query(`insert into outboxd.settlement_delivery default values on conflict do nothing`);
+      await t.pool.query(`drop owned by ${role}; drop role ${role}`);
+    }
+  });
+
   it('the switch waits for every relay pass begun before it; a pass after it leaves the events in the table', async () => {
     await t.pool.query(`delete from outboxd.settlement_delivery`);
     const relayPass = await t.pool.connect();
