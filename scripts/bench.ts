@@ -548,8 +548,8 @@ async function scaleSection(w: World) {
     const lsn = (await w.pool.query(`select pg_current_wal_lsn()::text as lsn`)).rows[0].lsn;
     let confirmed = 0;
     const confirm = await rate(4, SECONDS, async (n) => (await confirmOrder(w.pool, order(n)), confirmed++));
-    // WAL per confirmation: what a random operation id cost once the ledger's primary key outgrew memory
-    // (a full-page image of a random leaf after each checkpoint), and a time-ordered one does not.
+    // WAL per confirmation: what a random operation id costs once the ledger's primary key outgrows memory
+    // (a full-page image of a random leaf after each checkpoint).
     const { rows: wal } = await w.pool.query(`select pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8 as bytes`, [lsn]);
     const confirmWal = wal[0].bytes / confirmed;
     // The confirmations just measured are not the backlog the dispatch rate is measured on: taken out of
