@@ -148,7 +148,7 @@ describe('every settlement writes its event with the status change', () => {
     await t.pool.query(`delete from outboxd.settlement_delivery`); // a database upgraded from the release before
     await t.pool.query(`create role ${role} login password 'limited'`);
     try {
-      // What the runbook lists for onSettled, less the insert that writes the switch.
+      // Every table, less the insert that writes the switch.
       await t.pool.query(`grant usage on schema outboxd, pgboss to ${role};
         grant select, insert, update, delete on all tables in schema outboxd, pgboss to ${role};
         grant usage on all sequences in schema outboxd, pgboss to ${role};
