@@ -67,6 +67,9 @@ async function rate(clients: number, seconds: number, fn: (i: number) => Promise
 const order = (n: number) => ({ orderId: `bench-${randomUUID()}-${n}`, amount: 1000, currency: 'eur', customer: 'cus_bench', paymentMethod: 'pm_card_visa' });
 type Query = Pick<pg.ClientBase, 'query'>;
 const count = async (db: Query, sql: string) => (await db.query(sql)).rows[0].n as number;
+/** Bytes of WAL written since `lsn` (a pg_current_wal_lsn() read before). */
+const walSince = async (db: Query, lsn: string) =>
+  (await db.query(`select pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8 as bytes`, [lsn])).rows[0].bytes as number;
 
 async function confirmSection(w: World) {
   await w.pool.query(`create table bench_outbox (id bigserial primary key, operation_id uuid not null, created_at timestamptz not null default now())`);
@@ -519,8 +522,7 @@ async function growthSection(w: World) {
   await app.onSettled(() => {});
   await waitUntil(async () => (await count(w.pool, `select count(*)::int as n from outboxd.settlement_outbox`)) === 0, 300_000, 'the events taken');
   await app.stop();
-  const { rows: handled } = await w.pool.query(`select pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8 as wal`, [waiting[0].lsn]);
-  const handlerWalPerEvent = handled[0].wal / waiting[0].n;
+  const handlerWalPerEvent = (await walSince(w.pool, waiting[0].lsn)) / waiting[0].n;
   const theirs = await measure(peer(REFERENCE_BATCH), peerRows);
   const theirsAsApplication = await measure(peer(REFERENCE_BATCH, 'asApplication'), peerRows);
   const kb = (bytes: number) => `${(bytes / 1024).toFixed(2)} KB`;
@@ -550,8 +552,7 @@ async function scaleSection(w: World) {
     const confirm = await rate(4, SECONDS, async (n) => (await confirmOrder(w.pool, order(n)), confirmed++));
     // WAL per confirmation: what a random operation id costs once the ledger's primary key outgrows memory
     // (a full-page image of a random leaf after each checkpoint).
-    const { rows: wal } = await w.pool.query(`select pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8 as bytes`, [lsn]);
-    const confirmWal = wal[0].bytes / confirmed;
+    const confirmWal = (await walSince(w.pool, lsn)) / confirmed;
     // The confirmations just measured are not the backlog the dispatch rate is measured on: taken out of
     // the outbox and settled in the past (a delete would check payment_operations' self-reference, which
     // no index serves, for every row: the ledger is never deleted from).
