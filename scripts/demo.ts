@@ -4,6 +4,7 @@
 import { randomUUID } from 'node:crypto';
 import { reconcileNow } from '../src/admin/reconcile.ts';
 import { createLogger } from '../src/telemetry/log.ts';
+import { shortOperationId } from '../src/engine/operation.ts';
 import { confirmOrder } from '../src/exampleApp/confirm.ts';
 import { checkAgainstLedger, pathOf } from '../harness/ledger.ts';
 import { waitUntil } from '../harness/replica.ts';
@@ -81,15 +82,15 @@ try {
     emulator.pruneKeys();
     await world.pool.query(`update outboxd.payment_operations set first_attempted_at = first_attempted_at - interval '24 hours' where id = any($1)`, [open]);
     const report = await reconcileNow(world.pool, world.gateway, world.boss, { actor: 'demo', owner: 'demo', leaseTtlMs: 10_000, log: createLogger('silent') });
-    for (const d of report.decisions) say(`  ${d.operationId.slice(0, 8)} ${d.call} → ${d.to} (${d.evidence ?? d.outcome})`);
+    for (const d of report.decisions) say(`  ${shortOperationId(d.operationId)} ${d.call} → ${d.to} (${d.evidence ?? d.outcome})`);
     say('');
   }
 
   const { operations, violations, paid } = await checkAgainstLedger(world.pool, emulator);
-  say('operation  order              status     att  fence  charges  emulator saw');
+  say('operation            order              status     att  fence  charges  emulator saw');
   for (const op of operations.filter((o) => ops.includes(o.id))) {
     say(
-      `${op.id.slice(0, 8)}   ${(op.order_id ?? "-").padEnd(18)} ${op.status.padEnd(10)} ${String(op.attempts).padStart(3)}  ${String(op.fence).padStart(5)}  ${String(paid.get(op.id) ?? 0).padStart(7)}  ${pathOf(emulator, op.id)}`,
+      `${shortOperationId(op.id)}   ${(op.order_id ?? "-").padEnd(18)} ${op.status.padEnd(10)} ${String(op.attempts).padStart(3)}  ${String(op.fence).padStart(5)}  ${String(paid.get(op.id) ?? 0).padStart(7)}  ${pathOf(emulator, op.id)}`,
     );
   }
   say(`\n${operations.length} operations, ${emulator.ledger().length} PaymentIntents in the ledger, ${violations.length} disagreement(s)`);

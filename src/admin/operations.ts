@@ -26,8 +26,9 @@ export async function showOperation(db: Queryable, id: string): Promise<Operatio
 const AMBIGUOUS_SHOWN = 10;
 
 /**
- * The operation an operator means: by its full UUID, or by a unique prefix of at least 8 hex digits (the
- * short ids the demo prints; dashes optional). An ambiguous prefix is refused, listing the candidates.
+ * The operation an operator means: by its full UUID, or by a unique prefix of at least 8 hex digits (dashes
+ * optional), such as the short id the console and the demo print (shortOperationId). An ambiguous prefix
+ * is refused, listing the candidates: 8 digits of a time-ordered id name every operation of ~65 s.
  */
 export async function findOperation(db: Queryable, text: string): Promise<Operation> {
   const typed = text.trim().toLowerCase();

@@ -193,7 +193,7 @@ order
 program
   .command('refund')
   .description('refund a succeeded charge: a refund operation and its outbox row in one transaction')
-  .argument('<charge-op-id>', 'the charge operation: its id, or a unique prefix of at least 8 hex digits')
+  .argument('<charge-op-id>', 'the charge operation: its id, or its short id (a unique prefix of 8 or more hex digits)')
   .addOption(new Option('--amount <minor-units>', 'amount in minor units').argParser(positiveInt).makeOptionMandatory())
   .addOption(new Option('--key <key>', 'your name for this refund: the same key of the same charge is the same refund').makeOptionMandatory())
   .addOption(new Option('--reason <reason>').choices(REFUND_REASONS))
@@ -216,7 +216,7 @@ program
 program
   .command('capture')
   .description("capture an authorization (a charge confirmed with --capture manual): a capture operation and its outbox row in one transaction")
-  .argument('<charge-op-id>', 'the charge operation: its id, or a unique prefix of at least 8 hex digits')
+  .argument('<charge-op-id>', 'the charge operation: its id, or its short id (a unique prefix of 8 or more hex digits)')
   .addOption(new Option('--key <key>', 'your name for this capture: the same key of the same charge is the same capture').makeOptionMandatory())
   .addOption(new Option('--amount <minor-units>', 'at most what it holds; default: all of it (the rest is released)').argParser(positiveInt))
   .option('--json', 'machine-readable output')
@@ -229,7 +229,7 @@ program
 program
   .command('cancel')
   .description('cancel an authorization, releasing what it holds: a cancel operation and its outbox row in one transaction')
-  .argument('<charge-op-id>', 'the charge operation: its id, or a unique prefix of at least 8 hex digits')
+  .argument('<charge-op-id>', 'the charge operation: its id, or its short id (a unique prefix of 8 or more hex digits)')
   .addOption(new Option('--key <key>', 'your name for this cancel: the same key of the same charge is the same cancel').makeOptionMandatory())
   .addOption(new Option('--reason <reason>').choices(CANCELLATION_REASONS))
   .option('--json', 'machine-readable output')
@@ -270,7 +270,7 @@ ops
 ops
   .command('show')
   .description('one operation, as JSON')
-  .argument('<op-id>', 'its id, or a unique prefix of at least 8 hex digits')
+  .argument('<op-id>', 'its id, or its short id (a unique prefix of 8 or more hex digits)')
   .option('--json', 'machine-readable output (the default for show)')
   .action(async (id: string) => {
     await withDatabase(async ({ pool }) => {
@@ -382,7 +382,7 @@ program
 program
   .command('audit')
   .description('the audit trail of admin actions (resolve, requeue, reconcile), newest last')
-  .argument('[op-id]', "only this operation's (its id, or a unique prefix of at least 8 hex digits)")
+  .argument('[op-id]', "only this operation's: its id, or its short id (a unique prefix of 8 or more hex digits)")
   .addOption(new Option('--limit <n>', 'the newest n entries').argParser(positiveInt).default(100))
   .option('--json', 'machine-readable output')
   .action(async (id: string | undefined, o) => {

@@ -98,8 +98,3 @@ export function duration(ms: number | null | undefined): string {
   if (ms === null || ms === undefined) return '—';
   return ms < 1000 ? `${ms} ms` : `${(ms / 1000).toFixed(1)} s`;
 }
-
-/** An operation id, shortened where a table has no room; the full id stays in the title and the link. */
-export function shortId(id: string): string {
-  return id.slice(0, 8);
-}

@@ -14,7 +14,7 @@ import { HttpError, readBody, type Request, type Route } from '../http/server.ts
 import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
 import { ResolutionRefused, resolveOperation, type Resolution } from '../admin/resolve.ts';
 import { ValidationError } from '../types/errors.ts';
-import { isOperationId, OperationNotFoundError } from '../engine/operation.ts';
+import { isOperationId, OperationNotFoundError, shortOperationId } from '../engine/operation.ts';
 import { driftReport } from '../reconcile/drift.ts';
 import { span, type Fragment } from './html.ts';
 import { layout, notice, type Assets, type Frame, type Section } from './views/layout.ts';
@@ -292,7 +292,7 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     const now = new Date();
     const record = await operationRecord(pool, op);
     const body = operationPage(op, record, timeline(op, record, now), state, { csrfToken: formToken(session), now, dashboard });
-    await page(res, status, session, `Operation ${op.id.slice(0, 8)}`, 'operations', body);
+    await page(res, status, session, `Operation ${shortOperationId(op.id)}`, 'operations', body);
   }
 
   /** A full operation id; anything else is looked up by the search page. */

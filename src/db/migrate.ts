@@ -57,8 +57,11 @@ export async function drizzlePending(client: Pick<PoolClient, 'query'>, schema: 
   // Two statements: PostgreSQL resolves a table name when it parses, even in a branch never taken.
   const { rows: exists } = await client.query(`select to_regclass($1) is not null as ok`, [`"${schema}".${MIGRATIONS_TABLE}`]);
   if (!exists[0].ok) return true;
-  const { rows } = await client.query(`select count(*)::int as applied from "${schema}".${MIGRATIONS_TABLE}`);
-  return rows[0].applied < journal.entries.length;
+  // By the newest record's timestamp, as drizzle's migrator decides what to apply. A count would call
+  // current a database whose last record is another migration of the same number (one withdrawn before
+  // a release), and migrate would never hand drizzle the one that replaced it.
+  const { rows } = await client.query(`select coalesce(max(created_at), 0) as last from "${schema}".${MIGRATIONS_TABLE}`);
+  return Number(rows[0].last) < Math.max(...journal.entries.map((e) => e.when));
 }
 
 /**

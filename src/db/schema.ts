@@ -33,7 +33,11 @@ export const orders = outboxd.table(
 export const paymentOperations = outboxd.table(
   'payment_operations',
   {
-    id: uuid('id').primaryKey().defaultRandom(),
+    /** Time-ordered (UUIDv7, drizzle/0024_operation_ids_v7.sql): each new id sorts after the last, so
+     * inserts fill the primary key's rightmost pages and those of the indexes that lead with an
+     * operation id. A random id wrote to any page of the ledger's index, each first write to a page after
+     * a checkpoint a full 8 KB image of it in the WAL. */
+    id: uuid('id').primaryKey().default(sql`"outboxd"."uuidv7"()`),
     /** The application's order (any table of its own, or the example orders below): not a foreign key.
      * A refund's is its charge's; an application's own kind of effect has none. */
     orderId: text('order_id'),

@@ -26,7 +26,7 @@ import { isSettled, type LoadedOperation, type Operation, type Outcome, type Set
 import { ATTR, withSpan } from '../telemetry/tracing.ts';
 
 export type { LoadedOperation, Operation, OperationStatus, Outcome, SettlementSource };
-export { isOperationId, isSettled } from '../types/operation.ts';
+export { isOperationId, isSettled, shortOperationId } from '../types/operation.ts';
 export { OperationNotFoundError, StaleFenceError };
 
 /** Outcomes that prove nothing was executed: not an attempt that may have acted. */

@@ -56,6 +56,15 @@ export type LoadedOperation = Operation & { key_window_passed: boolean };
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 export const isOperationId = (s: string): boolean => UUID.test(s);
 
+/**
+ * How people name an operation where a table has no room for its id: the first three groups, 16 hex
+ * digits. Ids are time-ordered (drizzle/0024_operation_ids_v7.sql): the first 12 digits are the
+ * millisecond it was created in, shared by every operation of that millisecond, and the next 4 the
+ * version and 12 random bits. 8 digits named one operation while ids were random; they now name ~65 s.
+ * `ops show` and the console's search take it back as a prefix of the primary key.
+ */
+export const shortOperationId = (id: string): string => id.slice(0, 18);
+
 export const isSettled = (status: OperationStatus): boolean => status === 'succeeded' || status === 'failed';
 
 /** What one step of the executor learned, and Stripe's id of the response it learned it from (when

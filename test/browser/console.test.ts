@@ -6,6 +6,7 @@
 // Each page is saved to test/screenshots/ (gitignored).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { inTransaction } from '../../src/db/pool.ts';
+import { shortOperationId } from '../../src/engine/operation.ts';
 import { requestCharge } from '../../src/kinds/charge/request.ts';
 import { requestCapture } from '../../src/kinds/hold/request.ts';
 import { EMULATOR_KEY } from '../../src/runtime/open.ts';
@@ -169,7 +170,7 @@ describe('the console in a browser', () => {
     };
     await expect.poll(() => card('Needs review')).toBe('2');
     await expect.poll(() => card('Stripe budget')).toBe('not limited');
-    expect(await page.locator('section', { hasText: 'Recent settlements' }).textContent()).toContain(ops.paid.slice(0, 8));
+    expect(await page.locator('section', { hasText: 'Recent settlements' }).textContent()).toContain(shortOperationId(ops.paid));
     await b.shot('overview');
   });
 
@@ -238,14 +239,14 @@ describe('the console in a browser', () => {
     await page.keyboard.press('g');
     await page.keyboard.press('r');
     await page.waitForURL(`${base}/console/review`);
-    const row = page.locator('table.review tbody tr', { hasText: ops.misuse.slice(0, 8) });
+    const row = page.locator('table.review tbody tr', { hasText: shortOperationId(ops.misuse) });
     expect(await row.textContent()).toContain('idempotency key misuse');
     await b.shot('review-queue');
     // Keyboard: j focuses the first row's link, Enter opens it.
     await page.keyboard.press('j');
     const first = await page.evaluate('document.activeElement?.getAttribute("href")');
     expect(first).toMatch(/^\/console\/operations\//);
-    await row.getByRole('link', { name: ops.misuse.slice(0, 8) }).click();
+    await row.getByRole('link', { name: shortOperationId(ops.misuse) }).click();
     await page.waitForURL(`${base}/console/operations/${ops.misuse}`);
     const timeline = page.locator('ol.timeline');
     const text = await timeline.textContent();
@@ -338,7 +339,7 @@ describe('the console in a browser', () => {
     await page.getByLabel(other).uncheck();
     await page.getByRole('button', { name: 'Requeue the checked operations' }).click();
     await expect.poll(() => page.locator('table caption', { hasText: 'Requeued' }).count()).toBe(1);
-    expect(await page.locator('table', { hasText: 'Requeued' }).textContent()).toContain(ops.misuse2.slice(0, 8));
+    expect(await page.locator('table', { hasText: 'Requeued' }).textContent()).toContain(shortOperationId(ops.misuse2));
     expect(await audit(ops.misuse2)).toEqual([{ actor: 'console:alice', action: 'requeue' }, { actor: 'console:alice', action: 'requeue' }]);
     expect(await audit(other)).toEqual([]);
     await b.shot('requeue-stuck-done');
@@ -378,7 +379,7 @@ describe('the console in a browser', () => {
   it('search: an operation id prefix, an order id and a Stripe id lead to the operation; an order\'s operations know each other', async () => {
     const { page } = b;
     const paid = await operation(t, ops.paid);
-    for (const q of [ops.paid.slice(0, 8), ops.paid.toUpperCase(), 'ord_console_paid', paid.external_id!]) {
+    for (const q of [shortOperationId(ops.paid), ops.paid.toUpperCase(), 'ord_console_paid', paid.external_id!]) {
       await page.goto(`${base}/console/`);
       await page.keyboard.press('/');
       await page.keyboard.type(q);
@@ -392,7 +393,7 @@ describe('the console in a browser', () => {
     expect((await page.locator('table.data tbody a.row-link').evaluateAll((as) => as.map((a) => a.getAttribute('title')))).sort()).toEqual([ops.declined, retry].sort());
     await b.shot('search-order');
     await page.goto(`${base}/console/operations/${retry}`);
-    expect(await page.locator('section', { hasText: 'Same order' }).textContent()).toContain(ops.declined.slice(0, 8));
+    expect(await page.locator('section', { hasText: 'Same order' }).textContent()).toContain(shortOperationId(ops.declined));
 
     await page.goto(`${base}/console/operations/00000000-0000-4000-8000-000000000000`);
     expect(await page.locator('main').textContent()).toContain('no payment operation 00000000-0000-4000-8000-000000000000');
@@ -442,7 +443,7 @@ describe('the console in a browser', () => {
     // An authorization: its connected account, the capture that changed it, and beside it one still held.
     await laptop.goto(`${base}/console/operations/${ops.hold}`);
     const fieldOf = (label: string) => laptop.locator('.fields > div', { has: laptop.locator('dt', { hasText: new RegExp(`^${label}$`) }) }).locator('dd');
-    expect(await fieldOf('Authorization').textContent()).toMatch(/^held, then changed by capture [0-9a-f]{8} 20\.00 EUR/);
+    expect(await fieldOf('Authorization').textContent()).toMatch(/^held, then changed by capture [0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4} 20\.00 EUR/);
     expect(await fieldOf('Connected account').textContent()).toBe('acct_1BrowserShop');
     expect(await laptop.locator('section', { hasText: 'Same order' }).textContent()).toMatch(/capture\s*succeeded\s*20\.00 EUR/);
     await b.shot('operation-hold', laptop);

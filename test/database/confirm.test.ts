@@ -33,6 +33,37 @@ describe('confirmOrder (invariant 1)', () => {
     expect(await outboxRows(t, operationId)).toBe(1);
   });
 
+  it('operation ids are time-ordered (UUIDv7): each sorts after the last, so the ledger’s indexes grow at their right edge', async () => {
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      ids.push((await confirmOrder(t.pool, orderInput())).operationId);
+      await new Promise((resolve) => setTimeout(resolve, 2)); // ids of one millisecond order at random
+    }
+    for (const id of ids) {
+      expect(id).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+      const millis = parseInt(id.replaceAll('-', '').slice(0, 12), 16);
+      expect(Math.abs(millis - Date.now())).toBeLessThan(60_000);
+    }
+    expect([...ids].sort()).toEqual(ids);
+    expect(new Set(ids).size).toBe(3);
+  });
+
+  it('the id function calls only PostgreSQL’s own functions: a look-alike earlier on the inserting role’s search_path is never called', async () => {
+    const client = await t.pool.connect();
+    try {
+      await client.query('begin');
+      await client.query(`create schema lookalike`);
+      await client.query(`create function lookalike.gen_random_uuid() returns uuid language sql as $$ select '00000000-0000-4000-8000-000000000000'::uuid $$`);
+      await client.query(`set local search_path = lookalike, pg_catalog`);
+      const { rows } = await client.query(`select outboxd.uuidv7()::text as a, outboxd.uuidv7()::text as b`);
+      expect(rows[0].a).not.toBe(rows[0].b);
+      expect(rows[0].a.slice(19)).not.toBe('8000-000000000000');
+    } finally {
+      await client.query('rollback');
+      client.release();
+    }
+  });
+
   it('confirming the same order twice returns the same operation and enqueues nothing new', async () => {
     const input = orderInput();
     const first = await confirmOrder(t.pool, input);

@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../harness/replica.ts';
 import { recordAudit } from '../../src/admin/audit.ts';
+import { shortOperationId } from '../../src/engine/operation.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { confirm, counts } from '../support/fixtures.ts';
 
@@ -55,7 +56,7 @@ describe('outboxd order confirm', () => {
     expect(early.stderr).toMatch(/holds no funds/);
     // Held, as a worker would have recorded it.
     await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now(), external_id = 'pi_cli', result = '{"amount_capturable": 1999, "capture_before": null}' where id = $1`, [charge]);
-    const captured = await outboxd('capture', charge.slice(0, 8), '--key', 'ship', '--amount', '1500', '--json');
+    const captured = await outboxd('capture', shortOperationId(charge), '--key', 'ship', '--amount', '1500', '--json');
     expect(captured.code).toBe(0);
     const { operationId, created } = JSON.parse(captured.stdout);
     expect(created).toBe(true);
@@ -292,7 +293,7 @@ describe('ops show short ids, ops list, audit', () => {
     await recordAudit(t.pool, { actor: 'alice', action: 'requeue', operationId: op, details: { jobId: 'j1' } });
     await recordAudit(t.pool, { actor: 'bob', action: 'resolve', operationId: A, details: { outcome: 'failed' } });
     await recordAudit(t.pool, { actor: 'carol', action: 'reconcile', operationId: op, details: { settled: 1 } });
-    const one = await outboxd('audit', op.slice(0, 8), '--json');
+    const one = await outboxd('audit', shortOperationId(op), '--json');
     expect(one.code).toBe(0);
     expect(JSON.parse(one.stdout)).toMatchObject([
       { actor: 'alice', action: 'requeue', operation_id: op, details: { jobId: 'j1' } },

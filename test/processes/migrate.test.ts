@@ -5,7 +5,7 @@ import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
-import { migrate } from '../../src/db/migrate.ts';
+import { drizzlePending, migrate, readJournal } from '../../src/db/migrate.ts';
 import { createPool, type Pool } from '../../src/db/pool.ts';
 import { confirmOrder } from '../../src/exampleApp/confirm.ts';
 import { createBoss, relayOutbox } from '../../src/outbox/outbox.ts';
@@ -95,6 +95,20 @@ describe('a new database', () => {
     expect((await client.query(`select total, note from public.orders`)).rows).toEqual([{ total: '12.5', note: "the app's own order" }]);
     expect((await client.query(`select provider from public.payment_operations`)).rows).toEqual([{ provider: 'paypal' }]);
     expect((await client.query(`select to_regclass('drizzle.__drizzle_migrations') as t`)).rows[0].t).toBeNull();
+  });
+});
+
+describe('what a database still needs', () => {
+  it('by the newest migration’s timestamp: one that replaced a withdrawn migration of the same number is pending; a newer release’s schema is not', async () => {
+    const { url, client } = await database('pending');
+    await migrate(url, 'outboxd');
+    const journal = await readJournal();
+    expect(await drizzlePending(client, 'outboxd', journal)).toBe(false);
+    // The database ran a build whose newest migration was withdrawn; this build's takes its number, later.
+    const replaced = { entries: [...journal.entries.slice(0, -1), { when: journal.entries.at(-1)!.when + 1 }] };
+    expect(await drizzlePending(client, 'outboxd', replaced)).toBe(true);
+    // The previous release's replicas on this release's schema, during a rolling upgrade.
+    expect(await drizzlePending(client, 'outboxd', { entries: journal.entries.slice(0, -1) })).toBe(false);
   });
 });
 

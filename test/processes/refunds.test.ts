@@ -18,7 +18,7 @@ import { ValidationError } from '../../src/types/errors.ts';
 import { executeOperation } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
 import { refundIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
-import { OperationNotFoundError } from '../../src/engine/operation.ts';
+import { OperationNotFoundError, shortOperationId } from '../../src/engine/operation.ts';
 import { RefundRefused, requestRefund } from '../../src/kinds/refund/request.ts';
 import { driftReport } from '../../src/reconcile/drift.ts';
 import { reconcileSweep } from '../../src/reconcile/sweep.ts';
@@ -428,7 +428,7 @@ describe('outboxd refund', () => {
     expect(first.code).toBe(0);
     const id = first.stdout.trim();
     expect(await operation(t, id)).toMatchObject({ kind: 'refund', amount: 600, parent_operation_id: charge });
-    const again = await cli('refund', charge.slice(0, 13), '--amount', '600', '--key', 'cli-1', '--reason', 'requested_by_customer', '--json');
+    const again = await cli('refund', shortOperationId(charge), '--amount', '600', '--key', 'cli-1', '--reason', 'requested_by_customer', '--json');
     expect(again.code).toBe(0);
     expect(JSON.parse(again.stdout)).toEqual({ operationId: id, created: false });
 

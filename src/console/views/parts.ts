@@ -1,6 +1,6 @@
 // Pieces every page uses: status, links to an operation, amounts, tables of operations.
-import type { Operation } from '../../engine/operation.ts';
-import { ago, html, money, nothing, shortId, type Fragment, type Safe } from '../html.ts';
+import { shortOperationId, type Operation } from '../../engine/operation.ts';
+import { ago, html, money, nothing, type Fragment, type Safe } from '../html.ts';
 
 export const opHref = (id: string): string => `/console/operations/${encodeURIComponent(id)}`;
 
@@ -23,7 +23,7 @@ export function amount(op: Pick<Operation, 'amount' | 'currency'>): Safe {
 
 /** An operation's id, short, linking to its page; the full id in the title. */
 export function opLink(id: string, cls = 'row-link'): Safe {
-  return html`<a class="${cls} mono" href="${opHref(id)}" title="${id}">${shortId(id)}</a>`;
+  return html`<a class="${cls} mono" href="${opHref(id)}" title="${id}">${shortOperationId(id)}</a>`;
 }
 
 /** Where each kind of Stripe object has its page in the dashboard, by its id's prefix. */
