@@ -184,7 +184,7 @@ describe('the operation timeline', () => {
   it('a Stripe event about the operation joins its timeline, after the settlement it made', async () => {
     const op = await confirm(t);
     const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
-    const event = { id: `evt_${op.slice(0, 8)}`, object: 'event', type: 'payment_intent.succeeded', created: 1_700_000_000, livemode: false, data: { object: { id: pi.id } } };
+    const event = { id: `evt_${op.replaceAll('-', '')}`, object: 'event', type: 'payment_intent.succeeded', created: 1_700_000_000, livemode: false, data: { object: { id: pi.id } } };
     expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') }, event as unknown as Stripe.Event)).toBe('settled');
     const current = await operation(t, op);
     const entries = timeline(current, await operationRecord(t.pool, current));

@@ -69,7 +69,7 @@ function reservations(opts: { loseAnswer?: number; failBeforeReserving?: number;
     async execute({ operationId, payload }) {
       calls.execute++;
       if (before-- > 0) throw new Error('connection refused by the stock service');
-      const r = { sku: (payload as { sku: string }).sku, reservation: `res-${operationId.slice(0, 8)}` };
+      const r = { sku: (payload as { sku: string }).sku, reservation: `res-${operationId}` };
       held.set(operationId, r);
       if (lose-- > 0) throw new Error('timeout waiting for the stock service');
       return r;

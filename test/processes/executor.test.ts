@@ -376,7 +376,7 @@ describe('executeOperation (a charge)', () => {
       const run = counting(t.pool);
       const record = (id: string) => {
         const lease = leases.get(id)!;
-        const outcome = { kind: 'succeeded', externalId: `pi_${id.slice(0, 8)}` } as const;
+        const outcome = { kind: 'succeeded', externalId: `pi_${id.replaceAll('-', '')}` } as const;
         return recordOutcome(run.pool, lease.operation, lease.fence, outcome, 'dispatcher', { call: 'create', attempt: lease.begun!.attempt, durationMs: 1 });
       };
       // Recorded in one turn of the event loop: one statement, a stale outcome among live ones.

@@ -112,6 +112,26 @@ describe('what a database still needs', () => {
   });
 });
 
+describe('operation ids', () => {
+  it('a role granted only the schema may call the id function, where default privileges revoke EXECUTE from PUBLIC', async () => {
+    const { url, client } = await database('hardened');
+    await client.query(`alter default privileges revoke execute on functions from public`);
+    await migrate(url, 'outboxd');
+    const role = `outboxd_inserter_${process.pid}`;
+    await client.query(`create role ${role}`);
+    try {
+      await client.query(`grant usage on schema outboxd to ${role}`);
+      await client.query(`set role ${role}`);
+      const { rows } = await client.query(`select outboxd.uuidv7()::text as id`);
+      expect(rows[0].id).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-7/);
+    } finally {
+      await client.query(`reset role`);
+      await client.query(`drop owned by ${role}`);
+      await client.query(`drop role ${role}`);
+    }
+  });
+});
+
 describe('OUTBOXD_SCHEMA', () => {
   it('another schema is an installation of its own: tables, migrations record and pg-boss schema', async () => {
     const { url, client } = await database('schemas');
@@ -119,6 +139,11 @@ describe('OUTBOXD_SCHEMA', () => {
     await migrate(url, 'payments');
     for (const t of TABLES) expect(await schemaOf(client, t), t).toEqual(['outboxd', 'payments']);
     expect((await client.query(`select count(*)::int as n from payments.__drizzle_migrations`)).rows[0].n).toBeGreaterThan(0);
+    // Each ledger's ids come from its own schema's function, which a dropped schema takes with it.
+    const idDefault = async (schema: string) =>
+      (await client.query(`select column_default as d from information_schema.columns where table_schema = $1 and table_name = 'payment_operations' and column_name = 'id'`, [schema])).rows[0].d;
+    expect(await idDefault('outboxd')).toBe('outboxd.uuidv7()');
+    expect(await idDefault('payments')).toBe('payments.uuidv7()');
 
     const pools = { outboxd: pool(url, 'outboxd'), payments: pool(url, 'payments') };
     const ids = {
