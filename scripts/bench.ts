@@ -14,7 +14,9 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { PgBoss } from 'pg-boss';
-import { bossDb, inTransaction, type Pool } from '../src/db/pool.ts';
+import { migrate } from '../src/db/migrate.ts';
+import { bossSchemaFor } from '../src/outbox/outbox.ts';
+import { bossDb, createPool, inTransaction, type Pool } from '../src/db/pool.ts';
 import { confirmOrder } from '../src/exampleApp/confirm.ts';
 import { Outboxd } from '../src/outboxd.ts';
 import { EMULATOR_KEY } from '../src/runtime/open.ts';
@@ -208,6 +210,8 @@ interface Drained {
   /** Per operation settled: transactions the bench database committed, statements the processes sent. */
   commitsPerOp: number;
   roundTripsPerOp: number;
+  /** WAL the database wrote from the backlog's end to the drain's, per operation settled. */
+  walPerOp: number;
 }
 
 /**
@@ -228,6 +232,7 @@ async function drain(w: World, fleet: Fleet, processes: number, n: number, env: 
   let probed = 0;
   const ask: Query = { query: ((...args: Parameters<pg.Client['query']>) => (probed++, probe.query(...args))) as pg.Client['query'] };
   const commits0 = await xactCommit(ask); // counted from here on: this read commits after it reads
+  const lsn0 = (await ask.query(`select pg_current_wal_lsn()::text as lsn`)).rows[0].lsn as string;
   const dir = mkdtempSync(path.join(os.tmpdir(), 'outboxd-bench-'));
   const counts = Array.from({ length: processes }, (_, i) => path.join(dir, `${i}.count`));
   const started = await Promise.all(counts.map((file) =>
@@ -261,12 +266,13 @@ async function drain(w: World, fleet: Fleet, processes: number, n: number, env: 
   const names = fleet.sessions.map((a) => `'${a}'`).join(', ');
   await waitUntil(async () => (await count(ask, `select count(*)::int as n from pg_stat_activity where application_name in (${names})`)) === 0, 10_000, 'the sessions to end');
   await ask.query('select pg_stat_force_next_flush()');
+  const walPerOp = (await walSince(ask, lsn0)) / n;
   const ours = probed;
   const commits = (await xactCommit(ask)) - commits0 - ours;
   await probe.end();
   const roundTrips = counts.reduce((sum, file) => sum + Number(readFileSync(file, 'utf8')), 0);
   rmSync(dir, { recursive: true, force: true });
-  return { rate: (n2 - n1) / ((t2 - t1) / 1000), peakConnections, heldDuringCalls, rssMb: rss, commitsPerOp: commits / n, roundTripsPerOp: roundTrips / n };
+  return { rate: (n2 - n1) / ((t2 - t1) / 1000), peakConnections, heldDuringCalls, rssMb: rss, commitsPerOp: commits / n, roundTripsPerOp: roundTrips / n, walPerOp };
 }
 
 async function noopWorker(w: World, best: boolean, n: number) {
@@ -537,84 +543,134 @@ async function growthSection(w: World) {
 }
 
 /**
- * Confirm and dispatch rates on an empty ledger against the same with SCALE_ROWS settled charges already
- * in it (a year and more at a few per second), side by side in one run. The timeline and the jobs of those
- * operations are left out: their retention windows have passed. Settled operations are counted through the
- * settled index from the measurement's start, as a count of the whole ledger would itself cost what is measured.
+ * Confirm and dispatch on a new ledger against a ledger with SCALE_ROWS settled charges already in it (a
+ * year and more at a few per second), side by side in one run: two installations in one database (the
+ * second an OUTBOXD_SCHEMA of its own), measured in alternating windows, so that what moves this shared
+ * machine's rates moves both sides alike; each figure is the median of its side's windows. The timeline
+ * and the jobs of the loaded operations are left out: their retention windows have passed.
  */
 async function scaleSection(w: World) {
-  /** Pages of outboxd's tables and indexes taken from shared buffers and, of them, read into them: since `from`. */
-  const buffers = async (from: [number, number] = [0, 0]): Promise<[number, number]> => {
+  const LARGE = 'outboxd_large';
+  await migrate(w.url, LARGE);
+  const ledgers = [
+    { name: 'new', schema: 'outboxd', pool: w.pool },
+    { name: 'large', schema: LARGE, pool: createPool(w.url, { schema: LARGE, max: 20, applicationName: 'bench-large' }) },
+  ] as const;
+  type Ledger = (typeof ledgers)[number];
+  const [fresh, large] = ledgers;
+  /** Pages of a ledger's tables and indexes taken from shared buffers and, of them, read into them. */
+  const pages = async (l: Ledger): Promise<[number, number]> => {
+    await flushStats(l.pool);
     const { rows } = await w.pool.query(
       `select sum(coalesce(heap_blks_hit, 0) + coalesce(idx_blks_hit, 0) + coalesce(toast_blks_hit, 0) + coalesce(tidx_blks_hit, 0))::float8 as hit,
               sum(coalesce(heap_blks_read, 0) + coalesce(idx_blks_read, 0) + coalesce(toast_blks_read, 0) + coalesce(tidx_blks_read, 0))::float8 as read
-       from pg_statio_all_tables where schemaname = 'outboxd'`,
+       from pg_statio_all_tables where schemaname = $1`,
+      [l.schema],
     );
-    return [rows[0].hit + rows[0].read - from[0], rows[0].read - from[1]];
+    return [rows[0].hit + rows[0].read, rows[0].read];
   };
-  const clear = () => w.pool.query(`truncate outboxd.charge_outbox, outboxd.settlement_outbox, outboxd.operation_events, outboxd.payment_operations, outboxd.orders cascade`);
-  const measure = async () => {
-    // Each side starts from a ledger its plans know: a prepared statement's generic plan, made on its sixth
-    // run against a table of a few pages, reads the charge's order by a sequential scan until an analyze
-    // replans it (autovacuum's, within a minute in production). Measured from empty, that scan of the
-    // growing table cost the empty side 196 heap pages per confirmation against 21 on the full ledger.
-    await rate(4, 1, async (n) => confirmOrder(w.pool, order(n)));
-    await w.pool.query('analyze outboxd.payment_operations');
-    // From a checkpoint, both: the WAL per confirmation then counts full-page images from the same start.
+  /** Confirmed operations out of the outbox and settled in the past, so that no dispatch window drains
+   * them (a delete would check payment_operations' self-reference, which no index serves, for every row:
+   * the ledger is never deleted from); then analyzed. */
+  const settleUnsettled = async (l: Ledger) => {
+    await l.pool.query(`delete from ${l.schema}.charge_outbox`);
+    await l.pool.query(`update ${l.schema}.payment_operations set status = 'failed', settled_at = now() - interval '1 day' where settled_at is null`);
+    await l.pool.query(`vacuum analyze ${l.schema}.payment_operations`);
+  };
+  const confirmWindow = async (l: Ledger) => {
+    // From a checkpoint: the WAL per confirmation counts the full-page images a random operation id wrote
+    // once the ledger's primary key outgrew memory, which time-ordered ids avoid.
     await w.pool.query('checkpoint');
     const lsn = (await w.pool.query(`select pg_current_wal_lsn()::text as lsn`)).rows[0].lsn;
-    await flushStats(w.pool);
-    const buffers0 = await buffers();
+    const [pages0, reads0] = await pages(l);
     let confirmed = 0;
-    const confirm = await rate(4, SECONDS, async (n) => (await confirmOrder(w.pool, order(n)), confirmed++));
-    // The work per confirmation in pages (shared buffers hit or read, outboxd's tables and indexes): what
-    // the rates above measure through this machine's noise, which moves them by more than any difference.
-    await flushStats(w.pool);
-    const [pages, pagesRead] = await buffers(buffers0);
-    const confirmBuffers = pages / confirmed;
-    const confirmReads = pagesRead / confirmed;
-    // WAL per confirmation: what a random operation id cost once the ledger's primary key outgrew memory
-    // (a full-page image of a random leaf after each checkpoint), which time-ordered ids avoid.
-    const confirmWal = (await walSince(w.pool, lsn)) / confirmed;
-    // The confirmations just measured are not the backlog the dispatch rate is measured on: taken out of
-    // the outbox and settled in the past (a delete would check payment_operations' self-reference, which
-    // no index serves, for every row: the ledger is never deleted from).
-    await w.pool.query(`delete from outboxd.charge_outbox`);
-    await w.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() - interval '1 day' where settled_at is null`);
-    await w.pool.query('vacuum analyze outboxd.payment_operations');
-    const since = (await w.pool.query(`select now() as t`)).rows[0].t as Date;
-    const recent: Fleet = { ...outboxd, settled: (db) => count(db, `select count(*)::int as n from outboxd.payment_operations where settled_at >= '${since.toISOString()}'`) };
-    return { confirm, confirmWal, confirmBuffers, confirmReads, dispatch: (await drain(w, recent, 1, BACKLOG)).rate };
+    const tps = await rate(4, SECONDS, async (n) => (await confirmOrder(l.pool, order(n)), confirmed++));
+    const [pages1, reads1] = await pages(l);
+    return { tps, wal: (await walSince(w.pool, lsn)) / confirmed, pages: (pages1 - pages0) / confirmed, reads: (reads1 - reads0) / confirmed };
   };
-  await clear();
-  await measure(); // warms the pools, the plans and the replica's code, so that neither side gets it cold
-  await clear();
-  const empty = await measure();
-  await clear();
+  const dispatchWindow = async (l: Ledger) => {
+    const since = (await w.pool.query(`select now() as t`)).rows[0].t as Date;
+    const fleet: Fleet = {
+      ...outboxd,
+      // Then a checkpoint: the WAL per settlement counts full-page images from the same start on both
+      // sides. It comes between confirmation and settlement, which in production share a checkpoint's
+      // interval mostly: the order indexes' pages, written again at settlement, count twice here.
+      backlog: async (_, n) => {
+        await Promise.all(Array.from({ length: 16 }, async (_, c) => {
+          for (let i = c; i < n; i += 16) await confirmOrder(l.pool, order(i));
+        }));
+        await w.pool.query('checkpoint');
+      },
+      settled: (db) => count(db, `select count(*)::int as n from ${l.schema}.payment_operations where settled_at >= '${since.toISOString()}'`),
+      start: (world, env) => outboxd.start(world, { OUTBOXD_SCHEMA: l.schema, ...env }),
+    };
+    const { rate: settled, walPerOp } = await drain(w, fleet, 1, BACKLOG);
+    await l.pool.query(`vacuum analyze ${l.schema}.payment_operations`);
+    return { settled, wal: walPerOp };
+  };
+
+  await w.pool.query(`truncate outboxd.charge_outbox, outboxd.settlement_outbox, outboxd.operation_events, outboxd.payment_operations, outboxd.orders cascade`);
   const started = Date.now();
   // Random ids, as every id was before migration 0024: the ledger of an installation upgraded from then,
   // where each new time-ordered id lands among 5 million old ones (a new installation's ids all precede it).
-  for (let from = 0; from < SCALE_ROWS; from += 500_000) {
-    await w.pool.query(
-      `insert into outboxd.payment_operations (id, order_id, kind, amount, currency, customer_id, payment_method, status, external_id,
+  // Order ids as random as the bench's new ones (an application's uuids) and Stripe ids as random as
+  // Stripe's: each new one lands among the old ones too, in the indexes that take them.
+  // Inserting among random keys is slow: a statement of its own for each 100,000 rows, under no
+  // statement timeout of the pool's.
+  const loader = await large.pool.connect();
+  await loader.query('set statement_timeout = 0');
+  for (let from = 0; from < SCALE_ROWS; from += 100_000) {
+    await loader.query(
+      `insert into ${LARGE}.payment_operations (id, order_id, kind, amount, currency, customer_id, payment_method, status, external_id,
          attempts, first_attempted_at, last_attempted_at, last_outcome, settled_at, fence, created_at, updated_at)
-       select gen_random_uuid(), 'scale-' || i, 'charge', 1000 + i % 5000, 'eur', 'cus_scale_' || (i % 100000), 'pm_card_visa', 'succeeded', 'pi_scale' || i,
+       select gen_random_uuid(), 'bench-' || gen_random_uuid() || '-' || i, 'charge', 1000 + i % 5000, 'eur', 'cus_scale_' || (i % 100000), 'pm_card_visa', 'succeeded', 'pi_' || left(md5(i::text), 24),
               1, t, t, 'succeeded', t, 1, t, t
        from generate_series($1::bigint, $2::bigint) i, lateral (select now() - interval '400 days' + i * interval '6 seconds' as t) ts`,
-      [from, Math.min(from + 500_000, SCALE_ROWS) - 1],
+      [from, Math.min(from + 100_000, SCALE_ROWS) - 1],
     );
   }
-  await w.pool.query('vacuum analyze outboxd.payment_operations');
+  await loader.query('reset statement_timeout');
+  loader.release();
+  await large.pool.query(`vacuum analyze ${LARGE}.payment_operations`);
   say(`scale: ${SCALE_ROWS.toLocaleString('en')} settled operations written in ${((Date.now() - started) / 1000).toFixed(0)} s`);
-  const full = await measure();
-  await clear();
-  const with_ = `with ${SCALE_ROWS.toLocaleString('en')} settled operations of random ids in the ledger`;
-  rows.push({ section: '9. scale', measure: `confirmOrder tx/s, 4 clients, ${with_}`, value: fmt(full.confirm), reference: `${fmt(empty.confirm)} (a new ledger: a second of confirmations, analyzed; goal ≥ 90 %)`, ratio: pct(full.confirm, empty.confirm) });
-  rows.push({ section: '9. scale', measure: `pages per confirmOrder (outboxd's, from shared buffers; of them read in), ${with_}`, value: `${full.confirmBuffers.toFixed(1)}; ${full.confirmReads.toFixed(2)}`, reference: `${empty.confirmBuffers.toFixed(1)}; ${empty.confirmReads.toFixed(2)} (a new ledger)`, ratio: pct(full.confirmBuffers, empty.confirmBuffers) });
-  rows.push({ section: '9. scale', measure: `WAL per confirmOrder (bytes), 4 clients, ${with_}`, value: fmt(full.confirmWal), reference: `${fmt(empty.confirmWal)} (a new ledger)`, ratio: pct(full.confirmWal, empty.confirmWal) });
-  rows.push({ section: '9. scale', measure: `settled/s, 1 process × ${CONCURRENCY} slots, ${with_}`, value: fmt(full.dispatch), reference: `${fmt(empty.dispatch)} (a new ledger: a second of confirmations, analyzed; goal ≥ 90 %)`, ratio: pct(full.dispatch, empty.dispatch) });
-  results.scale = { rows: SCALE_ROWS, empty, full };
-  say(`scale: confirm ${fmt(full.confirm)} vs ${fmt(empty.confirm)} (buffers ${full.confirmBuffers.toFixed(1)} vs ${empty.confirmBuffers.toFixed(1)}, WAL ${fmt(full.confirmWal)} vs ${fmt(empty.confirmWal)} B), dispatch ${fmt(full.dispatch)} vs ${fmt(empty.dispatch)}`);
+  // A prepared statement's generic plan, made on its sixth run against a table of a few pages, finds the
+  // charge's order by a sequential scan until an analyze replans it (autovacuum's, within a minute in
+  // production). Measured from empty, that scan of the growing table cost the new ledger 196 heap pages
+  // per confirmation against 21 on the large one: a second of confirmations and an analyze first, each.
+  for (const l of ledgers) {
+    await rate(4, 1, async (n) => confirmOrder(l.pool, order(n)));
+    await settleUnsettled(l);
+  }
+  await dispatchWindow(fresh); // warms the replica's code and the pools, so that neither side gets it cold
+
+  // Alternating, each side first in turn.
+  const turns = [fresh, large, large, fresh, fresh, large];
+  const confirms = { new: [] as Awaited<ReturnType<typeof confirmWindow>>[], large: [] as Awaited<ReturnType<typeof confirmWindow>>[] };
+  for (const l of turns) confirms[l.name].push(await confirmWindow(l));
+  for (const l of ledgers) await settleUnsettled(l);
+  const dispatches = { new: [] as Awaited<ReturnType<typeof dispatchWindow>>[], large: [] as Awaited<ReturnType<typeof dispatchWindow>>[] };
+  for (const l of [fresh, large, large, fresh]) dispatches[l.name].push(await dispatchWindow(l));
+  await large.pool.end();
+  await w.pool.query(`drop schema ${LARGE} cascade; drop schema ${bossSchemaFor(LARGE)} cascade`);
+
+  const median = (xs: number[]) => {
+    const sorted = [...xs].sort((x, y) => x - y);
+    const mid = Math.floor(sorted.length / 2);
+    return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+  };
+  const of = (side: 'new' | 'large', field: 'tps' | 'wal' | 'pages' | 'reads') => median(confirms[side].map((c) => c[field]));
+  const windows = (xs: number[]) => xs.map((x) => fmt(x)).join(', ');
+  const with_ = `with ${SCALE_ROWS.toLocaleString('en')} settled operations in the ledger (random operation, order and Stripe ids); median of alternating windows`;
+  const newLedger = 'a new ledger, in the same run and database';
+  rows.push({ section: '9. scale', measure: `confirmOrder tx/s, 4 clients, ${with_} (${windows(confirms.large.map((c) => c.tps))})`, value: fmt(of('large', 'tps')), reference: `${fmt(of('new', 'tps'))}: ${newLedger} (${windows(confirms.new.map((c) => c.tps))}; goal ≥ 90 %)`, ratio: pct(of('large', 'tps'), of('new', 'tps')) });
+  rows.push({ section: '9. scale', measure: `pages per confirmOrder (the ledger's tables and indexes, from shared buffers; of them read in), ${with_}`, value: `${of('large', 'pages').toFixed(1)}; ${of('large', 'reads').toFixed(2)}`, reference: `${of('new', 'pages').toFixed(1)}; ${of('new', 'reads').toFixed(2)}: ${newLedger}`, ratio: pct(of('large', 'pages'), of('new', 'pages')) });
+  rows.push({ section: '9. scale', measure: `WAL per confirmOrder (bytes), 4 clients, ${with_}`, value: fmt(of('large', 'wal')), reference: `${fmt(of('new', 'wal'))}: ${newLedger}`, ratio: pct(of('large', 'wal'), of('new', 'wal')) });
+  const settled = (side: 'new' | 'large') => dispatches[side].map((d) => d.settled);
+  const settleWal = (side: 'new' | 'large') => median(dispatches[side].map((d) => d.wal));
+  rows.push({ section: '9. scale', measure: `settled/s, 1 process × ${CONCURRENCY} slots, ${with_} (${windows(settled('large'))})`, value: fmt(median(settled('large'))), reference: `${fmt(median(settled('new')))}: ${newLedger} (${windows(settled('new'))}; goal ≥ 90 %)`, ratio: pct(median(settled('large')), median(settled('new'))) });
+  rows.push({ section: '9. scale', measure: `WAL per settled operation (bytes, the worker's part: from the backlog's checkpoint to the drain's end), ${with_}`, value: fmt(settleWal('large')), reference: `${fmt(settleWal('new'))}: ${newLedger}`, ratio: pct(settleWal('large'), settleWal('new')) });
+  results.scale = { rows: SCALE_ROWS, confirms, dispatches };
+  say(`scale: confirm ${fmt(of('large', 'tps'))} vs ${fmt(of('new', 'tps'))} (pages ${of('large', 'pages').toFixed(1)} vs ${of('new', 'pages').toFixed(1)}, WAL ${fmt(of('large', 'wal'))} vs ${fmt(of('new', 'wal'))} B), dispatch ${fmt(median(settled('large')))} vs ${fmt(median(settled('new')))} (WAL ${fmt(settleWal('large'))} vs ${fmt(settleWal('new'))} B)`);
 }
 
 // Replicas run the compiled package, as the image does (deploy/Dockerfile): its memory is the image's.
