@@ -265,8 +265,8 @@ async function drain(w: World, fleet: Fleet, processes: number, n: number, env: 
   // A session reports its last commits as it ends.
   const names = fleet.sessions.map((a) => `'${a}'`).join(', ');
   await waitUntil(async () => (await count(ask, `select count(*)::int as n from pg_stat_activity where application_name in (${names})`)) === 0, 10_000, 'the sessions to end');
-  await ask.query('select pg_stat_force_next_flush()');
   const walPerOp = (await walSince(ask, lsn0)) / n;
+  await ask.query('select pg_stat_force_next_flush()');
   const ours = probed;
   const commits = (await xactCommit(ask)) - commits0 - ours;
   await probe.end();
@@ -609,49 +609,54 @@ async function scaleSection(w: World) {
     return { settled, wal: walPerOp };
   };
 
-  await w.pool.query(`truncate outboxd.charge_outbox, outboxd.settlement_outbox, outboxd.operation_events, outboxd.payment_operations, outboxd.orders cascade`);
-  const started = Date.now();
-  // Random ids, as every id was before migration 0024: the ledger of an installation upgraded from then,
-  // where each new time-ordered id lands among 5 million old ones (a new installation's ids all precede it).
-  // Order ids as random as the bench's new ones (an application's uuids) and Stripe ids as random as
-  // Stripe's: each new one lands among the old ones too, in the indexes that take them.
-  // Inserting among random keys is slow: a statement of its own for each 100,000 rows, under no
-  // statement timeout of the pool's.
-  const loader = await large.pool.connect();
-  await loader.query('set statement_timeout = 0');
-  for (let from = 0; from < SCALE_ROWS; from += 100_000) {
-    await loader.query(
-      `insert into ${LARGE}.payment_operations (id, order_id, kind, amount, currency, customer_id, payment_method, status, external_id,
-         attempts, first_attempted_at, last_attempted_at, last_outcome, settled_at, fence, created_at, updated_at)
-       select gen_random_uuid(), 'bench-' || gen_random_uuid() || '-' || i, 'charge', 1000 + i % 5000, 'eur', 'cus_scale_' || (i % 100000), 'pm_card_visa', 'succeeded', 'pi_' || left(md5(i::text), 24),
-              1, t, t, 'succeeded', t, 1, t, t
-       from generate_series($1::bigint, $2::bigint) i, lateral (select now() - interval '400 days' + i * interval '6 seconds' as t) ts`,
-      [from, Math.min(from + 100_000, SCALE_ROWS) - 1],
-    );
-  }
-  await loader.query('reset statement_timeout');
-  loader.release();
-  await large.pool.query(`vacuum analyze ${LARGE}.payment_operations`);
-  say(`scale: ${SCALE_ROWS.toLocaleString('en')} settled operations written in ${((Date.now() - started) / 1000).toFixed(0)} s`);
-  // A prepared statement's generic plan, made on its sixth run against a table of a few pages, finds the
-  // charge's order by a sequential scan until an analyze replans it (autovacuum's, within a minute in
-  // production). Measured from empty, that scan of the growing table cost the new ledger 196 heap pages
-  // per confirmation against 21 on the large one: a second of confirmations and an analyze first, each.
-  for (const l of ledgers) {
-    await rate(4, 1, async (n) => confirmOrder(l.pool, order(n)));
-    await settleUnsettled(l);
-  }
-  await dispatchWindow(fresh); // warms the replica's code and the pools, so that neither side gets it cold
-
-  // Alternating, each side first in turn.
-  const turns = [fresh, large, large, fresh, fresh, large];
   const confirms = { new: [] as Awaited<ReturnType<typeof confirmWindow>>[], large: [] as Awaited<ReturnType<typeof confirmWindow>>[] };
-  for (const l of turns) confirms[l.name].push(await confirmWindow(l));
-  for (const l of ledgers) await settleUnsettled(l);
   const dispatches = { new: [] as Awaited<ReturnType<typeof dispatchWindow>>[], large: [] as Awaited<ReturnType<typeof dispatchWindow>>[] };
-  for (const l of [fresh, large, large, fresh]) dispatches[l.name].push(await dispatchWindow(l));
-  await large.pool.end();
-  await w.pool.query(`drop schema ${LARGE} cascade; drop schema ${bossSchemaFor(LARGE)} cascade`);
+  try {
+    await w.pool.query(`truncate outboxd.charge_outbox, outboxd.settlement_outbox, outboxd.operation_events, outboxd.payment_operations, outboxd.orders cascade`);
+    const started = Date.now();
+    // Random ids, as every id was before migration 0024: the ledger of an installation upgraded from then,
+    // where each new time-ordered id lands among 5 million old ones (a new installation's ids all precede it).
+    // Order ids as random as the bench's new ones (an application's uuids) and Stripe ids as random as
+    // Stripe's: each new one lands among the old ones too, in the indexes that take them.
+    // Inserting among random keys is slow: a session of its own, with none of the pool's timeouts (the
+    // server's statement timeout, pg's query timeout), and a statement for each 100,000 rows.
+    const loader = new pg.Client({ connectionString: w.url, application_name: 'bench-loader' });
+    await loader.connect();
+    try {
+      for (let from = 0; from < SCALE_ROWS; from += 100_000) {
+        await loader.query(
+          `insert into ${LARGE}.payment_operations (id, order_id, kind, amount, currency, customer_id, payment_method, status, external_id,
+             attempts, first_attempted_at, last_attempted_at, last_outcome, settled_at, fence, created_at, updated_at)
+           select gen_random_uuid(), 'bench-' || gen_random_uuid() || '-' || i, 'charge', 1000 + i % 5000, 'eur', 'cus_scale_' || (i % 100000), 'pm_card_visa', 'succeeded', 'pi_' || left(md5(i::text), 24),
+                  1, t, t, 'succeeded', t, 1, t, t
+           from generate_series($1::bigint, $2::bigint) i, lateral (select now() - interval '400 days' + i * interval '6 seconds' as t) ts`,
+          [from, Math.min(from + 100_000, SCALE_ROWS) - 1],
+        );
+      }
+    } finally {
+      await loader.end();
+    }
+    await large.pool.query(`vacuum analyze ${LARGE}.payment_operations`);
+    say(`scale: ${SCALE_ROWS.toLocaleString('en')} settled operations written in ${((Date.now() - started) / 1000).toFixed(0)} s`);
+    // A prepared statement's generic plan, made on its sixth run against a table of a few pages, finds the
+    // charge's order by a sequential scan until an analyze replans it (autovacuum's, within a minute in
+    // production). Measured from empty, that scan of the growing table cost the new ledger 196 heap pages
+    // per confirmation against 21 on the large one: a second of confirmations and an analyze first, each.
+    for (const l of ledgers) {
+      await rate(4, 1, async (n) => confirmOrder(l.pool, order(n)));
+      await settleUnsettled(l);
+    }
+    await dispatchWindow(fresh); // warms the replica's code and the pools, so that neither side gets it cold
+
+    // Alternating, each side first in turn.
+    const turns = [fresh, large, large, fresh, fresh, large];
+    for (const l of turns) confirms[l.name].push(await confirmWindow(l));
+    for (const l of ledgers) await settleUnsettled(l);
+    for (const l of [fresh, large, large, fresh]) dispatches[l.name].push(await dispatchWindow(l));
+  } finally {
+    await large.pool.end();
+    await w.pool.query(`drop schema ${LARGE} cascade; drop schema ${bossSchemaFor(LARGE)} cascade`);
+  }
 
   const median = (xs: number[]) => {
     const sorted = [...xs].sort((x, y) => x - y);
@@ -669,7 +674,7 @@ async function scaleSection(w: World) {
   const settleWal = (side: 'new' | 'large') => median(dispatches[side].map((d) => d.wal));
   rows.push({ section: '9. scale', measure: `settled/s, 1 process × ${CONCURRENCY} slots, ${with_} (${windows(settled('large'))})`, value: fmt(median(settled('large'))), reference: `${fmt(median(settled('new')))}: ${newLedger} (${windows(settled('new'))}; goal ≥ 90 %)`, ratio: pct(median(settled('large')), median(settled('new'))) });
   rows.push({ section: '9. scale', measure: `WAL per settled operation (bytes, the worker's part: from the backlog's checkpoint to the drain's end), ${with_}`, value: fmt(settleWal('large')), reference: `${fmt(settleWal('new'))}: ${newLedger}`, ratio: pct(settleWal('large'), settleWal('new')) });
-  results.scale = { rows: SCALE_ROWS, confirms, dispatches };
+  results.scale = { rows: SCALE_ROWS, loaded: 'random operation, order and Stripe ids', confirms, dispatches };
   say(`scale: confirm ${fmt(of('large', 'tps'))} vs ${fmt(of('new', 'tps'))} (pages ${of('large', 'pages').toFixed(1)} vs ${of('new', 'pages').toFixed(1)}, WAL ${fmt(of('large', 'wal'))} vs ${fmt(of('new', 'wal'))} B), dispatch ${fmt(median(settled('large')))} vs ${fmt(median(settled('new')))} (WAL ${fmt(settleWal('large'))} vs ${fmt(settleWal('new'))} B)`);
 }
 
