@@ -326,12 +326,15 @@ describe('dispatcher (in-process)', () => {
 
   it('a claim made ahead of a slot and taken over while it waits sends nothing', async () => {
     const slow = await twoSlowCalls(4_000);
-    const ahead = await confirm(t);
-    await relay(t); // a later job: fetched behind the slow ones
-    // Two slots: the slow calls hold them, the other operation is claimed ahead and waits, renewing its lease.
     const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 1_500 });
     try {
-      await waitUntil(async () => slow.every((op) => createsFor(op).length === 1) && (await operation(t, ahead)).lease_owner === 'replica-a', 10_000, 'two calls, one claim waiting');
+      // Two slots: the slow calls hold them, then the other operation is claimed ahead and waits, renewing
+      // its lease. Enqueued only once both calls are in flight: fetched with them, its claim could win the
+      // race to a slot (two loops fetch at once).
+      await waitUntil(() => slow.every((op) => createsFor(op).length === 1), 10_000, 'two calls');
+      const ahead = await confirm(t);
+      await relay(t);
+      await waitUntil(async () => (await operation(t, ahead)).lease_owner === 'replica-a', 3_000, 'one claim waiting');
       // Another claim takes it (as a takeover or a settlement from outside does: the fence moves).
       await t.pool.query(`update outboxd.payment_operations set fence = fence + 1, lease_owner = 'replica-b', lease_expires_at = now() + interval '1 minute' where id = $1`, [ahead]);
       await waitUntil(async () => (await Promise.all(slow.map(settled))).every(Boolean), 20_000, 'the slow calls to settle');
@@ -345,20 +348,21 @@ describe('dispatcher (in-process)', () => {
 
   it('a claim made ahead to send a create again never sends it past the key window: it waits no longer, and is claimed anew to reconcile', async () => {
     const slow = await twoSlowCalls(5_000);
-    const ahead = await confirm(t);
-    // Sent once before with no answer (unknown, no pi_), 23 h less 2 s ago: inside the key window when claimed.
-    await t.pool.query(
-      `update outboxd.payment_operations
-       set status = 'unknown', attempts = 1,
-           first_attempted_at = now() - make_interval(secs => $2) + interval '2 seconds',
-           last_attempted_at = now() - make_interval(secs => $2) + interval '2 seconds'
-       where id = $1`,
-      [ahead, KEY_WINDOW_SECONDS],
-    );
-    await relay(t); // fetched behind the slow ones
     const a = await dispatcher('replica-a', { concurrency: 2 });
     try {
-      await waitUntil(async () => slow.every((op) => createsFor(op).length === 1) && (await operation(t, ahead)).lease_owner === 'replica-a', 10_000, 'two calls, one claim waiting');
+      await waitUntil(() => slow.every((op) => createsFor(op).length === 1), 10_000, 'two calls');
+      const ahead = await confirm(t); // enqueued once both calls are in flight, as above
+      // Sent once before with no answer (unknown, no pi_), 23 h less 2 s ago: inside the key window when claimed.
+      await t.pool.query(
+        `update outboxd.payment_operations
+         set status = 'unknown', attempts = 1,
+             first_attempted_at = now() - make_interval(secs => $2) + interval '2 seconds',
+             last_attempted_at = now() - make_interval(secs => $2) + interval '2 seconds'
+         where id = $1`,
+        [ahead, KEY_WINDOW_SECONDS],
+      );
+      await relay(t);
+      await waitUntil(async () => (await operation(t, ahead)).lease_owner === 'replica-a', 3_000, 'one claim waiting');
       const searched = () => e.emulator.requests().some((r) => r.endpoint === 'search' && r.operationId === ahead);
       await waitUntil(() => searched() || createsFor(ahead).length > 0, 30_000, 'the waiting claim to act');
       expect(createsFor(ahead)).toEqual([]); // a create here would be sent past the window its claim judged
