@@ -69,7 +69,9 @@ async function rate(clients: number, seconds: number, fn: (i: number) => Promise
 const order = (n: number) => ({ orderId: `bench-${randomUUID()}-${n}`, amount: 1000, currency: 'eur', customer: 'cus_bench', paymentMethod: 'pm_card_visa' });
 type Query = Pick<pg.ClientBase, 'query'>;
 const count = async (db: Query, sql: string) => (await db.query(sql)).rows[0].n as number;
-/** Bytes of WAL written since `lsn` (a pg_current_wal_lsn() read before). */
+/** Where the WAL is now, for walSince. */
+const walMark = async (db: Query) => (await db.query(`select pg_current_wal_lsn()::text as lsn`)).rows[0].lsn as string;
+/** Bytes of WAL written since `lsn` (a walMark, or a pg_current_wal_lsn() read with other figures). */
 const walSince = async (db: Query, lsn: string) =>
   (await db.query(`select pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8 as bytes`, [lsn])).rows[0].bytes as number;
 
@@ -126,12 +128,15 @@ interface Fleet {
   sessions: string[];
 }
 
+/** n orders confirmed through `pool` by 16 clients: outboxd's backlog, as applications write it. */
+async function confirmBacklog(pool: Pool, n: number): Promise<void> {
+  await Promise.all(Array.from({ length: 16 }, async (_, c) => {
+    for (let i = c; i < n; i += 16) await confirmOrder(pool, order(i));
+  }));
+}
+
 const outboxd: Fleet = {
-  async backlog(w, n) {
-    await Promise.all(Array.from({ length: 16 }, async (_, c) => {
-      for (let i = c; i < n; i += 16) await confirmOrder(w.pool, order(i));
-    }));
-  },
+  backlog: (w, n) => confirmBacklog(w.pool, n),
   settled: (db) => count(db, `select count(*)::int as n from outboxd.payment_operations where settled_at is not null`),
   async start(w, env) {
     const r = await w.startReplica({ WORKER_CONCURRENCY: String(CONCURRENCY), LOG_LEVEL: 'warn', ...env });
@@ -232,7 +237,7 @@ async function drain(w: World, fleet: Fleet, processes: number, n: number, env: 
   let probed = 0;
   const ask: Query = { query: ((...args: Parameters<pg.Client['query']>) => (probed++, probe.query(...args))) as pg.Client['query'] };
   const commits0 = await xactCommit(ask); // counted from here on: this read commits after it reads
-  const lsn0 = (await ask.query(`select pg_current_wal_lsn()::text as lsn`)).rows[0].lsn as string;
+  const lsn0 = await walMark(ask);
   const dir = mkdtempSync(path.join(os.tmpdir(), 'outboxd-bench-'));
   const counts = Array.from({ length: processes }, (_, i) => path.join(dir, `${i}.count`));
   const started = await Promise.all(counts.map((file) =>
@@ -578,10 +583,10 @@ async function scaleSection(w: World) {
     await l.pool.query(`vacuum analyze ${l.schema}.payment_operations`);
   };
   const confirmWindow = async (l: Ledger) => {
-    // From a checkpoint: the WAL per confirmation counts the full-page images a random operation id wrote
-    // once the ledger's primary key outgrew memory, which time-ordered ids avoid.
+    // From a checkpoint: the WAL per confirmation counts a full-page image for each page an insert is the
+    // first to change since, as many as the random keys it puts in the ledger's indexes.
     await w.pool.query('checkpoint');
-    const lsn = (await w.pool.query(`select pg_current_wal_lsn()::text as lsn`)).rows[0].lsn;
+    const lsn = await walMark(w.pool);
     const [pages0, reads0] = await pages(l);
     let confirmed = 0;
     const tps = await rate(4, SECONDS, async (n) => (await confirmOrder(l.pool, order(n)), confirmed++));
@@ -596,9 +601,7 @@ async function scaleSection(w: World) {
       // sides. It comes between confirmation and settlement, which in production share a checkpoint's
       // interval mostly: the order indexes' pages, written again at settlement, count twice here.
       backlog: async (_, n) => {
-        await Promise.all(Array.from({ length: 16 }, async (_, c) => {
-          for (let i = c; i < n; i += 16) await confirmOrder(l.pool, order(i));
-        }));
+        await confirmBacklog(l.pool, n);
         await w.pool.query('checkpoint');
       },
       settled: (db) => count(db, `select count(*)::int as n from ${l.schema}.payment_operations where settled_at >= '${since.toISOString()}'`),
