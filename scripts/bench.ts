@@ -8,7 +8,7 @@ import { once } from 'node:events';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -207,8 +207,48 @@ async function flushStats(pool: Pool) {
   for (const c of clients) c.release();
 }
 
+/** CPU time a process has used (ms), user and system, from /proc; with `children`, that of its children it
+ * reaped as well (a postmaster's: the backends that ended). */
+function cpuMsOf(pid: number, children = false): number {
+  // Fields after the command's closing parenthesis: utime, stime, cutime, cstime are the 12th to 15th.
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ').map(Number);
+  const ticks = fields[11]! + fields[12]! + (children ? fields[13]! + fields[14]! : 0);
+  return (ticks * 1000) / CLOCK_TICKS;
+}
+const CLOCK_TICKS = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim());
+
+/** CPU time (ms) PostgreSQL has used, every process of it: the postmaster's children alive now and those
+ * it reaped. Undefined when the database is not on this machine. */
+function databaseCpuMs(postmaster: number | undefined): number | undefined {
+  if (postmaster === undefined) return undefined;
+  let ms = cpuMsOf(postmaster, true);
+  for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
+    try {
+      if (/^PPid:\s+(\d+)$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] === String(postmaster)) ms += cpuMsOf(Number(pid));
+    } catch {
+      // ended meanwhile: its time is the postmaster's children's now
+    }
+  }
+  return ms;
+}
+
+/** The postmaster of the session `db` talks to, when it runs on this machine. */
+async function postmasterOf(db: Query): Promise<number | undefined> {
+  const backend = await count(db, 'select pg_backend_pid() as n');
+  try {
+    return Number(/^PPid:\s+(\d+)$/m.exec(readFileSync(`/proc/${backend}/status`, 'utf8'))![1]);
+  } catch {
+    return undefined;
+  }
+}
+
 interface Drained {
   rate: number;
+  /** CPU time per operation settled (ms) from 10 % to 90 % of the backlog, as the rate: the worker
+   * processes', PostgreSQL's (undefined when it is not on this machine), and this process's: the emulator's
+   * and the probes' polling (about a quarter of a core whatever the rate). */
+  cpuMsPerOp: { workers: number; database: number | undefined; bench: number };
   peakConnections: number;
   heldDuringCalls: number;
   rssMb: number[];
@@ -217,6 +257,12 @@ interface Drained {
   roundTripsPerOp: number;
   /** WAL the database wrote from the backlog's end to the drain's, per operation settled. */
   walPerOp: number;
+}
+
+/** A drain's CPU per operation as workers, database and bench, joined by `sep`. */
+function cpuOf(d: Drained, sep: string): string {
+  const { workers, database, bench } = d.cpuMsPerOp;
+  return [workers.toFixed(2), database?.toFixed(2) ?? 'n/a', bench.toFixed(2)].join(sep);
 }
 
 /**
@@ -242,8 +288,15 @@ async function drain(w: World, fleet: Fleet, processes: number, n: number, env: 
   const counts = Array.from({ length: processes }, (_, i) => path.join(dir, `${i}.count`));
   const started = await Promise.all(counts.map((file) =>
     fleet.start(w, { NODE_OPTIONS: `${DEPLOYED_NODE_OPTIONS} --import ${COUNT_QUERIES}`, BENCH_QUERY_COUNT_FILE: file, ...env })));
-  // (time, settled) when 10 % and then 90 % of the backlog had settled.
-  const marks: [number, number][] = [];
+  // (time, settled, CPU used by the workers, the database and this process) when 10 % and then 90 % of the
+  // backlog had settled.
+  const postmaster = await postmasterOf(ask);
+  const marks: [number, number, Drained['cpuMsPerOp']][] = [];
+  const cpu = () => ({
+    workers: started.reduce((sum, p) => sum + cpuMsOf(p.pid), 0),
+    database: databaseCpuMs(postmaster),
+    bench: ((used) => (used.user + used.system) / 1000)(process.cpuUsage()),
+  });
   let peakConnections = 0;
   let heldDuringCalls = 0;
   const sampler = setInterval(async () => {
@@ -260,11 +313,16 @@ async function drain(w: World, fleet: Fleet, processes: number, n: number, env: 
   }, 100);
   await waitUntil(async () => {
     const done = (await fleet.settled(ask)) - before;
-    if (done >= [0.1, 0.9][marks.length]! * n) marks.push([Date.now(), done]);
+    if (done >= [0.1, 0.9][marks.length]! * n) marks.push([Date.now(), done, cpu()]);
     return done >= n;
   }, 300_000, 'the backlog to drain');
   clearInterval(sampler);
-  const [[t1, n1], [t2, n2]] = marks as [[number, number], [number, number]];
+  const [[t1, n1, c1], [t2, n2, c2]] = marks as [typeof marks[number], typeof marks[number]];
+  const cpuMsPerOp = {
+    workers: (c2.workers - c1.workers) / (n2 - n1),
+    database: c1.database === undefined || c2.database === undefined ? undefined : (c2.database - c1.database) / (n2 - n1),
+    bench: (c2.bench - c1.bench) / (n2 - n1),
+  };
   const rss = started.map((p) => Number(/VmHWM:\s+(\d+)/.exec(readFileSync(`/proc/${p.pid}/status`, 'utf8'))?.[1] ?? 0) / 1024);
   await Promise.all(started.map((p) => p.stop()));
   // A session reports its last commits as it ends.
@@ -277,7 +335,7 @@ async function drain(w: World, fleet: Fleet, processes: number, n: number, env: 
   await probe.end();
   const roundTrips = counts.reduce((sum, file) => sum + Number(readFileSync(file, 'utf8')), 0);
   rmSync(dir, { recursive: true, force: true });
-  return { rate: (n2 - n1) / ((t2 - t1) / 1000), peakConnections, heldDuringCalls, rssMb: rss, commitsPerOp: commits / n, roundTripsPerOp: roundTrips / n, walPerOp };
+  return { rate: (n2 - n1) / ((t2 - t1) / 1000), cpuMsPerOp, peakConnections, heldDuringCalls, rssMb: rss, commitsPerOp: commits / n, roundTripsPerOp: roundTrips / n, walPerOp };
 }
 
 async function noopWorker(w: World, best: boolean, n: number) {
@@ -724,8 +782,9 @@ try {
       const each = (f: (d: Drained) => number) => [...peers].map(([batch, d]) => `${f(d).toFixed(2)} (peer, batch ${batch})`).join('; ');
       rows.push({ section: '2. dispatch', measure: 'round trips per settled operation (statements the process sent, start to exit)', value: ours.roundTripsPerOp.toFixed(2), reference: each((d) => d.roundTripsPerOp), ratio: '' });
       rows.push({ section: '2. dispatch', measure: 'commits per settled operation (pg_stat_database.xact_commit, start to exit)', value: ours.commitsPerOp.toFixed(2), reference: each((d) => d.commitsPerOp), ratio: '' });
+      rows.push({ section: '2. dispatch', measure: 'CPU ms per settled operation, from 10 % to 90 % of the backlog: the worker process + PostgreSQL (all its processes) + the bench\'s own process (the emulator and the probes\' polling)', value: cpuOf(ours, ' + '), reference: [...peers].map(([batch, d]) => `${cpuOf(d, ' + ')} (peer, batch ${batch})`).join('; '), ratio: '' });
     }
-    say(`dispatch ${processes}: ${fmt(ours.rate)}/s; ${[...peers].map(([b, d]) => `peer batch ${b} ${fmt(d.rate)}/s`).join(', ')}; round trips ${ours.roundTripsPerOp.toFixed(2)}, commits ${ours.commitsPerOp.toFixed(2)} per operation`);
+    say(`dispatch ${processes}: ${fmt(ours.rate)}/s; ${[...peers].map(([b, d]) => `peer batch ${b} ${fmt(d.rate)}/s`).join(', ')}; round trips ${ours.roundTripsPerOp.toFixed(2)}, commits ${ours.commitsPerOp.toFixed(2)} per operation; CPU ms per operation (workers/database/bench) ${[ours, ...peers.values()].map((d) => cpuOf(d, '/')).join(' vs ')}`);
   }
   results.dispatch = dispatch;
   if (ONLY.has('noop')) {
