@@ -27,7 +27,7 @@ import type { StripeAccount } from '../src/stripe/gateway.ts';
 import { runFleet } from '../harness/budget.ts';
 import { callsOnly, PEER_QUEUE, startPeer, type Peer, type PeerJob } from '../harness/peer.ts';
 import { waitUntil } from '../harness/replica.ts';
-import { DEPLOYED_NODE_ARGS, DEPLOYED_NODE_OPTIONS, startWorld, type World } from '../harness/world.ts';
+import { DEPLOYED_ENV, DEPLOYED_NODE_ARGS, DEPLOYED_NODE_OPTIONS, startWorld, type World } from '../harness/world.ts';
 
 const SECONDS = Number(process.env.BENCH_SECONDS ?? 3);
 const BACKLOG = Number(process.env.BENCH_BACKLOG ?? 1500);
@@ -287,7 +287,7 @@ async function drain(w: World, fleet: Fleet, processes: number, n: number, env: 
   const dir = mkdtempSync(path.join(os.tmpdir(), 'outboxd-bench-'));
   const counts = Array.from({ length: processes }, (_, i) => path.join(dir, `${i}.count`));
   const started = await Promise.all(counts.map((file) =>
-    fleet.start(w, { NODE_OPTIONS: `${DEPLOYED_NODE_OPTIONS} --import ${COUNT_QUERIES}`, BENCH_QUERY_COUNT_FILE: file, ...env })));
+    fleet.start(w, { ...DEPLOYED_ENV, NODE_OPTIONS: `${DEPLOYED_NODE_OPTIONS} --import ${COUNT_QUERIES}`, BENCH_QUERY_COUNT_FILE: file, ...env })));
   // (time, settled, CPU used by the workers, the database and this process) when 10 % and then 90 % of the
   // backlog had settled.
   const postmaster = await postmasterOf(ask);
@@ -413,7 +413,7 @@ async function latencySection(w: World, peerBatch: number): Promise<{ rssMb: num
   for (const [processes, goal] of [[1, '≥ 95 %, issue 25'], [2, '≥ 90 %, issue 14']] as const) {
     const res = await drain(w, outboxd, processes, 400 * processes);
     const theirs = await drain(w, peer(peerBatch), processes, 400 * processes);
-    const callEnv = { STRIPE_API_BASE: w.emulatorUrl, STRIPE_SECRET_KEY: EMULATOR_KEY, PEER_SLOTS: String(CONCURRENCY), NODE_OPTIONS: DEPLOYED_NODE_OPTIONS };
+    const callEnv = { STRIPE_API_BASE: w.emulatorUrl, STRIPE_SECRET_KEY: EMULATOR_KEY, PEER_SLOTS: String(CONCURRENCY), NODE_OPTIONS: DEPLOYED_NODE_OPTIONS, ...DEPLOYED_ENV };
     const ceiling = (await Promise.all(Array.from({ length: processes }, () => callsOnly(callEnv, DEPLOYED_NODE_ARGS, 4)))).reduce((a, b) => a + b, 0);
     const ideal = (processes * CONCURRENCY) / 0.1;
     rows.push({ section: '3. latency-bound', measure: `settled/s at 100 ms Stripe latency, ${processes} replica(s) × ${CONCURRENCY} slots`, value: fmt(res.rate), reference: `${fmt(ideal)} (slots ÷ latency; goal ${goal})`, ratio: pct(res.rate, ideal) });
@@ -805,7 +805,7 @@ try {
   if (ONLY.has('budget')) await budgetSection(world);
   if (ONLY.has('connect')) await connectSection(world);
   if (ONLY.has('scale')) await scaleSection(world);
-  if (rss.length) rows.push({ section: '5. resources', measure: `peak RSS per replica (MB), node ${DEPLOYED_NODE_ARGS.join(' ')}, NODE_OPTIONS=${DEPLOYED_NODE_OPTIONS}`, value: fmt(Math.max(...rss)), reference: `110 (goal, issue 25); the peer: ${fmt(Math.max(...peerRss))}`, ratio: '' });
+  if (rss.length) rows.push({ section: '5. resources', measure: `peak RSS per replica (MB), node ${DEPLOYED_NODE_ARGS.join(' ')}, NODE_OPTIONS=${DEPLOYED_NODE_OPTIONS}, ${Object.entries(DEPLOYED_ENV).map(([k, v]) => `${k}=${v}`).join(' ')}`, value: fmt(Math.max(...rss)), reference: `110 (goal, issue 25); the peer: ${fmt(Math.max(...peerRss))}`, ratio: '' });
   if (rss.length) rows.push({ section: '5. resources', measure: 'peak DB connections (bench database, all replicas)', value: String(peak), reference: '', ratio: '' });
   results.resources = { peakRssMb: Math.max(...rss), rssMb: rss, peerRssMb: peerRss, peakConnections: peak };
 } finally {

@@ -18,7 +18,7 @@ import { envSchema, loadConfig } from '../../src/runtime/config.ts';
 import { PROBES } from '../../src/runtime/worker.ts';
 import { webhookRoutes } from '../../src/http/webhooks.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
-import { DEPLOYED_NODE_ARGS, DEPLOYED_NODE_OPTIONS } from '../../harness/world.ts';
+import { DEPLOYED_ENV, DEPLOYED_NODE_ARGS, DEPLOYED_NODE_OPTIONS } from '../../harness/world.ts';
 import { RUN_AS_USER, WORKER_TMP } from '../support/hardening.ts';
 
 const ROOT = path.resolve(import.meta.dirname, '../..');
@@ -42,8 +42,8 @@ const worker = deployment.spec.template.spec.containers[0];
 const job = byKind('Job')[0]!;
 const compose = docs('deploy/compose.yaml')[0]!;
 const CONFIG_KEYS = Object.keys(envSchema.shape);
-/** NODE_OPTIONS is Node's own; everything else the app reads is in the config schema. */
-const NODE_KEYS = ['NODE_OPTIONS', 'NODE_ENV'];
+/** NODE_OPTIONS is Node's own and MALLOC_ARENA_MAX glibc's; everything else the app reads is in the config schema. */
+const NODE_KEYS = ['NODE_OPTIONS', 'NODE_ENV', ...Object.keys(DEPLOYED_ENV)];
 const DEFAULT_PORT = loadConfig({}).worker.httpPort;
 
 describe('deploy manifests', () => {
@@ -205,6 +205,10 @@ describe('deploy manifests', () => {
     expect(dockerfile).toMatch(/^CMD \["worker"\]$/m);
     expect(dockerfile).toContain(`NODE_OPTIONS="${DEPLOYED_NODE_OPTIONS}"`);
     expect(worker.env.find((e: { name: string }) => e.name === 'NODE_OPTIONS').value).toBe(DEPLOYED_NODE_OPTIONS);
+    for (const [name, value] of Object.entries(DEPLOYED_ENV)) {
+      expect(dockerfile).toMatch(new RegExp(`^\\s+${name}=${value}$`, 'm'));
+      expect(worker.env.find((e: { name: string }) => e.name === name)?.value).toBe(value);
+    }
     expect(worker.args).toEqual(['worker']);
     expect(job.spec.template.spec.containers[0].args).toEqual(['migrate']);
     expect(compose.services.migrate.command).toEqual(['migrate']);
