@@ -5,6 +5,18 @@ import { CALL_FACT_WEIGHT as W } from '../types/contracts.ts';
 import type { SqlContext } from './context.ts';
 
 export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, settlementEvent, statement }: SqlContext) => {
+  /**
+   * The batch statements (claimAttempts, recordOutcomes) find each operation by its primary key whatever
+   * the statistics say. Their input (an array, a JSON array) tells the planner nothing of its size, and
+   * joined on it alone a batch was hashed against every unsettled operation (a backlog's worth of rows at
+   * each outcome) or the whole ledger, or read every entry of the partial index of unsettled operations
+   * while statistics counted few (test/database/batchPlans.test.ts). So where they read the ledger they
+   * also name their ids as an array (`byIds`: the planner counts 10 elements, which the primary key
+   * serves), and test the status in a form the partial index's predicate does not match (`unsettledRow`).
+   */
+  const byIds = (alias: string, ids: string) => `${alias}.id = any(${ids})`;
+  const unsettledRow = (alias: string) => `coalesce(${alias}.${UNSETTLED}, false)`;
+  const OUTCOME_IDS = 'array(select id from input)';
   /** A claim's timeline row: the fence, the owner, and of a takeover the owner whose expired lease it took
    * and `unanswered`: how many of the calls counted before this claim (`attempts`) neither an outcome
    * answers nor an earlier takeover counted: calls its previous owner made and never recorded (it died,
@@ -86,7 +98,8 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
            possible_duplicates = op.possible_duplicates
              + coalesce(prev.call = 'create' and $6 = 'at-least-once' and op.first_attempted_at is not null, false)::int
        from prev
-       where op.id = prev.id and op.${UNSETTLED} and (op.lease_expires_at is null or op.lease_expires_at < now())
+       where op.id = prev.id and ${byIds('op', '$1::uuid[]')} and ${unsettledRow('op')}
+         and (op.lease_expires_at is null or op.lease_expires_at < now())
        returning ${operationColumns('op')}, prev.lease_owner as previous_owner, prev.key_window_passed, prev.call,
          prev.first_attempted_at as prev_first_attempted_at, prev.last_attempted_at as prev_last_attempted_at
      ), takeovers as (
@@ -95,7 +108,7 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
      select mine.*, coalesce(prev.status, cur.status) as current_status,
        coalesce(won.lease_owner, prev.lease_owner, cur.lease_owner) as current_owner, prev.id is null and cur.id is not null as locked
      from req
-     left join ${s}.payment_operations cur on cur.id = req.id
+     left join ${s}.payment_operations cur on cur.id = req.id and ${byIds('cur', '$1::uuid[]')}
      left join prev on prev.id = req.id
      left join claimed won on won.id = req.id
      left join claimed mine on mine.id = req.id and req.first
@@ -194,7 +207,7 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
          updated_at = now(), lease_owner = null, lease_expires_at = null,
          settled_at = case when x.status in ('succeeded', 'failed') then now() end
      from input x
-     where o.id = x.id and o.fence = x.fence and o.${UNSETTLED}
+     where o.id = x.id and o.fence = x.fence and ${unsettledRow('o')} and ${byIds('o', OUTCOME_IDS)}
      returning ${operationColumns('o')}, x.ord, x.source, x.event, x.owner as call_owner
      ), settled_event as (
        insert into ${s}.settlement_outbox (operation_id, source)
@@ -203,7 +216,7 @@ export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, se
      select ${operationColumns('op')}, op.ord, op.source, op.event, cur.fence as current_fence, cur.status as current_status
      from input
      left join op on op.ord = input.ord
-     left join ${s}.payment_operations cur on cur.id = input.id
+     left join ${s}.payment_operations cur on cur.id = input.id and ${byIds('cur', OUTCOME_IDS)}
      order by input.ord`,
   ),
 
