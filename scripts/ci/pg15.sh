@@ -39,4 +39,4 @@ echo "PostgreSQL $("$BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$P
 # Every statement of the data path runs in these (requests, relay, claims, outcomes, settlements, migrations,
 # a replica process, PgBouncer): the rest of the suite adds cases, not statements, and minutes.
 DATABASE_URL="postgres://postgres:$PASSWORD@127.0.0.1:$PORT/postgres" npx vitest run \
-  test/database/library.test.ts test/processes/pooler.test.ts test/processes/upgrade.test.ts test/processes/applicationLocks.test.ts test/processes/migrate.test.ts test/database/timeouts.test.ts
+  test/database/library.test.ts test/database/batchPlans.test.ts test/processes/pooler.test.ts test/processes/upgrade.test.ts test/processes/applicationLocks.test.ts test/processes/migrate.test.ts test/database/timeouts.test.ts

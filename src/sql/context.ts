@@ -35,6 +35,19 @@ export const resultTypes = {
  * outboxd schemas in one database never share queues. */
 export const bossSchemaFor = (schema: string): string => (schema === DEFAULT_SCHEMA ? 'pgboss' : `pgboss_${schema}`);
 
+/**
+ * Statements that take a batch (the dispatcher's claims and outcomes, the relay's settlement events) find
+ * each operation by its primary key whatever the statistics say. Their input (an array, a JSON array, the
+ * rows a CTE took) tells the planner nothing of its size, and joined on it alone a batch was hashed against
+ * every unsettled operation (a backlog's worth of rows at each outcome) or the whole ledger, or read every
+ * entry of the partial index of unsettled operations while statistics counted few
+ * (test/database/batchPlans.test.ts). So where they read the ledger they also name their ids as an array
+ * (`byIds`: the planner counts 10 elements, which the primary key serves), and test the status in a form
+ * the partial index's predicate does not match (`unsettledRow`).
+ */
+const byIds = (alias: string, ids: string) => `${alias}.id = any(${ids})`;
+const unsettledRow = (alias: string) => `coalesce(${alias}.${UNSETTLED}, false)`;
+
 export type SqlContext = ReturnType<typeof sqlContext>;
 
 /** The builders for `schema`; `prepared`: named statements (outboxd's own direct connections). */
@@ -108,5 +121,5 @@ export function sqlContext(schema: string, prepared: boolean) {
        and (o.created_at, o.id) ${cmp} ($3::timestamptz, $4::uuid)
      order by o.created_at ${dir}, o.id ${dir}
      limit $5`;
-  return { schema, s, boss, statement, settlementEvent, event, CURSOR, operationsPage, reviewPage, UNSETTLED, operationColumns };
+  return { schema, s, boss, statement, settlementEvent, event, CURSOR, operationsPage, reviewPage, UNSETTLED, operationColumns, byIds, unsettledRow };
 }

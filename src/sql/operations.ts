@@ -4,18 +4,8 @@
 import { CALL_FACT_WEIGHT as W } from '../types/contracts.ts';
 import type { SqlContext } from './context.ts';
 
-export const operationsStatements = ({ UNSETTLED, event, operationColumns, s, settlementEvent, statement }: SqlContext) => {
-  /**
-   * The batch statements (claimAttempts, recordOutcomes) find each operation by its primary key whatever
-   * the statistics say. Their input (an array, a JSON array) tells the planner nothing of its size, and
-   * joined on it alone a batch was hashed against every unsettled operation (a backlog's worth of rows at
-   * each outcome) or the whole ledger, or read every entry of the partial index of unsettled operations
-   * while statistics counted few (test/database/batchPlans.test.ts). So where they read the ledger they
-   * also name their ids as an array (`byIds`: the planner counts 10 elements, which the primary key
-   * serves), and test the status in a form the partial index's predicate does not match (`unsettledRow`).
-   */
-  const byIds = (alias: string, ids: string) => `${alias}.id = any(${ids})`;
-  const unsettledRow = (alias: string) => `coalesce(${alias}.${UNSETTLED}, false)`;
+export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns, s, settlementEvent, statement, unsettledRow }: SqlContext) => {
+  /** recordOutcomes' ids, for byIds. */
   const OUTCOME_IDS = 'array(select id from input)';
   /** A claim's timeline row: the fence, the owner, and of a takeover the owner whose expired lease it took
    * and `unanswered`: how many of the calls counted before this claim (`attempts`) neither an outcome

@@ -6,7 +6,7 @@ import type { SqlContext } from './context.ts';
 /** The most settlement events the metrics count (outboxd_settlement_events and _outbox_rows saturate there). */
 const DEPTH_CAP = 100_000;
 
-export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => {
+export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlContext) => {
   /** Whether anyone subscribed by name to pg-boss's event $n (`settled`): the relay copies events only then. */
   const subscribed = (n: number) => `exists (select 1 from ${boss}.subscription where event = $${n})`;
   /** What a settlement event says, from the settled operation `op` and its settlement_outbox row `taken`. */
@@ -28,7 +28,7 @@ export const outboxStatements = ({ boss, s, schema, statement }: SqlContext) => 
        select ${EVENT},
               (select coalesce(array_agg(q.name order by q.name), '{}') from ${boss}.subscription q
                where q.event = $2 and q.created_on <= taken.created_at and not taken.fanned_out) as subscribers
-       from taken join ${s}.payment_operations op on op.id = taken.operation_id
+       from taken join ${s}.payment_operations op on op.id = taken.operation_id and ${byIds('op', 'array(select operation_id from taken)')}
        order by taken.id`;
   /** The advisory lock between a relay's pass over settlement events (shared) and the switch to the
    * unnamed handlers' table (exclusive): no pass that began before the switch is still taking rows after it. */
