@@ -33,9 +33,10 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
   /** The advisory lock between a relay's pass over settlement events (shared) and the switch to the
    * unnamed handlers' table (exclusive): no pass that began before the switch is still taking rows after it. */
   const SWITCH_LOCK = `hashtextextended('${schema}.settlement_delivery', 0)`;
-  /** The oldest settlement_outbox rows no other relay holds, matching `where`. */
+  /** The oldest settlement_outbox rows no other relay holds, matching `where`: their ids as an array, as
+   * byIds names them (src/sql/context.ts), since `id in (…)` was hashed against the whole table. */
   const oldest = (where: string) =>
-    `id in (select id from ${s}.settlement_outbox where ${where} order by id limit $1 for update skip locked)`;
+    `id = any(array(select id from ${s}.settlement_outbox where ${where} order by id limit $1 for update skip locked))`;
   return {
     /** The channel the outboxes' triggers NOTIFY while a relay sleeps (drizzle/0022_outbox_wake.sql): the
      * relay LISTENs on it instead of waiting out its poll. */
@@ -78,12 +79,13 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
       `select exists (select 1 from ${s}.settlement_delivery) as table_delivery from (select pg_advisory_xact_lock_shared(${SWITCH_LOCK})) l`,
     ),
 
-    /** Takes the oldest rows no other relay holds; deleting them in the job-creating transaction is the mark.
+    /** Takes the oldest rows no other relay holds (their ids as an array, as `oldest` takes them);
+     * deleting them in the job-creating transaction is the mark.
      * (The timeline does not record the relay: the job's creation says when, at no write on the hot path.) */
     takeOutboxBatch: statement<[limit: number]>(
       'outboxd_take_outbox_batch',
       `delete from ${s}.charge_outbox
-       where id in (select id from ${s}.charge_outbox order by id limit $1 for update skip locked)
+       where id = any(array(select id from ${s}.charge_outbox order by id limit $1 for update skip locked))
        returning operation_id, traceparent, kind`,
     ),
 

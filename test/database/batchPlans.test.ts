@@ -1,10 +1,10 @@
-// The statements that take a batch (the dispatcher's claims and outcomes, the relay's settlement events)
-// touch a few pages per operation, whatever the size of the ledger and of the backlog, and whichever plan
-// PostgreSQL keeps for them: a named statement runs a generic plan after five executions, an unnamed one
-// a custom plan each time, and statistics lag a backlog that grew since the last analyze. Their input (an
-// array, a JSON array, the rows a CTE took) tells the planner nothing of its size, and joined on it alone
-// the outcomes hashed against every unsettled operation, or read the whole ledger, at each outcome
-// (src/sql/context.ts, byIds).
+// The statements that take a batch (the dispatcher's claims and outcomes, the relay's passes over both
+// outboxes) touch a few pages per row they take, whatever the size of the ledger and of the backlog, and
+// whichever plan PostgreSQL keeps for them: a named statement runs a generic plan after five executions,
+// an unnamed one a custom plan each time, and statistics lag a backlog that grew since the last analyze.
+// Their input (an array, a JSON array, the rows a CTE took, a locking subquery's ids) tells the planner
+// nothing of its size, and joined on it alone the outcomes hashed against every unsettled operation, or
+// read the whole ledger, and the relay against its whole outbox, at each batch (src/sql/context.ts, byIds).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KEY_WINDOW_SECONDS, callTable } from '../../src/engine/executor.ts';
 import { statementsFor } from '../../src/sql/statements.ts';
@@ -14,7 +14,7 @@ let t: TestDb;
 beforeAll(async () => {
   t = await createTestDatabase();
   // Statistics stay as each case leaves them: an analyze meanwhile would hide the lag being tested.
-  await t.pool.query('alter table outboxd.payment_operations set (autovacuum_enabled = off)');
+  for (const table of ['payment_operations', 'charge_outbox', 'settlement_outbox']) await t.pool.query(`alter table outboxd.${table} set (autovacuum_enabled = off)`);
 });
 afterAll(() => t.close());
 
@@ -22,6 +22,13 @@ const BATCH = 5;
 /** Pages an operation may touch: its primary key's and its row's own, and an entry in each index the outcome
  * writes (17-21 measured here); a scan of the backlog or of the ledger is hundreds. */
 const PAGES_PER_OPERATION = 25;
+
+/** A backlog in both outboxes: operations to relay, and settlement events the relay copied already that
+ * wait for the application's handlers. */
+const addOutboxRows = async (n: number) => {
+  await t.pool.query(`insert into outboxd.charge_outbox (operation_id) select gen_random_uuid() from generate_series(1, $1)`, [n]);
+  await t.pool.query(`insert into outboxd.settlement_outbox (operation_id, source, fanned_out) select gen_random_uuid(), 'call', true from generate_series(1, $1)`, [n]);
+};
 
 const addOperations = (n: number, settled: boolean) =>
   t.pool.query(
@@ -72,6 +79,7 @@ async function batchPages() {
     claims: st.claimAttempts(ids, 'worker-a', 30_000, KEY_WINDOW_SECONDS, 'charge', 'idempotent-key', callTable('idempotent-key')),
     outcomes: st.recordOutcomes(JSON.stringify(pending.map((r, ord) => ({ ord, id: r.id, fence: Number(r.fence), status: 'succeeded', last_outcome: 'succeeded', external_id: `pi_${ord}`, source: 'call', event: { call: 'create', outcome: 'succeeded' } })))),
     'settlement events': st.takeSettlementBatch(500, 'outboxd.settled'),
+    'outbox rows': st.takeOutboxBatch(BATCH),
   };
   const pages: Record<string, number> = {};
   for (const generic of [true, false]) {
@@ -87,14 +95,16 @@ const expectBounded = (pages: Record<string, number>) => {
 describe('the batch statements read by primary key', () => {
   it('a backlog of 10,000 on a new installation, never analyzed', async () => {
     await addOperations(10_000, false);
+    await addOutboxRows(20_000);
     expectBounded(await batchPages());
   });
 
   it('a ledger of 20,000 settled operations analyzed before a backlog of 10,000 more arrived', async () => {
-    await t.pool.query('truncate outboxd.payment_operations, outboxd.settlement_outbox cascade');
+    await t.pool.query('truncate outboxd.payment_operations, outboxd.settlement_outbox, outboxd.charge_outbox cascade');
     await addOperations(20_000, true);
     await t.pool.query('analyze outboxd.payment_operations');
     await addOperations(10_000, false);
+    await addOutboxRows(20_000);
     expectBounded(await batchPages());
   });
 });
