@@ -218,14 +218,17 @@ function cpuMsOf(pid: number, children = false): number {
 }
 const CLOCK_TICKS = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim());
 
+/** The parent of process `pid`, from /proc (throws when it has ended). */
+const parentOf = (pid: number): number => Number(/^PPid:\s+(\d+)$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))![1]);
+
 /** CPU time (ms) PostgreSQL has used, every process of it: the postmaster's children alive now and those
  * it reaped. Undefined when the database is not on this machine. */
 function databaseCpuMs(postmaster: number | undefined): number | undefined {
   if (postmaster === undefined) return undefined;
   let ms = cpuMsOf(postmaster, true);
-  for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
+  for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d)).map(Number)) {
     try {
-      if (/^PPid:\s+(\d+)$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] === String(postmaster)) ms += cpuMsOf(Number(pid));
+      if (parentOf(pid) === postmaster) ms += cpuMsOf(pid);
     } catch {
       // ended meanwhile: its time is the postmaster's children's now
     }
@@ -237,7 +240,7 @@ function databaseCpuMs(postmaster: number | undefined): number | undefined {
 async function postmasterOf(db: Query): Promise<number | undefined> {
   const backend = await count(db, 'select pg_backend_pid() as n');
   try {
-    return Number(/^PPid:\s+(\d+)$/m.exec(readFileSync(`/proc/${backend}/status`, 'utf8'))![1]);
+    return parentOf(backend);
   } catch {
     return undefined;
   }
@@ -292,11 +295,10 @@ async function drain(w: World, fleet: Fleet, processes: number, n: number, env: 
   // backlog had settled.
   const postmaster = await postmasterOf(ask);
   const marks: [number, number, Drained['cpuMsPerOp']][] = [];
-  const cpu = () => ({
-    workers: started.reduce((sum, p) => sum + cpuMsOf(p.pid), 0),
-    database: databaseCpuMs(postmaster),
-    bench: ((used) => (used.user + used.system) / 1000)(process.cpuUsage()),
-  });
+  const cpu = (): Drained['cpuMsPerOp'] => {
+    const own = process.cpuUsage();
+    return { workers: started.reduce((sum, p) => sum + cpuMsOf(p.pid), 0), database: databaseCpuMs(postmaster), bench: (own.user + own.system) / 1000 };
+  };
   let peakConnections = 0;
   let heldDuringCalls = 0;
   const sampler = setInterval(async () => {
@@ -779,10 +781,10 @@ try {
       const loud = await drain(world, outboxd, 1, BACKLOG, { LOG_LEVEL: 'info' });
       rss = rss.concat(loud.rssMb);
       rows.push({ section: '2. dispatch', measure: 'context: settled/s, 1 process at LOG_LEVEL=info (a log line per call; the rows above: warn)', value: fmt(loud.rate), reference: fmt(ours.rate), ratio: pct(loud.rate, ours.rate) });
-      const each = (f: (d: Drained) => number) => [...peers].map(([batch, d]) => `${f(d).toFixed(2)} (peer, batch ${batch})`).join('; ');
-      rows.push({ section: '2. dispatch', measure: 'round trips per settled operation (statements the process sent, start to exit)', value: ours.roundTripsPerOp.toFixed(2), reference: each((d) => d.roundTripsPerOp), ratio: '' });
-      rows.push({ section: '2. dispatch', measure: 'commits per settled operation (pg_stat_database.xact_commit, start to exit)', value: ours.commitsPerOp.toFixed(2), reference: each((d) => d.commitsPerOp), ratio: '' });
-      rows.push({ section: '2. dispatch', measure: 'CPU ms per settled operation, from 10 % to 90 % of the backlog: the worker process + PostgreSQL (all its processes) + the bench\'s own process (the emulator and the probes\' polling)', value: cpuOf(ours, ' + '), reference: [...peers].map(([batch, d]) => `${cpuOf(d, ' + ')} (peer, batch ${batch})`).join('; '), ratio: '' });
+      const each = (f: (d: Drained) => string) => [...peers].map(([batch, d]) => `${f(d)} (peer, batch ${batch})`).join('; ');
+      rows.push({ section: '2. dispatch', measure: 'round trips per settled operation (statements the process sent, start to exit)', value: ours.roundTripsPerOp.toFixed(2), reference: each((d) => d.roundTripsPerOp.toFixed(2)), ratio: '' });
+      rows.push({ section: '2. dispatch', measure: 'commits per settled operation (pg_stat_database.xact_commit, start to exit)', value: ours.commitsPerOp.toFixed(2), reference: each((d) => d.commitsPerOp.toFixed(2)), ratio: '' });
+      rows.push({ section: '2. dispatch', measure: 'CPU ms per settled operation, from 10 % to 90 % of the backlog: the worker process + PostgreSQL (all its processes) + the bench\'s own process (the emulator and the probes\' polling)', value: cpuOf(ours, ' + '), reference: each((d) => cpuOf(d, ' + ')), ratio: '' });
     }
     say(`dispatch ${processes}: ${fmt(ours.rate)}/s; ${[...peers].map(([b, d]) => `peer batch ${b} ${fmt(d.rate)}/s`).join(', ')}; round trips ${ours.roundTripsPerOp.toFixed(2)}, commits ${ours.commitsPerOp.toFixed(2)} per operation; CPU ms per operation (workers/database/bench) ${[ours, ...peers.values()].map((d) => cpuOf(d, '/')).join(' vs ')}`);
   }
