@@ -192,8 +192,8 @@ export const webhookEvents = outboxd.table(
     result: text('result').notNull(),
     payload: jsonb('payload').notNull(),
   },
-  // An operation's events, for its timeline in the console.
-  (t) => [index('webhook_events_operation_idx').on(t.operationId)],
+  // An operation's events, for its timeline in the console; the oldest events, for their retention.
+  (t) => [index('webhook_events_operation_idx').on(t.operationId), index('webhook_events_received_idx').on(t.receivedAt)],
 );
 
 /**

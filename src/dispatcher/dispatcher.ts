@@ -31,7 +31,6 @@ import type { EffectCall, KindRegistry, Policy } from '../engine/kinds.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
 import { KIND_QUEUE_OPTIONS, createKindQueues, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type OperationJob, type RelayPass } from '../outbox/outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
-import { pruneWebhookEvents } from '../webhooks/inbox.ts';
 import { createPruneQueue, DEFAULT_RETENTION_DAYS, PRUNE_QUEUE, pruneHistory, type RetentionDays } from '../outbox/retention.ts';
 import { CallAbandoned, CallTimedOut, callTable, executeOperation, KEY_WINDOW_SECONDS } from '../engine/executor.ts';
 import type { PaymentGateway } from '../stripe/gateway.ts';
@@ -64,8 +63,6 @@ export interface DispatcherOptions {
   keyWindowSeconds?: number;
   /** Schedule the reconcile sweep with this cron (pg-boss runs one at a time across replicas). */
   reconcileCron?: string;
-  /** Stored webhook events older than this are deleted after each scheduled sweep. */
-  webhookRetentionDays?: number;
   /** Schedule the retention job (src/outbox/retention.ts) with this cron: one run at a time across replicas. */
   pruneCron?: string;
   retentionDays?: RetentionDays;
@@ -234,8 +231,7 @@ export class Dispatcher {
           ...(this.opts.keyWindowSeconds !== undefined ? { keyWindowSeconds: this.opts.keyWindowSeconds } : {}),
           ...(this.opts.processingReviewDays !== undefined ? { processingReviewDays: this.opts.processingReviewDays } : {}),
         });
-        const prunedEvents = await pruneWebhookEvents(this.deps.pool, this.opts.webhookRetentionDays ?? 30);
-        const summary = { examined: report.examined, settled: report.settled, needsReview: report.needsReview, undriven: report.undriven.length, prunedEvents };
+        const summary = { examined: report.examined, settled: report.settled, needsReview: report.needsReview, undriven: report.undriven.length };
         this.log.info(summary, 'reconcile sweep');
         return summary;
       });

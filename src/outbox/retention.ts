@@ -2,8 +2,9 @@
 // The timeline (operation_events) is kept OPERATION_EVENTS_RETENTION_DAYS after its operation settled,
 // the audit trail AUDIT_RETENTION_DAYS; an unsettled operation's history is kept whatever its age (a
 // person may need it). A settlement event no unnamed onSettled handler took goes after 14 days, as a job
-// pg-boss never handed out does. Webhook events (WEBHOOK_RETENTION_DAYS) and console sessions are pruned as before;
-// pg-boss deletes its completed jobs by the retention set on outboxd's queues (src/outbox/outbox.ts).
+// pg-boss never handed out does; a stored webhook event after WEBHOOK_RETENTION_DAYS. Console sessions are
+// pruned when they expire; pg-boss deletes its completed jobs by the retention set on outboxd's queues
+// (src/outbox/outbox.ts).
 //
 // Pruning is a pg-boss cron job on a singleton queue: one replica at a time in the whole fleet, never in
 // a dispatch path, in small batches (each its own short statement: no long transaction, no lock held
@@ -22,13 +23,14 @@ const PRUNE_BUDGET_MS = 60_000;
 export interface RetentionDays {
   operationEvents: number;
   audit: number;
+  webhookEvents: number;
 }
 
 /** How long a settlement event waits for an unnamed onSettled handler: pg-boss's retention of a job
  * never taken (JOB_RETENTION in src/outbox/outbox.ts), which delivered them before. */
 export const SETTLEMENT_EVENT_RETENTION_DAYS = 14;
 
-export const DEFAULT_RETENTION_DAYS: RetentionDays = { operationEvents: 90, audit: 365 };
+export const DEFAULT_RETENTION_DAYS: RetentionDays = { operationEvents: 90, audit: 365, webhookEvents: 30 };
 
 export async function createPruneQueue(boss: PgBoss): Promise<void> {
   await boss.createQueue(PRUNE_QUEUE, { policy: 'singleton', retryLimit: 0, expireInSeconds: 15 * 60 });
@@ -39,7 +41,7 @@ export async function pruneHistory(
   pool: Pool,
   days: RetentionDays,
   opts: { scan?: number; budgetMs?: number } = {},
-): Promise<{ operationEvents: number; audit: number; settlementEvents: number }> {
+): Promise<{ operationEvents: number; audit: number; settlementEvents: number; webhookEvents: number }> {
   const until = performance.now() + (opts.budgetMs ?? PRUNE_BUDGET_MS);
   const scan = opts.scan ?? PRUNE_SCAN;
   const prune = async (batch: (afterId: number) => ReturnType<Pool['sql']['pruneOperationEvents']>): Promise<number> => {
@@ -53,9 +55,19 @@ export async function pruneHistory(
     }
     return deleted;
   };
+  const pruneWebhookEvents = async (): Promise<number> => {
+    let deleted = 0;
+    while (performance.now() < until) {
+      const { rows } = await pool.query(pool.sql.pruneWebhookEvents(days.webhookEvents, scan));
+      deleted += rows[0].deleted;
+      if (rows[0].deleted < scan) break;
+    }
+    return deleted;
+  };
   return {
     operationEvents: await prune((after) => pool.sql.pruneOperationEvents(days.operationEvents, after, scan)),
     audit: await prune((after) => pool.sql.pruneAdminAudit(days.audit, after, scan)),
     settlementEvents: await prune((after) => pool.sql.pruneSettlementOutbox(SETTLEMENT_EVENT_RETENTION_DAYS, after, scan)),
+    webhookEvents: await pruneWebhookEvents(),
   };
 }

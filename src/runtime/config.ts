@@ -135,9 +135,8 @@ export interface Config {
     httpHost: string;
   };
   webhookSecret: string | undefined;
-  webhookRetentionDays: number;
-  /** The timeline's and the audit trail's (src/outbox/retention.ts). */
-  retentionDays: { operationEvents: number; audit: number };
+  /** The timeline's, the audit trail's and the stored webhook events' (src/outbox/retention.ts). */
+  retentionDays: { operationEvents: number; audit: number; webhookEvents: number };
   searchFreshnessSeconds: number;
   processingReviewDays: number;
   logLevel: Env['LOG_LEVEL'];
@@ -214,8 +213,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       httpHost: e.ADMIN_HTTP_HOST ?? '127.0.0.1',
     },
     webhookSecret: e.STRIPE_WEBHOOK_SECRET,
-    webhookRetentionDays: e.WEBHOOK_RETENTION_DAYS,
-    retentionDays: { operationEvents: e.OPERATION_EVENTS_RETENTION_DAYS, audit: e.AUDIT_RETENTION_DAYS },
+    retentionDays: { operationEvents: e.OPERATION_EVENTS_RETENTION_DAYS, audit: e.AUDIT_RETENTION_DAYS, webhookEvents: e.WEBHOOK_RETENTION_DAYS },
     searchFreshnessSeconds: e.SEARCH_FRESHNESS_SECONDS,
     processingReviewDays: e.PROCESSING_REVIEW_DAYS,
     logLevel: e.LOG_LEVEL,

@@ -60,7 +60,6 @@ export async function composeReplica(o: {
       concurrency,
       leaseTtlMs: config.worker.leaseTtlMs,
       reconcileCron: config.worker.reconcileCron,
-      webhookRetentionDays: config.webhookRetentionDays,
       pruneCron: PRUNE_CRON,
       retentionDays: config.retentionDays,
       processingReviewDays: config.processingReviewDays,

@@ -1,14 +1,17 @@
 // The statements of the history around the ledger, pruned past its retention (src/outbox/retention.ts).
 import type { SqlContext } from './context.ts';
 
-export const retentionStatements = ({ s, statement }: SqlContext) => ({
+export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
   /**
    * One batch of the timeline's retention (src/outbox/retention.ts): the $3 oldest rows after id $2, of which
    * those last seen over $1 days ago, of an operation settled over $1 days ago, are deleted. An
    * unsettled operation's history (held for review, or still being driven) is kept whatever its age.
    * Rows are scanned in id order (the primary key), so a batch reads $3 rows, however large the table;
    * reached_window: the batch's last row is inside the window, and so is every later one (ids and times
-   * grow together).
+   * grow together). Each row's operation is read by its primary key (a scalar subquery, run per row) and
+   * the rows are deleted by theirs (byIds): joined, a generic plan hashed the batch against every
+   * operation settled before the window, the whole ledger's worth at each batch
+   * (test/database/batchPlans.test.ts).
    */
   pruneOperationEvents: statement<[retentionDays: number, afterId: number, scan: number]>(
     'outboxd_prune_operation_events',
@@ -16,8 +19,8 @@ export const retentionStatements = ({ s, statement }: SqlContext) => ({
        select id, operation_id, coalesce(last_at, at) as seen from ${s}.operation_events where id > $2 order by id limit $3
      ), gone as (
        delete from ${s}.operation_events e
-       using scanned sc join ${s}.payment_operations o on o.id = sc.operation_id
-       where e.id = sc.id and sc.seen < now() - make_interval(days => $1) and o.settled_at < now() - make_interval(days => $1)
+       where ${byIds('e', `array(select sc.id from scanned sc where sc.seen < now() - make_interval(days => $1)
+         and (select o.settled_at from ${s}.payment_operations o where o.id = sc.operation_id) < now() - make_interval(days => $1))`)}
        returning e.id
      )
      select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,
@@ -31,9 +34,9 @@ export const retentionStatements = ({ s, statement }: SqlContext) => ({
        select id, operation_id, at from ${s}.admin_audit where id > $2 order by id limit $3
      ), gone as (
        delete from ${s}.admin_audit a
-       using scanned sc left join ${s}.payment_operations o on o.id = sc.operation_id
-       where a.id = sc.id and sc.at < now() - make_interval(days => $1)
-         and (sc.operation_id is null or o.settled_at < now() - make_interval(days => $1))
+       where ${byIds('a', `array(select sc.id from scanned sc where sc.at < now() - make_interval(days => $1)
+         and (sc.operation_id is null
+           or (select o.settled_at from ${s}.payment_operations o where o.id = sc.operation_id) < now() - make_interval(days => $1)))`)}
        returning a.id
      )
      select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,
@@ -48,11 +51,25 @@ export const retentionStatements = ({ s, statement }: SqlContext) => ({
     `with scanned as (
        select id, created_at from ${s}.settlement_outbox where id > $2 order by id limit $3
      ), gone as (
-       delete from ${s}.settlement_outbox o using scanned sc
-       where o.id = sc.id and sc.created_at < now() - make_interval(days => $1) and (o.leased_until is null or o.leased_until < now())
+       delete from ${s}.settlement_outbox o
+       where ${byIds('o', `array(select sc.id from scanned sc where sc.created_at < now() - make_interval(days => $1))`)}
+         and (o.leased_until is null or o.leased_until < now())
        returning o.id
      )
      select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,
        coalesce((select created_at >= now() - make_interval(days => $1) from scanned order by id desc limit 1), true) as reached_window`,
+  ),
+
+  /** Stored webhook events are kept for deduplication and evidence, not forever: the $2 oldest received
+   * over $1 days ago, read through their index by arrival (drizzle/0025), so a batch reads $2 rows however
+   * large the table. Their ids are Stripe's, in no order; fewer than $2 deleted: none is left. */
+  pruneWebhookEvents: statement<[retentionDays: number, scan: number]>(
+    'outboxd_prune_webhook_events',
+    `with gone as (
+       delete from ${s}.webhook_events where id = any(array(
+         select id from ${s}.webhook_events where received_at < now() - make_interval(days => $1) order by received_at limit $2))
+       returning id
+     )
+     select count(*)::int as deleted from gone`,
   ),
 });

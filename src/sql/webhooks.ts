@@ -13,10 +13,4 @@ export const webhooksStatements = ({ s, statement }: SqlContext) => ({
     'outboxd_webhook_event_seen',
     `select 1 as seen from ${s}.webhook_events where id = $1`,
   ),
-
-  /** Stored events are kept for deduplication and evidence, not forever. */
-  pruneWebhookEvents: statement<[retentionDays: number]>(
-    'outboxd_prune_webhook_events',
-    `delete from ${s}.webhook_events where received_at < now() - make_interval(days => $1)`,
-  ),
 });

@@ -108,11 +108,6 @@ async function receive(deps: InboxDeps, event: Stripe.Event): Promise<InboxResul
   }
 }
 
-/** Deletes stored events older than the retention; returns how many. */
-export async function pruneWebhookEvents(pool: Pool, retentionDays: number): Promise<number> {
-  return (await pool.query(pool.sql.pruneWebhookEvents(retentionDays))).rowCount ?? 0;
-}
-
 async function act(tx: Tx, evidence: Evidence, opId: string | null, type: string): Promise<InboxResult> {
   if (!opId) return 'no_operation';
   const { rows } = await tx.query(tx.sql.showOperation(opId));

@@ -5,6 +5,7 @@
 // Their input (an array, a JSON array, the rows a CTE took, a locking subquery's ids) tells the planner
 // nothing of its size, and joined on it alone the outcomes hashed against every unsettled operation, or
 // read the whole ledger, and the relay against its whole outbox, at each batch (src/sql/context.ts, byIds).
+// The retention's batches read the rows they take too, not the rows inside the window, nor the ledger.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KEY_WINDOW_SECONDS, callTable } from '../../src/engine/executor.ts';
 import { statementsFor } from '../../src/sql/statements.ts';
@@ -14,7 +15,7 @@ let t: TestDb;
 beforeAll(async () => {
   t = await createTestDatabase();
   // Statistics stay as each case leaves them: an analyze meanwhile would hide the lag being tested.
-  for (const table of ['payment_operations', 'charge_outbox', 'settlement_outbox']) await t.pool.query(`alter table outboxd.${table} set (autovacuum_enabled = off)`);
+  for (const table of ['payment_operations', 'charge_outbox', 'settlement_outbox', 'operation_events', 'admin_audit', 'webhook_events']) await t.pool.query(`alter table outboxd.${table} set (autovacuum_enabled = off)`);
 });
 afterAll(() => t.close());
 
@@ -107,5 +108,46 @@ describe('the batch statements read by primary key', () => {
     await addOperations(10_000, false);
     await addOutboxRows(40_000);
     expectBounded(await batchPages());
+  });
+});
+
+/** Rows a retention batch reads (src/outbox/retention.ts; 1,000 in production). */
+const SCAN = 50;
+/** Pages a row of a retention batch may touch: its index entries and its row, and its operation's: about 5
+ * measured. A scan of a table's rows inside the window, or of the ledger, is over 650 pages here. */
+const PAGES_PER_SCANNED_ROW = 10;
+
+describe("the retention's batches read the rows they take", () => {
+  it('in tables holding 60,000 rows inside their window, beside a ledger of 20,000', async () => {
+    await t.pool.query('truncate outboxd.payment_operations, outboxd.settlement_outbox, outboxd.charge_outbox cascade');
+    await addOperations(20_000, true);
+    await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '400 days'`);
+    await t.pool.query('vacuum analyze outboxd.payment_operations'); // the update's dead versions
+    // Past every window: a batch's worth to delete; then rows inside it, which a batch must not read.
+    const rows = async (n: number, age: string) => {
+      const ofOperations = `with ops as (select array_agg(id) as ids from outboxd.payment_operations)
+        select ids[1 + floor(random() * cardinality(ids))::int] as op, now() - interval '${age}' as at from ops, generate_series(1, $1)`;
+      await t.pool.query(`insert into outboxd.operation_events (operation_id, at, type) select op, at, 'claimed' from (${ofOperations}) r`, [n]);
+      await t.pool.query(`insert into outboxd.admin_audit (actor, action, operation_id, at) select 'test', 'requeue', op, at from (${ofOperations}) r`, [n]);
+      await t.pool.query(`insert into outboxd.settlement_outbox (operation_id, source, created_at) select op, 'call', at from (${ofOperations}) r`, [n]);
+      await t.pool.query(`insert into outboxd.webhook_events (id, type, result, payload, received_at)
+        select id, 'payment_intent.succeeded', 'settled', jsonb_build_object('id', id, 'type', 'payment_intent.succeeded', 'created', 1700000000,
+          'livemode', false, 'payment_intent', jsonb_build_object('id', 'pi_' || md5(id), 'status', 'succeeded')), now() - interval '${age}'
+        from (select 'evt_' || md5(random()::text) as id from generate_series(1, $1)) e`, [n]);
+    };
+    await rows(SCAN, '400 days');
+    await rows(60_000, '0 days');
+    const st = statementsFor(t.schema, true);
+    const statements = {
+      timeline: st.pruneOperationEvents(90, 0, SCAN),
+      audit: st.pruneAdminAudit(365, 0, SCAN),
+      'settlement events': st.pruneSettlementOutbox(14, 0, SCAN),
+      'webhook events': st.pruneWebhookEvents(30, SCAN),
+    };
+    for (const generic of [true, false]) {
+      for (const [name, statement] of Object.entries(statements)) {
+        expect.soft(await pagesTouched(statement, generic), `${name}, ${generic ? 'generic' : 'custom'} plan`).toBeLessThanOrEqual(SCAN * PAGES_PER_SCANNED_ROW);
+      }
+    }
   });
 });

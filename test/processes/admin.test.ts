@@ -6,7 +6,7 @@ import { loadConfig } from '../../src/runtime/config.ts';
 import { adminRoutes } from '../../src/http/admin.ts';
 import { startHttpServer, type HttpServer } from '../../src/http/server.ts';
 import { webhookRoutes } from '../../src/http/webhooks.ts';
-import { pruneWebhookEvents } from '../../src/webhooks/inbox.ts';
+import { DEFAULT_RETENTION_DAYS, pruneHistory } from '../../src/outbox/retention.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
 import { executeOperation } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
@@ -278,7 +278,7 @@ describe('Stripe webhook inbox', () => {
     const { rows } = await t.pool.query(`select payload from outboxd.webhook_events where id = 'evt_trimmed'`);
     expect(rows[0].payload).toEqual({ id: 'evt_trimmed', type: 'payment_intent.succeeded', created: 1_700_000_000, livemode: false, payment_intent: { id: pi.id, status: 'succeeded' } });
     await t.pool.query(`update outboxd.webhook_events set received_at = now() - interval '31 days' where id = 'evt_trimmed'`);
-    expect(await pruneWebhookEvents(t.pool, 30)).toBeGreaterThanOrEqual(1);
+    expect((await pruneHistory(t.pool, DEFAULT_RETENTION_DAYS)).webhookEvents).toBeGreaterThanOrEqual(1);
     expect((await t.pool.query(`select 1 from outboxd.webhook_events where id = 'evt_trimmed'`)).rows).toHaveLength(0);
   });
 });

@@ -1,5 +1,5 @@
 // Bounded growth (issue 22): the ledger is kept, the timeline and the audit trail past their retention,
-// and settlement events no onSettled handler took within 14 days, are pruned in small batches by one replica at a time, never the history of an operation that has not
+// settlement events no onSettled handler took within 14 days, and stored webhook events after 30, are pruned in small batches by one replica at a time, never the history of an operation that has not
 // settled; pg-boss deletes outboxd's completed jobs by a retention set on its queues.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../harness/replica.ts';
@@ -20,7 +20,7 @@ afterAll(async () => {
   await t.close();
 });
 
-const days = { operationEvents: 90, audit: 365 };
+const days = { operationEvents: 90, audit: 365, webhookEvents: 30 };
 
 /** An operation whose every event (and its creation) happened `ageDays` ago, settled `settledDaysAgo`
  * ago (null: not settled); with `events` timeline rows. */
@@ -62,11 +62,17 @@ describe('retention of the timeline and the audit trail', () => {
     await t.pool.query(`insert into outboxd.settlement_outbox (operation_id, source, created_at)
       values ($1, 'dispatcher', now() - interval '15 days'), ($2, 'dispatcher', now() - interval '13 days')`, [settledLongAgo, settledLately]);
     const settlementEventOf = async (op: string) => (await t.pool.query(`select 1 from outboxd.settlement_outbox where operation_id = $1`, [op])).rows.length;
+    // Stored webhook events: gone after 30 days.
+    await t.pool.query(`insert into outboxd.webhook_events (id, type, result, payload, received_at)
+      select 'evt_retention_' || i, 'payment_intent.succeeded', 'settled', '{}', now() - make_interval(days => case when i <= 7 then 31 else 29 end)
+      from generate_series(1, 9) i`);
+    const webhookEventsLeft = async () => (await t.pool.query(`select id from outboxd.webhook_events where id like 'evt_retention_%' order by id`)).rows.map((r) => r.id);
 
     // Three rows a statement: many batches, each a short statement of its own.
     const pruned = await pruneHistory(t.pool, days, { scan: 3 });
-    expect(pruned).toEqual({ operationEvents: 4, audit: 2, settlementEvents: 1 });
+    expect(pruned).toEqual({ operationEvents: 4, audit: 2, settlementEvents: 1, webhookEvents: 7 });
     expect([await settlementEventOf(settledLongAgo), await settlementEventOf(settledLately)]).toEqual([0, 1]);
+    expect(await webhookEventsLeft()).toEqual(['evt_retention_8', 'evt_retention_9']);
     expect(await eventsOf(settledLongAgo)).toBe(0);
     expect(await eventsOf(unsettledLongAgo)).toBe(4);
     expect(await eventsOf(settledLately)).toBe(4);
@@ -77,7 +83,7 @@ describe('retention of the timeline and the audit trail', () => {
     const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where id = any($1::uuid[])`, [[settledLongAgo, unsettledLongAgo, settledLately, recent]]);
     expect(rows[0].n).toBe(4);
     // Nothing more to do: the next run deletes nothing.
-    expect(await pruneHistory(t.pool, days, { scan: 3 })).toEqual({ operationEvents: 0, audit: 0, settlementEvents: 0 });
+    expect(await pruneHistory(t.pool, days, { scan: 3 })).toEqual({ operationEvents: 0, audit: 0, settlementEvents: 0, webhookEvents: 0 });
   });
 
   it("a repeated event is aged by the last time it happened", async () => {
