@@ -17,7 +17,7 @@ import { RESERVED_KINDS } from './kinds/index.ts';
 import type { Policy } from './engine/kinds.ts';
 import { requestEffect, type EffectRequested } from './kinds/application/request.ts';
 import { startInProcessWorker, type EffectWorker } from './runtime/inProcess.ts';
-import { createBoss } from './outbox/outbox.ts';
+import { createBoss, listensOn } from './outbox/outbox.ts';
 import {
   SETTLED_QUEUE,
   SETTLED_SLOTS,
@@ -406,7 +406,9 @@ export class Outboxd {
       for (const handler of this.#handlers) await handler(event);
     };
     const pool = this.#ownPool ?? (this.#connection as pg.Pool);
-    this.#delivery = deliverSettlements({ db: this.#db, pool, boss }, { slots: SETTLED_SLOTS, timeoutMs: this.#settlementTimeoutMs, onError: this.#onError }, handle);
+    // Woken by the table's NOTIFY where pg-boss LISTENs too (a session connection), else polling.
+    const listener = listensOn(this.#connection, this.#direct) ? boss.getDb() : undefined;
+    this.#delivery = deliverSettlements({ db: this.#db, pool, boss, listener }, { slots: SETTLED_SLOTS, timeoutMs: this.#settlementTimeoutMs, onError: this.#onError }, handle);
     // What workers of the release before put on the pg-boss queue `settled` (src/outbox/settlements.ts):
     // its first loop looks every few seconds, the others when woken by a job found.
     this.#subscribedQueues.add(SETTLED_QUEUE);

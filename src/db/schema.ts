@@ -247,6 +247,18 @@ export const relaySleepers = outboxd.table('relay_sleepers', {
 });
 
 /**
+ * The applications whose unnamed onSettled handlers all wait on an empty settlement_outbox, LISTENing for
+ * its NOTIFY (drizzle/0026_settlement_wake.sql), as relay_sleepers for the relays: the workers' settling
+ * transactions send one only while some application waits, never while its handlers are kept busy. A
+ * delivery registers when its loops have all found nothing and leaves when a load arrives or it stops; a
+ * registration that a dead process left behind lapses at its expiry, renewed while it lives.
+ */
+export const settlementSleepers = outboxd.table('settlement_sleepers', {
+  deliveryId: text('delivery_id').primaryKey(),
+  expiresAt: timestamp('expires_at', { withTimezone: true }).notNull(),
+});
+
+/**
  * The outbox proper: one row per operation to drive (of any kind: the name is the first kind's),
  * inserted in the requesting transaction (a plain insert, far cheaper there than a pg-boss job) and
  * relayed to pg-boss in batches by the workers, to its kind's queue, deleted in the transaction that

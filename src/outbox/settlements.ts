@@ -13,6 +13,8 @@
 // applications look. So the workers go on doing that until the first application of this release
 // subscribes (settlement_delivery gets its row), and this release's handlers drain `settled` too
 // (docs/runbook.md, "Upgrading").
+import { randomUUID } from 'node:crypto';
+import { hostname } from 'node:os';
 import type pg from 'pg';
 import type { QueryConfig, QueryResult, QueryResultRow } from 'pg';
 import type { Db as IDatabase, Job, PgBoss, Queue, WorkHandler, WorkOptions } from 'pg-boss';
@@ -182,6 +184,12 @@ export async function workSettlements(
 const LEASE_MARGIN_SECONDS = settledQueueOptions.heartbeatSeconds!;
 /** How often an idle delivery loop looks for events (a named queue's first slot polls as often). */
 const IDLE_POLL_MS = 1_000;
+/** A waiting delivery's registration in settlement_sleepers lasts this long, renewed while it waits. */
+const ASLEEP_TTL_S = 60;
+/** NOTIFYs heard within IDLE_POLL_MS that tell a load has come: the delivery leaves settlement_sleepers,
+ * so that the workers' settling transactions stop sending them (a NOTIFY serializes their commits),
+ * and its loops, busy, wake each other until they all wait again. */
+const HEARD_UNDER_LOAD = 10;
 
 /** How often the unnamed handlers look into the pg-boss queue `settled`, where only workers of the release
  * before table delivery put events (a rolling upgrade's): its first loop, and each other. */
@@ -199,24 +207,28 @@ export interface SettlementDelivery {
  * returns deletes the event; one that throws or outlives timeoutMs puts it off with backoff, as the named
  * subscribers' queues do (1 s doubling to 5 min, with jitter), and its 41st failure dead-letters it to
  * `settled_dead` in the transaction that deletes it. A loop that got an event wakes a sleeping one (a
- * backlog spreads over the slots) and looks again itself once done; while idle, one looks every second.
+ * backlog spreads over the slots) and looks again itself once done; while idle, one looks every
+ * `idlePollMs` (IDLE_POLL_MS). With a `listener` (a session connection's LISTEN), the last loop to find
+ * nothing registers the delivery in settlement_sleepers, and the table's NOTIFY of an event it may take
+ * wakes one loop at once (drizzle/0026_settlement_wake.sql).
  * `db` runs single statements, `pool` the dead letter's transaction; `onError`: what failed around a
  * handler (never a handler's own throw, which is retried).
  */
 export function deliverSettlements(
-  { db, pool, boss }: { db: Queryable; pool: pg.Pool; boss: PgBoss },
-  work: { slots: number; timeoutMs: number; onError: (err: Error) => void },
+  { db, pool, boss, listener }: { db: Queryable; pool: pg.Pool; boss: PgBoss; listener?: Pick<IDatabase, 'listen'> | undefined },
+  work: { slots: number; timeoutMs: number; onError: (err: Error) => void; idlePollMs?: number },
   handle: (event: SettlementEvent) => Promise<void>,
 ): SettlementDelivery {
   const leaseSeconds = Math.ceil(work.timeoutMs / 1000) + LEASE_MARGIN_SECONDS;
+  const idlePollMs = work.idlePollMs ?? IDLE_POLL_MS;
   let stopped = false;
   /** The loops asleep on an empty table (or a failed look), each woken by one call. */
   const asleep: (() => void)[] = [];
   const sleep = () => new Promise<void>((resolve) => asleep.push(resolve));
   const wakeOne = () => asleep.shift()?.();
-  // One sleeping loop looks again every IDLE_POLL_MS, whichever is free: a hung handler's slot never
+  // One sleeping loop looks again every idlePollMs, whichever is free: a hung handler's slot never
   // is the only one that would have looked.
-  const poll = setInterval(wakeOne, IDLE_POLL_MS);
+  const poll = setInterval(wakeOne, idlePollMs);
   const reportError = (err: unknown) => {
     try {
       work.onError(err instanceof Error ? err : new Error(String(err)));
@@ -272,6 +284,8 @@ export function deliverSettlements(
     return true;
   }
 
+  const sleeper = listener?.listen ? settlementSleeper(db, listener.listen.bind(listener), { onHeard: wakeOne, onError: reportError }) : undefined;
+
   async function loop(): Promise<void> {
     while (!stopped) {
       let found = false;
@@ -281,7 +295,11 @@ export function deliverSettlements(
         // The database failed: a delivery not recorded is a lease that lapses, and the event comes back.
         reportError(err);
       }
-      if (!found && !stopped) await sleep();
+      if (found || stopped) continue;
+      // The last loop to find nothing registers the delivery, then looks once more: an event committed
+      // before the registration sent no NOTIFY.
+      if (asleep.length === work.slots - 1 && (await sleeper?.sleeps())) continue;
+      await sleep();
     }
   }
 
@@ -292,6 +310,62 @@ export function deliverSettlements(
       clearInterval(poll);
       asleep.splice(0).forEach((wake) => wake());
       await Promise.all(loops);
+      await sleeper?.stop();
+    },
+  };
+}
+
+/**
+ * A delivery's registration in settlement_sleepers, and its LISTEN. `sleeps()`, when every loop waits:
+ * registers (or renews, near its expiry) and says so, false when it was registered already or cannot be.
+ * Each NOTIFY, and each reconnect of the listener (one may have been missed), calls onHeard; hearing
+ * HEARD_UNDER_LOAD within IDLE_POLL_MS, it leaves. A schema without the table (a migration not run yet) or
+ * a role that may not write it: one onError, and the delivery polls.
+ */
+function settlementSleeper(
+  db: Queryable,
+  listen: NonNullable<IDatabase['listen']>,
+  { onHeard, onError }: { onHeard: () => void; onError: (err: unknown) => void },
+) {
+  const deliveryId = `${hostname()}:${process.pid}:${randomUUID()}`;
+  let asleepUntil: number | undefined;
+  let heardAt: number[] = [];
+  let gaveUp = false;
+  const leave = () => {
+    asleepUntil = undefined;
+    return db.query(db.sql.settlementWakes(deliveryId)).then(() => {}, onError);
+  };
+  const heard = () => {
+    onHeard();
+    if (asleepUntil === undefined) return;
+    const now = Date.now();
+    heardAt = [...heardAt.filter((at) => now - at < IDLE_POLL_MS), now];
+    if (heardAt.length >= HEARD_UNDER_LOAD) void leave();
+  };
+  const listening = listen(db.sql.settlementChannel, heard, heard).catch((err: unknown) => {
+    onError(err);
+    gaveUp = true;
+    return undefined;
+  });
+  return {
+    async sleeps(): Promise<boolean> {
+      if (gaveUp || !(await listening)) return false;
+      if (asleepUntil !== undefined && asleepUntil - Date.now() > (ASLEEP_TTL_S * 1000) / 3) return false;
+      try {
+        await db.query(db.sql.settlementSleeps(deliveryId, ASLEEP_TTL_S));
+      } catch (err) {
+        onError(err);
+        gaveUp = ['42P01', '42501'].includes((err as { code?: string }).code ?? '');
+        return false;
+      }
+      asleepUntil = Date.now() + ASLEEP_TTL_S * 1000;
+      heardAt = [];
+      return true;
+    },
+    async stop(): Promise<void> {
+      const handle = await listening;
+      if (asleepUntil !== undefined) await leave();
+      await handle?.close().catch(onError);
     },
   };
 }

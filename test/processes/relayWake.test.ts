@@ -1,12 +1,12 @@
 // The relay woken by the outboxes' NOTIFY (drizzle/0022_outbox_wake.sql) rather than its poll, and the
 // triggers that send one only while a relay sleeps (relay_sleepers): a NOTIFY serializes its senders'
 // commits, so the application's confirming transactions under load must not send one.
-import pg from 'pg';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { startDispatcher } from '../support/dispatcher.ts';
 import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
 import { confirm, operation, relay } from '../support/fixtures.ts';
+import { listening } from '../support/notifications.ts';
 import { waitUntil } from '../../harness/replica.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
 import { subscribeSettlements } from '../../src/outbox/settlements.ts';
@@ -27,32 +27,10 @@ const channel = () => t.pool.sql.relayChannel;
 
 const sleepers = async () => (await t.pool.query(`select worker_id from outboxd.relay_sleepers order by worker_id`)).rows.map((r) => r.worker_id as string);
 
-/** A session LISTENing on the relays' channel: what each write sent. */
-async function listening<T>(use: (sent: (write: () => Promise<unknown>) => Promise<string[]>, heard: string[]) => Promise<T>): Promise<T> {
-  const listener = new pg.Client({ connectionString: t.url });
-  await listener.connect();
-  const heard: string[] = [];
-  listener.on('notification', (n) => heard.push(n.payload ?? ''));
-  await listener.query(`listen "${channel()}"`);
-  // Notifications arrive in commit order: one sent after a write shows whether the write sent one.
-  const sent = async (write: () => Promise<unknown>) => {
-    const marker = `marker-${heard.length}`;
-    await write();
-    await t.pool.query('select pg_notify($1, $2)', [channel(), marker]);
-    await waitUntil(async () => heard.includes(marker), 10_000, marker);
-    return heard.splice(0).filter((p) => p !== marker);
-  };
-  try {
-    return await use(sent, heard);
-  } finally {
-    await listener.end();
-  }
-}
-
 describe("the outboxes' triggers", () => {
   it('notify while a relay sleeps, and not when none does or its registration lapsed', async () => {
     const event = () => t.pool.query(`insert into outboxd.settlement_outbox (operation_id, source) values (gen_random_uuid(), 'test')`);
-    await listening(async (sent) => {
+    await listening(t, channel(), async (sent) => {
       try {
         expect(await sent(() => confirm(t))).toEqual([]);
         expect(await sent(event)).toEqual([]);
@@ -103,7 +81,7 @@ describe('a replica that can LISTEN', () => {
     const running = await Promise.all(ids.map((id) => startDispatcher(t, e.gateway({ timeoutMs: 10_000 }), id, { relayIntervalMs: 50 })));
     try {
       await waitUntil(async () => (await sleepers()).length === replicas, 10_000, 'registered asleep');
-      await listening(async (sent) => {
+      await listening(t, channel(), async (sent) => {
         const confirms = 200;
         const notified = await sent(async () => {
           for (let i = 0; i < confirms; i++) await confirm(t);
