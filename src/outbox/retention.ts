@@ -36,38 +36,43 @@ export async function createPruneQueue(boss: PgBoss): Promise<void> {
   await boss.createQueue(PRUNE_QUEUE, { policy: 'singleton', retryLimit: 0, expireInSeconds: 15 * 60 });
 }
 
-/** Deletes what has outlived its retention, batch by batch, for at most budgetMs. */
+/** Deletes what has outlived its retention, batch by batch, for at most budgetMs. Each table has a share
+ * of what is left of it, and at least one batch: a backlog in one (the first run after an upgrade) leaves
+ * the others their turn. */
 export async function pruneHistory(
   pool: Pool,
   days: RetentionDays,
   opts: { scan?: number; budgetMs?: number } = {},
 ): Promise<{ operationEvents: number; audit: number; settlementEvents: number; webhookEvents: number }> {
-  const until = performance.now() + (opts.budgetMs ?? PRUNE_BUDGET_MS);
+  const end = performance.now() + (opts.budgetMs ?? PRUNE_BUDGET_MS);
   const scan = opts.scan ?? PRUNE_SCAN;
-  const prune = async (batch: (afterId: number) => ReturnType<Pool['sql']['pruneOperationEvents']>): Promise<number> => {
+  const shareOf = (tablesLeft: number) => performance.now() + (end - performance.now()) / tablesLeft;
+  const prune = async (until: number, batch: (afterId: number) => ReturnType<Pool['sql']['pruneOperationEvents']>): Promise<number> => {
     let deleted = 0;
-    for (let after = 0; performance.now() < until; ) {
+    let after = 0;
+    do {
       const { rows } = await pool.query(batch(after));
       const r = rows[0] as { last_id: number | null; deleted: number; reached_window: boolean };
       deleted += r.deleted;
       if (r.last_id === null || r.reached_window) break;
       after = r.last_id;
-    }
+    } while (performance.now() < until);
     return deleted;
   };
-  const pruneWebhookEvents = async (): Promise<number> => {
+  const pruneWebhookEvents = async (until: number): Promise<number> => {
     let deleted = 0;
-    while (performance.now() < until) {
+    let last: number;
+    do {
       const { rows } = await pool.query(pool.sql.pruneWebhookEvents(days.webhookEvents, scan));
-      deleted += rows[0].deleted;
-      if (rows[0].deleted < scan) break;
-    }
+      last = rows[0].deleted;
+      deleted += last;
+    } while (last === scan && performance.now() < until);
     return deleted;
   };
   return {
-    operationEvents: await prune((after) => pool.sql.pruneOperationEvents(days.operationEvents, after, scan)),
-    audit: await prune((after) => pool.sql.pruneAdminAudit(days.audit, after, scan)),
-    settlementEvents: await prune((after) => pool.sql.pruneSettlementOutbox(SETTLEMENT_EVENT_RETENTION_DAYS, after, scan)),
-    webhookEvents: await pruneWebhookEvents(),
+    operationEvents: await prune(shareOf(4), (after) => pool.sql.pruneOperationEvents(days.operationEvents, after, scan)),
+    audit: await prune(shareOf(3), (after) => pool.sql.pruneAdminAudit(days.audit, after, scan)),
+    settlementEvents: await prune(shareOf(2), (after) => pool.sql.pruneSettlementOutbox(SETTLEMENT_EVENT_RETENTION_DAYS, after, scan)),
+    webhookEvents: await pruneWebhookEvents(shareOf(1)),
   };
 }

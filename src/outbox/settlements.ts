@@ -187,8 +187,8 @@ const IDLE_POLL_MS = 1_000;
 /** A waiting delivery's registration in settlement_sleepers lasts this long, renewed while it waits. */
 const ASLEEP_TTL_S = 60;
 /** NOTIFYs heard within IDLE_POLL_MS that tell a load has come: the delivery leaves settlement_sleepers,
- * so that the workers' settling transactions stop sending them (a NOTIFY serializes their commits),
- * and its loops, busy, wake each other until they all wait again. */
+ * so that the workers' settling transactions stop sending them (a NOTIFY serializes their commits), and
+ * polls; it registers again only once its loops have found nothing for IDLE_POLL_MS. */
 const HEARD_UNDER_LOAD = 10;
 
 /** How often the unnamed handlers look into the pg-boss queue `settled`, where only workers of the release
@@ -295,10 +295,12 @@ export function deliverSettlements(
         // The database failed: a delivery not recorded is a lease that lapses, and the event comes back.
         reportError(err);
       }
+      if (found) sleeper?.found();
       if (found || stopped) continue;
       // The last loop to find nothing registers the delivery, then looks once more: an event committed
       // before the registration sent no NOTIFY.
       if (asleep.length === work.slots - 1 && (await sleeper?.sleeps())) continue;
+      if (stopped) break; // stop() woke the sleepers while this loop registered
       await sleep();
     }
   }
@@ -316,11 +318,13 @@ export function deliverSettlements(
 }
 
 /**
- * A delivery's registration in settlement_sleepers, and its LISTEN. `sleeps()`, when every loop waits:
- * registers (or renews, near its expiry) and says so, false when it was registered already or cannot be.
- * Each NOTIFY, and each reconnect of the listener (one may have been missed), calls onHeard; hearing
- * HEARD_UNDER_LOAD within IDLE_POLL_MS, it leaves. A schema without the table (a migration not run yet) or
- * a role that may not write it: one onError, and the delivery polls.
+ * A delivery's registration in settlement_sleepers, and its LISTEN (a session connection of its own,
+ * beside pg-boss's). `sleeps()`, when every loop waits: registers (or renews, near its expiry) and says
+ * so; false when it was registered already, when an event was found within IDLE_POLL_MS (a load, which
+ * the loops' polling serves), or when it cannot register. While registered, each NOTIFY calls onHeard,
+ * and hearing HEARD_UNDER_LOAD within IDLE_POLL_MS it leaves; each reconnect of the listener does (one may
+ * have been missed). A schema without the table (a migration not run yet) or a role that may not write
+ * it: one onError, and the delivery polls until the process restarts.
  */
 function settlementSleeper(
   db: Queryable,
@@ -330,32 +334,41 @@ function settlementSleeper(
   const deliveryId = `${hostname()}:${process.pid}:${randomUUID()}`;
   let asleepUntil: number | undefined;
   let heardAt: number[] = [];
+  let foundAt = 0;
   let gaveUp = false;
   const leave = () => {
     asleepUntil = undefined;
     return db.query(db.sql.settlementWakes(deliveryId)).then(() => {}, onError);
   };
+  // Unregistered, its loops poll: another process's registration is no reason to wake them.
   const heard = () => {
-    onHeard();
     if (asleepUntil === undefined) return;
+    onHeard();
     const now = Date.now();
     heardAt = [...heardAt.filter((at) => now - at < IDLE_POLL_MS), now];
     if (heardAt.length >= HEARD_UNDER_LOAD) void leave();
   };
-  const listening = listen(db.sql.settlementChannel, heard, heard).catch((err: unknown) => {
+  const listening = listen(db.sql.settlementChannel, heard, onHeard).catch((err: unknown) => {
     onError(err);
     gaveUp = true;
     return undefined;
   });
   return {
+    found() {
+      foundAt = Date.now();
+    },
     async sleeps(): Promise<boolean> {
-      if (gaveUp || !(await listening)) return false;
-      if (asleepUntil !== undefined && asleepUntil - Date.now() > (ASLEEP_TTL_S * 1000) / 3) return false;
+      const handle = gaveUp ? undefined : await listening;
+      if (!handle) return false;
+      if (asleepUntil === undefined ? Date.now() - foundAt < IDLE_POLL_MS : asleepUntil - Date.now() > (ASLEEP_TTL_S * 1000) / 3) return false;
       try {
         await db.query(db.sql.settlementSleeps(deliveryId, ASLEEP_TTL_S));
       } catch (err) {
         onError(err);
-        gaveUp = ['42P01', '42501'].includes((err as { code?: string }).code ?? '');
+        if (['42P01', '42501'].includes((err as { code?: string }).code ?? '')) {
+          gaveUp = true;
+          await handle.close().catch(onError);
+        }
         return false;
       }
       asleepUntil = Date.now() + ASLEEP_TTL_S * 1000;
@@ -365,7 +378,7 @@ function settlementSleeper(
     async stop(): Promise<void> {
       const handle = await listening;
       if (asleepUntil !== undefined) await leave();
-      await handle?.close().catch(onError);
+      if (!gaveUp) await handle?.close().catch(onError);
     },
   };
 }

@@ -86,6 +86,25 @@ describe('retention of the timeline and the audit trail', () => {
     expect(await pruneHistory(t.pool, days, { scan: 3 })).toEqual({ operationEvents: 0, audit: 0, settlementEvents: 0, webhookEvents: 0 });
   });
 
+  it('a statement deletes one batch; a backlog in the timeline leaves the tables after it their share of the run', async () => {
+    const webhookEvent = (n: number) =>
+      t.pool.query(`insert into outboxd.webhook_events (id, type, result, payload, received_at)
+        select 'evt_share_' || $1 || '_' || i, 'payment_intent.succeeded', 'settled', '{}', now() - interval '40 days' from generate_series(1, 7) i`, [n]);
+    await webhookEvent(1);
+    expect((await t.pool.query(t.pool.sql.pruneWebhookEvents(30, 3))).rows[0].deleted).toBe(3);
+    await t.pool.query(`delete from outboxd.webhook_events`);
+    // Far more of the timeline to prune than a run of 300 ms gets through, three rows a statement (and no
+    // younger row before them: ids and times grow together).
+    await t.pool.query(`delete from outboxd.operation_events`);
+    await historic(200, 150, 30_000);
+    await webhookEvent(2);
+    const pruned = await pruneHistory(t.pool, days, { scan: 3, budgetMs: 300 });
+    expect(pruned.operationEvents).toBeGreaterThan(0);
+    expect(pruned.operationEvents).toBeLessThan(30_000);
+    expect(pruned.webhookEvents).toBe(7);
+    await pruneHistory(t.pool, days); // what is left, for the tests after this one
+  });
+
   it("a repeated event is aged by the last time it happened", async () => {
     const op = await historic(120, 100, 1);
     await t.pool.query(`update outboxd.operation_events set repeats = 40, last_at = now() - interval '5 days' where operation_id = $1`, [op]);

@@ -2,8 +2,10 @@
 // rather than by their poll, and the triggers that send one only while a delivery waits
 // (settlement_sleepers): a NOTIFY serializes its senders' commits, so the workers' settling transactions
 // must not send one while the handlers are kept busy.
+import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../harness/replica.ts';
+import type { Queryable } from '../../src/db/pool.ts';
 import { executeOperation } from '../../src/engine/executor.ts';
 import { Outboxd } from '../../src/index.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
@@ -28,15 +30,24 @@ async function settle(): Promise<string> {
   return op;
 }
 
-/** The unnamed handlers' delivery, as an application's Outboxd runs it, polling every 10 minutes: only a
- * NOTIFY wakes it within a test. */
-function delivery(handle: (event: SettlementEvent) => Promise<void>, errors: Error[] = []) {
+/** The unnamed handlers' delivery, as an application's Outboxd runs it; by default polling every 10
+ * minutes, so that only a NOTIFY wakes it within a test. */
+function delivery(handle: (event: SettlementEvent) => Promise<void>, { errors = [] as Error[], idlePollMs = 600_000 } = {}) {
   return deliverSettlements(
     { db: t.pool, pool: t.pool, boss: t.boss, listener: t.boss.getDb() },
-    { slots: 10, timeoutMs: 60_000, onError: (err) => errors.push(err), idlePollMs: 600_000 },
+    { slots: 10, timeoutMs: 60_000, onError: (err) => errors.push(err), idlePollMs },
     handle,
   );
 }
+
+/** Ten settled operations, their events taken away: to be sent again as a test needs them. */
+async function settledOperations(n: number): Promise<string[]> {
+  const ops: string[] = [];
+  for (let i = 0; i < n; i++) ops.push(await settle());
+  await t.pool.query(`delete from outboxd.settlement_outbox`);
+  return ops;
+}
+const eventOf = (op: string) => t.pool.query(`insert into outboxd.settlement_outbox (operation_id, source) values ($1, 'dispatcher')`, [op]);
 
 describe("settlement_outbox's triggers", () => {
   it('notify while a delivery waits, for an event inserted or copied to the named subscribers; not otherwise', async () => {
@@ -70,7 +81,7 @@ describe('a delivery that can LISTEN', () => {
   it('waits registered, delivers an event at once, not after its poll, and leaves when it stops', { timeout: 60_000 }, async () => {
     const seen: string[] = [];
     const errors: Error[] = [];
-    const running = delivery(async (event) => void seen.push(event.operationId), errors);
+    const running = delivery(async (event) => void seen.push(event.operationId), { errors });
     try {
       await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered');
       const op = await settle();
@@ -84,20 +95,20 @@ describe('a delivery that can LISTEN', () => {
   });
 
   it('under a load, leaves the sleepers while its handlers are busy, and registers again once they all wait', { timeout: 60_000 }, async () => {
-    // Ten settled operations whose events are sent again below, ten settling transactions in a row.
-    const ops: string[] = [];
-    for (let i = 0; i < 10; i++) ops.push(await settle());
-    await t.pool.query(`delete from outboxd.settlement_outbox`);
+    const ops = await settledOperations(10);
     let release!: () => void;
     const busy = new Promise<void>((resolve) => (release = resolve));
     const seen: string[] = [];
-    const running = delivery(async (event) => {
-      seen.push(event.operationId);
-      await busy;
-    });
+    const running = delivery(
+      async (event) => {
+        seen.push(event.operationId);
+        await busy;
+      },
+      { idlePollMs: 1_000 },
+    );
     try {
       await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered');
-      for (const op of ops) await t.pool.query(`insert into outboxd.settlement_outbox (operation_id, source) values ($1, 'dispatcher')`, [op]);
+      for (const op of ops) await eventOf(op); // ten settling transactions in a row
       await waitUntil(() => seen.length === 10, 15_000, 'every handler busy');
       await waitUntil(async () => (await sleepers()).length === 0, 10_000, 'left under the load');
       release();
@@ -107,6 +118,50 @@ describe('a delivery that can LISTEN', () => {
       release();
       await running.stop();
     }
+  });
+
+  it('under a steady flow of events, stays away while its polls find them: the settling transactions send next to no NOTIFY', { timeout: 60_000 }, async () => {
+    const ops = await settledOperations(150);
+    let delivered = 0;
+    const running = delivery(async () => void delivered++, { idlePollMs: 1_000 });
+    try {
+      await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered');
+      await listening(t, t.pool.sql.settlementChannel, async (sent) => {
+        const notified = await sent(async () => {
+          for (const op of ops) {
+            await eventOf(op);
+            await new Promise((r) => setTimeout(r, 20)); // about 40 a second, for about four seconds
+          }
+        });
+        // Ten to leave; a delivery that registered again whenever its loops all waited (between two
+        // events) would have had most of them NOTIFY.
+        expect(notified.length).toBeLessThan(30);
+      });
+      await waitUntil(() => delivered === ops.length, 15_000, 'every event delivered');
+    } finally {
+      await running.stop();
+    }
+  });
+
+  it('stop() while the last loop registers, and the registration then fails, returns', { timeout: 60_000 }, async () => {
+    // Every statement as the pool runs it, but the registration: refused half a second on, as to a
+    // role that may not write settlement_sleepers, after stop() woke the loops.
+    const db = {
+      sql: t.pool.sql,
+      query: async (statement: pg.QueryConfig) => {
+        if (!statement.name?.startsWith('outboxd_settlement_sleeps')) return t.pool.query(statement);
+        await new Promise((r) => setTimeout(r, 500));
+        throw Object.assign(new Error('permission denied for table settlement_sleepers'), { code: '42501' });
+      },
+    };
+    const running = deliverSettlements(
+      { db: db as unknown as Queryable, pool: t.pool, boss: t.boss, listener: t.boss.getDb() },
+      { slots: 2, timeoutMs: 60_000, onError: () => {}, idlePollMs: 600_000 },
+      async () => {},
+    );
+    await new Promise((r) => setTimeout(r, 200)); // the last loop is registering
+    const stopped = await Promise.race([running.stop().then(() => 'stopped'), new Promise((r) => setTimeout(() => r('hung'), 10_000))]);
+    expect(stopped).toBe('stopped');
   });
 });
 
