@@ -188,8 +188,10 @@ const IDLE_POLL_MS = 1_000;
 const ASLEEP_TTL_S = 60;
 /** NOTIFYs heard within IDLE_POLL_MS that tell a load has come: the delivery leaves settlement_sleepers,
  * so that the workers' settling transactions stop sending them (a NOTIFY serializes their commits), and
- * polls; it registers again only once its loops have found nothing for IDLE_POLL_MS. */
+ * polls for REJOIN_AFTER_MS before it registers again (a steady load then costs them a NOTIFY for about
+ * one event in twenty at 40 a second; a trickle, one each, which nobody notices). */
 const HEARD_UNDER_LOAD = 10;
+const REJOIN_AFTER_MS = 5_000;
 
 /** How often the unnamed handlers look into the pg-boss queue `settled`, where only workers of the release
  * before table delivery put events (a rolling upgrade's): its first loop, and each other. */
@@ -295,7 +297,6 @@ export function deliverSettlements(
         // The database failed: a delivery not recorded is a lease that lapses, and the event comes back.
         reportError(err);
       }
-      if (found) sleeper?.found();
       if (found || stopped) continue;
       // The last loop to find nothing registers the delivery, then looks once more: an event committed
       // before the registration sent no NOTIFY.
@@ -320,9 +321,9 @@ export function deliverSettlements(
 /**
  * A delivery's registration in settlement_sleepers, and its LISTEN (a session connection of its own,
  * beside pg-boss's). `sleeps()`, when every loop waits: registers (or renews, near its expiry) and says
- * so; false when it was registered already, when an event was found within IDLE_POLL_MS (a load, which
- * the loops' polling serves), or when it cannot register. While registered, each NOTIFY calls onHeard,
- * and hearing HEARD_UNDER_LOAD within IDLE_POLL_MS it leaves; each reconnect of the listener does (one may
+ * so; false when it was registered already, when it left under a load within REJOIN_AFTER_MS (the loops'
+ * polling serves a load), or when it cannot register. While registered, each NOTIFY calls onHeard, and
+ * hearing HEARD_UNDER_LOAD within IDLE_POLL_MS it leaves; each reconnect of the listener does (one may
  * have been missed). A schema without the table (a migration not run yet) or a role that may not write
  * it: one onError, and the delivery polls until the process restarts.
  */
@@ -334,7 +335,7 @@ function settlementSleeper(
   const deliveryId = `${hostname()}:${process.pid}:${randomUUID()}`;
   let asleepUntil: number | undefined;
   let heardAt: number[] = [];
-  let foundAt = 0;
+  let leftAt = 0;
   let gaveUp = false;
   const leave = () => {
     asleepUntil = undefined;
@@ -346,7 +347,9 @@ function settlementSleeper(
     onHeard();
     const now = Date.now();
     heardAt = [...heardAt.filter((at) => now - at < IDLE_POLL_MS), now];
-    if (heardAt.length >= HEARD_UNDER_LOAD) void leave();
+    if (heardAt.length < HEARD_UNDER_LOAD) return;
+    leftAt = now;
+    void leave();
   };
   const listening = listen(db.sql.settlementChannel, heard, onHeard).catch((err: unknown) => {
     onError(err);
@@ -354,13 +357,10 @@ function settlementSleeper(
     return undefined;
   });
   return {
-    found() {
-      foundAt = Date.now();
-    },
     async sleeps(): Promise<boolean> {
       const handle = gaveUp ? undefined : await listening;
       if (!handle) return false;
-      if (asleepUntil === undefined ? Date.now() - foundAt < IDLE_POLL_MS : asleepUntil - Date.now() > (ASLEEP_TTL_S * 1000) / 3) return false;
+      if (asleepUntil === undefined ? Date.now() - leftAt < REJOIN_AFTER_MS : asleepUntil - Date.now() > (ASLEEP_TTL_S * 1000) / 3) return false;
       try {
         await db.query(db.sql.settlementSleeps(deliveryId, ASLEEP_TTL_S));
       } catch (err) {
