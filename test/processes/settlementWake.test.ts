@@ -120,6 +120,29 @@ describe('a delivery that can LISTEN', () => {
     }
   });
 
+  it('under a trickle of events, begun while it delivered a backlog, registers while they trickle in', { timeout: 60_000 }, async () => {
+    const ops = await settledOperations(15);
+    for (const op of ops.slice(0, 5)) await eventOf(op); // waiting when it starts
+    let delivered = 0;
+    const running = delivery(async () => void delivered++, { idlePollMs: 1_000 });
+    try {
+      let trickling = true;
+      const trickle = (async () => {
+        for (const op of ops.slice(5)) {
+          await eventOf(op);
+          await new Promise((r) => setTimeout(r, 400));
+        }
+        trickling = false;
+      })();
+      await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered while events trickle in');
+      expect(trickling).toBe(true);
+      await trickle;
+      await waitUntil(() => delivered === ops.length, 15_000, 'every event delivered');
+    } finally {
+      await running.stop();
+    }
+  });
+
   it('under a steady flow of events, stays away while its polls find them: the settling transactions send next to no NOTIFY', { timeout: 60_000 }, async () => {
     const ops = await settledOperations(150);
     let delivered = 0;
