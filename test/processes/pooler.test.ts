@@ -101,6 +101,8 @@ describe.for(releases)('through PgBouncer $label in transaction mode', ({ releas
     await app.onSettled((event) => {
       settled.push(event);
     });
+    // Its delivery waits registered, through the pooler, for the NOTIFY it LISTENs for on the direct URL.
+    await waitUntil(async () => (await t.pool.query(`select 1 from "${t.schema}".settlement_sleepers`)).rows.length === 1, 10_000, 'the delivery registered');
 
     replica = await startReplica({ DATABASE_URL: pooled, DATABASE_DIRECT_URL: t.url, STRIPE_API_BASE: e.url, STRIPE_SECRET_KEY: TEST_KEY, WORKER_CONCURRENCY: '4' });
     const charges = [...requested.map((r) => r.operationId), cliOperation];
