@@ -210,7 +210,7 @@ export interface SettlementDelivery {
  * subscribers' queues do (1 s doubling to 5 min, with jitter), and its 41st failure dead-letters it to
  * `settled_dead` in the transaction that deletes it. A loop that got an event wakes a sleeping one (a
  * backlog spreads over the slots) and looks again itself once done; while idle, one looks every
- * `idlePollMs` (IDLE_POLL_MS). With a `listener` (a session connection's LISTEN), the last loop to find
+ * `idlePollMs` (IDLE_POLL_MS). With a `listener` (a session connection's LISTEN), a loop that finds
  * nothing registers the delivery in settlement_sleepers, and the table's NOTIFY of an event it may take
  * wakes one loop at once (drizzle/0026_settlement_wake.sql).
  * `db` runs single statements, `pool` the dead letter's transaction; `onError`: what failed around a
@@ -298,9 +298,9 @@ export function deliverSettlements(
         reportError(err);
       }
       if (found || stopped) continue;
-      // The last loop to find nothing registers the delivery, then looks once more: an event committed
-      // before the registration sent no NOTIFY.
-      if (asleep.length === work.slots - 1 && (await sleeper?.sleeps())) continue;
+      // A loop that found nothing registers the delivery (the others may be busy in handlers, even hung),
+      // then looks once more: an event committed before the registration sent no NOTIFY.
+      if (await sleeper?.sleeps()) continue;
       if (stopped) break; // stop() woke the sleepers while this loop registered
       await sleep();
     }
@@ -320,8 +320,8 @@ export function deliverSettlements(
 
 /**
  * A delivery's registration in settlement_sleepers, and its LISTEN (a session connection of its own,
- * beside pg-boss's). `sleeps()`, when every loop waits: registers (or renews, near its expiry) and says
- * so; false when it was registered already, when it left under a load within REJOIN_AFTER_MS (the loops'
+ * beside pg-boss's). `sleeps()`, when a loop found nothing: registers (or renews, near its expiry) and
+ * says so; false when it was registered already or another loop is registering it, when it left under a load within REJOIN_AFTER_MS (the loops'
  * polling serves a load), or when it cannot register. While registered, each NOTIFY calls onHeard, and
  * hearing HEARD_UNDER_LOAD within IDLE_POLL_MS it leaves; each reconnect of the listener does (one may
  * have been missed). A schema without the table (a migration not run yet) or a role that may not write
@@ -336,6 +336,7 @@ function settlementSleeper(
   let asleepUntil: number | undefined;
   let heardAt: number[] = [];
   let leftAt = 0;
+  let registering = false;
   let gaveUp = false;
   const leave = () => {
     asleepUntil = undefined;
@@ -359,8 +360,9 @@ function settlementSleeper(
   return {
     async sleeps(): Promise<boolean> {
       const handle = gaveUp ? undefined : await listening;
-      if (!handle) return false;
+      if (!handle || registering) return false;
       if (asleepUntil === undefined ? Date.now() - leftAt < REJOIN_AFTER_MS : asleepUntil - Date.now() > (ASLEEP_TTL_S * 1000) / 3) return false;
+      registering = true;
       try {
         await db.query(db.sql.settlementSleeps(deliveryId, ASLEEP_TTL_S));
       } catch (err) {
@@ -370,6 +372,8 @@ function settlementSleeper(
           await handle.close().catch(onError);
         }
         return false;
+      } finally {
+        registering = false;
       }
       asleepUntil = Date.now() + ASLEEP_TTL_S * 1000;
       heardAt = [];

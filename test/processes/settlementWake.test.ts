@@ -94,6 +94,27 @@ describe('a delivery that can LISTEN', () => {
     expect(errors).toEqual([]);
   });
 
+  it('with a handler hung on one event, the other loops wait registered and deliver the next event at once', { timeout: 60_000 }, async () => {
+    const [stuck, next] = await settledOperations(2);
+    await eventOf(stuck!); // taken at the start, by a handler that never returns
+    let release!: () => void;
+    const hung = new Promise<void>((resolve) => (release = resolve));
+    const seen: string[] = [];
+    const running = delivery(async (event) => {
+      seen.push(event.operationId);
+      if (event.operationId === stuck) await hung;
+    });
+    try {
+      await waitUntil(() => seen.includes(stuck!), 10_000, 'the stuck event taken');
+      await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered');
+      await eventOf(next!);
+      await waitUntil(() => seen.includes(next!), 15_000, 'the next event delivered');
+    } finally {
+      release();
+      await running.stop();
+    }
+  });
+
   it('under a load, leaves the sleepers while its handlers are busy, and registers again once they all wait', { timeout: 60_000 }, async () => {
     const ops = await settledOperations(10);
     let release!: () => void;
