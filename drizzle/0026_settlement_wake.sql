@@ -4,7 +4,7 @@ CREATE TABLE "outboxd"."settlement_sleepers" (
 );
 --> statement-breakpoint
 -- A settlement event an application's unnamed onSettled handlers may take (a row inserted, or, while named
--- subscribers exist, copied to them) wakes the applications whose handlers all wait (each LISTENs on
+-- subscribers exist, copied to them) wakes the applications whose handlers wait for one (each LISTENs on
 -- outboxd_settlements_<schema>, src/outbox/settlements.ts) at once, instead of after their poll. As for
 -- the relays (0022_outbox_wake), only while one is registered: a NOTIFY serializes the commits of the
 -- transactions that send one. The workers' and an application's roles read settlement_sleepers through

@@ -247,10 +247,10 @@ export const relaySleepers = outboxd.table('relay_sleepers', {
 });
 
 /**
- * The applications whose unnamed onSettled handlers all wait on an empty settlement_outbox, LISTENing for
+ * The applications whose unnamed onSettled handlers wait on an empty settlement_outbox, LISTENing for
  * its NOTIFY (drizzle/0026_settlement_wake.sql), as relay_sleepers for the relays: the workers' settling
  * transactions send one only while some application waits, never while its handlers are kept busy. A
- * delivery registers when its loops have all found nothing and leaves when a load arrives or it stops; a
+ * delivery registers when a loop of it finds nothing and leaves when a load arrives or it stops; a
  * registration that a dead process left behind lapses at its expiry, renewed while it lives.
  */
 export const settlementSleepers = outboxd.table('settlement_sleepers', {

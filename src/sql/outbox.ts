@@ -54,7 +54,7 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
     relaySleeps: sleeps('outboxd_relay_sleeps', 'relay_sleepers', 'worker_id'),
     relayWakes: wakes('outboxd_relay_wakes', 'relay_sleepers', 'worker_id'),
 
-    /** The channel settlement_outbox's triggers NOTIFY while an application's unnamed handlers all wait
+    /** The channel settlement_outbox's triggers NOTIFY while an application's unnamed handlers wait
      * (drizzle/0026_settlement_wake.sql), and the registration that asks for it, as the relay's. */
     settlementChannel: `outboxd_settlements_${schema}`,
     settlementSleeps: sleeps('outboxd_settlement_sleeps', 'settlement_sleepers', 'delivery_id'),
