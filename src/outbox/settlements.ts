@@ -188,10 +188,14 @@ const IDLE_POLL_MS = 1_000;
 const ASLEEP_TTL_S = 60;
 /** NOTIFYs heard within IDLE_POLL_MS that tell a load has come: the delivery leaves settlement_sleepers,
  * so that the workers' settling transactions stop sending them (a NOTIFY serializes their commits), and
- * polls for REJOIN_AFTER_MS before it registers again (a steady load then costs them a NOTIFY for about
- * one event in twenty at 40 a second; a trickle, one each, which nobody notices). */
+ * polls. It registers again after REJOIN_AFTER_MS, doubled at each leave in a row up to the registration's
+ * TTL, and not while it hears a load another process's registration lets through: a steady load costs the
+ * settling transactions a NOTIFY for a few events a minute; a trickle, one each, which nobody notices. */
 const HEARD_UNDER_LOAD = 10;
 const REJOIN_AFTER_MS = 5_000;
+/** Deliveries registered at once in the whole fleet: each NOTIFY wakes a loop in each, and one suffices
+ * (the others poll). */
+const MAX_SLEEPERS = 3;
 
 /** How often the unnamed handlers look into the pg-boss queue `settled`, where only workers of the release
  * before table delivery put events (a rolling upgrade's): its first loop, and each other. */
@@ -218,7 +222,7 @@ export interface SettlementDelivery {
  */
 export function deliverSettlements(
   { db, pool, boss, listener }: { db: Queryable; pool: pg.Pool; boss: PgBoss; listener?: Pick<IDatabase, 'listen'> | undefined },
-  work: { slots: number; timeoutMs: number; onError: (err: Error) => void; idlePollMs?: number },
+  work: { slots: number; timeoutMs: number; onError: (err: Error) => void; idlePollMs?: number; rejoinAfterMs?: number },
   handle: (event: SettlementEvent) => Promise<void>,
 ): SettlementDelivery {
   const leaseSeconds = Math.ceil(work.timeoutMs / 1000) + LEASE_MARGIN_SECONDS;
@@ -286,7 +290,9 @@ export function deliverSettlements(
     return true;
   }
 
-  const sleeper = listener?.listen ? settlementSleeper(db, listener.listen.bind(listener), { onHeard: wakeOne, onError: reportError }) : undefined;
+  const sleeper = listener?.listen
+    ? settlementSleeper(db, listener.listen.bind(listener), { onHeard: wakeOne, onError: reportError, rejoinAfterMs: work.rejoinAfterMs ?? REJOIN_AFTER_MS })
+    : undefined;
 
   async function loop(): Promise<void> {
     while (!stopped) {
@@ -321,35 +327,44 @@ export function deliverSettlements(
 /**
  * A delivery's registration in settlement_sleepers, and its LISTEN (a session connection of its own,
  * beside pg-boss's). `sleeps()`, when a loop found nothing: registers (or renews, near its expiry) and
- * says so; false when it was registered already or another loop is registering it, when it left under a load within REJOIN_AFTER_MS (the loops'
- * polling serves a load), or when it cannot register. While registered, each NOTIFY calls onHeard, and
- * hearing HEARD_UNDER_LOAD within IDLE_POLL_MS it leaves; each reconnect of the listener does (one may
- * have been missed). A schema without the table (a migration not run yet) or a role that may not write
- * it: one onError, and the delivery polls until the process restarts.
+ * says so; false when it was registered already or another loop is registering it, within its wait after
+ * leaving under a load or being refused (MAX_SLEEPERS others are registered), while it hears a load, or
+ * when it cannot register. While registered, each NOTIFY calls onHeard, and hearing HEARD_UNDER_LOAD
+ * within IDLE_POLL_MS it leaves; each reconnect of the listener calls onHeard (one may have been missed).
+ * A schema without the table (a migration not run yet) or a role that may not write it: one onError, and
+ * the delivery polls until the process restarts. Times are the process's monotonic clock.
  */
 function settlementSleeper(
   db: Queryable,
   listen: NonNullable<IDatabase['listen']>,
-  { onHeard, onError }: { onHeard: () => void; onError: (err: unknown) => void },
+  { onHeard, onError, rejoinAfterMs }: { onHeard: () => void; onError: (err: unknown) => void; rejoinAfterMs: number },
 ) {
   const deliveryId = `${hostname()}:${process.pid}:${randomUUID()}`;
+  const ttlMs = ASLEEP_TTL_S * 1000;
   let asleepUntil: number | undefined;
   let heardAt: number[] = [];
-  let leftAt = 0;
+  /** No registration before then: the wait after leaving under a load (`rejoinAfter`), or after a refusal. */
+  let notBefore = 0;
+  let rejoinAfter = rejoinAfterMs;
   let registering = false;
+  let leaves = 0;
   let gaveUp = false;
   const leave = () => {
     asleepUntil = undefined;
+    leaves++;
     return db.query(db.sql.settlementWakes(deliveryId)).then(() => {}, onError);
   };
-  // Unregistered, its loops poll: another process's registration is no reason to wake them.
+  const hearingALoad = (now: number) => (heardAt = heardAt.filter((at) => now - at < IDLE_POLL_MS)).length >= HEARD_UNDER_LOAD;
+  // Unregistered, its loops poll: another process's registration is no reason to wake them, but what it
+  // lets through is counted, so that this one does not register into a load.
   const heard = () => {
+    const now = performance.now();
+    heardAt.push(now);
     if (asleepUntil === undefined) return;
     onHeard();
-    const now = Date.now();
-    heardAt = [...heardAt.filter((at) => now - at < IDLE_POLL_MS), now];
-    if (heardAt.length < HEARD_UNDER_LOAD) return;
-    leftAt = now;
+    if (!hearingALoad(now)) return;
+    notBefore = now + rejoinAfter;
+    rejoinAfter = Math.min(2 * rejoinAfter, ttlMs);
     void leave();
   };
   const listening = listen(db.sql.settlementChannel, heard, onHeard).catch((err: unknown) => {
@@ -361,22 +376,43 @@ function settlementSleeper(
     async sleeps(): Promise<boolean> {
       const handle = gaveUp ? undefined : await listening;
       if (!handle || registering) return false;
-      if (asleepUntil === undefined ? Date.now() - leftAt < REJOIN_AFTER_MS : asleepUntil - Date.now() > (ASLEEP_TTL_S * 1000) / 3) return false;
+      const now = performance.now();
+      if (asleepUntil !== undefined) {
+        if (asleepUntil - now > ttlMs / 3) return false;
+      } else if (now < notBefore || hearingALoad(now)) {
+        return false;
+      }
+      const renewing = asleepUntil !== undefined;
       registering = true;
+      const leavesBefore = leaves;
+      let registered: boolean;
       try {
-        await db.query(db.sql.settlementSleeps(deliveryId, ASLEEP_TTL_S));
+        registered = ((await db.query(db.sql.settlementSleeps(deliveryId, ASLEEP_TTL_S, MAX_SLEEPERS))).rowCount ?? 0) > 0;
       } catch (err) {
         onError(err);
         if (['42P01', '42501'].includes((err as { code?: string }).code ?? '')) {
           gaveUp = true;
+          asleepUntil = undefined;
           await handle.close().catch(onError);
         }
         return false;
       } finally {
         registering = false;
       }
-      asleepUntil = Date.now() + ASLEEP_TTL_S * 1000;
-      heardAt = [];
+      if (leaves !== leavesBefore) {
+        // A load made it leave meanwhile, and this upsert may have committed after that delete.
+        void leave();
+        return false;
+      }
+      if (!registered) {
+        if (renewing) void leave();
+        notBefore = performance.now() + ttlMs / 3;
+        return false;
+      }
+      // Renewed: the registration outlived a third of its time without a load, and the next leave waits the least.
+      if (renewing) rejoinAfter = rejoinAfterMs;
+      asleepUntil = performance.now() + ttlMs;
+      if (!renewing) heardAt = [];
       return true;
     },
     async stop(): Promise<void> {

@@ -37,28 +37,36 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
    * byIds names them (src/sql/context.ts), since `id in (…)` was hashed against the whole table. */
   const oldest = (where: string) =>
     `id = any(array(select id from ${s}.settlement_outbox where ${where} order by id limit $1 for update skip locked))`;
-  /** Registers (or renews) a sleeper in `table` for `seconds`, which the triggers then NOTIFY; lapsed
-   * registrations, which dead processes left, go. */
-  const sleeps = (name: string, table: string, key: string) =>
-    statement<[id: string, seconds: number]>(
-      name,
-      `with lapsed as (delete from ${s}.${table} where expires_at < now())
-       insert into ${s}.${table} (${key}, expires_at) values ($1, now() + make_interval(secs => $2))
-       on conflict (${key}) do update set expires_at = excluded.expires_at`,
-    );
-  const wakes = (name: string, table: string, key: string) => statement<[id: string]>(name, `delete from ${s}.${table} where ${key} = $1`);
   return {
     /** The channel the outboxes' triggers NOTIFY while a relay sleeps (drizzle/0022_outbox_wake.sql): the
-     * relay LISTENs on it instead of waiting out its poll; and its registration as asleep. */
+     * relay LISTENs on it instead of waiting out its poll. */
     relayChannel: `outboxd_relay_${schema}`,
-    relaySleeps: sleeps('outboxd_relay_sleeps', 'relay_sleepers', 'worker_id'),
-    relayWakes: wakes('outboxd_relay_wakes', 'relay_sleepers', 'worker_id'),
+
+    /** Registers (or renews) a relay asleep on empty outboxes, which the outboxes' triggers then NOTIFY,
+     * for `seconds`; lapsed registrations, which dead replicas left, go. */
+    relaySleeps: statement<[workerId: string, seconds: number]>(
+      'outboxd_relay_sleeps',
+      `with lapsed as (delete from ${s}.relay_sleepers where expires_at < now())
+       insert into ${s}.relay_sleepers (worker_id, expires_at) values ($1, now() + make_interval(secs => $2))
+       on conflict (worker_id) do update set expires_at = excluded.expires_at`,
+    ),
+
+    relayWakes: statement<[workerId: string]>('outboxd_relay_wakes', `delete from ${s}.relay_sleepers where worker_id = $1`),
 
     /** The channel settlement_outbox's triggers NOTIFY while an application's unnamed handlers wait
      * (drizzle/0026_settlement_wake.sql), and the registration that asks for it, as the relay's. */
     settlementChannel: `outboxd_settlements_${schema}`,
-    settlementSleeps: sleeps('outboxd_settlement_sleeps', 'settlement_sleepers', 'delivery_id'),
-    settlementWakes: wakes('outboxd_settlement_wakes', 'settlement_sleepers', 'delivery_id'),
+    /** As relaySleeps, but no more than $3 deliveries registered besides this one (no row back: refused). */
+    settlementSleeps: statement<[deliveryId: string, seconds: number, atMost: number]>(
+      'outboxd_settlement_sleeps',
+      `with lapsed as (delete from ${s}.settlement_sleepers where expires_at < now())
+       insert into ${s}.settlement_sleepers (delivery_id, expires_at)
+       select $1, now() + make_interval(secs => $2)
+       where (select count(*) from ${s}.settlement_sleepers where expires_at >= now() and delivery_id <> $1) < $3
+       on conflict (delivery_id) do update set expires_at = excluded.expires_at
+       returning delivery_id`,
+    ),
+    settlementWakes: statement<[deliveryId: string]>('outboxd_settlement_wakes', `delete from ${s}.settlement_sleepers where delivery_id = $1`),
 
     /** Whether each outbox has rows to relay: the relay's one look before it opens a transaction on either.
      * Once the unnamed handlers take events from their table, settlement events are relayed only to named

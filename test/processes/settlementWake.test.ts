@@ -32,10 +32,10 @@ async function settle(): Promise<string> {
 
 /** The unnamed handlers' delivery, as an application's Outboxd runs it; by default polling every 10
  * minutes, so that only a NOTIFY wakes it within a test. */
-function delivery(handle: (event: SettlementEvent) => Promise<void>, { errors = [] as Error[], idlePollMs = 600_000 } = {}) {
+function delivery(handle: (event: SettlementEvent) => Promise<void>, { errors = [] as Error[], idlePollMs = 600_000, rejoinAfterMs = 5_000 } = {}) {
   return deliverSettlements(
     { db: t.pool, pool: t.pool, boss: t.boss, listener: t.boss.getDb() },
-    { slots: 10, timeoutMs: 60_000, onError: (err) => errors.push(err), idlePollMs },
+    { slots: 10, timeoutMs: 60_000, onError: (err) => errors.push(err), idlePollMs, rejoinAfterMs },
     handle,
   );
 }
@@ -56,7 +56,7 @@ describe("settlement_outbox's triggers", () => {
     await listening(t, t.pool.sql.settlementChannel, async (sent) => {
       try {
         expect(await sent(() => settle())).toEqual([]);
-        await t.pool.query(t.pool.sql.settlementSleeps('app-a', 30));
+        await t.pool.query(t.pool.sql.settlementSleeps('app-a', 30, 3));
         expect(await sent(() => settle())).toEqual(['']);
         let id = 0;
         expect(await sent(async () => (id = (await insert()).rows[0].id))).toEqual(['']);
@@ -164,6 +164,41 @@ describe('a delivery that can LISTEN', () => {
     }
   });
 
+  it('after leaving under a burst, registers again while events trickle in', { timeout: 60_000 }, async () => {
+    const ops = await settledOperations(22);
+    const running = delivery(async () => {}, { idlePollMs: 1_000, rejoinAfterMs: 1_000 });
+    try {
+      await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered');
+      for (const op of ops.slice(0, 12)) await eventOf(op); // a burst
+      await waitUntil(async () => (await sleepers()).length === 0, 10_000, 'left under the burst');
+      let trickling = true;
+      const trickle = (async () => {
+        for (const op of ops.slice(12)) {
+          await eventOf(op);
+          await new Promise((r) => setTimeout(r, 400));
+        }
+        trickling = false;
+      })();
+      await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered again while events trickle in');
+      expect(trickling).toBe(true);
+      await trickle;
+    } finally {
+      await running.stop();
+    }
+  });
+
+  it('no more than three deliveries wait registered at once: a NOTIFY wakes a loop in each, and one suffices', { timeout: 60_000 }, async () => {
+    const running = Array.from({ length: 4 }, () => delivery(async () => {}));
+    try {
+      await waitUntil(async () => (await sleepers()).length === 3, 10_000, 'three registered');
+      await new Promise((r) => setTimeout(r, 1_500));
+      expect(await sleepers()).toHaveLength(3);
+    } finally {
+      await Promise.all(running.map((r) => r.stop()));
+    }
+    expect(await sleepers()).toEqual([]);
+  });
+
   it('under a steady flow of events, stays away while its polls find them: the settling transactions send next to no NOTIFY', { timeout: 60_000 }, async () => {
     const ops = await settledOperations(150);
     let delivered = 0;
@@ -190,10 +225,13 @@ describe('a delivery that can LISTEN', () => {
   it('stop() while the last loop registers, and the registration then fails, returns', { timeout: 60_000 }, async () => {
     // Every statement as the pool runs it, but the registration: refused half a second on, as to a
     // role that may not write settlement_sleepers, after stop() woke the loops.
+    let registering!: () => void;
+    const registeringStarted = new Promise<void>((resolve) => (registering = resolve));
     const db = {
       sql: t.pool.sql,
       query: async (statement: pg.QueryConfig) => {
         if (!statement.name?.startsWith('outboxd_settlement_sleeps')) return t.pool.query(statement);
+        registering();
         await new Promise((r) => setTimeout(r, 500));
         throw Object.assign(new Error('permission denied for table settlement_sleepers'), { code: '42501' });
       },
@@ -203,7 +241,7 @@ describe('a delivery that can LISTEN', () => {
       { slots: 2, timeoutMs: 60_000, onError: () => {}, idlePollMs: 600_000 },
       async () => {},
     );
-    await new Promise((r) => setTimeout(r, 200)); // the last loop is registering
+    await registeringStarted;
     const stopped = await Promise.race([running.stop().then(() => 'stopped'), new Promise((r) => setTimeout(() => r('hung'), 10_000))]);
     expect(stopped).toBe('stopped');
   });
