@@ -194,7 +194,8 @@ const ASLEEP_TTL_S = 60;
 const HEARD_UNDER_LOAD = 10;
 const REJOIN_AFTER_MS = 5_000;
 /** Deliveries registered at once in the whole fleet: each NOTIFY wakes a loop in each, and one suffices
- * (the others poll). */
+ * (the others poll). Two registering at the same instant may both count the others below it; each one's
+ * next renewal counts them all, and one leaves. */
 const MAX_SLEEPERS = 3;
 
 /** How often the unnamed handlers look into the pg-boss queue `settled`, where only workers of the release
