@@ -361,9 +361,10 @@ function settlementSleeper(
   const heard = () => {
     const now = performance.now();
     heardAt.push(now);
+    const loaded = hearingALoad(now); // which keeps only the last IDLE_POLL_MS's
     if (asleepUntil === undefined) return;
     onHeard();
-    if (!hearingALoad(now)) return;
+    if (!loaded) return;
     notBefore = now + rejoinAfter;
     rejoinAfter = Math.min(2 * rejoinAfter, ttlMs);
     void leave();
