@@ -99,6 +99,7 @@ describe('a delivery that can LISTEN', () => {
     const running = delivery(async (event) => void seen.push(event.operationId), { errors });
     try {
       await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered');
+      await new Promise((r) => setTimeout(r, 1_000)); // every loop's first look done: all asleep
       const op = await settle();
       await waitUntil(() => seen.includes(op), 15_000, 'delivered');
       await waitUntil(async () => (await t.pool.query(`select 1 from outboxd.settlement_outbox where operation_id = $1`, [op])).rows.length === 0, 10_000, 'the event goes');
@@ -220,6 +221,27 @@ describe('a delivery that can LISTEN', () => {
       await waitUntil(() => delivered === ops.length, 15_000, 'every event delivered');
     } finally {
       await running.stop();
+    }
+  });
+
+  it('a NOTIFY missed while its listener reconnects is made up for at the reconnect, not at the poll', { timeout: 60_000 }, async () => {
+    const [op] = await settledOperations(1);
+    const seen: string[] = [];
+    const quiet = () => {};
+    t.boss.on('error', quiet); // where the listener's lost connection is reported
+    const running = delivery(async (event) => void seen.push(event.operationId));
+    try {
+      await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered');
+      await new Promise((r) => setTimeout(r, 1_000)); // every loop's first look done: all asleep
+      const { rows } = await t.pool.query(`select pid from pg_stat_activity where query like 'LISTEN "outboxd_settlements%'`);
+      expect(rows).toHaveLength(1);
+      await t.pool.query('select pg_terminate_backend($1)', [rows[0].pid]);
+      await waitUntil(async () => (await t.pool.query('select 1 from pg_stat_activity where pid = $1', [rows[0].pid])).rows.length === 0, 10_000, 'the listener gone');
+      await eventOf(op!); // its NOTIFY reaches nobody: the listener reconnects a second later
+      await waitUntil(() => seen.includes(op!), 20_000, 'delivered at the reconnect');
+    } finally {
+      await running.stop();
+      t.boss.off('error', quiet);
     }
   });
 
