@@ -307,7 +307,7 @@ export function deliverSettlements(
       if (found || stopped) continue;
       // A loop that found nothing registers the delivery (the others may be busy in handlers, even hung),
       // then looks once more: an event committed before the registration sent no NOTIFY.
-      if (await sleeper?.sleeps()) continue;
+      if (await sleeper?.sleeps().catch((err: unknown) => void reportError(err))) continue;
       if (stopped) break; // stop() woke the sleepers while this loop registered
       await sleep();
     }
@@ -362,23 +362,33 @@ function settlementSleeper(
     const now = performance.now();
     heardAt.push(now);
     const loaded = hearingALoad(now); // which keeps only the last IDLE_POLL_MS's
-    if (asleepUntil === undefined) return;
+    if (asleepUntil === undefined || asleepUntil <= now) return;
     onHeard();
     if (!loaded) return;
     notBefore = now + rejoinAfter;
     rejoinAfter = Math.min(2 * rejoinAfter, ttlMs);
     void leave();
   };
-  const listening = listen(db.sql.settlementChannel, heard, onHeard).catch((err: unknown) => {
-    onError(err);
-    gaveUp = true;
-    return undefined;
-  });
+  // Until the LISTEN is up the loops poll (its connection may take as long as the network lets it); then
+  // one looks, and registers.
+  let handle: Awaited<ReturnType<typeof listen>> | undefined;
+  const listening = listen(db.sql.settlementChannel, heard, onHeard).then(
+    (h) => {
+      handle = h;
+      onHeard();
+      return h;
+    },
+    (err: unknown) => {
+      onError(err);
+      gaveUp = true;
+      return undefined;
+    },
+  );
   return {
     async sleeps(): Promise<boolean> {
-      const handle = gaveUp ? undefined : await listening;
-      if (!handle || registering) return false;
+      if (gaveUp || !handle || registering) return false;
       const now = performance.now();
+      if (asleepUntil !== undefined && asleepUntil <= now) asleepUntil = undefined; // lapsed in the database too
       if (asleepUntil !== undefined) {
         if (asleepUntil - now > ttlMs / 3) return false;
       } else if (now < notBefore || hearingALoad(now)) {
@@ -392,10 +402,10 @@ function settlementSleeper(
         registered = ((await db.query(db.sql.settlementSleeps(deliveryId, ASLEEP_TTL_S, MAX_SLEEPERS))).rowCount ?? 0) > 0;
       } catch (err) {
         onError(err);
-        if (['42P01', '42501'].includes((err as { code?: string }).code ?? '')) {
+        if (['42P01', '42501'].includes((err as { code?: string } | null)?.code ?? '')) {
           gaveUp = true;
           asleepUntil = undefined;
-          await handle.close().catch(onError);
+          await handle?.close().catch(onError);
         }
         return false;
       } finally {
@@ -418,9 +428,10 @@ function settlementSleeper(
       return true;
     },
     async stop(): Promise<void> {
-      const handle = await listening;
       if (asleepUntil !== undefined) await leave();
-      if (!gaveUp) await handle?.close().catch(onError);
+      // A LISTEN still connecting is closed once it is up; stop() does not wait for it.
+      if (handle) await handle.close().catch(onError);
+      else void listening.then((h) => h?.close().catch(onError));
     },
   };
 }

@@ -245,6 +245,21 @@ describe('a delivery that can LISTEN', () => {
     }
   });
 
+  it('while its LISTEN cannot connect (a direct URL that never answers), it polls, and stop() returns', { timeout: 60_000 }, async () => {
+    const [op] = await settledOperations(1);
+    const seen: string[] = [];
+    const running = deliverSettlements(
+      { db: t.pool, pool: t.pool, boss: t.boss, listener: { listen: () => new Promise<never>(() => {}) } },
+      { slots: 10, timeoutMs: 60_000, onError: () => {}, idlePollMs: 1_000 },
+      async (event) => void seen.push(event.operationId),
+    );
+    await new Promise((r) => setTimeout(r, 500)); // every loop's first look done
+    await eventOf(op!);
+    await waitUntil(() => seen.includes(op!), 15_000, 'delivered by the poll');
+    const stopped = await Promise.race([running.stop().then(() => 'stopped'), new Promise((r) => setTimeout(() => r('hung'), 10_000))]);
+    expect(stopped).toBe('stopped');
+  });
+
   it('stop() while the last loop registers, and the registration then fails, returns', { timeout: 60_000 }, async () => {
     // Every statement as the pool runs it, but the registration: refused half a second on, as to a
     // role that may not write settlement_sleepers, after stop() woke the loops.
