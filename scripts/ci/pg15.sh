@@ -37,6 +37,8 @@ echo "$PASSWORD" >"$DIR/pw" && chmod 644 "$DIR/pw"
 echo "PostgreSQL $("$BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PORT"
 
 # Every statement of the data path runs in these (requests, relay, claims, outcomes, settlements, migrations,
-# a replica process, PgBouncer): the rest of the suite adds cases, not statements, and minutes.
+# a replica process, PgBouncer, retention, the settlement wake's registration and triggers): the rest of
+# the suite adds cases, not statements, and minutes.
 DATABASE_URL="postgres://postgres:$PASSWORD@127.0.0.1:$PORT/postgres" npx vitest run \
-  test/database/library.test.ts test/database/batchPlans.test.ts test/processes/pooler.test.ts test/processes/upgrade.test.ts test/processes/applicationLocks.test.ts test/processes/migrate.test.ts test/database/timeouts.test.ts
+  test/database/library.test.ts test/database/batchPlans.test.ts test/processes/pooler.test.ts test/processes/upgrade.test.ts test/processes/applicationLocks.test.ts test/processes/migrate.test.ts test/database/timeouts.test.ts \
+  test/processes/settlementWake.test.ts test/processes/retention.test.ts
