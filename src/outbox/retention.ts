@@ -47,32 +47,32 @@ export async function pruneHistory(
   const end = performance.now() + (opts.budgetMs ?? PRUNE_BUDGET_MS);
   const scan = opts.scan ?? PRUNE_SCAN;
   const shareOf = (tablesLeft: number) => performance.now() + (end - performance.now()) / tablesLeft;
-  const prune = async (until: number, batch: (afterId: number) => ReturnType<Pool['sql']['pruneOperationEvents']>): Promise<number> => {
+  /** A table's batches, until one says nothing more is due or its share of the budget is spent; at least one. */
+  const inBatches = async (until: number, batch: () => Promise<{ deleted: number; done: boolean }>): Promise<number> => {
     let deleted = 0;
-    let after = 0;
-    do {
-      const { rows } = await pool.query(batch(after));
-      const r = rows[0] as { last_id: number | null; deleted: number; reached_window: boolean };
+    for (;;) {
+      const r = await batch();
       deleted += r.deleted;
-      if (r.last_id === null || r.reached_window) break;
-      after = r.last_id;
-    } while (performance.now() < until);
-    return deleted;
+      if (r.done || performance.now() >= until) return deleted;
+    }
   };
-  const pruneWebhookEvents = async (until: number): Promise<number> => {
-    let deleted = 0;
-    let last: number;
-    do {
-      const { rows } = await pool.query(pool.sql.pruneWebhookEvents(days.webhookEvents, scan));
-      last = rows[0].deleted;
-      deleted += last;
-    } while (last === scan && performance.now() < until);
-    return deleted;
+  /** The batches of a table scanned in id order, each going on after the last id the one before read. */
+  const byId = (statement: (afterId: number) => ReturnType<Pool['sql']['pruneOperationEvents']>) => {
+    let after = 0;
+    return async () => {
+      const r = (await pool.query(statement(after))).rows[0] as { last_id: number | null; deleted: number; reached_window: boolean };
+      if (r.last_id !== null) after = r.last_id;
+      return { deleted: r.deleted, done: r.last_id === null || r.reached_window };
+    };
+  };
+  const webhookEvents = async () => {
+    const { deleted } = (await pool.query(pool.sql.pruneWebhookEvents(days.webhookEvents, scan))).rows[0] as { deleted: number };
+    return { deleted, done: deleted < scan };
   };
   return {
-    operationEvents: await prune(shareOf(4), (after) => pool.sql.pruneOperationEvents(days.operationEvents, after, scan)),
-    audit: await prune(shareOf(3), (after) => pool.sql.pruneAdminAudit(days.audit, after, scan)),
-    settlementEvents: await prune(shareOf(2), (after) => pool.sql.pruneSettlementOutbox(SETTLEMENT_EVENT_RETENTION_DAYS, after, scan)),
-    webhookEvents: await pruneWebhookEvents(shareOf(1)),
+    operationEvents: await inBatches(shareOf(4), byId((after) => pool.sql.pruneOperationEvents(days.operationEvents, after, scan))),
+    audit: await inBatches(shareOf(3), byId((after) => pool.sql.pruneAdminAudit(days.audit, after, scan))),
+    settlementEvents: await inBatches(shareOf(2), byId((after) => pool.sql.pruneSettlementOutbox(SETTLEMENT_EVENT_RETENTION_DAYS, after, scan))),
+    webhookEvents: await inBatches(shareOf(1), webhookEvents),
   };
 }
