@@ -3,6 +3,7 @@
 // (settlement_sleepers): a NOTIFY serializes its senders' commits, so the workers' settling transactions
 // must not send one while the handlers are kept busy.
 import type pg from 'pg';
+import type { Db as IDatabase } from 'pg-boss';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../harness/replica.ts';
 import type { Queryable } from '../../src/db/pool.ts';
@@ -32,12 +33,11 @@ async function settle(): Promise<string> {
 
 /** The unnamed handlers' delivery, as an application's Outboxd runs it; by default polling every 10
  * minutes, so that only a NOTIFY wakes it within a test. */
-function delivery(handle: (event: SettlementEvent) => Promise<void>, { errors = [] as Error[], idlePollMs = 600_000, rejoinAfterMs = 5_000 } = {}) {
-  return deliverSettlements(
-    { db: t.pool, pool: t.pool, boss: t.boss, listener: t.boss.getDb() },
-    { slots: 10, timeoutMs: 60_000, onError: (err) => errors.push(err), idlePollMs, rejoinAfterMs },
-    handle,
-  );
+function delivery(
+  handle: (event: SettlementEvent) => Promise<void>,
+  { errors = [] as Error[], idlePollMs = 600_000, rejoinAfterMs = 5_000, slots = 10, db = t.pool as Queryable, listener = t.boss.getDb() as Pick<IDatabase, 'listen'> } = {},
+) {
+  return deliverSettlements({ db, pool: t.pool, boss: t.boss, listener }, { slots, timeoutMs: 60_000, onError: (err) => errors.push(err), idlePollMs, rejoinAfterMs }, handle);
 }
 
 /** Ten settled operations, their events taken away: to be sent again as a test needs them. */
@@ -248,11 +248,7 @@ describe('a delivery that can LISTEN', () => {
   it('while its LISTEN cannot connect (a direct URL that never answers), it polls, and stop() returns', { timeout: 60_000 }, async () => {
     const [op] = await settledOperations(1);
     const seen: string[] = [];
-    const running = deliverSettlements(
-      { db: t.pool, pool: t.pool, boss: t.boss, listener: { listen: () => new Promise<never>(() => {}) } },
-      { slots: 10, timeoutMs: 60_000, onError: () => {}, idlePollMs: 1_000 },
-      async (event) => void seen.push(event.operationId),
-    );
+    const running = delivery(async (event) => void seen.push(event.operationId), { idlePollMs: 1_000, listener: { listen: () => new Promise<never>(() => {}) } });
     await new Promise((r) => setTimeout(r, 500)); // every loop's first look done
     await eventOf(op!);
     await waitUntil(() => seen.includes(op!), 15_000, 'delivered by the poll');
@@ -274,11 +270,7 @@ describe('a delivery that can LISTEN', () => {
         throw Object.assign(new Error('permission denied for table settlement_sleepers'), { code: '42501' });
       },
     };
-    const running = deliverSettlements(
-      { db: db as unknown as Queryable, pool: t.pool, boss: t.boss, listener: t.boss.getDb() },
-      { slots: 2, timeoutMs: 60_000, onError: () => {}, idlePollMs: 600_000 },
-      async () => {},
-    );
+    const running = delivery(async () => {}, { slots: 2, db: db as unknown as Queryable });
     await registeringStarted;
     const stopped = await Promise.race([running.stop().then(() => 'stopped'), new Promise((r) => setTimeout(() => r('hung'), 10_000))]);
     expect(stopped).toBe('stopped');
