@@ -421,8 +421,16 @@ export class Outboxd {
     this.#boss ??= (async () => {
       const boss = createBoss(this.#connection, 'subscriber', 4 + 2 * TRANSACTIONAL_SLOTS, this.schema, this.#direct);
       boss.on('error', this.#onError);
-      await boss.start();
-      await this.#deliverFromTable();
+      try {
+        await boss.start();
+        await this.#deliverFromTable();
+      } catch (err) {
+        // A database not up yet, or not migrated: the next onSettled starts another, and nothing of this
+        // one (its connections, its LISTEN, its timers) outlives the failure, or stop().
+        this.#boss = undefined;
+        await boss.stop({ graceful: false }).catch(() => {});
+        throw err;
+      }
       return boss;
     })();
     return this.#boss;

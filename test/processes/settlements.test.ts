@@ -470,6 +470,30 @@ describe('the unnamed handlers’ table', () => {
     }
   });
 
+  it('an onSettled that failed to start (not migrated yet) leaves nothing running, and the next one subscribes', { timeout: 60_000 }, async () => {
+    const subscriberSessions = async () =>
+      (await t.pool.query(`select count(*)::int as n from pg_stat_activity where datname = current_database() and application_name = 'outboxd-boss-subscriber'`)).rows[0].n as number;
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    const seen: string[] = [];
+    try {
+      await t.pool.query('alter table outboxd.settlement_delivery rename to settlement_delivery_later');
+      try {
+        await expect(outboxd.onSettled(() => {})).rejects.toThrow(/settlement_delivery/);
+      } finally {
+        await t.pool.query('alter table outboxd.settlement_delivery_later rename to settlement_delivery');
+      }
+      await waitUntil(async () => (await subscriberSessions()) === 0, 10_000, 'the failed start’s connections to close');
+      await outboxd.onSettled((event) => {
+        seen.push(event.operationId);
+      });
+      const op = await settle();
+      await waitUntil(() => seen.includes(op), 30_000, 'the event, delivered by the second onSettled');
+    } finally {
+      await outboxd.stop();
+    }
+    expect(await subscriberSessions()).toBe(0);
+  });
+
   it('an event a worker of an earlier release put on the pg-boss queue `settled` is delivered too (a rolling upgrade)', { timeout: 60_000 }, async () => {
     const op = randomUUID();
     // What the relay of releases before table delivery sent.
