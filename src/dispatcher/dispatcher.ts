@@ -83,6 +83,11 @@ export const FETCH_BATCH = 8;
 /** Claims a replica holds at once for each of its slots: the one whose call runs, and one made ahead. */
 const CLAIMS_PER_SLOT = 2;
 
+/** A call goes out only with its lease found this claim's by a fenced statement (the claim, a renewal)
+ * sent within this long: a claim made ahead that waited longer for its slot renews first. Meanwhile the
+ * operation may have been settled from outside (a webhook raises the fence: invariant 5) or taken over. */
+const LEASE_CONFIRMED_WITHIN_MS = 1_000;
+
 /** How long a sleeping relay waits for a NOTIFY before it looks anyway: for a notification lost in a
  * reconnect, or sent by a row whose trigger ran before the relay's registration committed. */
 const ASLEEP_POLL_MS = 1_000;
@@ -426,8 +431,10 @@ export class Dispatcher {
     });
     const endCall = await this.slotWithin(takeSlot, this.longestWait(lease, keyWindowSeconds), call.signal);
     held.check();
+    if (endCall) await held.confirm(LEASE_CONFIRMED_WITHIN_MS);
     if (call.signal.aborted && !(call.signal.reason instanceof CallAbandoned)) {
-      // Taken over while it waited (a renewal found another claim's fence): no call; the job comes back.
+      // Taken over, or settled from outside, while it waited (a renewal found another fence): no call; the
+      // job comes back, and its next claim finds the operation settled or leased.
       held.stop();
       endCall?.();
       metrics.fencedOut.inc();

@@ -12,6 +12,10 @@ import { CallAbandoned } from '../engine/executor.ts';
 export interface LocalLease {
   /** Aborts the call now if the deadline has passed. */
   check(): void;
+  /** Unless a fenced statement (the claim, a renewal) found the lease still this claim's within the last
+   * `maxAgeMs`, renews it now: the call is aborted if it was lost (`renew` says false) or, the database
+   * not answering, with CallAbandoned, since nobody could say it is still ours. */
+  confirm(maxAgeMs: number): Promise<void>;
   /** The call is over: no more renewals. */
   stop(): void;
 }
@@ -31,8 +35,10 @@ export function keepLease(
   const { ttlMs, log } = opts;
   const margin = leaseMargin(ttlMs);
   let deadline = opts.claimSentAt + ttlMs - margin;
+  /** When the last fenced statement that found the lease ours was sent. */
+  let confirmedAt = opts.claimSentAt;
   let timer: NodeJS.Timeout | undefined;
-  let renewing = false;
+  let renewing: Promise<boolean | undefined> | undefined;
   let stopped = false;
 
   const check = () => {
@@ -49,28 +55,43 @@ export function keepLease(
       if (!call.signal.aborted && !stopped) arm(); // a timer that fired early (renewed meanwhile)
     }, Math.max(0, deadline - performance.now()));
   };
-  const renewal = setInterval(() => {
-    check();
-    if (renewing || stopped || call.signal.aborted) return;
-    renewing = true;
+  /** One renewal at a time: whether it found the lease ours (undefined: it failed). */
+  const renew = (): Promise<boolean | undefined> => {
     const sentAt = performance.now();
-    opts
+    renewing ??= opts
       .renew()
       .then((held) => {
         if (!held) {
           if (!call.signal.aborted) log.warn('lease taken over during the call: its outcome will be fenced out');
           call.abort(new Error('the lease on this operation was lost'));
-          return;
+          return false;
         }
         deadline = Math.max(deadline, sentAt + ttlMs - margin);
+        confirmedAt = Math.max(confirmedAt, sentAt);
+        return true;
       })
-      .catch((err: Error) => log.warn({ err }, 'lease renewal failed'))
-      .finally(() => (renewing = false));
+      .catch((err: Error) => (log.warn({ err }, 'lease renewal failed'), undefined))
+      .finally(() => (renewing = undefined));
+    return renewing;
+  };
+  const renewal = setInterval(() => {
+    check();
+    if (!renewing && !stopped && !call.signal.aborted) void renew();
   }, Math.max(250, Math.floor(ttlMs / 3)));
   arm();
 
   return {
     check,
+    async confirm(maxAgeMs) {
+      const asked = performance.now();
+      // A renewal already in flight may have been sent too long ago: then another.
+      while (!stopped && !call.signal.aborted && asked - confirmedAt > maxAgeMs) {
+        if ((await renew()) === undefined) {
+          call.abort(new CallAbandoned('the lease could not be confirmed before the call (the database did not answer a renewal)'));
+          return;
+        }
+      }
+    },
     stop() {
       stopped = true;
       clearInterval(renewal);

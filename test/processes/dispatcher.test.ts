@@ -6,7 +6,7 @@ import pg from 'pg';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { inTransaction } from '../../src/db/pool.ts';
 import { idempotencyKeyFor, refundIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
-import { acquireLease, releaseLease } from '../../src/engine/operation.ts';
+import { acquireLease, releaseLease, settleFromOutside } from '../../src/engine/operation.ts';
 import { KEY_WINDOW_SECONDS } from '../../src/engine/executor.ts';
 import { requestRefund } from '../../src/kinds/refund/request.ts';
 import { requestEffect } from '../../src/kinds/application/request.ts';
@@ -316,25 +316,32 @@ describe('dispatcher (in-process)', () => {
     }
   });
 
-  /** Two operations whose calls take `ms`, relayed: with two slots, a later job's claim waits behind them. */
-  const twoSlowCalls = async (ms: number) => {
-    const slow = await Promise.all([confirm(t), confirm(t)]);
-    for (const op of slow) e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms } });
+  /** Three operations whose calls take `ms`, relayed (`before`: done to them first) before a replica of two
+   * slots starts: its two loops fetch all three (two at most each), two calls go out and the third
+   * operation is claimed ahead, waiting for a slot. Which one waits is the claims' race. A job enqueued
+   * once the calls are in flight would be fetched only by a loop left free, which the fetches' split
+   * does not promise. */
+  const threeSlowCalls = async (ms: number, before: (ops: string[]) => Promise<unknown> = async () => {}) => {
+    const ops = await Promise.all([confirm(t), confirm(t), confirm(t)]);
+    for (const op of ops) e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms } });
+    await before(ops);
     await relay(t);
-    return slow;
+    return ops;
+  };
+  /** Once two of `ops` have their call in flight: the third, whose claim made ahead waits for a slot. */
+  const claimWaiting = async (ops: string[]) => {
+    await waitUntil(() => ops.filter((op) => createsFor(op).length === 1).length === 2, 10_000, 'two calls');
+    const ahead = ops.find((op) => createsFor(op).length === 0)!;
+    await waitUntil(async () => (await operation(t, ahead)).lease_owner === 'replica-a', 3_000, 'the third claimed ahead');
+    return { ahead, slow: ops.filter((op) => op !== ahead) };
   };
 
   it('a claim made ahead of a slot and taken over while it waits sends nothing', async () => {
-    const slow = await twoSlowCalls(4_000);
+    const ops = await threeSlowCalls(4_000);
     const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 1_500 });
     try {
-      // Two slots: the slow calls hold them, then the other operation is claimed ahead and waits, renewing
-      // its lease. Enqueued only once both calls are in flight: fetched with them, its claim could win the
-      // race to a slot (two loops fetch at once).
-      await waitUntil(() => slow.every((op) => createsFor(op).length === 1), 10_000, 'two calls');
-      const ahead = await confirm(t);
-      await relay(t);
-      await waitUntil(async () => (await operation(t, ahead)).lease_owner === 'replica-a', 3_000, 'one claim waiting');
+      // The waiting claim renews its lease every 500 ms.
+      const { ahead, slow } = await claimWaiting(ops);
       // Another claim takes it (as a takeover or a settlement from outside does: the fence moves).
       await t.pool.query(`update outboxd.payment_operations set fence = fence + 1, lease_owner = 'replica-b', lease_expires_at = now() + interval '1 minute' where id = $1`, [ahead]);
       await waitUntil(async () => (await Promise.all(slow.map(settled))).every(Boolean), 20_000, 'the slow calls to settle');
@@ -346,23 +353,61 @@ describe('dispatcher (in-process)', () => {
     }
   });
 
-  it('a claim made ahead to send a create again never sends it past the key window: it waits no longer, and is claimed anew to reconcile', async () => {
-    const slow = await twoSlowCalls(5_000);
-    const a = await dispatcher('replica-a', { concurrency: 2 });
+  it('a claim made ahead of a slot sends nothing for an operation settled from outside while it waited, between its renewals', async () => {
+    const ops = await threeSlowCalls(2_500);
+    // Renewals every 10 s: none comes between the settlement and the slot.
+    const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 30_000 });
     try {
-      await waitUntil(() => slow.every((op) => createsFor(op).length === 1), 10_000, 'two calls');
-      const ahead = await confirm(t); // enqueued once both calls are in flight, as above
-      // Sent once before with no answer (unknown, no pi_), 23 h less 2 s ago: inside the key window when claimed.
-      await t.pool.query(
+      const { ahead, slow } = await claimWaiting(ops);
+      // A webhook's settlement: no lease needed, the fence raised.
+      expect(await settleFromOutside(t.pool, ahead, 'failed', null, 'webhook:payment_intent.canceled', 'canceled')).toMatchObject({ status: 'failed' });
+      await waitUntil(async () => (await Promise.all(slow.map(settled))).every(Boolean), 20_000, 'the slow calls to settle');
+      await waitUntil(async () => (await a.metrics.fencedOut.get()).values[0]?.value === 1, 10_000, 'the waiting claim to notice');
+      expect(createsFor(ahead)).toHaveLength(0);
+      expect(await operation(t, ahead)).toMatchObject({ status: 'failed' });
+    } finally {
+      await a.stop();
+    }
+  });
+
+  it('a claim made ahead whose lease cannot be confirmed when its slot comes (the renewal errs) sends nothing: it is given back uncounted', async () => {
+    const ops = await threeSlowCalls(2_500);
+    const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 30_000 });
+    try {
+      const { ahead, slow } = await claimWaiting(ops);
+      // Its renewals (the same fence, a later lease end) fail, as with a database that does not answer; a
+      // new claim (a new fence) does not.
+      await t.pool.query(`create or replace function outboxd.fail_renewal() returns trigger language plpgsql as $$
+        begin if new.fence = old.fence and new.lease_expires_at > old.lease_expires_at then raise exception 'renewal refused (injected)'; end if; return new; end $$`);
+      await t.pool.query(`create trigger fail_renewal before update on outboxd.payment_operations for each row when (old.id = '${ahead}') execute function outboxd.fail_renewal()`);
+      await waitUntil(async () => (await Promise.all(slow.map(settled))).every(Boolean), 20_000, 'the slow calls to settle');
+      const rescheduled = async () => (await a.metrics.jobs.get()).values.find((v) => v.labels.result === 'rescheduled')?.value ?? 0;
+      await waitUntil(async () => (await rescheduled()) === 1, 10_000, 'the claim given back');
+      // Its fresh job's claim (no renewal before its call, its slot free) sends the one create, counted once.
+      await waitUntil(() => settled(ahead), 20_000, 'the operation');
+      expect(createsFor(ahead)).toHaveLength(1);
+      expect(await operation(t, ahead)).toMatchObject({ status: 'succeeded', attempts: 1 });
+    } finally {
+      await a.stop();
+      await t.pool.query(`drop trigger if exists fail_renewal on outboxd.payment_operations`);
+    }
+  });
+
+  it('a claim made ahead to send a create again never sends it past the key window: it waits no longer, and is claimed anew to reconcile', async () => {
+    // Each sent once before with no answer (unknown, no pi_), 23 h less 2 s ago: inside the key window when
+    // claimed. Two are sent again at once; the third's claim waits behind their 5 s calls.
+    const ops = await threeSlowCalls(5_000, (ids) =>
+      t.pool.query(
         `update outboxd.payment_operations
          set status = 'unknown', attempts = 1,
              first_attempted_at = now() - make_interval(secs => $2) + interval '2 seconds',
              last_attempted_at = now() - make_interval(secs => $2) + interval '2 seconds'
-         where id = $1`,
-        [ahead, KEY_WINDOW_SECONDS],
-      );
-      await relay(t);
-      await waitUntil(async () => (await operation(t, ahead)).lease_owner === 'replica-a', 3_000, 'one claim waiting');
+         where id = any($1::uuid[])`,
+        [ids, KEY_WINDOW_SECONDS],
+      ));
+    const a = await dispatcher('replica-a', { concurrency: 2 });
+    try {
+      const { ahead } = await claimWaiting(ops);
       const searched = () => e.emulator.requests().some((r) => r.endpoint === 'search' && r.operationId === ahead);
       await waitUntil(() => searched() || createsFor(ahead).length > 0, 30_000, 'the waiting claim to act');
       expect(createsFor(ahead)).toEqual([]); // a create here would be sent past the window its claim judged
