@@ -55,7 +55,7 @@ export async function startInProcessWorker(opts: {
   const { boss, dispatcher, metrics, gateway } = replica;
   log.info({ concurrency, kinds: dispatcher.kinds }, 'worker started in the application');
   return {
-    metrics: () => metrics.registry.metrics(),
+    metrics: () => metrics.scrape(),
     async stop() {
       await dispatcher.drain(config.worker.shutdownGraceMs);
       await boss.stop({ graceful: true, timeout: 2_000 });

@@ -117,7 +117,7 @@ async function openReplica(config: Config, log: Logger, workerId: string, effect
         'GET',
         PROBES.metrics,
         async ({ res }) => {
-          const text = await metrics.registry.metrics();
+          const text = await metrics.scrape();
           res.writeHead(200, { 'Content-Type': metrics.registry.contentType });
           res.end(text);
         },

@@ -1,5 +1,6 @@
 // The statements of the reads behind the console's pages (src/console/queries.ts).
 import type { SqlContext } from './context.ts';
+import { DEPTH_CAP } from './outbox.ts';
 
 export const consoleStatements = ({ CURSOR, UNSETTLED, boss, operationColumns, operationsPage, reviewPage, s, statement }: SqlContext) => ({
   // The overview's charts: one row a minute since $1. Each reads only the window (the settled index,
@@ -123,7 +124,7 @@ export const consoleStatements = ({ CURSOR, UNSETTLED, boss, operationColumns, o
        (select reltuples < 100000 from pg_class where oid = '${s}.payment_operations'::regclass) as total_exact,
        (select count(*)::int from ${s}.payment_operations where review_reason is not null) as needs_review,
        (select extract(epoch from now() - min(created_at))::float8 from ${s}.payment_operations where ${UNSETTLED}) as oldest_unsettled_seconds,
-       (select count(*)::int from ${s}.charge_outbox) as outbox_rows`,
+       (select count(*)::int from (select from ${s}.charge_outbox limit ${DEPTH_CAP}) capped) as outbox_rows`,
   ),
 
   /** Operations held for review (their partial index): the console's navigation shows it on every page. */

@@ -3,8 +3,10 @@
 // relay to the named subscribers' queues (src/outbox/).
 import type { SqlContext } from './context.ts';
 
-/** The most settlement events the metrics count (outboxd_settlement_events and _outbox_rows saturate there). */
-const DEPTH_CAP = 100_000;
+/** The most rows of an outbox the metrics and the console count (outboxd_outbox_rows,
+ * outboxd_settlement_events and _outbox_rows saturate there): a count of a backlog of millions, at every
+ * scrape, would read all of it. */
+export const DEPTH_CAP = 100_000;
 
 export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlContext) => {
   /** Whether anyone subscribed by name to pg-boss's event $n (`settled`): the relay copies events only then. */
@@ -109,7 +111,7 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
       `select id, created_at from ${s}.charge_outbox where operation_id = $1 order by id limit 1`,
     ),
 
-    outboxDepth: statement<[]>('outboxd_outbox_depth', `select count(*)::int as rows from ${s}.charge_outbox`),
+    outboxDepth: statement<[]>('outboxd_outbox_depth', `select count(*)::int as rows from (select from ${s}.charge_outbox limit ${DEPTH_CAP}) capped`),
 
     /** Takes the oldest events no relay copied yet and no other relay holds, with what they say and the
      * subscribers to copy each to. The rows stay for the unnamed handlers, marked copied. */

@@ -29,6 +29,10 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
 
   return {
     registry,
+    /** The exposition text. Concurrent scrapes, and those within a second of the last, share one reading:
+     * each reads PostgreSQL and pg-boss on the replica's own pools, which requests to /metrics (open on
+     * the webhooks' listener) would otherwise fill, queueing the dispatcher's claims behind them. */
+    scrape: sharedFor(1_000, () => registry.metrics()),
     transitions: new Counter({
       name: 'outboxd_operation_transitions_total',
       help: 'Status changes of payment operations made by this replica',
@@ -203,8 +207,13 @@ export function registerStripeMode(registry: Registry, mode: StripeMode): void {
   for (const m of ['emulator', 'test', 'live'] as const) gauge.set({ mode: m }, m === mode ? 1 : 0);
 }
 
+/** `read`, shared by every caller while it runs and for `ms` after. */
+function sharedFor<T>(ms: number, read: () => Promise<T>): () => Promise<T> {
+  let last: Promise<T> | undefined;
+  return () => (last ??= read().finally(() => setTimeout(() => (last = undefined), ms).unref()));
+}
+
 /** `read`'s first row, read once for every gauge of a scrape that asks within half a second. */
 function perScrape<T>(read: () => Promise<{ rows: unknown[] }>): () => Promise<T> {
-  let row: Promise<T> | undefined;
-  return () => (row ??= read().then((x) => x.rows[0] as T).finally(() => setTimeout(() => (row = undefined), 500)));
+  return sharedFor(500, () => read().then((x) => x.rows[0] as T));
 }

@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../harness/replica.ts';
 import { createMetrics } from '../../src/telemetry/metrics.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
+import { counting } from '../support/counting.ts';
 import { confirm } from '../support/fixtures.ts';
 
 let t: TestDb;
@@ -79,5 +80,29 @@ describe('host database health gauges', () => {
       await holder.end();
     }
     await waitUntil(async () => (await gauge(createMetrics({ db: t.pool, boss: t.boss }), 'outboxd_db_oldest_xmin_seconds')) < 2, 20_000, 'the horizon to move on');
+  });
+});
+
+describe('a scrape', () => {
+  it('is read once for concurrent requests: a flood of /metrics does not fill the pools the dispatcher works on', async () => {
+    const statementsOfScrapes = async (n: number) => {
+      const counted = counting(t.pool);
+      const metrics = createMetrics({ db: counted.pool, boss: t.boss });
+      const texts = await Promise.all(Array.from({ length: n }, () => metrics.scrape()));
+      expect(new Set(texts).size).toBe(1);
+      return counted.statements();
+    };
+    const one = await statementsOfScrapes(1);
+    expect(one).toBeGreaterThan(0);
+    expect(await statementsOfScrapes(40)).toBe(one);
+  });
+
+  it('counts an outbox backlog up to 100,000 rows, not a backlog of millions at every scrape', async () => {
+    await t.pool.query(`insert into outboxd.charge_outbox (operation_id) select gen_random_uuid() from generate_series(1, 100_050)`);
+    try {
+      expect(await gauge(createMetrics({ db: t.pool, boss: t.boss }), 'outboxd_outbox_rows')).toBe(100_000);
+    } finally {
+      await t.pool.query('truncate outboxd.charge_outbox');
+    }
   });
 });

@@ -5,6 +5,7 @@ import type { Operation } from '../../engine/operation.ts';
 import type { DriftReport } from '../../reconcile/drift.ts';
 import { ago, html, nothing, span, type Fragment, type Safe } from '../html.ts';
 import type { Charts, ListFilter, Listed, Overview, Page, SearchResult } from '../queries.ts';
+import { DEPTH_CAP } from '../../sql/outbox.ts';
 import { timeChart } from './charts.ts';
 import { amount, kindTag, opLink, operationsTable, statusPill } from './parts.ts';
 import { notice } from './layout.ts';
@@ -80,7 +81,7 @@ export function overviewPage(o: Overview, now: Date, charts: Charts): Safe {
 <section class="cards" aria-label="Health">
   ${card('Needs review', String(o.needsReview), o.needsReview > 0 ? 'bad' : 'good', o.needsReview > 0 ? html`<a href="/console/review">Open the review queue</a>` : 'nothing waits for a person')}
   ${card('Oldest unsettled', oldest === null ? 'none' : span(oldest), oldest !== null && oldest > 900 ? 'warn' : 'good', 'pending or unknown, review included')}
-  ${card('Outbox depth', String(o.outboxRows), o.outboxRows > 0 ? 'info' : 'good', 'rows waiting to become jobs')}
+  ${card('Outbox depth', o.outboxRows >= DEPTH_CAP ? `${DEPTH_CAP}+` : String(o.outboxRows), o.outboxRows > 0 ? 'info' : 'good', 'rows waiting to become jobs')}
   ${queuesCard(o.queues)}
   ${budgetCard(o.budget)}
   ${hostCard(o.host)}
