@@ -342,7 +342,8 @@ export const settlementConsumption = outboxd.table(
     operationId: uuid('operation_id').notNull(),
     consumedAt: timestamp('consumed_at', { withTimezone: true }).notNull().defaultNow(),
   },
-  (t) => [primaryKey({ columns: [t.subscriber, t.operationId] })],
+  // By consumed_at: the retention's batches (src/sql/retention.ts) read what they delete.
+  (t) => [primaryKey({ columns: [t.subscriber, t.operationId] }), index('settlement_consumption_consumed_idx').on(t.consumedAt)],
 );
 
 /**

@@ -2,7 +2,8 @@
 // The timeline (operation_events) is kept OPERATION_EVENTS_RETENTION_DAYS after its operation settled,
 // the audit trail AUDIT_RETENTION_DAYS; an unsettled operation's history is kept whatever its age (a
 // person may need it). A settlement event no unnamed onSettled handler took goes after 14 days, as a job
-// pg-boss never handed out does; a stored webhook event after WEBHOOK_RETENTION_DAYS. Console sessions are
+// pg-boss never handed out does; a transactional subscriber's consumption of an event after 60 days; a
+// stored webhook event after WEBHOOK_RETENTION_DAYS. Console sessions are
 // pruned when they expire; pg-boss deletes its completed jobs by the retention set on outboxd's queues
 // (src/outbox/outbox.ts).
 //
@@ -30,6 +31,12 @@ export interface RetentionDays {
  * never taken (JOB_RETENTION in src/outbox/outbox.ts), which delivered them before. */
 export const SETTLEMENT_EVENT_RETENTION_DAYS = 14;
 
+/** How long a transactional subscriber's consumption of an event is kept: longer than any other copy of
+ * the event can live, 14 days waiting in its queue, a few hours of retries, then 30 in `settled_dead`
+ * (src/outbox/settlements.ts), from which `settlements redrive` may send it back for 14 more. A copy
+ * arriving later would be consumed again. */
+export const SETTLEMENT_CONSUMPTION_RETENTION_DAYS = 60;
+
 export const DEFAULT_RETENTION_DAYS: RetentionDays = { operationEvents: 90, audit: 365, webhookEvents: 30 };
 
 export async function createPruneQueue(boss: PgBoss): Promise<void> {
@@ -43,7 +50,7 @@ export async function pruneHistory(
   pool: Pool,
   days: RetentionDays,
   opts: { scan?: number; budgetMs?: number } = {},
-): Promise<{ operationEvents: number; audit: number; settlementEvents: number; webhookEvents: number }> {
+): Promise<{ operationEvents: number; audit: number; settlementEvents: number; settlementConsumption: number; webhookEvents: number }> {
   const end = performance.now() + (opts.budgetMs ?? PRUNE_BUDGET_MS);
   const scan = opts.scan ?? PRUNE_SCAN;
   const shareOf = (tablesLeft: number) => performance.now() + (end - performance.now()) / tablesLeft;
@@ -65,14 +72,16 @@ export async function pruneHistory(
       return { deleted: r.deleted, done: r.last_id === null || r.reached_window };
     };
   };
-  const webhookEvents = async () => {
-    const { deleted } = (await pool.query(pool.sql.pruneWebhookEvents(days.webhookEvents, scan))).rows[0] as { deleted: number };
+  /** The batches of a table read oldest first through an index, until one deletes fewer than it may. */
+  const oldestFirst = (statement: ReturnType<Pool['sql']['pruneWebhookEvents']>) => async () => {
+    const { deleted } = (await pool.query(statement)).rows[0] as { deleted: number };
     return { deleted, done: deleted < scan };
   };
   return {
-    operationEvents: await inBatches(shareOf(4), byId((after) => pool.sql.pruneOperationEvents(days.operationEvents, after, scan))),
-    audit: await inBatches(shareOf(3), byId((after) => pool.sql.pruneAdminAudit(days.audit, after, scan))),
-    settlementEvents: await inBatches(shareOf(2), byId((after) => pool.sql.pruneSettlementOutbox(SETTLEMENT_EVENT_RETENTION_DAYS, after, scan))),
-    webhookEvents: await inBatches(shareOf(1), webhookEvents),
+    operationEvents: await inBatches(shareOf(5), byId((after) => pool.sql.pruneOperationEvents(days.operationEvents, after, scan))),
+    audit: await inBatches(shareOf(4), byId((after) => pool.sql.pruneAdminAudit(days.audit, after, scan))),
+    settlementEvents: await inBatches(shareOf(3), byId((after) => pool.sql.pruneSettlementOutbox(SETTLEMENT_EVENT_RETENTION_DAYS, after, scan))),
+    settlementConsumption: await inBatches(shareOf(2), oldestFirst(pool.sql.pruneSettlementConsumption(SETTLEMENT_CONSUMPTION_RETENTION_DAYS, scan))),
+    webhookEvents: await inBatches(shareOf(1), oldestFirst(pool.sql.pruneWebhookEvents(days.webhookEvents, scan))),
   };
 }

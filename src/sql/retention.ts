@@ -72,4 +72,17 @@ export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
      )
      select count(*)::int as deleted from gone`,
   ),
+
+  /** A transactional subscriber's consumption of an event is kept while another copy of the event could
+   * still reach it: the $2 oldest made over $1 days ago, read through their index (drizzle/0027), deleted
+   * where they lie (a row is never updated, so it does not move). Fewer than $2 deleted: none is left. */
+  pruneSettlementConsumption: statement<[retentionDays: number, scan: number]>(
+    'outboxd_prune_settlement_consumption',
+    `with gone as (
+       delete from ${s}.settlement_consumption where ctid = any(array(
+         select ctid from ${s}.settlement_consumption where consumed_at < now() - make_interval(days => $1) order by consumed_at limit $2))
+       returning 1
+     )
+     select count(*)::int as deleted from gone`,
+  ),
 });

@@ -15,7 +15,7 @@ let t: TestDb;
 beforeAll(async () => {
   t = await createTestDatabase();
   // Statistics stay as each case leaves them: an analyze meanwhile would hide the lag being tested.
-  for (const table of ['payment_operations', 'charge_outbox', 'settlement_outbox', 'operation_events', 'admin_audit', 'webhook_events']) await t.pool.query(`alter table outboxd.${table} set (autovacuum_enabled = off)`);
+  for (const table of ['payment_operations', 'charge_outbox', 'settlement_outbox', 'operation_events', 'admin_audit', 'webhook_events', 'settlement_consumption']) await t.pool.query(`alter table outboxd.${table} set (autovacuum_enabled = off)`);
 });
 afterAll(() => t.close());
 
@@ -134,6 +134,8 @@ describe("the retention's batches read the rows they take", () => {
         select id, 'payment_intent.succeeded', 'settled', jsonb_build_object('id', id, 'type', 'payment_intent.succeeded', 'created', 1700000000,
           'livemode', false, 'payment_intent', jsonb_build_object('id', 'pi_' || md5(id), 'status', 'succeeded')), now() - interval '${age}'
         from (select 'evt_' || md5(random()::text) as id from generate_series(1, $1)) e`, [n]);
+      await t.pool.query(`insert into outboxd.settlement_consumption (subscriber, operation_id, consumed_at)
+        select 'sub-' || (i % 3), gen_random_uuid(), now() - interval '${age}' from generate_series(1, $1) i`, [n]);
     };
     await rows(SCAN, '400 days');
     await rows(60_000, '0 days');
@@ -143,6 +145,7 @@ describe("the retention's batches read the rows they take", () => {
       audit: st.pruneAdminAudit(365, 0, SCAN),
       'settlement events': st.pruneSettlementOutbox(14, 0, SCAN),
       'webhook events': st.pruneWebhookEvents(30, SCAN),
+      'settlement consumptions': st.pruneSettlementConsumption(60, SCAN),
     };
     for (const generic of [true, false]) {
       for (const [name, statement] of Object.entries(statements)) {

@@ -1,5 +1,6 @@
 // Bounded growth (issue 22): the ledger is kept, the timeline and the audit trail past their retention,
-// settlement events no onSettled handler took within 14 days, and stored webhook events after 30, are pruned in small batches by one replica at a time, never the history of an operation that has not
+// settlement events no onSettled handler took within 14 days, transactional subscribers' consumptions
+// after 60, and stored webhook events after 30, are pruned in small batches by one replica at a time, never the history of an operation that has not
 // settled; pg-boss deletes outboxd's completed jobs by a retention set on its queues.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../harness/replica.ts';
@@ -67,12 +68,20 @@ describe('retention of the timeline and the audit trail', () => {
       select 'evt_retention_' || i, 'payment_intent.succeeded', 'settled', '{}', now() - make_interval(days => case when i <= 7 then 31 else 29 end)
       from generate_series(1, 9) i`);
     const webhookEventsLeft = async () => (await t.pool.query(`select id from outboxd.webhook_events where id like 'evt_retention_%' order by id`)).rows.map((r) => r.id);
+    // Transactional subscribers' consumptions: gone after 60 days, when no other copy of the event can
+    // still arrive (14 days queued, 30 dead-lettered, 14 more after a redrive).
+    await t.pool.query(`insert into outboxd.settlement_consumption (subscriber, operation_id, consumed_at)
+      select 'sub-' || (i % 2), gen_random_uuid(), now() - make_interval(days => case when i <= 5 then 61 else 59 end)
+      from generate_series(1, 7) i`);
+    const consumptionsLeft = async () => Number((await t.pool.query(`select count(*) from outboxd.settlement_consumption where consumed_at > now() - interval '60 days'`)).rows[0].count);
 
     // Three rows a statement: many batches, each a short statement of its own.
     const pruned = await pruneHistory(t.pool, days, { scan: 3 });
-    expect(pruned).toEqual({ operationEvents: 4, audit: 2, settlementEvents: 1, webhookEvents: 7 });
+    expect(pruned).toEqual({ operationEvents: 4, audit: 2, settlementEvents: 1, settlementConsumption: 5, webhookEvents: 7 });
     expect([await settlementEventOf(settledLongAgo), await settlementEventOf(settledLately)]).toEqual([0, 1]);
     expect(await webhookEventsLeft()).toEqual(['evt_retention_8', 'evt_retention_9']);
+    expect(await consumptionsLeft()).toBe(2);
+    expect(Number((await t.pool.query('select count(*) from outboxd.settlement_consumption')).rows[0].count)).toBe(2);
     expect(await eventsOf(settledLongAgo)).toBe(0);
     expect(await eventsOf(unsettledLongAgo)).toBe(4);
     expect(await eventsOf(settledLately)).toBe(4);
@@ -83,7 +92,7 @@ describe('retention of the timeline and the audit trail', () => {
     const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where id = any($1::uuid[])`, [[settledLongAgo, unsettledLongAgo, settledLately, recent]]);
     expect(rows[0].n).toBe(4);
     // Nothing more to do: the next run deletes nothing.
-    expect(await pruneHistory(t.pool, days, { scan: 3 })).toEqual({ operationEvents: 0, audit: 0, settlementEvents: 0, webhookEvents: 0 });
+    expect(await pruneHistory(t.pool, days, { scan: 3 })).toEqual({ operationEvents: 0, audit: 0, settlementEvents: 0, settlementConsumption: 0, webhookEvents: 0 });
   });
 
   it('a statement deletes one batch; a backlog in the timeline leaves the tables after it their share of the run', async () => {
