@@ -3,7 +3,7 @@
 // started in the application's process (startWorker), do the rest.
 import type pg from 'pg';
 import type { PgBoss } from 'pg-boss';
-import { schemaFromEnv, settlementHandlerTimeoutFromEnv } from './runtime/config.ts';
+import { MAX_SETTLEMENT_HANDLER_TIMEOUT_MS, schemaFromEnv, settlementHandlerTimeoutFromEnv } from './runtime/config.ts';
 import { callerTransaction } from './db/caller.ts';
 import { migrate } from './db/migrate.ts';
 import { createPool, isPooled, type Pool, type Queryable } from './db/pool.ts';
@@ -215,7 +215,9 @@ export class Outboxd {
     // the application's pool there is none, and the subscription polls.
     this.#direct = direct ?? connectionString;
     this.#settlementTimeoutMs = options.settlementHandlerTimeoutMs ?? settlementHandlerTimeoutFromEnv();
-    if (!Number.isSafeInteger(this.#settlementTimeoutMs) || this.#settlementTimeoutMs < 1) throw new TypeError('settlementHandlerTimeoutMs: a positive integer of milliseconds');
+    if (!Number.isSafeInteger(this.#settlementTimeoutMs) || this.#settlementTimeoutMs < 1 || this.#settlementTimeoutMs > MAX_SETTLEMENT_HANDLER_TIMEOUT_MS) {
+      throw new TypeError(`settlementHandlerTimeoutMs: a positive integer of milliseconds, at most ${MAX_SETTLEMENT_HANDLER_TIMEOUT_MS} (10 minutes)`);
+    }
     if (pool) {
       this.#connection = pool;
       this.#db = { sql: statementsFor(this.schema), query: pool.query.bind(pool) as pg.Pool['query'] };

@@ -66,7 +66,8 @@ type SettledJob = Omit<SettlementEvent, 'settledAt' | 'hold'> & {
 /**
  * Retries of a throwing handler: backoff from 1 s to 5 min, a few hours in all, then the dead letter.
  * heartbeatSeconds: the event of an application process that died mid-handler comes back within a
- * minute; expireInSeconds bounds one handler run.
+ * minute; expireInSeconds bounds one handler run (MAX_SETTLEMENT_HANDLER_TIMEOUT_MS in src/runtime/config.ts
+ * stays below it).
  */
 export const settledQueueOptions: Omit<Queue, 'name'> = {
   retryLimit: 40,

@@ -1,7 +1,8 @@
 // The environment as operators write it: env files leave optional values empty, and listeners are
 // placed by port and address.
 import { describe, expect, it } from 'vitest';
-import { ConfigError, envSchema, loadConfig } from '../../src/runtime/config.ts';
+import { ConfigError, envSchema, loadConfig, MAX_SETTLEMENT_HANDLER_TIMEOUT_MS, settlementHandlerTimeoutFromEnv } from '../../src/runtime/config.ts';
+import { settledQueueOptions } from '../../src/outbox/settlements.ts';
 
 describe('loadConfig', () => {
   it('an empty or blank value of any variable means unset', () => {
@@ -30,6 +31,16 @@ describe('loadConfig', () => {
     expect(() => loadConfig({ HTTP_HOST: 'not an address' })).toThrow(/HTTP_HOST/);
     // Two listeners on "any free port" (tests) do not collide.
     expect(loadConfig({ HTTP_PORT: '0', ADMIN_HTTP_PORT: '0' }).admin.httpPort).toBe(0);
+  });
+});
+
+describe('SETTLEMENT_HANDLER_TIMEOUT_MS', () => {
+  it("ends a delivery well before pg-boss fails a subscriber's job, whatever its heartbeat, and retries it under the handler", () => {
+    expect(MAX_SETTLEMENT_HANDLER_TIMEOUT_MS + 60_000).toBeLessThanOrEqual(settledQueueOptions.expireInSeconds! * 1000);
+    expect(settlementHandlerTimeoutFromEnv({})).toBe(30_000);
+    expect(settlementHandlerTimeoutFromEnv({ SETTLEMENT_HANDLER_TIMEOUT_MS: String(MAX_SETTLEMENT_HANDLER_TIMEOUT_MS) })).toBe(MAX_SETTLEMENT_HANDLER_TIMEOUT_MS);
+    expect(() => settlementHandlerTimeoutFromEnv({ SETTLEMENT_HANDLER_TIMEOUT_MS: String(MAX_SETTLEMENT_HANDLER_TIMEOUT_MS + 1) })).toThrow(/SETTLEMENT_HANDLER_TIMEOUT_MS/);
+    expect(() => loadConfig({ SETTLEMENT_HANDLER_TIMEOUT_MS: '3600000' })).toThrow(ConfigError);
   });
 });
 
