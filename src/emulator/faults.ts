@@ -17,7 +17,7 @@ export async function preflight(faults: Fault[], res: ServerResponse, entry: Req
   const before = faults.find((f) => f.kind === 'error_before_commit');
   if (before) {
     await latency(faults);
-    respond(res, entry, before.status, error('api_error', 'An unknown error occurred on our side.'));
+    respond(res, entry, before.status, serverError(before));
     return true;
   }
   return false;
@@ -31,8 +31,11 @@ export async function latency(faults: Fault[]): Promise<void> {
 /** The response a committed request stores for its key: its own, or the error an error_after_commit fault puts in its place. */
 export function storedAfterCommit(faults: Fault[], response: StoredResponse): StoredResponse {
   const afterCommit = faults.find((f) => f.kind === 'error_after_commit');
-  return afterCommit ? { status: afterCommit.status, body: JSON.stringify(error('api_error', 'An unknown error occurred on our side.')) } : response;
+  return afterCommit ? { status: afterCommit.status, body: JSON.stringify(serverError(afterCommit)) } : response;
 }
+
+const serverError = (fault: { paymentIntent?: string | undefined }) =>
+  error('api_error', 'An unknown error occurred on our side.', fault.paymentIntent ? { payment_intent: { id: fault.paymentIntent, object: 'payment_intent' } } : {});
 
 /** Sends a response, unless a lose_response_after_commit fault loses it. */
 export function deliver(res: ServerResponse, entry: RequestLogEntry, response: StoredResponse, faults: Fault[]) {
@@ -93,6 +96,9 @@ export function faultRule(input: Record<string, unknown>): FaultRule {
   if (input.count !== undefined && !(Number.isSafeInteger(input.count) && (input.count as number) > 0)) throw new Error('count must be a positive integer');
   if (input.endpoint !== undefined && !['any', ...ENDPOINTS].includes(input.endpoint as string)) {
     throw new Error(`endpoint must be one of ${[...ENDPOINTS, 'any'].join(', ')}`);
+  }
+  if ((fault.kind === 'error_before_commit' || fault.kind === 'error_after_commit') && fault.paymentIntent !== undefined && typeof fault.paymentIntent !== 'string') {
+    throw new Error('fault.paymentIntent must be a PaymentIntent id');
   }
   if (fault.kind === 'refund_status' && !REFUND_STATUSES.includes(fault.status)) {
     throw new Error(`fault.status must be one of ${REFUND_STATUSES.join(', ')}`);

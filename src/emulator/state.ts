@@ -6,10 +6,11 @@
 export type Awaitable<T> = T | Promise<T>;
 
 export type Fault =
-  /** Refused before anything executes: no charge, nothing stored for the key. */
-  | { kind: 'error_before_commit'; status: number }
+  /** Refused before anything executes: no charge, nothing stored for the key. `paymentIntent`: the error
+   * names this PaymentIntent, as Stripe's errors of a request about one may. */
+  | { kind: 'error_before_commit'; status: number; paymentIntent?: string }
   /** The charge is made, but the key stores (and replays) this error. */
-  | { kind: 'error_after_commit'; status: number }
+  | { kind: 'error_after_commit'; status: number; paymentIntent?: string }
   /** The charge is made and stored; this response never arrives whole. */
   | { kind: 'lose_response_after_commit'; mode: 'reset' | 'truncate' | 'hang' | 'trickle_headers' | 'trickle_body' }
   /** A 429 before anything executes: `rate_limit` (the default: the account's limit) or `lock_timeout`

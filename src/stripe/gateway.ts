@@ -188,6 +188,22 @@ export class AmbiguousOutcome extends GatewayError {
   readonly outcome = 'ambiguous';
 }
 
+/**
+ * `err` without the PaymentIntent it names, for a call whose own object is another: a refund's or a
+ * change's error names the charge's PaymentIntent, known already. Recorded as the operation's external id,
+ * it would make the next attempt retrieve a refund by a PaymentIntent's id (a 404: held for a person), or
+ * read a change as done rather than send it again.
+ */
+export function namingNoObject(err: unknown): unknown {
+  if (err instanceof AmbiguousOutcome && err.externalId !== undefined) {
+    return new AmbiguousOutcome(err.message, err.httpStatus, undefined, { cause: err, requestId: err.requestId });
+  }
+  if (err instanceof Declined && err.externalId !== undefined) {
+    return new Declined(err.message, err.httpStatus, undefined, { cause: err, requestId: err.requestId });
+  }
+  return err;
+}
+
 /** 400 idempotency_error: the same key was sent with other parameters. A bug in key design, never normal. */
 export class IdempotencyKeyMisuse extends GatewayError {
   override name = 'IdempotencyKeyMisuse';

@@ -199,6 +199,16 @@ describe('carrying out a capture or a cancel', () => {
     expect(intentOf(pi).paymentIntent.amount_received).toBe(2599);
   });
 
+  it("a 500 whose error names the charge's PaymentIntent → unknown with no external id: the capture is sent again under its key", async () => {
+    const { charge, pi } = await held();
+    const { operationId } = await capture({ chargeOperationId: charge, key: 'named' });
+    e.emulator.addFault({ endpoint: 'capture', match: { operationId: charge }, fault: { kind: 'error_before_commit', status: 500, paymentIntent: pi }, count: 1 });
+    expect((await run(operationId)).operation).toMatchObject({ status: 'unknown', external_id: null });
+    const again = await run(operationId);
+    expect(again).toMatchObject({ call: 'create', operation: { status: 'succeeded', external_id: pi } });
+    expect(intentOf(pi).paymentIntent.amount_received).toBe(2599);
+  });
+
   it('past the key window, a read decides: still held → sent again (pending), captured → succeeded; never a second capture', async () => {
     const { charge, pi } = await held();
     const { operationId } = await capture({ chargeOperationId: charge, key: 'window' });

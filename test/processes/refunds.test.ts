@@ -221,6 +221,18 @@ describe('carrying a refund out (POST /v1/refunds under refund-op:<id>)', () => 
     expect(refundCreates(op).at(-1)!.replayed).toBe(true);
   });
 
+  it("a 500 whose error names the charge's PaymentIntent → unknown with no external id (the refund's is a re_): sent again, not retrieved by the pi_", async () => {
+    const { charge, pi } = await paidCharge();
+    const op = await requested(charge, 300);
+    const fence = await claim(t, op);
+    e.emulator.addFault({ endpoint: 'create_refund', match: { operationId: op }, fault: { kind: 'error_before_commit', status: 500, paymentIntent: pi }, count: 1 });
+    const first = await run(op, fence);
+    expect(first.operation).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous', external_id: null });
+    const second = await run(op, fence);
+    expect(second).toMatchObject({ call: 'create', operation: { status: 'succeeded', external_id: expect.stringMatching(/^re_/) } });
+    expect(refundsOf(op)).toHaveLength(1);
+  });
+
   it('pending is not success: unknown with the re_, then settled by retrieve (never a second create); failed → failed', async () => {
     const { charge } = await paidCharge();
     const op = await requested(charge, 100);

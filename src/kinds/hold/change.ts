@@ -5,7 +5,7 @@
 // twice, even once its key is forgotten: the key only replays the first answer.
 import type { EffectCalls, KindEvidence, KindNaming, Refuse } from '../../types/kind.ts';
 import { isOperationId, type Operation, type Outcome } from '../../types/operation.ts';
-import { accountOf, AmbiguousOutcome, Rejected, type Charge, type PaymentGateway, type StripeAccount } from '../../stripe/gateway.ts';
+import { accountOf, namingNoObject, Rejected, type Charge, type PaymentGateway, type StripeAccount } from '../../stripe/gateway.ts';
 
 /** What a capture or a cancel keeps in its payload: the charge's PaymentIntent and account, the
  * caller's key as given (effect_key is `<charge operation id>/<key>`), and a cancel's reason. */
@@ -64,10 +64,7 @@ export function changeCalls(rules: ChangeRules, gateway: PaymentGateway): Effect
         if (err instanceof Rejected && err.code === 'payment_intent_unexpected_state') return read('ambiguous')(op);
         // The PaymentIntent an error names is the charge's, known already, not an object of this change:
         // without it, the next attempt sends the change again rather than only reading it.
-        if (err instanceof AmbiguousOutcome && err.externalId !== undefined) {
-          throw new AmbiguousOutcome(err.message, err.httpStatus, undefined, { cause: err, requestId: err.requestId });
-        }
-        throw err;
+        throw namingNoObject(err);
       }
     },
     // Read without sending (the sweep's search is read-only): still held, so sending it is safe and due.

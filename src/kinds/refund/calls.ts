@@ -3,23 +3,26 @@
 // id, never created again.
 import type { EffectCalls } from '../../types/kind.ts';
 import type { LoadedOperation, Operation, Outcome } from '../../types/operation.ts';
-import { accountOf, FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
+import { accountOf, FAILED_REFUND_STATUSES, namingNoObject, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
 import { payloadOf, refundMismatch } from './evidence.ts';
 
 export function refundCalls(gateway: PaymentGateway): EffectCalls {
   return {
     create: async (op) => {
       const { payment_intent, reason, reverse_transfer, refund_application_fee } = payloadOf(op);
-      const refund = await gateway.createRefund({
-        operationId: op.id,
-        paymentIntent: payment_intent,
-        amount: op.amount!, // a refund has one (payment_operations_money_check)
-        reason,
-        idempotencyKey: refundIdempotencyKeyFor(op.id),
-        account: accountOf(op),
-        reverseTransfer: reverse_transfer === true,
-        refundApplicationFee: refund_application_fee === true,
-      });
+      const refund = await gateway
+        .createRefund({
+          operationId: op.id,
+          paymentIntent: payment_intent,
+          amount: op.amount!, // a refund has one (payment_operations_money_check)
+          reason,
+          idempotencyKey: refundIdempotencyKeyFor(op.id),
+          account: accountOf(op),
+          reverseTransfer: reverse_transfer === true,
+          refundApplicationFee: refund_application_fee === true,
+        })
+        // The PaymentIntent an error names is the charge's: the refund's id is re_…, learnt from a reply.
+        .catch((err: unknown) => Promise.reject(namingNoObject(err)));
       return fromRefund(op, refund);
     },
     retrieve: async (op) => fromRefund(op, await gateway.retrieveRefund(op.external_id!, accountOf(op))),
