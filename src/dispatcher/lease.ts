@@ -84,11 +84,13 @@ export function keepLease(
     check,
     async confirm(maxAgeMs) {
       const asked = performance.now();
+      // A renewal that hangs is waited for no longer than the lease's deadline, which aborts the call.
+      const aborted = new Promise<void>((resolve) => call.signal.addEventListener('abort', () => resolve(), { once: true }));
       // A renewal already in flight may have been sent too long ago: then another.
       while (!stopped && !call.signal.aborted && asked - confirmedAt > maxAgeMs) {
-        if ((await renew()) === undefined) {
+        const held = await Promise.race([renew(), aborted.then(() => false)]);
+        if (held === undefined && !call.signal.aborted) {
           call.abort(new CallAbandoned('the lease could not be confirmed before the call (the database did not answer a renewal)'));
-          return;
         }
       }
     },

@@ -393,6 +393,31 @@ describe('dispatcher (in-process)', () => {
     }
   });
 
+  it('a claim made ahead whose renewal hangs when its slot comes gives the slot back at its lease deadline, not when the renewal returns', async () => {
+    const ops = await threeSlowCalls(2_500);
+    // Renewals every 2 s; the local deadline 5 s after the last one that succeeded.
+    const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 6_000 });
+    const asleep = `from pg_stat_activity where wait_event = 'PgSleep' and datname = current_database() and pid <> pg_backend_pid()`;
+    const sleeping = async () => Number((await t.pool.query(`select count(*) ${asleep}`)).rows[0].count);
+    try {
+      const { ahead } = await claimWaiting(ops);
+      // From now on its renewals hang (30 s): the one in flight when the slot comes is the one it confirms with.
+      await t.pool.query(`create or replace function outboxd.hang_renewal() returns trigger language plpgsql as $$
+        begin if new.fence = old.fence and new.lease_expires_at > old.lease_expires_at then perform pg_sleep(30); end if; return new; end $$`);
+      await t.pool.query(`create trigger hang_renewal before update on outboxd.payment_operations for each row when (old.id = '${ahead}') execute function outboxd.hang_renewal()`);
+      // Given back: its lease's release waits on the hung renewal's row lock (lock_timeout), so the job
+      // goes back to pg-boss to be retried, and its slot is free.
+      const jobState = async () => (await t.pool.query(`select state from pgboss.job where name = 'charge' and data->>'operationId' = $1`, [ahead])).rows[0]?.state;
+      await waitUntil(async () => (await jobState()) !== 'active', 25_000, 'the claim given back');
+      expect(await sleeping()).toBeGreaterThan(0); // the renewal still hangs
+      expect(createsFor(ahead)).toHaveLength(0);
+    } finally {
+      await t.pool.query(`select pg_cancel_backend(pid) ${asleep}`);
+      await a.stop();
+      await t.pool.query(`drop trigger if exists hang_renewal on outboxd.payment_operations`);
+    }
+  });
+
   it('a claim made ahead to send a create again never sends it past the key window: it waits no longer, and is claimed anew to reconcile', async () => {
     // Each sent once before with no answer (unknown, no pi_), 23 h less 2 s ago: inside the key window when
     // claimed. Two are sent again at once; the third's claim waits behind their 5 s calls.
