@@ -215,8 +215,10 @@ export class Outboxd {
     // the application's pool there is none, and the subscription polls.
     this.#direct = direct ?? connectionString;
     this.#settlementTimeoutMs = options.settlementHandlerTimeoutMs ?? settlementHandlerTimeoutFromEnv();
-    if (!Number.isSafeInteger(this.#settlementTimeoutMs) || this.#settlementTimeoutMs < 1 || this.#settlementTimeoutMs > MAX_SETTLEMENT_HANDLER_TIMEOUT_MS) {
-      throw new TypeError(`settlementHandlerTimeoutMs: a positive integer of milliseconds, at most ${MAX_SETTLEMENT_HANDLER_TIMEOUT_MS} (10 minutes)`);
+    if (!Number.isSafeInteger(this.#settlementTimeoutMs) || this.#settlementTimeoutMs < 1) throw new TypeError('settlementHandlerTimeoutMs: a positive integer of milliseconds');
+    if (this.#settlementTimeoutMs > MAX_SETTLEMENT_HANDLER_TIMEOUT_MS) {
+      this.#onError(new Error(`settlementHandlerTimeoutMs ${this.#settlementTimeoutMs} is taken as ${MAX_SETTLEMENT_HANDLER_TIMEOUT_MS} (14 minutes): pg-boss retries a subscriber's event 15 minutes after its delivery began`));
+      this.#settlementTimeoutMs = MAX_SETTLEMENT_HANDLER_TIMEOUT_MS;
     }
     if (pool) {
       this.#connection = pool;

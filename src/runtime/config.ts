@@ -4,11 +4,12 @@ import { z } from 'zod';
 import { DEFAULT_SCHEMA, SCHEMA_NAME } from '../sql/statements.ts';
 
 const optionalString = z.string().trim().min(1).optional().catch(undefined);
-/** The longest SETTLEMENT_HANDLER_TIMEOUT_MS. pg-boss fails a subscriber's job 15 minutes after its
- * delivery began, whatever its heartbeat (the settled queues' expireInSeconds, src/outbox/settlements.ts),
- * and retries it: a handler given longer would be retried while it runs, and a transactional one's
- * delivery fenced out at every attempt, however long it took. */
-export const MAX_SETTLEMENT_HANDLER_TIMEOUT_MS = 10 * 60_000;
+/** The longest onSettled delivery. pg-boss fails a subscriber's job 15 minutes after its delivery began,
+ * whatever its heartbeat (the settled queues' expireInSeconds, src/outbox/settlements.ts), and retries it:
+ * a handler still running then would run twice at once, and a transactional one's delivery be fenced out
+ * at every attempt. A longer SETTLEMENT_HANDLER_TIMEOUT_MS (accepted up to an hour, as by earlier
+ * releases, where it worked for handlers that return sooner) is taken as this one (src/outboxd.ts). */
+export const MAX_SETTLEMENT_HANDLER_TIMEOUT_MS = 14 * 60_000;
 
 const intInRange = (min: number, max: number, fallback: number) =>
   z.coerce.number().int().min(min).max(max).default(fallback);
@@ -84,7 +85,7 @@ export const envSchema = z.object({
   PROCESSING_REVIEW_DAYS: intInRange(1, 365, 14),
   /** One onSettled delivery's time (the application's handler, and a transactional one's transaction)
    * before it counts as failed and is retried. Read by the library (settlementHandlerTimeoutFromEnv). */
-  SETTLEMENT_HANDLER_TIMEOUT_MS: intInRange(100, MAX_SETTLEMENT_HANDLER_TIMEOUT_MS, 30_000),
+  SETTLEMENT_HANDLER_TIMEOUT_MS: intInRange(100, 3_600_000, 30_000),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   // OpenTelemetry's standard variables (traces only). No endpoint: tracing is off and no SDK is started.
   OTEL_SDK_DISABLED: z.stringbool().default(false),

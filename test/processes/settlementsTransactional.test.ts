@@ -153,6 +153,23 @@ describe('transactional subscribers', () => {
     }
   });
 
+  it("a handler's timeout is taken as at most 14 minutes, said once: pg-boss retries a subscriber's job 15 minutes after its delivery began", { timeout: 60_000 }, async () => {
+    const notices: string[] = [];
+    const outboxd = new Outboxd({ connectionString: t.url, onError: (err) => notices.push(err.message), settlementHandlerTimeoutMs: 3_600_000 });
+    const seen: string[] = [];
+    await outboxd.onSettled(async (_event, tx) => {
+      seen.push((await tx.query('show statement_timeout')).rows[0].statement_timeout);
+    }, { transactional: true, subscriber: 'longest' });
+    try {
+      const op = await settle();
+      await waitUntil(() => allCompleted('longest', [op]), 30_000, 'the delivery');
+      expect(seen).toEqual(['14min']);
+      expect(notices).toEqual([expect.stringMatching(/settlementHandlerTimeoutMs 3600000 is taken as 840000/)]);
+    } finally {
+      await outboxd.stop();
+    }
+  });
+
   it('a delivery whose claim was taken over commits nothing: the delivery holding the claim does', { timeout: 180_000 }, async () => {
     await t.pool.query('create table ledger (operation_id uuid not null, delivery text not null)');
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 120_000 });
