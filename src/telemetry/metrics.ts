@@ -207,10 +207,29 @@ export function registerStripeMode(registry: Registry, mode: StripeMode): void {
   for (const m of ['emulator', 'test', 'live'] as const) gauge.set({ mode: m }, m === mode ? 1 : 0);
 }
 
-/** `read`, shared by every caller while it runs and for `ms` after. */
-function sharedFor<T>(ms: number, read: () => Promise<T>): () => Promise<T> {
+/** A shared read that has not ended after this long is no longer shared: one that hangs (a dead socket
+ * pg-boss's pool has no timeout for) holds up its own callers, not every scrape after them. */
+const SHARED_READ_WAIT_MS = 10_000;
+
+/** `read`, shared by every caller while it runs (up to `waitMs`) and for `ms` after. */
+export function sharedFor<T>(ms: number, read: () => Promise<T>, waitMs = SHARED_READ_WAIT_MS): () => Promise<T> {
   let last: Promise<T> | undefined;
-  return () => (last ??= read().finally(() => setTimeout(() => (last = undefined), ms).unref()));
+  const forget = (reading: Promise<T>) => () => {
+    if (last === reading) last = undefined;
+  };
+  return () => {
+    if (last) return last;
+    const reading = read();
+    const stale = setTimeout(forget(reading), waitMs).unref();
+    last = reading;
+    void reading
+      .finally(() => {
+        clearTimeout(stale);
+        setTimeout(forget(reading), ms).unref();
+      })
+      .catch(() => {});
+    return reading;
+  };
 }
 
 /** `read`'s first row, read once for every gauge of a scrape that asks within half a second. */

@@ -3,7 +3,7 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../harness/replica.ts';
-import { createMetrics } from '../../src/telemetry/metrics.ts';
+import { createMetrics, sharedFor } from '../../src/telemetry/metrics.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { counting } from '../support/counting.ts';
 import { confirm } from '../support/fixtures.ts';
@@ -104,5 +104,19 @@ describe('a scrape', () => {
     } finally {
       await t.pool.query('truncate outboxd.charge_outbox');
     }
+  });
+});
+
+describe('a shared reading', () => {
+  it('that never ends is shared no longer than its wait: the next scrape reads again', async () => {
+    let reads = 0;
+    const read = sharedFor(1_000, () => (++reads === 1 ? new Promise<string>(() => {}) : Promise.resolve(`reading ${reads}`)), 200);
+    void read(); // hangs
+    expect(reads).toBe(1);
+    void read(); // shared with the one that hangs
+    expect(reads).toBe(1);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect(await read()).toBe('reading 2');
+    expect(await read()).toBe('reading 2'); // and shared for a second after it ended
   });
 });
