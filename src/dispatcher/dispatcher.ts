@@ -431,7 +431,13 @@ export class Dispatcher {
     });
     const endCall = await this.slotWithin(takeSlot, this.longestWait(lease, keyWindowSeconds), call.signal);
     held.check();
-    if (endCall) await held.confirm(LEASE_CONFIRMED_WITHIN_MS);
+    if (endCall) {
+      // Counted with the calls in flight meanwhile: a drain then gives it up and keeps its lease, rather
+      // than release the lease of a claim whose renewal may succeed after, and whose call would then go out.
+      this.calls.set(call, operationId);
+      await held.confirm(LEASE_CONFIRMED_WITHIN_MS);
+      this.calls.delete(call);
+    }
     if (call.signal.aborted && !(call.signal.reason instanceof CallAbandoned)) {
       // Taken over, or settled from outside, while it waited (a renewal found another fence): no call; the
       // job comes back, and its next claim finds the operation settled or leased.

@@ -418,6 +418,29 @@ describe('dispatcher (in-process)', () => {
     }
   });
 
+  it('a drain while a claim made ahead confirms its lease gives it up with the calls in flight: its lease is not released under it, nothing is sent', async () => {
+    const ops = await threeSlowCalls(2_500);
+    const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 30_000 });
+    const asleep = `from pg_stat_activity where wait_event = 'PgSleep' and datname = current_database() and pid <> pg_backend_pid()`;
+    try {
+      const { ahead } = await claimWaiting(ops);
+      // The renewal it confirms with when its slot comes takes 3 s, then succeeds.
+      await t.pool.query(`create or replace function outboxd.slow_renewal() returns trigger language plpgsql as $$
+        begin if new.fence = old.fence and new.lease_expires_at > old.lease_expires_at then perform pg_sleep(3); end if; return new; end $$`);
+      await t.pool.query(`create trigger slow_renewal before update on outboxd.payment_operations for each row when (old.id = '${ahead}') execute function outboxd.slow_renewal()`);
+      await waitUntil(async () => Number((await t.pool.query(`select count(*) ${asleep}`)).rows[0].count) > 0, 10_000, 'the confirming renewal');
+      // The grace is over at once: the drain gives up what is in flight and releases the other leases.
+      await a.dispatcher.drain(0);
+      await waitUntil(async () => Number((await t.pool.query(`select count(*) ${asleep}`)).rows[0].count) === 0, 10_000, 'the renewal to end');
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      expect(createsFor(ahead)).toHaveLength(0);
+    } finally {
+      await t.pool.query(`select pg_cancel_backend(pid) ${asleep}`);
+      await a.stop();
+      await t.pool.query(`drop trigger if exists slow_renewal on outboxd.payment_operations`);
+    }
+  });
+
   it('a claim made ahead to send a create again never sends it past the key window: it waits no longer, and is claimed anew to reconcile', async () => {
     // Each sent once before with no answer (unknown, no pi_), 23 h less 2 s ago: inside the key window when
     // claimed. Two are sent again at once; the third's claim waits behind their 5 s calls.
