@@ -189,19 +189,21 @@ export class AmbiguousOutcome extends GatewayError {
 }
 
 /**
- * `err` without the PaymentIntent it names, for a call whose own object is another: a refund's or a
- * change's error names the charge's PaymentIntent, known already. Recorded as the operation's external id,
- * it would make the next attempt retrieve a refund by a PaymentIntent's id (a 404: held for a person), or
- * read a change as done rather than send it again.
+ * `call`, its errors without the PaymentIntent they may name, for a kind whose object is another: a
+ * refund's or a change's error names the charge's PaymentIntent, known already. Recorded as the
+ * operation's external id (replacing a refund's re_ once known), it would make the next attempt retrieve
+ * a refund by a PaymentIntent's id (a 404: held for a person), or a change that has no retrieve.
  */
-export function namingNoObject(err: unknown): unknown {
-  if (err instanceof AmbiguousOutcome && err.externalId !== undefined) {
-    return new AmbiguousOutcome(err.message, err.httpStatus, undefined, { cause: err, requestId: err.requestId });
-  }
-  if (err instanceof Declined && err.externalId !== undefined) {
-    return new Declined(err.message, err.httpStatus, undefined, { cause: err, requestId: err.requestId });
-  }
-  return err;
+export function namingNoIntent<T>(call: Promise<T>): Promise<T> {
+  return call.catch((err: unknown) => {
+    if (err instanceof AmbiguousOutcome && err.externalId !== undefined) {
+      throw new AmbiguousOutcome(err.message, err.httpStatus, undefined, { cause: err, requestId: err.requestId });
+    }
+    if (err instanceof Declined && err.externalId !== undefined) {
+      throw new Declined(err.message, err.httpStatus, undefined, { cause: err, requestId: err.requestId });
+    }
+    throw err;
+  });
 }
 
 /** 400 idempotency_error: the same key was sent with other parameters. A bug in key design, never normal. */

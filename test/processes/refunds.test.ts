@@ -231,6 +231,14 @@ describe('carrying a refund out (POST /v1/refunds under refund-op:<id>)', () => 
     const second = await run(op, fence);
     expect(second).toMatchObject({ call: 'create', operation: { status: 'succeeded', external_id: expect.stringMatching(/^re_/) } });
     expect(refundsOf(op)).toHaveLength(1);
+
+    // A refund pending, known by its re_: a retrieve answered so keeps it.
+    const pending = await requested(charge, 200);
+    e.emulator.addFault({ match: { operationId: pending }, fault: { kind: 'refund_status', status: 'pending' } });
+    const known = (await run(pending)).operation.external_id;
+    expect(known).toMatch(/^re_/);
+    e.emulator.addFault({ endpoint: 'retrieve_refund', fault: { kind: 'error_before_commit', status: 500, paymentIntent: pi }, count: 1 });
+    expect(await run(pending)).toMatchObject({ call: 'retrieve', operation: { status: 'unknown', external_id: known } });
   });
 
   it('pending is not success: unknown with the re_, then settled by retrieve (never a second create); failed → failed', async () => {

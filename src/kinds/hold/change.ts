@@ -5,7 +5,7 @@
 // twice, even once its key is forgotten: the key only replays the first answer.
 import type { EffectCalls, KindEvidence, KindNaming, Refuse } from '../../types/kind.ts';
 import { isOperationId, type Operation, type Outcome } from '../../types/operation.ts';
-import { accountOf, namingNoObject, Rejected, type Charge, type PaymentGateway, type StripeAccount } from '../../stripe/gateway.ts';
+import { accountOf, namingNoIntent, Rejected, type Charge, type PaymentGateway, type StripeAccount } from '../../stripe/gateway.ts';
 
 /** What a capture or a cancel keeps in its payload: the charge's PaymentIntent and account, the
  * caller's key as given (effect_key is `<charge operation id>/<key>`), and a cancel's reason. */
@@ -54,17 +54,17 @@ function fromIntent(rules: ChangeRules, op: Operation, pi: Charge, held: 'ambigu
 export function changeCalls(rules: ChangeRules, gateway: PaymentGateway): EffectCalls {
   /** The PaymentIntent as it is now; `held`: what a still-held authorization means after this call. */
   const read = (held: 'ambiguous' | 'not_done') => async (op: Operation) =>
-    fromIntent(rules, op, await gateway.retrieveCharge(changePayloadOf(op).payment_intent, accountOf(op)), held);
+    fromIntent(rules, op, await namingNoIntent(gateway.retrieveCharge(changePayloadOf(op).payment_intent, accountOf(op))), held);
   return {
     create: async (op) => {
       try {
-        return fromIntent(rules, op, await rules.send(gateway, op, changePayloadOf(op), accountOf(op)), 'ambiguous');
+        // The PaymentIntent an error names is the charge's, known already, not an object of this change:
+        // without it, the next attempt sends the change again rather than only reading it.
+        return fromIntent(rules, op, await namingNoIntent(rules.send(gateway, op, changePayloadOf(op), accountOf(op))), 'ambiguous');
       } catch (err) {
         // Refused by the PaymentIntent's state (already captured, cancelled, expired): what it shows decides.
         if (err instanceof Rejected && err.code === 'payment_intent_unexpected_state') return read('ambiguous')(op);
-        // The PaymentIntent an error names is the charge's, known already, not an object of this change:
-        // without it, the next attempt sends the change again rather than only reading it.
-        throw namingNoObject(err);
+        throw err;
       }
     },
     // Read without sending (the sweep's search is read-only): still held, so sending it is safe and due.

@@ -3,15 +3,16 @@
 // id, never created again.
 import type { EffectCalls } from '../../types/kind.ts';
 import type { LoadedOperation, Operation, Outcome } from '../../types/operation.ts';
-import { accountOf, FAILED_REFUND_STATUSES, namingNoObject, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
+import { accountOf, FAILED_REFUND_STATUSES, namingNoIntent, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
 import { payloadOf, refundMismatch } from './evidence.ts';
 
 export function refundCalls(gateway: PaymentGateway): EffectCalls {
   return {
+    // The refund's id (re_…) comes only from a Refund; a PaymentIntent an error names is the charge's.
     create: async (op) => {
       const { payment_intent, reason, reverse_transfer, refund_application_fee } = payloadOf(op);
-      const refund = await gateway
-        .createRefund({
+      const refund = await namingNoIntent(
+        gateway.createRefund({
           operationId: op.id,
           paymentIntent: payment_intent,
           amount: op.amount!, // a refund has one (payment_operations_money_check)
@@ -20,15 +21,14 @@ export function refundCalls(gateway: PaymentGateway): EffectCalls {
           account: accountOf(op),
           reverseTransfer: reverse_transfer === true,
           refundApplicationFee: refund_application_fee === true,
-        })
-        // The PaymentIntent an error names is the charge's: the refund's id is re_…, learnt from a reply.
-        .catch((err: unknown) => Promise.reject(namingNoObject(err)));
+        }),
+      );
       return fromRefund(op, refund);
     },
-    retrieve: async (op) => fromRefund(op, await gateway.retrieveRefund(op.external_id!, accountOf(op))),
+    retrieve: async (op) => fromRefund(op, await namingNoIntent(gateway.retrieveRefund(op.external_id!, accountOf(op)))),
     search: async (op) => {
       // A list, not a search: what it shows is current, so the one match settles by its own status.
-      const mine = (await gateway.findRefunds(payloadOf(op).payment_intent, accountOf(op))).filter((r) => r.operationId === op.id);
+      const mine = (await namingNoIntent(gateway.findRefunds(payloadOf(op).payment_intent, accountOf(op)))).filter((r) => r.operationId === op.id);
       if (mine.length === 1) return fromRefund(op, mine[0]!);
       return fromList(op, mine);
     },
