@@ -31,10 +31,10 @@ export interface RetentionDays {
  * never taken (JOB_RETENTION in src/outbox/outbox.ts), which delivered them before. */
 export const SETTLEMENT_EVENT_RETENTION_DAYS = 14;
 
-/** How long a transactional subscriber's consumption of an event is kept: longer than any other copy of
- * the event can live, 14 days waiting in its queue, a few hours of retries, then 30 in `settled_dead`
+/** How long a transactional subscriber's consumption of an event is kept: longer than another copy of
+ * the event lives, 14 days waiting in its queue, some hours of retries, then 30 in `settled_dead`
  * (src/outbox/settlements.ts), from which `settlements redrive` may send it back for 14 more. A copy
- * arriving later would be consumed again. */
+ * arriving later (dead-lettered and redriven again) would be consumed again. */
 export const SETTLEMENT_CONSUMPTION_RETENTION_DAYS = 60;
 
 export const DEFAULT_RETENTION_DAYS: RetentionDays = { operationEvents: 90, audit: 365, webhookEvents: 30 };

@@ -73,7 +73,7 @@ export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
      select count(*)::int as deleted from gone`,
   ),
 
-  /** A transactional subscriber's consumption of an event is kept while another copy of the event could
+  /** A transactional subscriber's consumption of an event is kept while another copy of the event may
    * still reach it: the $2 oldest made over $1 days ago, read through their index (drizzle/0027), deleted
    * where they lie (a row is never updated, so it does not move). Fewer than $2 deleted: none is left. */
   pruneSettlementConsumption: statement<[retentionDays: number, scan: number]>(
