@@ -389,7 +389,7 @@ describe('dispatcher (in-process)', () => {
       expect(await operation(t, ahead)).toMatchObject({ status: 'succeeded', attempts: 1 });
     } finally {
       await a.stop();
-      await t.pool.query(`drop trigger if exists fail_renewal on outboxd.payment_operations`);
+      await t.pool.query(`drop trigger if exists fail_renewal on outboxd.payment_operations; drop function if exists outboxd.fail_renewal()`);
     }
   });
 
@@ -414,7 +414,7 @@ describe('dispatcher (in-process)', () => {
     } finally {
       await t.pool.query(`select pg_cancel_backend(pid) ${asleep}`);
       await a.stop();
-      await t.pool.query(`drop trigger if exists hang_renewal on outboxd.payment_operations`);
+      await t.pool.query(`drop trigger if exists hang_renewal on outboxd.payment_operations; drop function if exists outboxd.hang_renewal()`);
     }
   });
 
@@ -437,7 +437,7 @@ describe('dispatcher (in-process)', () => {
     } finally {
       await t.pool.query(`select pg_cancel_backend(pid) ${asleep}`);
       await a.stop();
-      await t.pool.query(`drop trigger if exists slow_renewal on outboxd.payment_operations`);
+      await t.pool.query(`drop trigger if exists slow_renewal on outboxd.payment_operations; drop function if exists outboxd.slow_renewal()`);
     }
   });
 
