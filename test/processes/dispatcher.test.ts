@@ -335,6 +335,20 @@ describe('dispatcher (in-process)', () => {
     await waitUntil(async () => (await operation(t, ahead)).lease_owner === 'replica-a', 3_000, 'the third claimed ahead');
     return { ahead, slow: ops.filter((op) => op !== ahead) };
   };
+  /** Every renewal of `op`'s lease (an update under the same fence to a later lease end) runs `body`
+   * (plpgsql) first, until removeRenewalFault. */
+  const onRenewalOf = async (op: string, body: string) => {
+    await t.pool.query(`create or replace function outboxd.renewal_fault() returns trigger language plpgsql as $$
+      begin if new.fence = old.fence and new.lease_expires_at > old.lease_expires_at then ${body}; end if; return new; end $$`);
+    await t.pool.query(`create trigger renewal_fault before update on outboxd.payment_operations for each row when (old.id = '${op}') execute function outboxd.renewal_fault()`);
+  };
+  const removeRenewalFault = async () => {
+    await t.pool.query(`select pg_cancel_backend(pid) ${ASLEEP}`);
+    await t.pool.query('drop trigger if exists renewal_fault on outboxd.payment_operations; drop function if exists outboxd.renewal_fault()');
+  };
+  /** This database's sessions in pg_sleep (a renewal a fault holds up), but this one. */
+  const ASLEEP = `from pg_stat_activity where wait_event = 'PgSleep' and datname = current_database() and pid <> pg_backend_pid()`;
+  const sleeping = async () => Number((await t.pool.query(`select count(*) ${ASLEEP}`)).rows[0].count);
 
   it('a claim made ahead of a slot and taken over while it waits sends nothing', async () => {
     const ops = await threeSlowCalls(4_000);
@@ -377,9 +391,7 @@ describe('dispatcher (in-process)', () => {
       const { ahead, slow } = await claimWaiting(ops);
       // Its renewals (the same fence, a later lease end) fail, as with a database that does not answer; a
       // new claim (a new fence) does not.
-      await t.pool.query(`create or replace function outboxd.fail_renewal() returns trigger language plpgsql as $$
-        begin if new.fence = old.fence and new.lease_expires_at > old.lease_expires_at then raise exception 'renewal refused (injected)'; end if; return new; end $$`);
-      await t.pool.query(`create trigger fail_renewal before update on outboxd.payment_operations for each row when (old.id = '${ahead}') execute function outboxd.fail_renewal()`);
+      await onRenewalOf(ahead, `raise exception 'renewal refused (injected)'`);
       await waitUntil(async () => (await Promise.all(slow.map(settled))).every(Boolean), 20_000, 'the slow calls to settle');
       const rescheduled = async () => (await a.metrics.jobs.get()).values.find((v) => v.labels.result === 'rescheduled')?.value ?? 0;
       await waitUntil(async () => (await rescheduled()) === 1, 10_000, 'the claim given back');
@@ -389,7 +401,7 @@ describe('dispatcher (in-process)', () => {
       expect(await operation(t, ahead)).toMatchObject({ status: 'succeeded', attempts: 1 });
     } finally {
       await a.stop();
-      await t.pool.query(`drop trigger if exists fail_renewal on outboxd.payment_operations; drop function if exists outboxd.fail_renewal()`);
+      await removeRenewalFault();
     }
   });
 
@@ -397,14 +409,10 @@ describe('dispatcher (in-process)', () => {
     const ops = await threeSlowCalls(2_500);
     // Renewals every 2 s; the local deadline 5 s after the last one that succeeded.
     const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 6_000 });
-    const asleep = `from pg_stat_activity where wait_event = 'PgSleep' and datname = current_database() and pid <> pg_backend_pid()`;
-    const sleeping = async () => Number((await t.pool.query(`select count(*) ${asleep}`)).rows[0].count);
     try {
       const { ahead } = await claimWaiting(ops);
       // From now on its renewals hang (30 s): the one in flight when the slot comes is the one it confirms with.
-      await t.pool.query(`create or replace function outboxd.hang_renewal() returns trigger language plpgsql as $$
-        begin if new.fence = old.fence and new.lease_expires_at > old.lease_expires_at then perform pg_sleep(30); end if; return new; end $$`);
-      await t.pool.query(`create trigger hang_renewal before update on outboxd.payment_operations for each row when (old.id = '${ahead}') execute function outboxd.hang_renewal()`);
+      await onRenewalOf(ahead, 'perform pg_sleep(30)');
       // Given back: its lease's release waits on the hung renewal's row lock (lock_timeout), so the job
       // goes back to pg-boss to be retried, and its slot is free.
       const jobState = async () => (await t.pool.query(`select state from pgboss.job where name = 'charge' and data->>'operationId' = $1`, [ahead])).rows[0]?.state;
@@ -412,32 +420,27 @@ describe('dispatcher (in-process)', () => {
       expect(await sleeping()).toBeGreaterThan(0); // the renewal still hangs
       expect(createsFor(ahead)).toHaveLength(0);
     } finally {
-      await t.pool.query(`select pg_cancel_backend(pid) ${asleep}`);
+      await removeRenewalFault();
       await a.stop();
-      await t.pool.query(`drop trigger if exists hang_renewal on outboxd.payment_operations; drop function if exists outboxd.hang_renewal()`);
     }
   });
 
   it('a drain while a claim made ahead confirms its lease gives it up with the calls in flight: its lease is not released under it, nothing is sent', async () => {
     const ops = await threeSlowCalls(2_500);
     const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 30_000 });
-    const asleep = `from pg_stat_activity where wait_event = 'PgSleep' and datname = current_database() and pid <> pg_backend_pid()`;
     try {
       const { ahead } = await claimWaiting(ops);
       // The renewal it confirms with when its slot comes takes 3 s, then succeeds.
-      await t.pool.query(`create or replace function outboxd.slow_renewal() returns trigger language plpgsql as $$
-        begin if new.fence = old.fence and new.lease_expires_at > old.lease_expires_at then perform pg_sleep(3); end if; return new; end $$`);
-      await t.pool.query(`create trigger slow_renewal before update on outboxd.payment_operations for each row when (old.id = '${ahead}') execute function outboxd.slow_renewal()`);
-      await waitUntil(async () => Number((await t.pool.query(`select count(*) ${asleep}`)).rows[0].count) > 0, 10_000, 'the confirming renewal');
+      await onRenewalOf(ahead, 'perform pg_sleep(3)');
+      await waitUntil(async () => (await sleeping()) > 0, 10_000, 'the confirming renewal');
       // The grace is over at once: the drain gives up what is in flight and releases the other leases.
       await a.dispatcher.drain(0);
-      await waitUntil(async () => Number((await t.pool.query(`select count(*) ${asleep}`)).rows[0].count) === 0, 10_000, 'the renewal to end');
+      await waitUntil(async () => (await sleeping()) === 0, 10_000, 'the renewal to end');
       await new Promise((resolve) => setTimeout(resolve, 500));
       expect(createsFor(ahead)).toHaveLength(0);
     } finally {
-      await t.pool.query(`select pg_cancel_backend(pid) ${asleep}`);
+      await removeRenewalFault();
       await a.stop();
-      await t.pool.query(`drop trigger if exists slow_renewal on outboxd.payment_operations; drop function if exists outboxd.slow_renewal()`);
     }
   });
 
