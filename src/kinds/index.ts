@@ -6,6 +6,9 @@ import { Kinds } from '../engine/kinds.ts';
 import type { KindEvidence, KindNaming } from '../types/kind.ts';
 import type { PaymentGateway } from '../stripe/gateway.ts';
 import type { Queryable } from '../db/pool.ts';
+import { RECONCILE_QUEUE } from '../outbox/outbox.ts';
+import { PRUNE_QUEUE } from '../outbox/retention.ts';
+import { SETTLED_QUEUE } from '../outbox/settlements.ts';
 import { applicationKind, type EffectDefinitions } from './application/definition.ts';
 import { chargeKind } from './charge/index.ts';
 import { CHARGE, CHARGE_NAMING } from './charge/evidence.ts';
@@ -24,8 +27,10 @@ const BUILT_IN = [
   { kind: CANCEL, naming: CANCEL_NAMING, bind: cancelKind },
 ];
 
-/** Names an application's kind may not take: outboxd's own kinds and queues (a kind's name is its queue's). */
-export const RESERVED_KINDS: ReadonlySet<string> = new Set([...BUILT_IN_KINDS, 'settled', 'reconcile']);
+/** Names an application's kind may not take: outboxd's own kinds and queues (a kind's name is its queue's;
+ * pg-boss creates none twice, so a kind named as one would run on that queue's policy, and its worker and
+ * outboxd's take each other's jobs). Dead letters' names are refused by their suffix. */
+export const RESERVED_KINDS: ReadonlySet<string> = new Set([...BUILT_IN_KINDS, SETTLED_QUEUE, RECONCILE_QUEUE, PRUNE_QUEUE]);
 
 /** The registry a process's engine receives: the built-in kinds on `gateway`, and the application's. */
 export function kindsFor(gateway: PaymentGateway, defined?: EffectDefinitions): Kinds {

@@ -106,6 +106,8 @@ describe('defining an effect: its policy is declared, and checked', () => {
     ['a built-in kind', 'refund', { policy: 'at-least-once', execute }, /reserved/],
     ['a built-in kind since authorizations', 'capture', { policy: 'at-least-once', execute }, /reserved/],
     ['a queue of outboxd’s', 'settled', { policy: 'at-least-once', execute }, /reserved/],
+    ['the reconcile sweep’s queue', 'reconcile', { policy: 'at-least-once', execute }, /reserved/],
+    ['the retention job’s queue', 'prune', { policy: 'at-least-once', execute }, /reserved/],
     ['a dead letter’s name', 'receipt_dead', { policy: 'at-least-once', execute }, /reserved/],
     ['Stripe’s policy', 'receipt', { policy: 'idempotent-key', execute }, /at-least-once or reconcile-before-retry/],
     ['no policy', 'receipt', { execute }, /policy must be/],
