@@ -3,6 +3,7 @@
 // bounded and is no attempt, and Stripe's 429s are told apart by code. Connect: each connected account's
 // requests take from its own bucket and the platform's; one busy account starves neither.
 import { randomUUID } from 'node:crypto';
+import pg from 'pg';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createPool, type Pool } from '../../src/db/pool.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
@@ -109,6 +110,28 @@ describe('the shared bucket', () => {
       expect(total).toBeGreaterThan(rate / 2);
     } finally {
       await sessions.end();
+    }
+  });
+
+  it("a take whose transaction began long before (a process stalled between a pooler's begin and its take) credits no interval twice", async () => {
+    const [rate, capacity] = [10, 4];
+    const name = `lagging_${randomUUID().slice(0, 8)}`;
+    const take = async (db: { query: pg.Pool['query'] }) => (await db.query(t.pool.sql.takeRateBudget(name, rate, capacity, capacity, false, 1))).rows[0].granted as number;
+    await t.pool.query(t.pool.sql.ensureRateBudget(name));
+    const lagging = new pg.Client({ connectionString: t.url });
+    await lagging.connect();
+    try {
+      await lagging.query('begin'); // its now() is from here
+      await sleep(1_600);
+      const started = performance.now();
+      const first = await take(t.pool); // the bucket full: capacity
+      const late = await take(lagging);
+      await lagging.query('commit');
+      const second = await take(t.pool);
+      const elapsed = (performance.now() - started) / 1000;
+      expect(first + late + second).toBeLessThanOrEqual(capacity + rate * elapsed + 1);
+    } finally {
+      await lagging.end();
     }
   });
 
