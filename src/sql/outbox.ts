@@ -33,7 +33,8 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
        from taken join ${s}.payment_operations op on op.id = taken.operation_id and ${byIds('op', 'array(select operation_id from taken)')}
        order by taken.id`;
   /** The advisory lock between a relay's pass over settlement events (shared) and the switch to the
-   * unnamed handlers' table (exclusive): no pass that began before the switch is still taking rows after it. */
+   * unnamed handlers' table (exclusive): no pass that began before the switch is still taking rows after
+   * it, and one that waited for it takes none the old way (takeSettlementBatchForQueue). */
   const SWITCH_LOCK = `hashtextextended('${schema}.settlement_delivery', 0)`;
   /** The oldest settlement_outbox rows no other relay holds, matching `where`: their ids as an array, as
    * byIds names them (src/sql/context.ts), since `id in (…)` was hashed against the whole table. */
@@ -123,10 +124,12 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
 
     /** As takeSettlementBatch, while the unnamed handlers do not take events from their table: the rows go,
      * as their jobs on the queue `settled` are made (releases before did only this); not one a delivery
-     * holds (the switch was undone under it). */
+     * holds (the switch was undone under it). None once the switch is read made: settlementRelayMode read
+     * the mode in a snapshot taken before it waited for the switch's lock, this statement's comes after. */
     takeSettlementBatchForQueue: statement<[limit: number, event: string]>(
       'outboxd_take_settlement_batch_for_queue',
-      relayedEvents(`delete from ${s}.settlement_outbox where ${oldest('leased_until is null or leased_until < now()')}
+      relayedEvents(`delete from ${s}.settlement_outbox
+         where ${oldest(`(leased_until is null or leased_until < now()) and not exists (select 1 from ${s}.settlement_delivery)`)}
          returning id, operation_id, source, created_at, fanned_out`),
     ),
 

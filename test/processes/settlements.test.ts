@@ -19,7 +19,7 @@ import { executeOperation } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
 import { settleFromOutside, StaleFenceError } from '../../src/engine/operation.ts';
 import { reconcileSweep } from '../../src/reconcile/sweep.ts';
-import { redriveSettlements, SETTLED_DEAD_QUEUE, SETTLED_QUEUE, subscribeSettlements } from '../../src/outbox/settlements.ts';
+import { redriveSettlements, relaySettlements, SETTLED_DEAD_QUEUE, SETTLED_QUEUE, subscribeSettlements } from '../../src/outbox/settlements.ts';
 import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
 import { waitUntil } from '../../harness/replica.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
@@ -196,6 +196,28 @@ describe('every settlement writes its event with the status change', () => {
     } finally {
       relayPass.release();
       await t.pool.query(`insert into outboxd.settlement_delivery default values on conflict do nothing`);
+    }
+  });
+
+  it('a pass that waited for the switch (its mode read in a snapshot from before) takes no row the old way after it', async () => {
+    await t.pool.query(`delete from outboxd.settlement_delivery`);
+    const op = await confirm(t);
+    await executeOperation(t.pool, kindsFor(new FakeStripe()), op, await claim(t, op)); // its event waits in the table, not relayed
+    const switching = await t.pool.connect();
+    try {
+      await switching.query('begin');
+      await switching.query(t.pool.sql.deliverFromTable());
+      // The pass waits on the switch's lock, its first statement's snapshot taken before the switch commits.
+      const pass = relaySettlements(t.pool, t.boss, 10);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      await switching.query('commit');
+      await pass;
+      expect(await events(op)).toEqual([{ source: 'dispatcher' }]); // left for the unnamed handlers
+      expect(await jobs(SETTLED_QUEUE, op)).toEqual([]);
+    } finally {
+      switching.release();
+      await t.pool.query(`insert into outboxd.settlement_delivery default values on conflict do nothing`);
+      await t.pool.query(`delete from outboxd.settlement_outbox where operation_id = $1`, [op]);
     }
   });
 
