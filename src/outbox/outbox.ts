@@ -85,6 +85,13 @@ async function ensureKindQueues(boss: PgBoss, kind: string): Promise<void> {
   known.add(kind);
 }
 
+/** Seen to exist no longer (deleted since, by an operator retiring a kind while rows of it still waited):
+ * the next relayed row creates its queues again, rather than every pass failing on it, and with it every
+ * row of every kind taken in the same batch. */
+function forgetKindQueues(boss: PgBoss, kind: string): void {
+  knownQueues.get(boss)?.delete(kind);
+}
+
 /** Whether a worker on `connection` can LISTEN: on a URL, with a session connection for it (which
  * DATABASE_URL itself is unless it is a transaction pooler's); never on an application's pool. */
 export const listensOn = (connection: string | pg.Pool, directUrl?: string): boolean =>
@@ -195,7 +202,10 @@ async function relayOperations(db: Pool, boss: PgBoss, limit: number): Promise<n
       });
       for (const [kind, jobs] of byKind) {
         await ensureKindQueues(boss, kind);
-        await untraced(() => boss.insert(queueFor(kind), jobs, { db: bossDb(tx) }));
+        await untraced(() => boss.insert(queueFor(kind), jobs, { db: bossDb(tx) })).catch((err: unknown) => {
+          forgetKindQueues(boss, kind);
+          throw err;
+        });
       }
     });
     return rows.length;

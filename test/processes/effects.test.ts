@@ -20,7 +20,7 @@ import { createTestDatabase, inAppTransaction, type TestDb } from '../support/db
 import { startDispatcher } from '../support/dispatcher.ts';
 import { FakeStripe } from '../support/fakeStripe.ts';
 import { acquireLease } from '../../src/engine/operation.ts';
-import { claim, operation, relay } from '../support/fixtures.ts';
+import { claim, confirm, operation, relay } from '../support/fixtures.ts';
 import { waitUntil } from '../../harness/replica.ts';
 
 // startWorker reads the worker's settings from the environment, as `outboxd worker` does.
@@ -135,6 +135,19 @@ describe('requestEffect: in the caller’s transaction, unique per kind and key'
     const { rows } = await t.pool.query(`select kind from outboxd.charge_outbox where operation_id = $1`, [op]);
     expect(rows).toEqual([{ kind: 'receipt' }]);
     expect(await o.getOperation(op)).toMatchObject({ kind: 'receipt', policy: 'at-least-once', key: 'order-1:receipt', payload: { email: 'a@example.com' }, orderId: null });
+  });
+
+  it('a kind whose queue was deleted after the relay saw it (a kind retired while rows waited) is relayed again, its queue made anew, and holds up no other row', async () => {
+    const retired = app({ retired_note: receipts().def });
+    await request(retired, 'retired_note', {});
+    await relay(t); // its queues made, and known to this process's relay
+    await t.boss.deleteQueue('retired_note');
+    const late = await request(retired, 'retired_note', {});
+    const charge = await confirm(t);
+    await expect(relay(t)).rejects.toThrow(/retired_note/); // the batch with its row fails once
+    expect(await relay(t)).toBe(2); // then both rows go, its queue made again
+    const queued = async (queue: string, op: string) => (await t.pool.query(`select 1 from pgboss.job where name = $1 and data->>'operationId' = $2`, [queue, op])).rows.length;
+    expect([await queued('retired_note', late), await queued('charge', charge)]).toEqual([1, 1]);
   });
 
   it('the same key again is the same operation; with another payload it is refused', async () => {
