@@ -26,9 +26,10 @@ export const budgetStatements = ({ s, statement }: SqlContext) => ({
    * than the last take's. refilled_at only moves forward, so no interval is credited twice, unless it is
    * over a second ahead: the database clock stepped back (a failover to a standby whose clock lags), and
    * refilling from the clock (nothing for the step itself) keeps the bucket bounded without freezing it
-   * until the clock catches up; a short_at ahead likewise yields no longer than $6 s. $5: a background
-   * take, granted nothing while a dispatch take anywhere came up short in the last $6 s; a dispatch take
-   * that comes up short records when. No row: the bucket does not exist yet (ensureRateBudget).
+   * until the clock catches up. $5: a background take, granted nothing while a dispatch take anywhere came
+   * up short in the last $6 s; a dispatch take that comes up short records when. A short_at ahead of the
+   * clock (written by a take whose clock ran ahead) yields until it passes, but over a minute ahead it is a
+   * clock that stepped back, not a shortage, and yields nothing. No row: the bucket does not exist yet (ensureRateBudget).
    */
   takeRateBudget: statement<[name: string, rate: number, capacity: number, want: number, background: boolean, yieldSeconds: number]>(
     'outboxd_take_rate_budget',
