@@ -454,6 +454,9 @@ export class Dispatcher {
       endCall?.();
       this.givingBack.add(operationId);
       try {
+        // A renewal given up at the lease's deadline may still run, holding the row's lock: the give-back
+        // waits for it (its slot already free), rather than for a lock_timeout that would leave it counted.
+        await held.idle();
         return await this.giveBack(job, kind, operationId, fence, lease.begun, policy);
       } catch (err) {
         opLog.warn({ err }, 'could not give back a claim that sent nothing: its lease expires');

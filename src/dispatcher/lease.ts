@@ -18,6 +18,8 @@ export interface LocalLease {
   confirm(maxAgeMs: number): Promise<void>;
   /** The call is over: no more renewals. */
   stop(): void;
+  /** Resolves once no renewal is in flight (one holds the operation's row lock until it ends). */
+  idle(): Promise<void>;
 }
 
 /** Kept this far before the TTL runs out: for the two clocks' drift and the abort to take effect. */
@@ -99,5 +101,6 @@ export function keepLease(
       clearInterval(renewal);
       clearTimeout(timer);
     },
+    idle: async () => void (await renewing),
   };
 }

@@ -405,20 +405,26 @@ describe('dispatcher (in-process)', () => {
     }
   });
 
-  it('a claim made ahead whose renewal hangs when its slot comes gives the slot back at its lease deadline, not when the renewal returns', async () => {
-    const ops = await threeSlowCalls(2_500);
-    // Renewals every 2 s; the local deadline 5 s after the last one that succeeded.
-    const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 6_000 });
+  it('a claim made ahead whose renewal hangs when its slot comes sends nothing, and is given back uncounted once the renewal ends', async () => {
+    const ops = await threeSlowCalls(4_000);
+    // Renewals every 3 s; the local deadline 8 s after the claim, the last renewal that succeeded.
+    const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 9_000 });
     try {
       const { ahead } = await claimWaiting(ops);
-      // From now on its renewals hang (30 s): the one in flight when the slot comes is the one it confirms with.
-      await onRenewalOf(ahead, 'perform pg_sleep(30)');
-      // Given back: its lease's release waits on the hung renewal's row lock (lock_timeout), so the job
-      // goes back to pg-boss to be retried, and its slot is free.
-      const jobState = async () => (await t.pool.query(`select state from pgboss.job where name = 'charge' and data->>'operationId' = $1`, [ahead])).rows[0]?.state;
-      await waitUntil(async () => (await jobState()) !== 'active', 25_000, 'the claim given back');
-      expect(await sleeping()).toBeGreaterThan(0); // the renewal still hangs
+      // From now on its renewals hang: the one in flight when the slot comes (4 s) is the one it confirms with.
+      await onRenewalOf(ahead, 'perform pg_sleep(60)');
+      // Past the deadline, and past the lock_timeout (5 s) that a give-back queued on the hung renewal's
+      // row lock would have met, leaving the claim counted.
+      await new Promise((resolve) => setTimeout(resolve, 15_000));
+      expect(await sleeping()).toBeGreaterThan(0);
       expect(createsFor(ahead)).toHaveLength(0);
+      await removeRenewalFault(); // the renewal ends (cancelled)
+      const rescheduled = async () => (await a.metrics.jobs.get()).values.find((v) => v.labels.result === 'rescheduled')?.value ?? 0;
+      await waitUntil(async () => (await rescheduled()) === 1, 10_000, 'the claim given back');
+      // Its fresh job's claim sends the one create, counted once: the given-back claim counted nothing.
+      await waitUntil(() => settled(ahead), 20_000, 'the operation');
+      expect(createsFor(ahead)).toHaveLength(1);
+      expect(await operation(t, ahead)).toMatchObject({ status: 'succeeded', attempts: 1 });
     } finally {
       await removeRenewalFault();
       await a.stop();
@@ -430,12 +436,12 @@ describe('dispatcher (in-process)', () => {
     const a = await dispatcher('replica-a', { concurrency: 2, leaseTtlMs: 30_000 });
     try {
       const { ahead } = await claimWaiting(ops);
-      // The renewal it confirms with when its slot comes takes 3 s, then succeeds.
-      await onRenewalOf(ahead, 'perform pg_sleep(3)');
+      // The renewal it confirms with when its slot comes takes 6 s, then succeeds.
+      await onRenewalOf(ahead, 'perform pg_sleep(6)');
       await waitUntil(async () => (await sleeping()) > 0, 10_000, 'the confirming renewal');
       // The grace is over at once: the drain gives up what is in flight and releases the other leases.
       await a.dispatcher.drain(0);
-      await waitUntil(async () => (await sleeping()) === 0, 10_000, 'the renewal to end');
+      await waitUntil(async () => (await sleeping()) === 0, 15_000, 'the renewal to end');
       await new Promise((resolve) => setTimeout(resolve, 500));
       expect(createsFor(ahead)).toHaveLength(0);
     } finally {

@@ -209,7 +209,7 @@ describe('every settlement writes its event with the status change', () => {
       await switching.query(t.pool.sql.deliverFromTable());
       // The pass waits on the switch's lock, its first statement's snapshot taken before the switch commits.
       const pass = relaySettlements(t.pool, t.boss, 10);
-      await new Promise((resolve) => setTimeout(resolve, 300));
+      await waitUntil(async () => (await t.pool.query(`select count(*)::int as n from pg_locks where locktype = 'advisory' and not granted`)).rows[0].n > 0, 10_000, 'the pass to wait');
       await switching.query('commit');
       await pass;
       expect(await events(op)).toEqual([{ source: 'dispatcher' }]); // left for the unnamed handlers

@@ -1,0 +1,21 @@
+// A claim's local lease (src/dispatcher/lease.ts) as the dispatcher's slot sees it: confirming the lease
+// before a call never holds the slot past the lease's own deadline, whatever the database does.
+import { expect, it } from 'vitest';
+import { keepLease } from '../../src/dispatcher/lease.ts';
+import { CallAbandoned } from '../../src/engine/executor.ts';
+import { createLogger } from '../../src/telemetry/log.ts';
+
+it('confirm() waits for a renewal that hangs no longer than the lease’s deadline, which gives the call up', async () => {
+  const call = new AbortController();
+  let renewals = 0;
+  const held = keepLease(call, { ttlMs: 600, claimSentAt: performance.now(), renew: () => (renewals++, new Promise<boolean>(() => {})), log: createLogger('silent') });
+  try {
+    await new Promise((resolve) => setTimeout(resolve, 300)); // a renewal (every 250 ms) hangs in flight
+    expect(renewals).toBe(1);
+    await held.confirm(100); // the deadline: 600 ms less its margin
+    expect(call.signal.reason).toBeInstanceOf(CallAbandoned);
+    expect(renewals).toBe(1); // it waited for the one in flight, sent no other
+  } finally {
+    held.stop();
+  }
+});
