@@ -234,5 +234,6 @@ export function sharedFor<T>(ms: number, read: () => Promise<T>, waitMs = SHARED
 
 /** `read`'s first row, read once for every gauge of a scrape that asks within half a second. */
 function perScrape<T>(read: () => Promise<{ rows: unknown[] }>): () => Promise<T> {
-  return sharedFor(500, () => read().then((x) => x.rows[0] as T));
+  // Shared for less long than a scrape is: the next scrape after a hung one reads these anew too.
+  return sharedFor(500, () => read().then((x) => x.rows[0] as T), SHARED_READ_WAIT_MS / 2);
 }
