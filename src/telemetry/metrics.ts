@@ -234,6 +234,5 @@ export function sharedFor<T>(ms: number, read: () => Promise<T>, waitMs = SHARED
 
 /** `read`'s first row, read once for every gauge of a scrape that asks within half a second. */
 function perScrape<T>(read: () => Promise<{ rows: unknown[] }>): () => Promise<T> {
-  // Shared for less long than a scrape is: the next scrape after a hung one reads these anew too.
-  return sharedFor(500, () => read().then((x) => x.rows[0] as T), SHARED_READ_WAIT_MS / 2);
+  return sharedFor(500, () => read().then((x) => x.rows[0] as T));
 }

@@ -108,6 +108,27 @@ describe('a scrape', () => {
 });
 
 describe('a shared reading', () => {
+  it('a scrape whose database read hangs holds up the scrapes that share it, not the next one after its wait (10 s)', { timeout: 30_000 }, async () => {
+    let hang = true;
+    const db = {
+      sql: t.pool.sql,
+      query: ((q: unknown, v?: unknown) => {
+        if (hang && (q as { name?: string }).name === t.pool.sql.operationHealth().name) {
+          hang = false;
+          return new Promise(() => {}); // a dead connection's answer
+        }
+        return t.pool.query(q as never, v as never);
+      }) as typeof t.pool.query,
+    };
+    const metrics = createMetrics({ db, boss: t.boss });
+    let first = false;
+    void metrics.scrape().then(() => (first = true));
+    await new Promise((resolve) => setTimeout(resolve, 10_500));
+    expect(first).toBe(false);
+    expect(await metrics.scrape()).toContain('outboxd_needs_review');
+  });
+
+
   it('that never ends is shared no longer than its wait: the next scrape reads again', async () => {
     let reads = 0;
     const read = sharedFor(1_000, () => (++reads === 1 ? new Promise<string>(() => {}) : Promise.resolve(`reading ${reads}`)), 200);
