@@ -29,7 +29,8 @@ export const budgetStatements = ({ s, statement }: SqlContext) => ({
    * until the clock catches up. $5: a background take, granted nothing while a dispatch take anywhere came
    * up short in the last $6 s; a dispatch take that comes up short records when. A short_at ahead of the
    * clock (written by a take whose clock ran ahead) yields until it passes, but while over a minute ahead
-   * it is a clock that stepped back, not a shortage, and yields nothing. No row: the bucket does not exist yet (ensureRateBudget).
+   * it is a clock that stepped back, not a shortage, and yields nothing. No row: the bucket does not exist
+   * yet (ensureRateBudget).
    */
   takeRateBudget: statement<[name: string, rate: number, capacity: number, want: number, background: boolean, yieldSeconds: number]>(
     'outboxd_take_rate_budget',
