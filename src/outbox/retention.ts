@@ -73,7 +73,7 @@ export async function pruneHistory(
     };
   };
   /** The batches of a table read oldest first through an index, until one deletes fewer than it may. */
-  const oldestFirst = (statement: ReturnType<Pool['sql']['pruneWebhookEvents']>) => async () => {
+  const oldestFirst = (statement: ReturnType<Pool['sql']['pruneWebhookEvents' | 'pruneSettlementConsumption']>) => async () => {
     const { deleted } = (await pool.query(statement)).rows[0] as { deleted: number };
     return { deleted, done: deleted < scan };
   };

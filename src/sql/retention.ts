@@ -1,6 +1,17 @@
 // The statements of the history around the ledger, pruned past its retention (src/outbox/retention.ts).
 import type { SqlContext } from './context.ts';
 
+/** Deletes the $2 rows of `table` (in schema `s`) whose `at` is oldest and over $1 days ago, read through
+ * an index on `at` (so a batch reads $2 rows however large the table), by `key`; fewer than $2 deleted:
+ * none is left. */
+const deleteOldest = (s: string, table: string, key: string, at: string) =>
+  `with gone as (
+     delete from ${s}.${table} where ${key} = any(array(
+       select ${key} from ${s}.${table} where ${at} < now() - make_interval(days => $1) order by ${at} limit $2))
+     returning 1
+   )
+   select count(*)::int as deleted from gone`;
+
 export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
   /**
    * One batch of the timeline's retention (src/outbox/retention.ts): the $3 oldest rows after id $2, of which
@@ -61,28 +72,18 @@ export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
   ),
 
   /** Stored webhook events are kept for deduplication and evidence, not forever: the $2 oldest received
-   * over $1 days ago, read through their index by arrival (drizzle/0025), so a batch reads $2 rows however
-   * large the table. Their ids are Stripe's, in no order; fewer than $2 deleted: none is left. */
+   * over $1 days ago, read through their index by arrival (drizzle/0025). Their ids are Stripe's, in no
+   * order. */
   pruneWebhookEvents: statement<[retentionDays: number, scan: number]>(
     'outboxd_prune_webhook_events',
-    `with gone as (
-       delete from ${s}.webhook_events where id = any(array(
-         select id from ${s}.webhook_events where received_at < now() - make_interval(days => $1) order by received_at limit $2))
-       returning id
-     )
-     select count(*)::int as deleted from gone`,
+    deleteOldest(s, 'webhook_events', 'id', 'received_at'),
   ),
 
   /** A transactional subscriber's consumption of an event is kept while another copy of the event may
    * still reach it: the $2 oldest made over $1 days ago, read through their index (drizzle/0027), deleted
-   * where they lie (a row is never updated, so it does not move). Fewer than $2 deleted: none is left. */
+   * where they lie (a row is never updated, so it does not move). */
   pruneSettlementConsumption: statement<[retentionDays: number, scan: number]>(
     'outboxd_prune_settlement_consumption',
-    `with gone as (
-       delete from ${s}.settlement_consumption where ctid = any(array(
-         select ctid from ${s}.settlement_consumption where consumed_at < now() - make_interval(days => $1) order by consumed_at limit $2))
-       returning 1
-     )
-     select count(*)::int as deleted from gone`,
+    deleteOldest(s, 'settlement_consumption', 'ctid', 'consumed_at'),
   ),
 });
