@@ -198,6 +198,9 @@ const REJOIN_AFTER_MS = 5_000;
  * (the others poll). Two registering at the same instant may both count the others below it; each one's
  * next renewal counts them all, and one leaves. */
 const MAX_SLEEPERS = 3;
+/** How long stop() waits for a LISTEN still connecting (on a healthy network a few milliseconds), so that
+ * it returns with the connection closed; one slower than that is closed once it is up. */
+const LISTEN_CONNECT_WAIT_MS = 3_000;
 
 /** How often the unnamed handlers look into the pg-boss queue `settled`, where only workers of the release
  * before table delivery put events (a rolling upgrade's): its first loop, and each other. */
@@ -430,8 +433,10 @@ function settlementSleeper(
     },
     async stop(): Promise<void> {
       if (asleepUntil !== undefined) await leave();
-      // A LISTEN still connecting is closed once it is up; stop() does not wait for it.
-      if (handle) await handle.close().catch(onError);
+      let waited: ReturnType<typeof setTimeout> | undefined;
+      const up = await Promise.race([listening, new Promise<undefined>((resolve) => (waited = setTimeout(() => resolve(undefined), LISTEN_CONNECT_WAIT_MS)))]);
+      clearTimeout(waited);
+      if (up) await up.close().catch(onError);
       else void listening.then((h) => h?.close().catch(onError));
     },
   };

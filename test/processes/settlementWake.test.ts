@@ -256,6 +256,26 @@ describe('a delivery that can LISTEN', () => {
     expect(stopped).toBe('stopped');
   });
 
+  it('stop() while its LISTEN still connects (here half a second) returns once that connection is closed, leaving none open', { timeout: 60_000 }, async () => {
+    const listens: string[] = [];
+    const slowListener: Pick<IDatabase, 'listen'> = {
+      listen: async (channel, onNotification, onReconnect) => {
+        await new Promise((r) => setTimeout(r, 500));
+        const handle = await t.boss.getDb().listen!(channel, onNotification, onReconnect);
+        listens.push('up');
+        return {
+          close: async () => {
+            await handle.close();
+            listens.push('closed');
+          },
+        };
+      },
+    };
+    const running = delivery(async () => {}, { listener: slowListener });
+    await running.stop();
+    expect(listens).toEqual(['up', 'closed']);
+  });
+
   it('stop() while the last loop registers, and the registration then fails, returns', { timeout: 60_000 }, async () => {
     // Every statement as the pool runs it, but the registration: refused half a second on, as to a
     // role that may not write settlement_sleepers, after stop() woke the loops.
