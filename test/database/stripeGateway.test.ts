@@ -9,13 +9,18 @@ import { StripeGateway } from '../../src/stripe/sdkGateway.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
 import { claim, confirm, operation } from '../support/fixtures.ts';
+import { waitUntil } from '../../harness/replica.ts';
 
 let t: TestDb;
 let e: RunningEmulator;
 let gateway: StripeGateway;
+/** Gives up on an answer after a second: for the faults that hang or trickle. Every other call has 5 s,
+ * so that a loaded machine's stall is not taken for a lost answer. */
+let impatient: StripeGateway;
 beforeAll(async () => {
   [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
-  gateway = e.gateway({ timeoutMs: 1_000 });
+  gateway = e.gateway({ timeoutMs: 5_000 });
+  impatient = e.gateway({ timeoutMs: 1_000 });
 });
 afterAll(async () => {
   await Promise.all([t.close(), e.close()]);
@@ -46,7 +51,7 @@ describe('executeOperation over HTTP with the real SDK', () => {
       // a reset is resent once by the SDK itself, so that answer must be lost too
       const count = mode === 'reset' ? 2 : 1;
       e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode }, count });
-      const first = await executeOperation(t.pool, kindsFor(gateway), op, fence);
+      const first = await executeOperation(t.pool, kindsFor(impatient), op, fence);
       expect(first.operation).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous' });
       const second = await executeOperation(t.pool, kindsFor(gateway), op, fence);
       expect(second.operation.status).toBe('succeeded');
@@ -77,9 +82,9 @@ describe('executeOperation over HTTP with the real SDK', () => {
   it('409 while the same key executes (a takeover mid-call) → unknown; the stale writer is fenced; one charge', async () => {
     const op = await confirm(t);
     const staleFence = await claim(t, op, 'replica-a');
-    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 2_000 } });
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 5_000 } });
     const slow = executeOperation(t.pool, kindsFor(e.gateway({ timeoutMs: 10_000 })), op, staleFence);
-    await new Promise((r) => setTimeout(r, 300));
+    await waitUntil(() => e.emulator.requests().some((r) => r.operationId === op), 10_000, 'the first create');
     await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
     const fence = await claim(t, op, 'replica-b');
     const during = await executeOperation(t.pool, kindsFor(gateway), op, fence);

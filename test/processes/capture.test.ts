@@ -37,7 +37,7 @@ afterAll(async () => {
 });
 beforeEach(() => e.emulator.clearFaults());
 
-const kinds = () => kindsFor(e.gateway({ timeoutMs: 1_000 }));
+const kinds = () => kindsFor(e.gateway({ timeoutMs: 5_000 }));
 const run = async (op: string) => executeOperation(t.pool, kinds(), op, await claim(t, op));
 const capture = (input: Record<string, unknown>) => inTransaction(t.pool, (tx) => requestCapture(tx, input));
 const cancel = (input: Record<string, unknown>) => inTransaction(t.pool, (tx) => requestCancel(tx, input));

@@ -311,7 +311,7 @@ describe('every kind keeps the lease, the fence and the review queue', () => {
         }),
     };
     const op = await request(app({ slow_receipt: def }), 'slow_receipt', { email: 'g@example.com' });
-    const replica = await startDispatcher(t, new FakeStripe(), 'stalled', { effects: new Map([['slow_receipt', def]]), leaseTtlMs: 1_500 });
+    const replica = await startDispatcher(t, new FakeStripe(), 'stalled', { effects: new Map([['slow_receipt', def]]), leaseTtlMs: 3_000 });
     try {
       await waitUntil(() => seen, 20_000, 'the execution starts');
       expect(seen).toMatchObject({ operationId: op, key: expect.any(String), payload: { email: 'g@example.com' }, attempt: 1 });
@@ -466,7 +466,7 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
     };
     const o = app({ late_hold: def });
     const late = await request(o, 'late_hold', { hang: true });
-    const replica = await startDispatcher(t, new FakeStripe(), 'late-holds', { concurrency: 1, leaseTtlMs: 1_500, effects: new Map([['late_hold', def]]) });
+    const replica = await startDispatcher(t, new FakeStripe(), 'late-holds', { concurrency: 1, leaseTtlMs: 3_000, effects: new Map([['late_hold', def]]) });
     try {
       await waitUntil(() => seen.length === 1, 20_000, 'the call under way');
       const behind = await request(o, 'late_hold', { hang: false });
@@ -474,7 +474,7 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
       expect(seen[0]!.signal.reason).toMatchObject({ name: 'CallTimedOut' });
       await waitUntil(async () => (await replica.metrics.callsOverdue.get()).values[0]!.value === 1, 5_000, 'counted overdue');
       // Several lease terms on, the lease is still this replica's: no claim (a retry, a requeue, a person) checks it now.
-      await new Promise((resolve) => setTimeout(resolve, 3_000));
+      await new Promise((resolve) => setTimeout(resolve, 7_000));
       expect(await operation(t, late)).toMatchObject({ status: 'pending', lease_owner: 'late-holds', last_outcome: null });
       expect(await acquireLease(t.pool, late, 'a-requeue', 1_000)).toBeUndefined();
       expect(checks).toBe(0);

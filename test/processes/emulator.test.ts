@@ -5,6 +5,7 @@ import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import Stripe from 'stripe';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { waitUntil } from '../../harness/replica.ts';
 import { loadConfig } from '../../src/runtime/config.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
 import { openGateway, serveEmulator, type ServedEmulator } from '../../src/runtime/open.ts';
@@ -14,6 +15,8 @@ import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { startEmulator, TEST_KEY, type RunningEmulator } from '../support/emulator.ts';
 
 let e: RunningEmulator;
+/** Until this emulator has a request under `key`: logged as it arrives, its key claimed in the same turn. */
+const arrived = (key: string) => waitUntil(() => e.emulator.requests().some((r) => r.idempotencyKey === key), 10_000, `a request under ${key}`);
 let stripe: Stripe;
 beforeAll(async () => {
   e = await startEmulator();
@@ -118,7 +121,7 @@ describe('idempotency layer', () => {
     e.emulator.addFault({ fault: { kind: 'latency', ms: 2_000 } });
     const p = params();
     const first = stripe.paymentIntents.create(p, { idempotencyKey: 'k3' });
-    await new Promise((r) => setTimeout(r, 300));
+    await arrived('k3');
     const err = await stripe.paymentIntents.create(p, { idempotencyKey: 'k3' }).catch((x) => x);
     expect(err).toBeInstanceOf(Stripe.errors.StripeAPIError);
     expect(err.statusCode).toBe(409);
@@ -292,7 +295,7 @@ describe('refunds', () => {
     await expect(refund(pi.id, p, 'shared-key')).rejects.toBeInstanceOf(Stripe.errors.StripeIdempotencyError);
     e.emulator.addFault({ endpoint: 'create_refund', fault: { kind: 'latency', ms: 2_000 } });
     const slow = refund(pi.id, { ...p, amount: 5 }, 'refund-op:slow');
-    await new Promise((r) => setTimeout(r, 300));
+    await arrived('refund-op:slow');
     await expect(refund(pi.id, { ...p, amount: 5 }, 'refund-op:slow')).rejects.toMatchObject({ statusCode: 409 });
     await slow;
     expect(e.emulator.refundLedger().filter((r) => r.refund.payment_intent === pi.id)).toHaveLength(2);
@@ -397,7 +400,7 @@ describe('in PostgreSQL: one emulator for every process on a data directory', ()
   const serve = async () => {
     const s = await serveEmulator({ url: t.url, schema: 'outboxd', embedded: true, close: async () => {} });
     served.push(s);
-    return { url: s.url, stripe: stripeClient({ secretKey: TEST_KEY, apiBase: s.url, timeoutMs: 5_000 }) };
+    return { url: s.url, stripe: stripeClient({ secretKey: TEST_KEY, apiBase: s.url, timeoutMs: 10_000 }) };
   };
   const control = (url: string, path: string, body: unknown = {}) =>
     fetch(`${url}/_emulator/${path}`, { method: 'POST', body: JSON.stringify(body) }).then(async (r) => ({ status: r.status, body: await r.json() }));
@@ -430,10 +433,10 @@ describe('in PostgreSQL: one emulator for every process on a data directory', ()
 
   it('a key still executing in one process is a 409 in another; faults and the clock are shared', async () => {
     const [a, b] = [await serve(), await serve()];
-    expect((await control(b.url, 'faults', { fault: { kind: 'latency', ms: 2_000 } })).status).toBe(200);
+    expect((await control(b.url, 'faults', { fault: { kind: 'latency', ms: 5_000 } })).status).toBe(200);
     const p = params();
     const first = a.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k2' });
-    await new Promise((r) => setTimeout(r, 400));
+    await new Promise((r) => setTimeout(r, 1_500)); // its key claimed (a commit in another process)
     const err = await b.stripe.paymentIntents.create(p, { idempotencyKey: 'pg-k2' }).catch((x) => x);
     expect(err).toMatchObject({ statusCode: 409, code: 'idempotency_key_in_use' });
     await first;

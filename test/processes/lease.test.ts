@@ -84,7 +84,7 @@ describe('a renewal that fails never extends the lease: the call is given up bef
       expect(executed).toBe(0);
     } finally {
       // A hanging renewal holds its lock on the table, which dropping the trigger waits for.
-      const wake = () => t.pool.query(`select pg_cancel_backend(pid) from pg_stat_activity where wait_event = 'PgSleep' and pid <> pg_backend_pid()`);
+      const wake = () => t.pool.query(`select pg_cancel_backend(pid) from pg_stat_activity where datname = current_database() and wait_event = 'PgSleep' and pid <> pg_backend_pid()`);
       await wake();
       await replica.stop();
       await wake();

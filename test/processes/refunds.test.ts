@@ -60,7 +60,8 @@ const counts = async () =>
   (await t.pool.query(`select (select count(*)::int from outboxd.payment_operations) as ops, (select count(*)::int from outboxd.charge_outbox) as outbox`)).rows[0];
 const refundsOf = (op: string) => e.emulator.refundLedger().filter((r) => r.refund.metadata.operation_id === op);
 const refundCreates = (op: string) => e.emulator.requests().filter((r) => r.endpoint === 'create_refund' && r.operationId === op);
-const run = async (op: string, fence?: number) => executeOperation(t.pool, kindsFor(e.gateway({ timeoutMs: 1_000 })), op, fence ?? (await claim(t, op)));
+/** `timeoutMs`: 1 s only for an answer that hangs; otherwise 5 s, so that a loaded machine's stall is not taken for a lost answer. */
+const run = async (op: string, fence?: number, timeoutMs = 5_000) => executeOperation(t.pool, kindsFor(e.gateway({ timeoutMs })), op, fence ?? (await claim(t, op)));
 
 describe('requesting a refund: refused before anything is written', () => {
   it('a refund operation and its outbox row, linked to the charge, with the charge’s order and currency', async () => {
@@ -211,7 +212,7 @@ describe('carrying a refund out (POST /v1/refunds under refund-op:<id>)', () => 
     const fence = await claim(t, op);
     // a reset is resent once by the SDK itself, so that answer must be lost too
     e.emulator.addFault({ endpoint: 'create_refund', match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode }, count: mode === 'reset' ? 2 : 1 });
-    const first = await run(op, fence);
+    const first = await run(op, fence, 1_000);
     expect(first.operation).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous', external_id: null });
     expect(refundsOf(op)).toHaveLength(1); // it did happen
     const second = await run(op, fence);

@@ -233,7 +233,7 @@ describe('a delivery that can LISTEN', () => {
     try {
       await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered');
       await new Promise((r) => setTimeout(r, 1_000)); // every loop's first look done: all asleep
-      const { rows } = await t.pool.query(`select pid from pg_stat_activity where query like 'LISTEN "outboxd_settlements%'`);
+      const { rows } = await t.pool.query(`select pid from pg_stat_activity where datname = current_database() and query like 'LISTEN "outboxd_settlements%'`);
       expect(rows).toHaveLength(1);
       await t.pool.query('select pg_terminate_backend($1)', [rows[0].pid]);
       await waitUntil(async () => (await t.pool.query('select 1 from pg_stat_activity where pid = $1', [rows[0].pid])).rows.length === 0, 10_000, 'the listener gone');

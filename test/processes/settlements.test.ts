@@ -209,7 +209,7 @@ describe('every settlement writes its event with the status change', () => {
       await switching.query(t.pool.sql.deliverFromTable());
       // The pass waits on the switch's lock, its first statement's snapshot taken before the switch commits.
       const pass = relaySettlements(t.pool, t.boss, 10);
-      await waitUntil(async () => (await t.pool.query(`select count(*)::int as n from pg_locks where locktype = 'advisory' and not granted`)).rows[0].n > 0, 10_000, 'the pass to wait');
+      await waitUntil(async () => (await t.pool.query(`select count(*)::int as n from pg_locks where locktype = 'advisory' and not granted and database = (select oid from pg_database where datname = current_database())`)).rows[0].n > 0, 10_000, 'the pass to wait');
       await switching.query('commit');
       await pass;
       expect(await events(op)).toEqual([{ source: 'dispatcher' }]); // left for the unnamed handlers
@@ -418,17 +418,17 @@ describe('the unnamed handlers’ table', () => {
 
   it('an event whose delivery was never finished (its process died mid-handler) comes back once its lease lapses, not before', { timeout: 60_000 }, async () => {
     const op = await settle();
-    // Leased for three seconds by a delivery that never ends, as a killed process leaves it.
-    await t.pool.query(`update outboxd.settlement_outbox set attempts = attempts + 1, leased_until = now() + interval '3 seconds' where operation_id = $1`, [op]);
+    // Leased for ten seconds by a delivery that never ends, as a killed process leaves it.
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = attempts + 1, leased_until = now() + interval '10 seconds' where operation_id = $1`, [op]);
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
     const seen: string[] = [];
     try {
       await outboxd.onSettled((event) => {
         seen.push(event.operationId);
       });
-      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      await new Promise((resolve) => setTimeout(resolve, 3_000)); // three of its polls
       expect(seen).not.toContain(op);
-      await waitUntil(() => seen.includes(op), 20_000, 'delivered once the lease lapsed');
+      await waitUntil(() => seen.includes(op), 30_000, 'delivered once the lease lapsed');
       await waitUntil(async () => (await events(op)).length === 0, 10_000, 'the handled event goes');
     } finally {
       await outboxd.stop();

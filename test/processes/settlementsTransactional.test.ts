@@ -191,7 +191,7 @@ describe('transactional subscribers', () => {
       await waitUntil(async () => (await subscriberJobs('ledger', [op]))[0]?.state === 'active', 30_000, 'the event claimed again');
       // The new delivery's consumption record waits on the stale one's transaction.
       await waitUntil(
-        async () => (await t.pool.query(`select 1 from pg_stat_activity where wait_event_type = 'Lock' and query like '%settlement_consumption%'`)).rows.length > 0,
+        async () => (await t.pool.query(`select 1 from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock' and query like '%settlement_consumption%'`)).rows.length > 0,
         30_000,
         'the current delivery waits on the stale one',
       );

@@ -8,11 +8,11 @@ import { createLogger } from '../../src/telemetry/log.ts';
 it('confirm() waits for a renewal that hangs no longer than the lease’s deadline, which gives the call up', async () => {
   const call = new AbortController();
   let renewals = 0;
-  const held = keepLease(call, { ttlMs: 600, claimSentAt: performance.now(), renew: () => (renewals++, new Promise<boolean>(() => {})), log: createLogger('silent') });
+  const held = keepLease(call, { ttlMs: 3_000, claimSentAt: performance.now(), renew: () => (renewals++, new Promise<boolean>(() => {})), log: createLogger('silent') });
   try {
-    await new Promise((resolve) => setTimeout(resolve, 300)); // a renewal (every 250 ms) hangs in flight
-    expect(renewals).toBe(1);
-    await held.confirm(100); // the deadline: 600 ms less its margin
+    while (renewals === 0) await new Promise((resolve) => setTimeout(resolve, 50)); // a renewal (every second) hangs in flight
+    expect(call.signal.aborted).toBe(false);
+    await held.confirm(100); // the deadline: 3 s less its margin
     expect(call.signal.reason).toBeInstanceOf(CallAbandoned);
     expect(renewals).toBe(1); // it waited for the one in flight, sent no other
   } finally {
