@@ -203,9 +203,9 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
   it('refused while a worker\'s create is in flight; the charge then settles succeeded, never failed', async () => {
     const op = await confirm(t);
     await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
-    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 1_500 } });
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 4_000 } });
     const fence = await claim(t, op, 'worker-w');
-    const inFlight = executeOperation(t.pool, kindsFor(e.gateway({ timeoutMs: 5_000 })), op, fence);
+    const inFlight = executeOperation(t.pool, kindsFor(e.gateway({ timeoutMs: 8_000 })), op, fence);
     await waitUntil(async () => (await operation(t, op)).first_attempted_at !== null, 5_000, 'the create is sent');
     // Search shows nothing yet: the create has not returned. The resolution must not write `failed`.
     await expect(resolve(op, { outcome: 'failed', reason: 'no charge in the dashboard' })).rejects.toThrow(/leased by worker-w until .*try again/);
