@@ -52,6 +52,8 @@ const program = new Command('outboxd')
 let config: Config;
 let log: Logger | undefined;
 let tracing: Tracing | undefined;
+/** Set once `worker` has drained and closed what it opened: the process exits then, whatever still runs. */
+let workerStopped = false;
 program.hook('preAction', async () => {
   config = loadConfig();
   log = createLogger(config.logLevel, { cmd: 'outboxd' });
@@ -128,6 +130,7 @@ program
   .option('--effects <module>', "the application's kinds of effect: a module whose default export maps each kind to { policy, execute, check? }")
   .action(async (o) => {
     await runWorker(config, log!, o.effects ? await loadEffects(o.effects) : undefined);
+    workerStopped = true;
   });
 
 const order = program.command('order').description('orders');
@@ -455,5 +458,8 @@ try {
   process.exitCode = exitCodeOf(err);
 } finally {
   // A collector that does not answer must not hold the exit (its request would, until it times out).
-  if (tracing && !(await tracing.shutdown())) process.exit();
+  const flushed = !tracing || (await tracing.shutdown());
+  // Nor may a call still running past the worker's grace (its lease kept, left to lapse) hold it for as
+  // long as Stripe takes to answer, nor a request whose answer the Stripe client gave up on.
+  if (!flushed || workerStopped) process.exit();
 }

@@ -75,6 +75,25 @@ describe('dispatcher replicas (OS processes)', () => {
     expect(await sum('outboxd_gateway_outcomes_total{call="create"')).toBe(60);
   });
 
+  it('a call still running past SHUTDOWN_GRACE_MS holds no exit: the process ends after the grace, its lease left to lapse; another replica settles it', async () => {
+    const a = await replica({ SHUTDOWN_GRACE_MS: '2000', STRIPE_TIMEOUT_MS: '40000', LEASE_TTL_MS: '42000' });
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 20_000 }, count: 1 });
+    const op = await confirm(t);
+    await waitUntil(() => createsFor(op).length === 1, 20_000, 'a call in flight');
+    const term = Date.now();
+    a.kill('SIGTERM');
+    const { code } = await a.exited;
+    expect(code).toBe(0);
+    expect(Date.now() - term).toBeLessThan(12_000); // the call had 18 s or more left
+    expect(a.logs.find((l) => l.msg === 'worker stopped')).toMatchObject({ finished: false });
+    // Its lease is kept (the call may still charge): expired, a replica sends the same key again (a 409
+    // while the first request still runs in the emulator, then its replay).
+    await t.pool.query(`update outboxd.payment_operations set lease_expires_at = now() - interval '1 second' where id = $1`, [op]);
+    await replica();
+    await waitUntil(() => settled(op), 90_000, 'settled by another replica');
+    expect(charges(op)).toHaveLength(1);
+  }, 120_000);
+
   it('a second signal during the drain exits at once, without waiting for the calls', async () => {
     const a = await replica({ SHUTDOWN_GRACE_MS: '20000', STRIPE_TIMEOUT_MS: '16000', LEASE_TTL_MS: '18000' });
     e.emulator.addFault({ fault: { kind: 'latency', ms: 15_000 }, count: Infinity });
