@@ -38,11 +38,27 @@ export function callerTransaction(tx: unknown, sql: Statements): Queryable {
 }
 
 /** node-postgres' Client or PoolClient, from whichever copy of pg the application uses. */
-function isPgClient(c: unknown): c is { query: ConfigQueryFn } {
+function isPgClient(c: unknown): c is PgClient {
   return typeof c === 'object' && c !== null && typeof (c as { query?: unknown }).query === 'function' && 'connectionParameters' in c;
 }
 
-/** A pg client takes the whole statement: its name (prepared once per connection) and its type parsers. */
-function fromPgClient(client: { query: ConfigQueryFn }, sql: Statements): Queryable {
+interface PgClient {
+  query: ConfigQueryFn;
+  /** The server's word at its last ReadyForQuery: I idle (outside a transaction), T inside one, E failed. */
+  getTransactionStatus?: () => string | null;
+  // What it has sent or queued and not yet had answered (pg's own fields): a BEGIN among them changes the status.
+  _activeQuery?: unknown;
+  _queryQueue?: unknown[];
+}
+
+/** A pg client takes the whole statement: its name (prepared once per connection) and its type parsers.
+ * One outside a transaction runs each statement in a transaction of its own: the application's order
+ * and its operation would commit apart, so it is refused. Known only while nothing is in flight on it
+ * (a BEGIN sent and not yet answered is its caller's transaction, which outboxd's statements queue into). */
+function fromPgClient(client: PgClient, sql: Statements): Queryable {
+  const idle = client._activeQuery == null && Array.isArray(client._queryQueue) && client._queryQueue.length === 0;
+  if (idle && client.getTransactionStatus?.() === 'I') {
+    throw new TransactionTypeError('this pg client is outside a transaction, where each statement commits on its own: send BEGIN on it first');
+  }
   return { sql, query: ((config: QueryConfig) => client.query(config)) as unknown as Queryable['query'] };
 }

@@ -131,6 +131,25 @@ describe('requestCharge joins the caller’s transaction', () => {
     }
     expect(await counts(t)).toEqual(before);
   });
+
+  it('refuses a pg client outside BEGIN (each statement its own transaction: the order and its charge apart), before writing anything; one whose BEGIN is still queued is inside it', async () => {
+    const before = await counts(t);
+    const client = await appPool.connect();
+    try {
+      await expect(outboxd.requestCharge(client, charge())).rejects.toThrow(TransactionTypeError);
+      await expect(outboxd.requestCharge(client, charge())).rejects.toThrow(/outside a transaction.*BEGIN/);
+      expect(await counts(t)).toEqual(before);
+      // BEGIN sent, not yet answered: the charge's statements queue behind it, inside the transaction.
+      const begun = client.query('begin');
+      const { created } = await outboxd.requestCharge(client, charge());
+      await begun;
+      expect(created).toBe(true);
+      await client.query('rollback');
+      expect(await counts(t)).toEqual(before);
+    } finally {
+      client.release();
+    }
+  });
 });
 
 describe('input and conflicts: refused with a typed error, nothing written', () => {
