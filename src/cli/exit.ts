@@ -28,7 +28,10 @@ const SHOWN = new Set(['commander.help', 'commander.helpDisplayed', 'commander.v
 export function errorMessage(err: unknown): string | undefined {
   if (err instanceof CommanderError && SHOWN.has(err.code)) return undefined;
   if (err instanceof ValidationError) return `${flagOf(err.field)}: ${err.detail}`;
-  return err instanceof Error ? err.message : String(err);
+  const message = err instanceof Error ? err.message : String(err);
+  // Every table a command reads is outboxd's own: one missing means the migrations have not run there.
+  if ((err as { code?: unknown } | null)?.code === '42P01') return `the database is not migrated (${message}): run \`outboxd migrate\``;
+  return message;
 }
 
 /** The command line's name for an input field: orderId → --order-id; an operation id is the OP_ID argument. */

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../harness/replica.ts';
 import { recordAudit } from '../../src/admin/audit.ts';
 import { shortOperationId } from '../../src/engine/operation.ts';
-import { createTestDatabase, type TestDb } from '../support/db.ts';
+import { connectedEmptyDatabase, createTestDatabase, type TestDb } from '../support/db.ts';
 import { confirm, counts } from '../support/fixtures.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/outboxd.js', import.meta.url));
@@ -18,9 +18,10 @@ beforeAll(async () => {
 });
 afterAll(() => t.close());
 
-function outboxd(...args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+const outboxd = (...args: string[]) => outboxdOn(t.url, ...args);
+function outboxdOn(url: string, ...args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
-    const child = spawn(process.execPath, [BIN, ...args], { env: { ...process.env, DATABASE_URL: t.url, LOG_LEVEL: 'warn' } });
+    const child = spawn(process.execPath, [BIN, ...args], { env: { ...process.env, DATABASE_URL: url, LOG_LEVEL: 'warn' } });
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d) => (stdout += d));
@@ -28,6 +29,22 @@ function outboxd(...args: string[]): Promise<{ code: number | null; stdout: stri
     child.on('exit', (code) => resolve({ code, stdout, stderr }));
   });
 }
+
+describe('on a database not migrated yet', () => {
+  const drops: (() => Promise<void>)[] = [];
+  afterAll(async () => {
+    for (const drop of drops) await drop();
+  });
+
+  it('every command says so in one line, naming outboxd migrate, instead of a missing relation', async () => {
+    const { url } = await connectedEmptyDatabase('outboxd_cli_unmigrated', drops);
+    for (const args of [['ops', 'list'], ['audit'], ['order', 'confirm', '--order-id', 'o-1', '--amount', '100', '--currency', 'eur', '--customer', 'cus_1', '--payment-method', 'pm_card_visa']]) {
+      const res = await outboxdOn(url, ...args);
+      expect(res.code, args.join(' ')).toBe(1);
+      expect(res.stderr.trim(), args.join(' ')).toMatch(/^outboxd: the database is not migrated \(relation "outboxd\.[a-z_]+" does not exist\): run `outboxd migrate`$/);
+    }
+  });
+});
 
 describe('outboxd order confirm', () => {
   it('prints the operation id; --json an object; the same order twice gives the same id', async () => {
