@@ -25,12 +25,16 @@ const SHOWN = new Set(['commander.help', 'commander.helpDisplayed', 'commander.v
  * What to print on stderr for an error that ended a command: input errors name the flag an operator
  * typed (`--order-id`), not the field behind it (`orderId`). Undefined for help and version output.
  */
-export function errorMessage(err: unknown): string | undefined {
+export function errorMessage(err: unknown, context: { command?: string; schema?: string } = {}): string | undefined {
   if (err instanceof CommanderError && SHOWN.has(err.code)) return undefined;
   if (err instanceof ValidationError) return `${flagOf(err.field)}: ${err.detail}`;
   const message = err instanceof Error ? err.message : String(err);
-  // Every table a command reads is outboxd's own: one missing means the migrations have not run there.
-  if ((err as { code?: unknown } | null)?.code === '42P01') return `the database is not migrated (${message}): run \`outboxd migrate\``;
+  // Every table a command reads is outboxd's own: one missing means the migrations have not run there,
+  // or that the command looks in another database or schema than meant.
+  if ((err as { code?: unknown } | null)?.code === '42P01' && context.command !== 'migrate') {
+    const schema = context.schema ? ` in the schema ${context.schema}` : '';
+    return `the database is not migrated${schema} (${message}): run \`outboxd migrate\`, or check DATABASE_URL and OUTBOXD_SCHEMA`;
+  }
   return message;
 }
 

@@ -54,8 +54,12 @@ let log: Logger | undefined;
 let tracing: Tracing | undefined;
 /** Set once `worker` has drained and closed what it opened: the process exits then, whatever still runs. */
 let workerStopped = false;
-program.hook('preAction', async () => {
+/** The command being run (`migrate`, `list`, …) and its schema, for the words of its error. */
+const errorContext: { command?: string; schema?: string } = {};
+program.hook('preAction', async (_program, command) => {
+  errorContext.command = command.name();
   config = loadConfig();
+  errorContext.schema = config.schema;
   log = createLogger(config.logLevel, { cmd: 'outboxd' });
   // Only with an endpoint: otherwise the SDK is not even loaded, and every span is the API's no-op.
   if (config.tracing) tracing = (await import('../telemetry/tracingSdk.ts')).startTracing(config.tracing, { serviceVersion: version, log });
@@ -450,7 +454,7 @@ async function confirmBulk(pool: ReturnType<typeof openPool>, file: string, json
 try {
   await program.parseAsync();
 } catch (err) {
-  const message = err instanceof CommanderError && commanderPrinted ? undefined : errorMessage(err);
+  const message = err instanceof CommanderError && commanderPrinted ? undefined : errorMessage(err, errorContext);
   if (message !== undefined) {
     process.stderr.write(`outboxd: ${message}\n`);
     log?.debug({ err }, "command failed");

@@ -47,18 +47,23 @@ interface PgClient {
   /** The server's word at its last ReadyForQuery: I idle (outside a transaction), T inside one, E failed. */
   getTransactionStatus?: () => string | null;
   // What it has sent or queued and not yet had answered (pg's own fields): a BEGIN among them changes the status.
-  _activeQuery?: unknown;
-  _queryQueue?: unknown[];
+  _activeQuery?: { text?: unknown } | null;
+  _queryQueue?: { text?: unknown }[];
+  _sentQueryQueue?: { text?: unknown }[];
 }
+
+const BEGIN = /^\s*(begin|start\s+transaction)\b/i;
 
 /** A pg client takes the whole statement: its name (prepared once per connection) and its type parsers.
  * One outside a transaction runs each statement in a transaction of its own: the application's order
- * and its operation would commit apart, so it is refused. Known only while nothing is in flight on it
- * (a BEGIN sent and not yet answered is its caller's transaction, which outboxd's statements queue into). */
+ * and its operation would commit apart, so it is refused, unless a BEGIN sent and not yet answered is
+ * among what it has in flight: its caller's transaction, which outboxd's statements queue into. */
 function fromPgClient(client: PgClient, sql: Statements): Queryable {
-  const idle = client._activeQuery == null && Array.isArray(client._queryQueue) && client._queryQueue.length === 0;
-  if (idle && client.getTransactionStatus?.() === 'I') {
-    throw new TransactionTypeError('this pg client is outside a transaction, where each statement commits on its own: send BEGIN on it first');
+  if (client.getTransactionStatus?.() === 'I' && Array.isArray(client._queryQueue)) {
+    const pending = [client._activeQuery, ...client._queryQueue, ...(client._sentQueryQueue ?? [])];
+    if (!pending.some((q) => typeof q?.text === 'string' && BEGIN.test(q.text))) {
+      throw new TransactionTypeError('this pg client is outside a transaction, where each statement commits on its own: send BEGIN on it first');
+    }
   }
   return { sql, query: ((config: QueryConfig) => client.query(config)) as unknown as Queryable['query'] };
 }

@@ -138,6 +138,10 @@ describe('requestCharge joins the caller’s transaction', () => {
     try {
       await expect(outboxd.requestCharge(client, charge())).rejects.toThrow(TransactionTypeError);
       await expect(outboxd.requestCharge(client, charge())).rejects.toThrow(/outside a transaction.*BEGIN/);
+      // Another statement in flight is no transaction either.
+      const sleeping = client.query('select pg_sleep(0.2)');
+      await expect(outboxd.requestCharge(client, charge())).rejects.toThrow(TransactionTypeError);
+      await sleeping;
       expect(await counts(t)).toEqual(before);
       // BEGIN sent, not yet answered: the charge's statements queue behind it, inside the transaction.
       const begun = client.query('begin');

@@ -41,7 +41,7 @@ describe('on a database not migrated yet', () => {
     for (const args of [['ops', 'list'], ['audit'], ['order', 'confirm', '--order-id', 'o-1', '--amount', '100', '--currency', 'eur', '--customer', 'cus_1', '--payment-method', 'pm_card_visa']]) {
       const res = await outboxdOn(url, ...args);
       expect(res.code, args.join(' ')).toBe(1);
-      expect(res.stderr.trim(), args.join(' ')).toMatch(/^outboxd: the database is not migrated \(relation "outboxd\.[a-z_]+" does not exist\): run `outboxd migrate`$/);
+      expect(res.stderr.trim(), args.join(' ')).toMatch(/^outboxd: the database is not migrated in the schema outboxd \(relation "outboxd\.[a-z_]+" does not exist\): run `outboxd migrate`, or check DATABASE_URL and OUTBOXD_SCHEMA$/);
     }
   });
 });
