@@ -17,7 +17,7 @@ import { RESERVED_KINDS } from './kinds/index.ts';
 import type { Policy } from './engine/kinds.ts';
 import { requestEffect, type EffectRequested } from './kinds/application/request.ts';
 import { startInProcessWorker, type EffectWorker } from './runtime/inProcess.ts';
-import { createBoss, listensOn } from './outbox/outbox.ts';
+import { createBoss, listensOn, startBoss } from './outbox/outbox.ts';
 import {
   SETTLED_QUEUE,
   SETTLED_SLOTS,
@@ -426,7 +426,7 @@ export class Outboxd {
       const boss = createBoss(this.#connection, 'subscriber', 4 + 2 * TRANSACTIONAL_SLOTS, this.schema, this.#direct);
       boss.on('error', this.#onError);
       try {
-        await boss.start();
+        await startBoss(boss, this.schema);
         await this.#deliverFromTable();
       } catch (err) {
         // A database not up yet, or not migrated: the next onSettled starts another, and nothing of this

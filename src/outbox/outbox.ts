@@ -140,6 +140,19 @@ export function createBoss(
   });
 }
 
+/** What pg-boss's start says of a database where `outboxd migrate` has not run (its schema missing, or older). */
+const BOSS_NOT_MIGRATED = new Set(['pg-boss is not installed', 'pg-boss database requires migrations']);
+
+/** Starts `boss`; on a database not migrated yet, says so in outboxd's words rather than pg-boss's. */
+export async function startBoss(boss: PgBoss, schema: string): Promise<void> {
+  try {
+    await boss.start();
+  } catch (err) {
+    if (!BOSS_NOT_MIGRATED.has((err as Error | null)?.message ?? '')) throw err;
+    throw new Error(`the database is not migrated (pg-boss's schema ${bossSchemaFor(schema)} is missing): run \`outboxd migrate\` or Outboxd.migrate()`, { cause: err });
+  }
+}
+
 /** The scheduled reconcile sweep (pg-boss cron); one sweep at a time across all replicas. */
 export const RECONCILE_QUEUE = 'reconcile';
 

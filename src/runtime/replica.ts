@@ -9,7 +9,7 @@ import { Dispatcher } from '../dispatcher/dispatcher.ts';
 import type { Kinds } from '../engine/kinds.ts';
 import type { EffectDefinitions } from '../kinds/application/definition.ts';
 import { kindsFor } from '../kinds/index.ts';
-import { createBoss, listensOn } from '../outbox/outbox.ts';
+import { createBoss, listensOn, startBoss } from '../outbox/outbox.ts';
 import { PRUNE_CRON } from '../outbox/retention.ts';
 import type { Logger } from '../telemetry/log.ts';
 import { createMetrics, registerStripeMode, type Metrics } from '../telemetry/metrics.ts';
@@ -74,7 +74,7 @@ export async function composeReplica(o: {
     async start() {
       // Registered first: a start that fails halfway leaves pg-boss timers that only stop() clears.
       opened.push(() => boss.stop({ graceful: false }));
-      await boss.start();
+      await startBoss(boss, db.schema);
       await dispatcher.start();
     },
   };

@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { executeOperation } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
 import { Outboxd, OrderConflictError, RefundRefused, TransactionTypeError, ValidationError, type ChargeRequest } from '../../src/index.ts';
-import { createTestDatabase, inAppTransaction, type TestDb } from '../support/db.ts';
+import { connectedEmptyDatabase, createTestDatabase, inAppTransaction, type TestDb } from '../support/db.ts';
 import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
 import { claim, counts, operation, outboxRows } from '../support/fixtures.ts';
 
@@ -301,5 +301,24 @@ describe('the rest of the API', () => {
     expect(() => new Outboxd({} as never)).toThrow(TypeError);
     expect(() => new Outboxd({ connectionString: t.url, pool: appPool } as never)).toThrow(TypeError);
     expect(() => new Outboxd({ connectionString: t.url, schema: 'Bad-Schema' })).toThrow(TypeError);
+  });
+});
+
+describe('on a database not migrated yet', () => {
+  const drops: (() => Promise<void>)[] = [];
+  afterAll(async () => {
+    for (const drop of drops) await drop();
+  });
+
+  it('onSettled and startWorker say so, naming outboxd migrate, instead of "pg-boss is not installed"', async () => {
+    const { url } = await connectedEmptyDatabase('outboxd_lib_unmigrated', drops);
+    const unmigrated = new Outboxd({ connectionString: url, onError: () => {} });
+    try {
+      const notMigrated = /^the database is not migrated \(pg-boss's schema pgboss is missing\): run `outboxd migrate` or Outboxd\.migrate\(\)$/;
+      await expect(unmigrated.onSettled(() => {})).rejects.toThrow(notMigrated);
+      await expect(unmigrated.startWorker({ concurrency: 1 })).rejects.toThrow(notMigrated);
+    } finally {
+      await unmigrated.stop();
+    }
   });
 });

@@ -43,6 +43,10 @@ describe('on a database not migrated yet', () => {
       expect(res.code, args.join(' ')).toBe(1);
       expect(res.stderr.trim(), args.join(' ')).toMatch(/^outboxd: the database is not migrated in the schema outboxd \(relation "outboxd\.[a-z_]+" does not exist\): run `outboxd migrate`, or check DATABASE_URL and OUTBOXD_SCHEMA$/);
     }
+    // What starts pg-boss first finds its schema missing.
+    const requeue = await outboxdOn(url, 'requeue', '--stuck', '--dry-run');
+    expect(requeue.code).toBe(1);
+    expect(requeue.stderr.trim()).toMatch(/^outboxd: the database is not migrated \(pg-boss's schema pgboss is missing\): run `outboxd migrate`/);
   });
 });
 
