@@ -140,16 +140,20 @@ export function createBoss(
   });
 }
 
-/** What pg-boss's start says of a database where `outboxd migrate` has not run (its schema missing, or older). */
-const BOSS_NOT_MIGRATED = new Set(['pg-boss is not installed', 'pg-boss database requires migrations']);
+/** What pg-boss's start says of a database where `outboxd migrate` has not run: its schema missing, or older. */
+const BOSS_NOT_MIGRATED = new Map([
+  ['pg-boss is not installed', 'is missing'],
+  ['pg-boss database requires migrations', 'is older than this release'],
+]);
 
 /** Starts `boss`; on a database not migrated yet, says so in outboxd's words rather than pg-boss's. */
 export async function startBoss(boss: PgBoss, schema: string): Promise<void> {
   try {
     await boss.start();
   } catch (err) {
-    if (!BOSS_NOT_MIGRATED.has((err as Error | null)?.message ?? '')) throw err;
-    throw new Error(`the database is not migrated (pg-boss's schema ${bossSchemaFor(schema)} is missing): run \`outboxd migrate\` or Outboxd.migrate()`, { cause: err });
+    const state = BOSS_NOT_MIGRATED.get((err as Error | null)?.message ?? '');
+    if (!state) throw err;
+    throw new Error(`the database is not migrated (pg-boss's schema ${bossSchemaFor(schema)} ${state}): run \`outboxd migrate\` or Outboxd.migrate()`, { cause: err });
   }
 }
 

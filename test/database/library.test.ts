@@ -321,4 +321,16 @@ describe('on a database not migrated yet', () => {
       await unmigrated.stop();
     }
   });
+
+  it('one whose pg-boss schema is older than this release says that', async () => {
+    const { url, client } = await connectedEmptyDatabase('outboxd_lib_older', drops);
+    const older = new Outboxd({ connectionString: url, onError: () => {} });
+    try {
+      await older.migrate();
+      await client.query('update pgboss.version set version = version - 1');
+      await expect(older.onSettled(() => {})).rejects.toThrow(/^the database is not migrated \(pg-boss's schema pgboss is older than this release\): run `outboxd migrate`/);
+    } finally {
+      await older.stop();
+    }
+  });
 });
