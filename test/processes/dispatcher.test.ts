@@ -358,6 +358,13 @@ describe('dispatcher (in-process)', () => {
     await waitUntil(async () => (await operation(t, ahead)).lease_owner === 'replica-a', 3_000, 'the third claimed ahead');
     return { ahead, slow: ops.filter((op) => op !== ahead) };
   };
+  /** Until the two calls claimWaiting found in flight have settled. */
+  const slowSettled = (slow: string[]) => waitUntil(async () => (await Promise.all(slow.map(settled))).every(Boolean), 20_000, 'the slow calls to settle');
+  type InProcess = Awaited<ReturnType<typeof dispatcher>>;
+  /** Outcomes this replica could not write, its fence moved (a claim made ahead that noticed, or a call). */
+  const fencedOut = async (a: InProcess) => (await a.metrics.fencedOut.get()).values[0]?.value ?? 0;
+  /** Claims this replica gave back uncounted, each with a fresh job (no retry spent). */
+  const rescheduled = async (a: InProcess) => (await a.metrics.jobs.get()).values.find((v) => v.labels.result === 'rescheduled')?.value ?? 0;
   /** Every renewal of `op`'s lease (an update under the same fence to a later lease end) runs `body`
    * (plpgsql) first, until removeRenewalFault. */
   const onRenewalOf = async (op: string, body: string) => {
@@ -381,8 +388,8 @@ describe('dispatcher (in-process)', () => {
       const { ahead, slow } = await claimWaiting(ops);
       // Another claim takes it (as a takeover or a settlement from outside does: the fence moves).
       await t.pool.query(`update outboxd.payment_operations set fence = fence + 1, lease_owner = 'replica-b', lease_expires_at = now() + interval '1 minute' where id = $1`, [ahead]);
-      await waitUntil(async () => (await Promise.all(slow.map(settled))).every(Boolean), 20_000, 'the slow calls to settle');
-      await waitUntil(async () => (await a.metrics.fencedOut.get()).values[0]?.value === 1, 10_000, 'the waiting claim to notice');
+      await slowSettled(slow);
+      await waitUntil(async () => (await fencedOut(a)) === 1, 10_000, 'the waiting claim to notice');
       expect(createsFor(ahead)).toHaveLength(0);
       expect(await operation(t, ahead)).toMatchObject({ status: 'pending', lease_owner: 'replica-b' });
     } finally {
@@ -398,8 +405,8 @@ describe('dispatcher (in-process)', () => {
       const { ahead, slow } = await claimWaiting(ops);
       // A webhook's settlement: no lease needed, the fence raised.
       expect(await settleFromOutside(t.pool, ahead, 'failed', null, 'webhook:payment_intent.canceled', 'canceled')).toMatchObject({ status: 'failed' });
-      await waitUntil(async () => (await Promise.all(slow.map(settled))).every(Boolean), 20_000, 'the slow calls to settle');
-      await waitUntil(async () => (await a.metrics.fencedOut.get()).values[0]?.value === 1, 10_000, 'the waiting claim to notice');
+      await slowSettled(slow);
+      await waitUntil(async () => (await fencedOut(a)) === 1, 10_000, 'the waiting claim to notice');
       expect(createsFor(ahead)).toHaveLength(0);
       expect(await operation(t, ahead)).toMatchObject({ status: 'failed' });
     } finally {
@@ -415,9 +422,8 @@ describe('dispatcher (in-process)', () => {
       // Its renewals (the same fence, a later lease end) fail, as with a database that does not answer; a
       // new claim (a new fence) does not.
       await onRenewalOf(ahead, `raise exception 'renewal refused (injected)'`);
-      await waitUntil(async () => (await Promise.all(slow.map(settled))).every(Boolean), 20_000, 'the slow calls to settle');
-      const rescheduled = async () => (await a.metrics.jobs.get()).values.find((v) => v.labels.result === 'rescheduled')?.value ?? 0;
-      await waitUntil(async () => (await rescheduled()) === 1, 10_000, 'the claim given back');
+      await slowSettled(slow);
+      await waitUntil(async () => (await rescheduled(a)) === 1, 10_000, 'the claim given back');
       // Its fresh job's claim (no renewal before its call, its slot free) sends the one create, counted once.
       await waitUntil(() => settled(ahead), 20_000, 'the operation');
       expect(createsFor(ahead)).toHaveLength(1);
@@ -442,8 +448,7 @@ describe('dispatcher (in-process)', () => {
       expect(await sleeping()).toBeGreaterThan(0);
       expect(createsFor(ahead)).toHaveLength(0);
       await removeRenewalFault(); // the renewal ends (cancelled)
-      const rescheduled = async () => (await a.metrics.jobs.get()).values.find((v) => v.labels.result === 'rescheduled')?.value ?? 0;
-      await waitUntil(async () => (await rescheduled()) === 1, 10_000, 'the claim given back');
+      await waitUntil(async () => (await rescheduled(a)) === 1, 10_000, 'the claim given back');
       // Its fresh job's claim sends the one create, counted once: the given-back claim counted nothing.
       await waitUntil(() => settled(ahead), 20_000, 'the operation');
       expect(createsFor(ahead)).toHaveLength(1);
@@ -514,8 +519,7 @@ describe('dispatcher (in-process)', () => {
       await waitUntil(async () => (await operation(t, op)).lease_owner === 'replica-a', 10_000, 'the charge claimed ahead');
       // Given back within its lease's TTL, with a fresh job (claimed ahead again by this replica, given back
       // again, …, until a replica with a free slot fetches it: no retry spent meanwhile).
-      const rescheduled = async () => (await a.metrics.jobs.get()).values.find((v) => v.labels.result === 'rescheduled')?.value ?? 0;
-      await waitUntil(async () => (await rescheduled()) >= 1, 10_000, 'the claim given back');
+      await waitUntil(async () => (await rescheduled(a)) >= 1, 10_000, 'the claim given back');
       b = await dispatcher('replica-b', { concurrency: 2 });
       await waitUntil(() => settled(op), 60_000, 'another replica to settle it');
       expect(createsFor(op)).toHaveLength(1);
@@ -590,7 +594,7 @@ describe('dispatcher (in-process)', () => {
         return acquireLease(t.pool, op, 'resolve:alice', 10_000); // undefined if A's renewal came in between
       }, 5_000, 'the resolution’s claim');
       await releaseLease(t.pool, op, resolver);
-      await waitUntil(async () => (await a.metrics.fencedOut.get()).values[0]?.value === 1, 20_000, "A's outcome fenced out");
+      await waitUntil(async () => (await fencedOut(a)) === 1, 20_000, "A's outcome fenced out");
       await waitUntil(() => settled(op), 30_000, 'settled by the job, driven again');
       expect(charges(op)).toHaveLength(1);
       expect(createsFor(op).map((r) => r.idempotencyKey)).toEqual([idempotencyKeyFor(op), idempotencyKeyFor(op)]);
