@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { executeOperation } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
 import { Outboxd, OrderConflictError, RefundRefused, TransactionTypeError, ValidationError, type ChargeRequest } from '../../src/index.ts';
-import { connectedEmptyDatabase, createTestDatabase, inAppTransaction, type TestDb } from '../support/db.ts';
+import { createTestDatabase, emptyDatabases, inAppTransaction, type TestDb } from '../support/db.ts';
 import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
 import { claim, counts, operation, outboxRows } from '../support/fixtures.ts';
 
@@ -305,13 +305,10 @@ describe('the rest of the API', () => {
 });
 
 describe('on a database not migrated yet', () => {
-  const drops: (() => Promise<void>)[] = [];
-  afterAll(async () => {
-    for (const drop of drops) await drop();
-  });
+  const emptyDatabase = emptyDatabases();
 
   it('onSettled and startWorker say so, naming outboxd migrate, instead of "pg-boss is not installed"', async () => {
-    const { url } = await connectedEmptyDatabase('outboxd_lib_unmigrated', drops);
+    const { url } = await emptyDatabase('outboxd_lib_unmigrated');
     const unmigrated = new Outboxd({ connectionString: url, onError: () => {} });
     try {
       const notMigrated = /^the database is not migrated \(pg-boss's schema pgboss is missing\): run `outboxd migrate` or Outboxd\.migrate\(\)$/;
@@ -323,7 +320,7 @@ describe('on a database not migrated yet', () => {
   });
 
   it('one whose pg-boss schema is older than this release says that', async () => {
-    const { url, client } = await connectedEmptyDatabase('outboxd_lib_older', drops);
+    const { url, client } = await emptyDatabase('outboxd_lib_older');
     const older = new Outboxd({ connectionString: url, onError: () => {} });
     try {
       await older.migrate();

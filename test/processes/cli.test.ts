@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../harness/replica.ts';
 import { recordAudit } from '../../src/admin/audit.ts';
 import { shortOperationId } from '../../src/engine/operation.ts';
-import { connectedEmptyDatabase, createTestDatabase, type TestDb } from '../support/db.ts';
+import { createTestDatabase, emptyDatabases, type TestDb } from '../support/db.ts';
 import { confirm, counts } from '../support/fixtures.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/outboxd.js', import.meta.url));
@@ -31,13 +31,10 @@ function outboxdOn(url: string, ...args: string[]): Promise<{ code: number | nul
 }
 
 describe('on a database not migrated yet', () => {
-  const drops: (() => Promise<void>)[] = [];
-  afterAll(async () => {
-    for (const drop of drops) await drop();
-  });
+  const emptyDatabase = emptyDatabases();
 
   it('every command says so in one line, naming outboxd migrate, instead of a missing relation', async () => {
-    const { url } = await connectedEmptyDatabase('outboxd_cli_unmigrated', drops);
+    const { url } = await emptyDatabase('outboxd_cli_unmigrated');
     for (const args of [['ops', 'list'], ['audit'], ['order', 'confirm', '--order-id', 'o-1', '--amount', '100', '--currency', 'eur', '--customer', 'cus_1', '--payment-method', 'pm_card_visa']]) {
       const res = await outboxdOn(url, ...args);
       expect(res.code, args.join(' ')).toBe(1);

@@ -1,6 +1,6 @@
 // A fresh, migrated database per test file, so files run in parallel without seeing each other.
 import type { PgBoss } from 'pg-boss';
-import { inject } from 'vitest';
+import { afterAll, inject } from 'vitest';
 import { createPool, type Pool } from '../../src/db/pool.ts';
 import { createBoss } from '../../src/outbox/outbox.ts';
 import { DEFAULT_SCHEMA } from '../../src/sql/statements.ts';
@@ -49,6 +49,15 @@ export async function inAppTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolCli
   } finally {
     client.release();
   }
+}
+
+/** Empty databases for the tests of the describe (or file) it is called in, each dropped after them. */
+export function emptyDatabases(): (prefix: string) => ReturnType<typeof connectedEmptyDatabase> {
+  const drops: (() => Promise<void>)[] = [];
+  afterAll(async () => {
+    for (const drop of drops) await drop();
+  });
+  return (prefix) => connectedEmptyDatabase(prefix, drops);
 }
 
 /** An empty database with a client connected to it; `drops` gets what ends both, for the file's afterAll. */
