@@ -98,8 +98,9 @@ export interface KindEvidence<Tx = unknown> {
   /** What the operation keeps of the object that settled it from outside (JSON: an authorization's hold),
    * as its own calls keep it; absent or null: nothing. */
   resultOf?(op: Operation, object: ProviderObject): string | null;
-  /** Resolve --failed: what shows that no object of `op` can still succeed, or a refusal. */
-  noneSucceeded(op: Operation, reason: string, refuse: Refuse, lastAttemptAgeSeconds: () => Promise<number | null>, horizonSeconds: number): Promise<Record<string, unknown>>;
+  /** Resolve --failed: what Stripe shows that no object of `op` succeeded or can still, or a refusal
+   * (resolve itself then waits out a recent create, whatever the kind). */
+  noneSucceeded(op: Operation, reason: string, refuse: Refuse): Promise<Record<string, unknown>>;
   /** What Stripe did since to the object of `op`, a settled operation of this kind, that the application
    * must hear of (an authorization released in Stripe: expired, or cancelled from the dashboard), recorded
    * in `tx` as an operation of its own with its settlement event (from `source`: what told); false when

@@ -380,6 +380,20 @@ describe('a person’s resolution, webhooks and the drift report', () => {
     await expect(resolveOperation(t.pool, gw, t.boss, failed, { outcome: 'failed', reason: 'again' }, 'bob', RESOLVE)).rejects.toBeInstanceOf(ResolutionRefused);
   });
 
+  it('--failed waits out a recent create: a refund request Stripe is still running shows in no list, and would be paid again', async () => {
+    const { charge, pi } = await paidCharge(1000);
+    const op = await heldRefund(charge, 400);
+    await t.pool.query(`update outboxd.payment_operations set last_attempted_at = now() - interval '1 second' where id = $1`, [op]);
+    const resolve = () => resolveOperation(t.pool, e.gateway(), t.boss, op, { outcome: 'failed', reason: 'nothing in the dashboard' }, 'alice', RESOLVE);
+    await expect(resolve()).rejects.toThrow(/the last attempt to refund was \d s ago: .*try again in 3\d{3} s/);
+    expect(await operation(t, op)).toMatchObject({ status: 'unknown', lease_owner: null });
+    // The request that was still running lands: the application was not told the refund failed, so it
+    // asks for no second one, and the operation still settles by what Stripe did.
+    await e.client().refunds.create({ payment_intent: pi, amount: 400, metadata: { operation_id: op } }, { idempotencyKey: refundIdempotencyKeyFor(op) });
+    await t.pool.query(`update outboxd.payment_operations set last_attempted_at = now() - interval '2 hours' where id = $1`, [op]);
+    await expect(resolve()).rejects.toThrow(/have not failed: re_\w+ \(succeeded\)/);
+  });
+
   it('a refund.updated event is a hint: the retrieved refund settles the pending operation; one naming a charge operation is a mismatch', async () => {
     const { charge } = await paidCharge();
     const op = await requested(charge, 150);

@@ -74,7 +74,7 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable>
     settles: chargeSettles,
     // Only what retrieve returned reaches here: a PaymentIntent.
     resultOf: (op, object) => chargeResultOf(op, object as Charge),
-    noneSucceeded: (op, reason, refuse, lastAttemptAge, horizon) => noCharge(gateway, op, reason, refuse, lastAttemptAge, horizon),
+    noneSucceeded: (op, reason, refuse) => noCharge(gateway, op, reason, refuse),
     drift: (ctx) => chargeDrift(gateway, ctx),
     followUp: recordRelease,
     overdue: async (db, limit) => {
@@ -101,24 +101,9 @@ async function recordRelease(tx: Queryable, op: Operation, pi: ProviderObject, s
   return rows.length > 0;
 }
 
-/** --failed is refused while any charge Stripe shows for the operation has not failed, and while the last
- * create that may have executed is younger than Search's freshness horizon (Search is not
- * read-after-write). */
-async function noCharge(
-  gateway: PaymentGateway,
-  op: Operation,
-  reason: string,
-  refuse: Refuse,
-  lastAttemptAge: () => Promise<number | null>,
-  horizonSeconds: number,
-): Promise<Record<string, unknown>> {
-  const age = await lastAttemptAge();
-  if (age !== null && age < horizonSeconds) {
-    const wait = Math.ceil(horizonSeconds - age);
-    throw refuse(
-      `the last attempt to charge was ${Math.floor(age)} s ago: Stripe's search may not show its charge yet (freshness horizon ${horizonSeconds} s); try again in ${wait} s`,
-    );
-  }
+/** --failed is refused while any charge Stripe shows for the operation has not failed (resolve then
+ * waits out Search's freshness horizon after the last create: Search is not read-after-write). */
+async function noCharge(gateway: PaymentGateway, op: Operation, reason: string, refuse: Refuse): Promise<Record<string, unknown>> {
   let known;
   const account = accountOf(op);
   if (op.external_id) {
@@ -133,7 +118,7 @@ async function noCharge(
   if (live.length > 0) {
     throw refuse(`Stripe shows charges for this operation that have not failed: ${live.map((c) => `${c.id} (${c.status})`).join(', ')}`);
   }
-  return { reason, knownCharge: known ?? null, searchedCharges: charges.map((c) => ({ id: c.id, status: c.status })), lastAttemptAgeSeconds: age };
+  return { reason, knownCharge: known ?? null, searchedCharges: charges.map((c) => ({ id: c.id, status: c.status })) };
 }
 
 /**
