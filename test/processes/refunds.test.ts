@@ -423,6 +423,19 @@ describe('a person’s resolution, webhooks and the drift report', () => {
     expect(await operation(t, unsettled)).toMatchObject({ status: 'pending', needs_review: true });
   });
 
+  it('a refund Stripe fails after it succeeded (a closed card) contradicts the succeeded operation: counted and logged, never overwritten', async () => {
+    const { charge } = await paidCharge();
+    const op = await requested(charge, 300);
+    const done = (await run(op)).operation;
+    expect(done.status).toBe('succeeded');
+    e.emulator.settleRefund(done.external_id!, 'failed');
+    const told: string[] = [];
+    const event = { id: `evt_${Math.random().toString(36).slice(2)}`, type: 'charge.refund.updated', data: { object: { id: done.external_id } } } as unknown as Stripe.Event;
+    expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log, onMismatch: (r) => told.push(r) }, event)).toBe('contradiction');
+    expect(told).toEqual(['contradiction']);
+    expect(await operation(t, op)).toMatchObject({ status: 'succeeded', external_id: done.external_id });
+  });
+
   it('drift: a refund without an operation, an operation with two refunds, a succeeded refund operation without its refund', async () => {
     const since = new Date(Date.now() - 60_000);
     const { charge, pi } = await paidCharge();

@@ -31,6 +31,13 @@ export function refundMismatch(op: Operation, refund: Refund): string | null {
   return null;
 }
 
+/** A refund Stripe failed after it had succeeded (the customer's card closed, say: the money went back to
+ * the balance). The operation stays succeeded, as every settled one does; a person must hear of it. */
+function failedSince(op: Operation, refund: Refund): string | null {
+  if (op.status !== 'succeeded' || !FAILED_REFUND_STATUSES.has(refund.status)) return null;
+  return `refund ${refund.id} is ${refund.status} although the operation settled succeeded: the money did not reach the customer`;
+}
+
 export function refundEvidence(gateway: PaymentGateway): KindEvidence {
   return {
     naming: REFUND_NAMING,
@@ -38,7 +45,7 @@ export function refundEvidence(gateway: PaymentGateway): KindEvidence {
     names: (type, id) => (type.startsWith('refund.') || type === 'charge.refund.updated') && REFUND_NAMING.externalId.pattern.test(id),
     retrieve: (id, account) => gateway.retrieveRefund(id, account),
     // Only what retrieve returned reaches here: a Refund.
-    mismatch: (op, object: ProviderObject) => refundMismatch(op, object as Refund),
+    mismatch: (op, object: ProviderObject) => refundMismatch(op, object as Refund) ?? failedSince(op, object as Refund),
     settles: (_op, refund) => (refund.status === 'succeeded' ? 'succeeded' : FAILED_REFUND_STATUSES.has(refund.status) ? 'failed' : undefined),
     noneSucceeded: (op, reason, refuse) => noRefund(gateway, op, reason, refuse),
     drift: (ctx) => refundDrift(gateway, ctx),
