@@ -52,6 +52,9 @@ export interface Charge {
   cancellationReason: string | null;
   /** The account it was read from (null: the platform's). */
   account: StripeAccount;
+  /** The platform's fee on it (Connect's application_fee_amount), null for none; absent when the gateway
+   * does not say. Only the platform can set one. */
+  applicationFeeAmount?: number | null;
 }
 
 /** PaymentIntent statuses that are final and charged nothing (an off-session confirm that was declined

@@ -248,6 +248,7 @@ function toCharge(pi: Stripe.PaymentIntent & { lastResponse?: { requestId?: stri
     captureBefore: typeof captureBefore === 'number' ? new Date(captureBefore * 1000) : null,
     cancellationReason: pi.cancellation_reason ?? null,
     account,
+    applicationFeeAmount: pi.application_fee_amount ?? null,
   };
 }
 

@@ -372,6 +372,20 @@ describe('Connect', () => {
     expect(result).toBe('mismatch');
     expect(await operation(t, charge)).toMatchObject({ status: 'pending', external_id: null });
   });
+
+  it('a PaymentIntent the connected account made itself, naming our operation with its amount, settles nothing: it carries no platform fee', async () => {
+    const charge = await confirm(t, { stripeAccount: account, applicationFeeAmount: 100 });
+    const own = await e.client().paymentIntents.create(
+      { amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', confirm: true, off_session: true, metadata: { operation_id: charge } },
+      { stripeAccount: account },
+    );
+    const event = { id: `evt_${Math.random().toString(36).slice(2)}`, type: 'payment_intent.succeeded', account, data: { object: { id: own.id } } } as unknown as Stripe.Event;
+    expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') }, event)).toBe('mismatch');
+    expect(await operation(t, charge)).toMatchObject({ status: 'pending', external_id: null, needs_review: true });
+    // Its own charge, with the fee, still settles it.
+    const settled = (await run(charge)).operation;
+    expect(settled).toMatchObject({ status: 'succeeded', external_id: expect.not.stringMatching(own.id) });
+  });
 });
 
 describe('what Stripe shows outside outboxd', () => {

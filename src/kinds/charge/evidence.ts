@@ -35,6 +35,11 @@ export function chargeMismatch(op: Operation, charge: ProviderObject): string | 
   if (op.external_id && op.external_id !== charge.id) return `${charge.id} is not the operation's charge ${op.external_id}`;
   const method = (charge as Partial<Charge>).captureMethod;
   if (method !== undefined && (method === 'manual') !== isAuthorization(op)) return `${charge.id} has capture_method ${method}; the operation asked for ${isAuthorization(op) ? 'manual' : 'automatic'}`;
+  // A connected account writes its own PaymentIntents' metadata, and may name our operation there with
+  // the same amount; only the platform can set a fee, so one made by the account carries none.
+  const fee = (charge as Partial<Charge>).applicationFeeAmount;
+  const asked = (op.payload as ChargePayload | null)?.application_fee_amount ?? null;
+  if (fee !== undefined && fee !== asked) return `${charge.id} carries an application fee of ${fee ?? 'none'}; the operation asked for ${asked ?? 'none'}`;
   return null;
 }
 
