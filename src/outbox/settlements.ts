@@ -529,17 +529,28 @@ function withinTimeout<T>(fn: () => Promise<T> | T, ms: number): Promise<T> {
 }
 
 /**
- * Sends dead-lettered events back where they died (once the failing handler is fixed), in one
- * transaction: taken from the dead letter, sent and completed together, so an interrupted redrive changes
- * nothing (no event lost or doubled, no retry of the dead letter spent). A named subscriber's goes back to
- * its queue, an unnamed handlers' to settlement_outbox. One of a subscriber whose queue was deleted
- * (retired), or of an operation that does not exist, has nowhere to go: it is completed, not sent. How
- * many it sent.
+ * Sends every dead-lettered event back where it died (once the failing handler is fixed), `batch` at a
+ * time until a batch comes back short, each batch in one transaction: taken from the dead letter, sent
+ * and completed together, so an interrupted redrive loses or doubles no event and spends no retry of the
+ * dead letter (the batches before it stay sent). A named subscriber's goes back to its queue, an unnamed
+ * handlers' to settlement_outbox. One of a subscriber whose queue was deleted (retired), or of an
+ * operation that does not exist, has nowhere to go: it is completed, not sent. How many it sent.
  */
-export async function redriveSettlements(db: Pool, boss: PgBoss, limit = 1000): Promise<number> {
+export async function redriveSettlements(db: Pool, boss: PgBoss, batch = 1000): Promise<number> {
+  let sent = 0;
+  for (;;) {
+    const { taken, sent: more } = await redriveBatch(db, boss, batch);
+    sent += more;
+    // Short: the dead letter held no more when it was read. Events dead-lettered meanwhile wait for the
+    // next redrive, so a handler failing as fast as it is redriven cannot keep this one going.
+    if (taken < batch) return sent;
+  }
+}
+
+async function redriveBatch(db: Pool, boss: PgBoss, limit: number): Promise<{ taken: number; sent: number }> {
   return inTransaction(db, async (tx) => {
     const dead = await boss.fetch<SettledJob>(SETTLED_DEAD_QUEUE, { batchSize: limit, db: bossDb(tx) });
-    if (dead.length === 0) return 0;
+    if (dead.length === 0) return { taken: 0, sent: 0 };
     const byQueue = new Map<string, { data: SettledJob }[]>();
     let sent = 0;
     for (const j of dead) {
@@ -555,6 +566,6 @@ export async function redriveSettlements(db: Pool, boss: PgBoss, limit = 1000): 
       sent += jobs.length;
     }
     await boss.complete(SETTLED_DEAD_QUEUE, dead, undefined, { db: bossDb(tx) });
-    return sent;
+    return { taken: dead.length, sent };
   });
 }

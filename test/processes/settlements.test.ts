@@ -356,7 +356,19 @@ describe('a handler’s time is bounded', () => {
   });
 });
 
-describe('`outboxd settlements redrive` is one transaction', () => {
+describe('`outboxd settlements redrive`: every dead letter, each batch one transaction', () => {
+  it('sends every dead letter back, more than a batch of them', async () => {
+    const ops = [];
+    for (let i = 0; i < 7; i++) ops.push(await settle());
+    await t.pool.query(`delete from outboxd.settlement_outbox where operation_id = any($1::uuid[])`, [ops]);
+    const data = (operationId: string) => ({ operationId, orderId: null, kind: 'charge', key: null, status: 'succeeded', externalId: null, amount: 1, currency: 'eur', settledAt: new Date().toISOString(), source: 'admin' });
+    await t.boss.insert(SETTLED_DEAD_QUEUE, ops.map((op) => ({ data: data(op) })));
+    expect(await redriveSettlements(t.pool, t.boss, 3)).toBe(7);
+    const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.settlement_outbox where operation_id = any($1::uuid[])`, [ops]);
+    expect(rows[0].n).toBe(7);
+    for (const op of ops) expect((await jobs(SETTLED_DEAD_QUEUE, op)).map((j) => j.state)).toEqual(['completed']);
+  });
+
   it('interrupted between sending the event again and completing its dead letter: nothing changed, no retry spent', async () => {
     const op = await settle();
     await t.pool.query(`delete from outboxd.settlement_outbox where operation_id = $1`, [op]); // as a dead-lettering delivery does
