@@ -18,8 +18,9 @@ export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
    * those last seen over $1 days ago, of an operation settled over $1 days ago, are deleted. An
    * unsettled operation's history (held for review, or still being driven) is kept whatever its age.
    * Rows are scanned in id order (the primary key), so a batch reads $3 rows, however large the table;
-   * reached_window: the batch's last row is inside the window, and so is every later one (ids and times
-   * grow together). Each row's operation is read by its primary key (a scalar subquery, run per row) and
+   * reached_window: the batch's last row was written inside the window, and so was every later one (ids
+   * and insert times grow together; a repeat's last_at does not, and a row repeated lately among rows
+   * long due would end every run at it). Each row's operation is read by its primary key (a scalar subquery, run per row) and
    * the rows are deleted by theirs (byIds): joined, a generic plan hashed the batch against every
    * operation settled before the window, the whole ledger's worth at each batch
    * (test/database/batchPlans.test.ts).
@@ -27,7 +28,7 @@ export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
   pruneOperationEvents: statement<[retentionDays: number, afterId: number, scan: number]>(
     'outboxd_prune_operation_events',
     `with scanned as (
-       select id, operation_id, coalesce(last_at, at) as seen from ${s}.operation_events where id > $2 order by id limit $3
+       select id, operation_id, at, coalesce(last_at, at) as seen from ${s}.operation_events where id > $2 order by id limit $3
      ), gone as (
        delete from ${s}.operation_events e
        where ${byIds('e', `array(select sc.id from scanned sc where sc.seen < now() - make_interval(days => $1)
@@ -35,7 +36,7 @@ export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
        returning e.id
      )
      select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,
-       coalesce((select seen >= now() - make_interval(days => $1) from scanned order by id desc limit 1), true) as reached_window`,
+       coalesce((select at >= now() - make_interval(days => $1) from scanned order by id desc limit 1), true) as reached_window`,
   ),
 
   /** The audit trail's retention, as pruneOperationEvents: an action about an unsettled operation is kept. */

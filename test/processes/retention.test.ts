@@ -121,6 +121,18 @@ describe('retention of the timeline and the audit trail', () => {
     expect(await eventsOf(op)).toBe(1);
   });
 
+  it('a row repeated lately ends no run early: the scan goes on past it to the rows long due after it', async () => {
+    await t.pool.query(`delete from outboxd.operation_events`);
+    // Held for review for months: its history is kept, and its flag repeated by every sweep.
+    const held = await historic(120, null, 2);
+    await t.pool.query(`update outboxd.operation_events set repeats = 3000, last_at = now() - interval '2 minutes'
+      where id = (select max(id) from outboxd.operation_events where operation_id = $1)`, [held]);
+    const due = await historic(100, 95, 5);
+    for (let run = 0; run < 2; run++) await pruneHistory(t.pool, days, { scan: 2 });
+    expect(await eventsOf(due)).toBe(0);
+    expect(await eventsOf(held)).toBe(2);
+  });
+
   it('runs as a job of the workers, on a queue that runs one job at a time in the whole fleet', async () => {
     const op = await historic(200, 150);
     await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]); // no relay to record
