@@ -217,7 +217,11 @@ export interface SettlementDelivery {
  * (takeSettlementEvent) for the handler's timeout and a margin, fenced by its attempt. A handler that
  * returns deletes the event; one that throws or outlives timeoutMs puts it off with backoff, as the named
  * subscribers' queues do (1 s doubling to 5 min, with jitter), and its 41st failure dead-letters it to
- * `settled_dead` in the transaction that deletes it. A loop that got an event wakes a sleeping one (a
+ * `settled_dead` in the transaction that deletes it. An event whose last delivery never finished (its lease
+ * lapsed: the process died or stalled in the handler) may be what killed it, and is delivered alone: taken
+ * while no other is taken, run once the handlers in hand have returned, so that if it kills this process
+ * too it takes no other event with it (each would come back lapsed, and be dead-lettered after 41 such
+ * deaths though its own handler never failed). A loop that got an event wakes a sleeping one (a
  * backlog spreads over the slots) and looks again itself once done; while idle, one looks every
  * `idlePollMs` (IDLE_POLL_MS). With a `listener` (a session connection's LISTEN), a loop that finds
  * nothing registers the delivery in settlement_sleepers, and the table's NOTIFY of an event it may take
@@ -231,6 +235,8 @@ export function deliverSettlements(
   handle: (event: SettlementEvent) => Promise<void>,
 ): SettlementDelivery {
   const leaseSeconds = Math.ceil(work.timeoutMs / 1000) + LEASE_MARGIN_SECONDS;
+  // A delivery alone first waits for the handlers in hand, each bounded by the timeout.
+  const lapsedLeaseSeconds = leaseSeconds + Math.ceil(work.timeoutMs / 1000);
   const idlePollMs = work.idlePollMs ?? IDLE_POLL_MS;
   let stopped = false;
   /** The loops asleep on an empty table (or a failed look), each woken by one call. */
@@ -266,33 +272,68 @@ export function deliverSettlements(
     }
   }
 
-  /** Takes and delivers one event; false when there was none to take. */
-  async function deliverOne(): Promise<boolean> {
-    const row = (await db.query(db.sql.takeSettlementEvent(leaseSeconds, SETTLED_EVENT))).rows[0];
-    if (!row) return false;
-    wakeOne();
-    if (row.orphan) {
-      // Its operation does not exist: there is nothing to tell, and it would be leased again for ever.
-      await db.query(db.sql.settlementEventDone(row.id, row.attempts));
-      return true;
-    }
-    if (row.attempts > settledQueueOptions.retryLimit! + 1) {
-      // Its deliveries since its last recorded failure never finished (each process died or stalled in
-      // the handler, its lease lapsing): an event that kills its process is dead-lettered like one that throws.
-      const lapsed = 'its last deliveries never finished: the process died or stalled in the handler';
-      await settleDelivery(row, new Error(row.last_error ? `${row.last_error} (then ${lapsed})` : lapsed));
-      return true;
-    }
+  /** Events taken and not yet done with in this process, but one delivered alone (a handler counts until
+   * its timeout), and the delivery alone waiting for none. */
+  let inHand = 0;
+  const noneInHand: (() => void)[] = [];
+  /** Set while an event whose last delivery lapsed is in hand: nothing else is taken until it ends. */
+  let alone: { ended: Promise<void>; end: () => void } | undefined;
+  /** One take at a time, so that a take knows whether the one before it began a delivery alone. */
+  let taking: Promise<unknown> = Promise.resolve();
+
+  function takeNext(): Promise<Record<string, any> | undefined> {
+    const taken = taking.then(async () => {
+      while (alone) await alone.ended;
+      if (stopped) return undefined;
+      const row = (await db.query(db.sql.takeSettlementEvent(leaseSeconds, SETTLED_EVENT, lapsedLeaseSeconds))).rows[0];
+      if (row?.lapsed) {
+        let end!: () => void;
+        alone = { ended: new Promise<void>((resolve) => (end = resolve)), end };
+      } else if (row) inHand++;
+      return row;
+    });
+    taking = taken.catch(() => {});
+    return taken;
+  }
+
+  async function run(row: Record<string, any>): Promise<unknown> {
     const job = settledJobOf(row);
     const event = eventOf(job);
-    let failure: unknown;
     try {
       await traceDelivery({ ...event, traceparent: job.traceparent }, row.attempts - 1, () => withinTimeout(() => handle(event), work.timeoutMs));
+      return undefined;
     } catch (err) {
-      failure = err ?? new Error('the handler threw nothing');
+      return err ?? new Error('the handler threw nothing');
     }
-    await settleDelivery(row, failure);
-    return true;
+  }
+
+  /** Takes and delivers one event; false when there was none to take. */
+  async function deliverOne(): Promise<boolean> {
+    const row = await takeNext();
+    if (!row) return false;
+    wakeOne();
+    try {
+      if (row.orphan) {
+        // Its operation does not exist: there is nothing to tell, and it would be leased again for ever.
+        await db.query(db.sql.settlementEventDone(row.id, row.attempts));
+        return true;
+      }
+      if (row.attempts > settledQueueOptions.retryLimit! + 1) {
+        // Its deliveries since its last recorded failure never finished (each process died or stalled in
+        // the handler, its lease lapsing): an event that kills its process is dead-lettered like one that throws.
+        const lapsed = 'its last deliveries never finished: the process died or stalled in the handler';
+        await settleDelivery(row, new Error(row.last_error ? `${row.last_error} (then ${lapsed})` : lapsed));
+        return true;
+      }
+      if (row.lapsed && inHand > 0) await new Promise<void>((resolve) => noneInHand.push(resolve));
+      await settleDelivery(row, await run(row));
+      return true;
+    } finally {
+      if (row.lapsed) {
+        alone?.end();
+        alone = undefined;
+      } else if (--inHand === 0) noneInHand.splice(0).forEach((resolve) => resolve());
+    }
   }
 
   const sleeper = listener?.listen

@@ -137,21 +137,24 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
      * Leases the next event an unnamed handler may take for $1 seconds, fenced by its attempt: one whose
      * time has come (its insert, or the end of its backoff), that no delivery holds (a lapsed lease is
      * a delivery that died), and, while anyone is subscribed by name ($2: pg-boss's event), that the
-     * relay copied to their queues already (so that consuming it never takes it from them). The lease
-     * touches no indexed column: a HOT update. `orphan`: its operation does not exist (nothing to say).
+     * relay copied to their queues already (so that consuming it never takes it from them). `lapsed`:
+     * its last delivery's lease ran out with nothing recorded (its process died or stalled in the
+     * handler), and it is leased for $3 seconds instead (a delivery alone waits for the others first).
+     * The lease touches no indexed column: a HOT update. `orphan`: its operation does not exist.
      */
-    takeSettlementEvent: statement<[leaseSeconds: number, event: string]>(
+    takeSettlementEvent: statement<[leaseSeconds: number, event: string, lapsedLeaseSeconds: number]>(
       'outboxd_take_settlement_event',
-      `with taken as (
-         update ${s}.settlement_outbox set attempts = attempts + 1, leased_until = now() + make_interval(secs => $1)
-         where id = (
-           select id from ${s}.settlement_outbox
-           where not_before <= now() and (leased_until is null or leased_until <= now()) and (fanned_out or not ${subscribed(2)})
-           order by not_before, id limit 1 for update skip locked
-         )
-         returning id, operation_id, source, attempts, last_error
+      `with next as (
+         select id, leased_until is not null as lapsed from ${s}.settlement_outbox
+         where not_before <= now() and (leased_until is null or leased_until <= now()) and (fanned_out or not ${subscribed(2)})
+         order by not_before, id limit 1 for update skip locked
+       ), taken as (
+         update ${s}.settlement_outbox o
+         set attempts = o.attempts + 1, leased_until = now() + make_interval(secs => case when next.lapsed then $3::int else $1::int end)
+         from next where o.id = next.id
+         returning o.id, o.operation_id, o.source, o.attempts, o.last_error, next.lapsed
        )
-       select taken.id, taken.attempts, taken.last_error, op.id is null as orphan, ${EVENT}
+       select taken.id, taken.attempts, taken.last_error, taken.lapsed, op.id is null as orphan, ${EVENT}
        from taken left join ${s}.payment_operations op on op.id = taken.operation_id`,
     ),
 

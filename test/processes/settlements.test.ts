@@ -447,6 +447,34 @@ describe('the unnamed handlers’ table', () => {
     }
   });
 
+  it('an event whose last delivery never finished is delivered alone, so that if it kills its process it takes no other event with it', { timeout: 60_000 }, async () => {
+    // A process died with six events in hand, one of which killed it: every lease lapsed. Three new ones wait too.
+    const lapsed = [];
+    for (let i = 0; i < 6; i++) lapsed.push(await settle());
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = attempts + 1, leased_until = now() - interval '1 second' where operation_id = any($1::uuid[])`, [lapsed]);
+    const fresh = [];
+    for (let i = 0; i < 3; i++) fresh.push(await settle());
+    const ours = new Set([...lapsed, ...fresh]);
+    const ran: { op: string; from: number; to: number }[] = [];
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    try {
+      await outboxd.onSettled(async (event) => {
+        if (!ours.has(event.operationId)) return;
+        const from = performance.now();
+        await new Promise((resolve) => setTimeout(resolve, 200));
+        ran.push({ op: event.operationId, from, to: performance.now() });
+      });
+      await waitUntil(() => ran.length === ours.size, 30_000, 'every event handled');
+    } finally {
+      await outboxd.stop();
+    }
+    // The fresh ones may run beside each other; a lapsed one runs beside nothing.
+    for (const mine of ran.filter((r) => lapsed.includes(r.op))) {
+      expect(ran.filter((r) => r !== mine && r.from < mine.to && mine.from < r.to)).toEqual([]);
+    }
+    expect(ran.filter((r) => fresh.includes(r.op))).toHaveLength(3);
+  });
+
   it('an event whose deliveries kill their process is dead-lettered like one whose handler throws, without running the handler again', { timeout: 60_000 }, async () => {
     const op = await settle();
     // 41 deliveries begun, the last one's lease lapsed with nothing recorded.
