@@ -449,10 +449,10 @@ describe('the unnamed handlers’ table', () => {
 
   it('an event whose last delivery never finished is delivered alone, so that if it kills its process it takes no other event with it', { timeout: 60_000 }, async () => {
     // A process died with six events in hand, one of which killed it: every lease lapsed. Three new ones wait too.
-    const lapsed = [];
+    const lapsed: string[] = [];
     for (let i = 0; i < 6; i++) lapsed.push(await settle());
     await t.pool.query(`update outboxd.settlement_outbox set attempts = attempts + 1, leased_until = now() - interval '1 second' where operation_id = any($1::uuid[])`, [lapsed]);
-    const fresh = [];
+    const fresh: string[] = [];
     for (let i = 0; i < 3; i++) fresh.push(await settle());
     const ours = new Set([...lapsed, ...fresh]);
     const ran: { op: string; from: number; to: number }[] = [];
