@@ -200,6 +200,8 @@ export class Outboxd {
   #delivery: SettlementDelivery | undefined;
   #worker: Promise<EffectWorker> | undefined;
   #stopped = false;
+  /** stop()'s one run: a second call waits for it rather than returning before it is done. */
+  #stopping: Promise<void> | undefined;
 
   constructor(options: OutboxdOptions) {
     const { connectionString, pool } = options ?? {};
@@ -454,9 +456,12 @@ export class Outboxd {
 
   /** Stops the worker (calls in flight finish first) and the subscription (a handler running finishes
    * first), and releases what this instance holds (its own pool; never an application's). */
-  async stop(): Promise<void> {
-    if (this.#stopped) return;
+  stop(): Promise<void> {
     this.#stopped = true;
+    return (this.#stopping ??= this.#stop());
+  }
+
+  async #stop(): Promise<void> {
     await (await this.#worker?.catch(() => undefined))?.stop();
     // A subscription still starting is let finish first, so that what it starts is stopped too.
     await this.#subscription?.catch(() => undefined);

@@ -54,15 +54,19 @@ export async function startInProcessWorker(opts: {
   }
   const { boss, dispatcher, metrics, gateway } = replica;
   log.info({ concurrency, kinds: dispatcher.kinds }, 'worker started in the application');
+  // One drain, whoever asks and however often (a SIGTERM handler, then outboxd.stop() in a finally): a
+  // second would end the pool twice, which pg throws on.
+  let stopped: Promise<void> | undefined;
   return {
     metrics: () => metrics.scrape(),
-    async stop() {
-      await dispatcher.drain(config.worker.shutdownGraceMs);
-      await boss.stop({ graceful: true, timeout: 2_000 });
-      if (url) await pool.end();
-      await gateway.close();
-      log.info('worker stopped');
-    },
+    stop: () =>
+      (stopped ??= (async () => {
+        await dispatcher.drain(config.worker.shutdownGraceMs);
+        await boss.stop({ graceful: true, timeout: 2_000 });
+        if (url) await pool.end();
+        await gateway.close();
+        log.info('worker stopped');
+      })()),
   };
 }
 

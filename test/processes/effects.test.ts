@@ -611,6 +611,15 @@ describe('startWorker: the dispatcher inside the application’s process', () =>
     }
     expect((await appPool.query('select 1 as ok')).rows[0].ok).toBe(1); // the application's pool is not ended
   });
+
+  it("stop() again, or the worker's and then outboxd's (a SIGTERM handler and a finally): one drain, no error", async () => {
+    const o = new Outboxd({ connectionString: t.url });
+    const worker = await o.startWorker({ concurrency: 1 });
+    await Promise.all([worker.stop(), worker.stop()]);
+    await worker.stop();
+    await Promise.all([o.stop(), o.stop()]);
+    await o.stop();
+  });
 });
 
 describe('outboxd worker --effects', () => {
