@@ -1,7 +1,8 @@
 import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
-import type pg from 'pg';
+import pg from 'pg';
 import { createBoss, createQueues } from '../outbox/outbox.ts';
+import { ConfigError } from '../runtime/config.ts';
 import { createPool, withClient, type PoolClient } from './pool.ts';
 
 const MIGRATIONS = fileURLToPath(new URL('../../drizzle', import.meta.url));
@@ -70,12 +71,45 @@ export async function drizzlePending(client: Pick<PoolClient, 'query'>, schema: 
  * lock that serialises migrators is a session's), or an application's pool. `folder`: the migrations.
  */
 export async function migrate(connection: string | pg.Pool, schema: string, folder = MIGRATIONS): Promise<void> {
+  const shared = await sharedSession(connection);
+  if (shared) {
+    throw new ConfigError(
+      `the migration's connection reaches PostgreSQL through a transaction pooler (${shared}): a migration needs a session of its own, ` +
+        'or its lock and settings stay behind on the pooler\'s server connections. Give it the database itself: DATABASE_DIRECT_URL (the library: directConnectionString)',
+    );
+  }
   if (typeof connection !== 'string') return withClient(connection, (client) => migrateWith(client, connection, schema, folder));
   const pool = createPool(connection, { schema, max: 1, applicationName: 'outboxd-migrate', timeouts: false });
   try {
     await withClient(pool, (client) => migrateWith(client, connection, schema, folder));
   } finally {
     await pool.end();
+  }
+}
+
+/**
+ * How two connections held open at once showed that they share PostgreSQL sessions, or undefined when
+ * each kept its own. Reached directly, or through a pooler in session mode, each is served by one backend
+ * of its own throughout; a transaction pooler hands each statement to a free server connection, the one
+ * the other connection just used as often as not. Asked in turn three times, so that a pool busy with
+ * other clients meanwhile still shows it; never a false alarm on a direct connection.
+ */
+async function sharedSession(connection: string | pg.Pool): Promise<string | undefined> {
+  const config = typeof connection === 'string' ? { connectionString: connection } : connection.options;
+  const clients = [0, 1].map(() => new pg.Client({ ...config, application_name: 'outboxd-migrate' }));
+  try {
+    await Promise.all(clients.map((c) => c.connect()));
+    const pids: number[][] = [[], []];
+    for (let round = 0; round < 3; round++) {
+      for (const [i, c] of clients.entries()) pids[i]!.push((await c.query('select pg_backend_pid() as pid')).rows[0].pid);
+    }
+    const [a, b] = pids.map((p) => new Set(p)) as [Set<number>, Set<number>];
+    if (a.size > 1 || b.size > 1) return `one connection was served by backends ${[...a, ...b].join(', ')} in turn`;
+    const [pid] = [...a];
+    if (b.has(pid!)) return `two connections were both served by backend ${pid}`;
+    return undefined;
+  } finally {
+    await Promise.all(clients.map((c) => c.end().catch(() => {})));
   }
 }
 

@@ -145,4 +145,27 @@ describe.for(releases)('through PgBouncer $label in transaction mode', ({ releas
     expect(replica.logs.some((l) => typeof l.msg === 'string' && /prepared statement/.test(JSON.stringify(l)))).toBe(false);
     expect(bouncer.log()).not.toMatch(/unsupported startup parameter/);
   }, 300_000);
+
+  it('a migration through the pooler is refused before it takes its lock, naming DATABASE_DIRECT_URL; the database itself migrates', async () => {
+    const heldLocks = async () => (await t.pool.query(`select count(*)::int as n from pg_locks l join pg_database d on d.oid = l.database
+      where l.locktype = 'advisory' and d.datname = current_database()`)).rows[0].n;
+    // Run again and again, as a deploy's migrate Job is: each time refused, none left waiting on a lock.
+    const env = { ...process.env, DATABASE_URL: pooled, DATABASE_DIRECT_URL: '', OUTBOXD_SCHEMA: t.schema, LOG_LEVEL: 'warn' };
+    for (let run = 0; run < 3; run++) {
+      const child = spawn(process.execPath, [BIN, 'migrate'], { env });
+      let stderr = '';
+      child.stderr.on('data', (d) => (stderr += d));
+      expect(await new Promise((resolve) => child.on('exit', resolve))).toBe(2);
+      expect(stderr).toMatch(/through a transaction pooler .*DATABASE_DIRECT_URL/);
+    }
+    const pool = new pg.Pool({ connectionString: pooled, max: 2 });
+    try {
+      await expect(new Outboxd({ pool, schema: t.schema }).migrate()).rejects.toMatchObject({ name: 'ConfigError', message: expect.stringMatching(/directConnectionString/) });
+    } finally {
+      await pool.end();
+    }
+    expect(await heldLocks()).toBe(0);
+    await new Outboxd({ pool: appPool, directConnectionString: t.url, schema: t.schema }).migrate();
+    expect(await heldLocks()).toBe(0);
+  }, 60_000);
 });
