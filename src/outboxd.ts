@@ -57,8 +57,8 @@ export type OutboxdOptions = (
 ) & {
   /** A session connection, when `connectionString` (or the pool) goes through a transaction pooler
    * (PgBouncer's transaction mode): migrate() takes its lock there, and with `connectionString` the
-   * settlement subscription and startWorker LISTEN there (without one, or on an application's pool, they
-   * poll). Given, `connectionString` is taken to be a pooler's. */
+   * settlement subscription and startWorker LISTEN there (without one, or on an application's pool even
+   * with one, they poll). Given, `connectionString` is taken to be a pooler's. */
   directConnectionString?: string;
   /** PostgreSQL schema of outboxd's tables; default OUTBOXD_SCHEMA, else `outboxd`. */
   schema?: string;
