@@ -13,7 +13,7 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
     'outboxd_lock_charge_for_refund',
     `update ${s}.payment_operations set updated_at = updated_at
      where id = $1 and kind = 'charge' and status = 'succeeded'
-     returning id`,
+     returning id, payload->>'transfer_destination' is not null as transfers, payload->>'application_fee_amount' is not null as takes_fee`,
   ),
 
   /**

@@ -103,6 +103,19 @@ describe('requesting a refund: refused before anything is written', () => {
     expect(await counts()).toEqual(before);
   });
 
+  it('a transfer to reverse, or an application fee to refund, that the charge does not have is refused', async () => {
+    const { charge } = await paidCharge();
+    const before = await counts();
+    await expect(refund({ chargeOperationId: charge, amount: 100, key: 'rt', reverseTransfer: true })).rejects.toMatchObject({ name: 'RefundRefused', code: 'no_transfer' });
+    await expect(refund({ chargeOperationId: charge, amount: 100, key: 'rf', refundApplicationFee: true })).rejects.toMatchObject({ name: 'RefundRefused', code: 'no_application_fee' });
+    expect(await counts()).toEqual(before);
+    // A connected account's own charge with the platform's fee: the fee can be refunded, there is no transfer.
+    const direct = await confirm(t, { stripeAccount: 'acct_1DirectShop', applicationFeeAmount: 100 });
+    await executeOperation(t.pool, kindsFor(e.gateway()), direct, await claim(t, direct));
+    expect(await refund({ chargeOperationId: direct, amount: 100, key: 'fee', refundApplicationFee: true })).toMatchObject({ created: true });
+    await expect(refund({ chargeOperationId: direct, amount: 100, key: 'rt', reverseTransfer: true })).rejects.toMatchObject({ code: 'no_transfer' });
+  });
+
   it.each([
     ['zero', { amount: 0 }, 'amount'],
     ['negative', { amount: -5 }, 'amount'],

@@ -60,8 +60,10 @@ export class RefundRefused extends Error {
   override name = 'RefundRefused';
   readonly chargeOperationId: string;
   /** not_a_charge, charge_not_succeeded, charge_not_captured (an authorization nothing was captured of),
-   * exceeds_remaining, or key_conflict (the key names a refund of another amount or reason). */
-  readonly code: 'not_a_charge' | 'charge_not_succeeded' | 'charge_not_captured' | 'exceeds_remaining' | 'key_conflict';
+   * exceeds_remaining, key_conflict (the key names a refund of another amount or reason), no_transfer
+   * (reverseTransfer of a charge that is no destination charge) or no_application_fee
+   * (refundApplicationFee of a charge that took none). */
+  readonly code: 'not_a_charge' | 'charge_not_succeeded' | 'charge_not_captured' | 'exceeds_remaining' | 'key_conflict' | 'no_transfer' | 'no_application_fee';
   constructor(chargeOperationId: string, code: RefundRefused['code'], message: string) {
     super(message);
     this.chargeOperationId = chargeOperationId;
@@ -91,6 +93,12 @@ async function requestInTransaction(db: Queryable, req: RefundInput): Promise<Re
   // Concurrent requests for one charge wait here for each other until the caller commits.
   const { rows: locked } = await db.query(db.sql.lockChargeForRefund(charge));
   if (!locked[0]) throw await notRefundable(db, charge);
+  if (req.reverseTransfer && !locked[0].transfers) {
+    throw new RefundRefused(charge, 'no_transfer', `charge ${charge} is not a destination charge: it made no transfer to reverse`);
+  }
+  if (req.refundApplicationFee && !locked[0].takes_fee) {
+    throw new RefundRefused(charge, 'no_application_fee', `charge ${charge} took no application fee to refund`);
+  }
   const reason = req.reason ?? null;
   const { rows } = await db.query(
     db.sql.insertRefundOperation(charge, req.amount, req.key, reason, activeTraceparent(), req.reverseTransfer ?? false, req.refundApplicationFee ?? false),
