@@ -8,6 +8,7 @@ import { callerTransaction } from './db/caller.ts';
 import { migrate } from './db/migrate.ts';
 import { createPool, isPooled, type Pool, type Queryable } from './db/pool.ts';
 import { isOperationId, type Operation, type OperationStatus } from './engine/operation.ts';
+import { callerKeyOf } from './types/operation.ts';
 import { requestCharge, type ChargeRequested } from './kinds/charge/request.ts';
 import { requestRefund, type RefundRequested } from './kinds/refund/request.ts';
 import { requestCancel, requestCapture, type ChangeRequested } from './kinds/hold/request.ts';
@@ -155,7 +156,8 @@ export interface PaymentOperation {
   metadata: Record<string, string>;
   /** A refund's charge operation. */
   parentOperationId: string | null;
-  /** A refund's key (unique per charge operation), or an application effect's (unique per kind). */
+  /** The key its request gave: a refund's, capture's or cancel's (unique per charge operation), or an
+   * application effect's (unique per kind); as the settlement event says it. */
   key: string | null;
   /** An application effect's payload. */
   payload: unknown;
@@ -485,7 +487,7 @@ function toPaymentOperation(op: Operation): PaymentOperation {
     paymentMethod: op.payment_method,
     metadata: op.metadata,
     parentOperationId: op.parent_operation_id,
-    key: op.effect_key,
+    key: callerKeyOf(op),
     payload: op.payload,
     result: op.result,
     possibleDuplicates: op.possible_duplicates,

@@ -67,6 +67,14 @@ export const shortOperationId = (id: string): string => id.slice(0, 18);
 
 export const isSettled = (status: OperationStatus): boolean => status === 'succeeded' || status === 'failed';
 
+/** The key its caller gave: a capture's or a cancel's effect_key is qualified by its charge
+ * (`<charge operation id>/<key>`: a key is a charge's own), the caller's kept in its payload; as the
+ * settlement event says it (src/sql/outbox.ts). */
+export function callerKeyOf(op: Pick<Operation, 'effect_key' | 'parent_operation_id' | 'payload'>): string | null {
+  const key = (op.payload as { key?: unknown } | null)?.key;
+  return typeof key === 'string' && op.effect_key === `${op.parent_operation_id}/${key}` ? key : op.effect_key;
+}
+
 /** What one step of the executor learned, and Stripe's id of the response it learned it from (when
  * one arrived), which the operation's timeline keeps. */
 export type Outcome = (

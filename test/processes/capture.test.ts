@@ -23,6 +23,7 @@ import { operationPage } from '../../src/console/views/operation.ts';
 import type Stripe from 'stripe';
 import type pg from 'pg';
 import { waitUntil } from '../../harness/replica.ts';
+import { Outboxd } from '../../src/outboxd.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
 import { claim, confirm, operation } from '../support/fixtures.ts';
@@ -131,6 +132,14 @@ describe('requesting a capture or a cancel: refused before anything is written',
     const third = await held();
     expect((await capture({ chargeOperationId: third.charge, key: 'ship-1' })).created).toBe(true);
     expect((await operation(t, cancelOp)).payload).toMatchObject({ key: 'c-1', reason: 'requested_by_customer' });
+    // The application reads its own key back, as its settlement event says it.
+    const o = new Outboxd({ connectionString: t.url, schema: t.schema });
+    try {
+      expect(await o.getOperation(first.operationId)).toMatchObject({ kind: 'capture', key: 'ship-1' });
+      expect(await o.getOperation(cancelOp)).toMatchObject({ kind: 'cancel', key: 'c-1' });
+    } finally {
+      await o.stop();
+    }
   });
 
   it('a capture and a cancel racing: the later waits for the earlier’s transaction, then is refused; one change is made', async () => {
