@@ -87,7 +87,7 @@ export interface ChargeRequest {
   /** After every earlier charge of the order failed: charge again even with the same payment method. */
   retry?: boolean;
   /** manual: an authorization. The operation succeeds when Stripe holds the funds (its settlement event
-   * says captureMethod manual); requestCapture takes them, requestCancel releases them. Default automatic. */
+   * carries `hold`, with until when); requestCapture takes them, requestCancel releases them. Default automatic. */
   captureMethod?: 'automatic' | 'manual';
   /** Connect: the connected account (acct_…) the charge is made on; its captures, cancels and refunds too. */
   stripeAccount?: string;
