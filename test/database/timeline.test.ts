@@ -300,6 +300,12 @@ describe('the operation timeline', () => {
     };
     const charge = await confirm(t);
     expect(await page(charge)).toContain(`payment-op:${charge}`);
+    // Its key window, while it may be resent; once settled, nothing is.
+    await t.pool.query(`update outboxd.payment_operations set first_attempted_at = now() - interval '1 hour', attempts = 1 where id = $1`, [charge]);
+    expect(await page(charge)).toMatch(/open until .*22 h \d+ min left\): resent with the same key/);
+    await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now() where id = $1`, [charge]);
+    expect(await page(charge)).toMatch(/settled: nothing is sent again/);
+    expect(await page(charge)).not.toMatch(/resent with the same key/);
     const { rows } = await t.pool.query(
       `insert into outboxd.payment_operations (kind, policy, effect_key, payload) values ('welcome_mail', 'at-least-once', 'k-' || gen_random_uuid(), '{}') returning id`,
     );

@@ -161,6 +161,8 @@ function hold(op: Operation, related: Operation[], now: Date): Fragment {
 function keyWindow(op: Operation, now: Date): Fragment {
   if (!op.first_attempted_at) return html`<span class="muted">not started (no create sent)</span>`;
   const ends = new Date(op.first_attempted_at.getTime() + KEY_WINDOW_SECONDS * 1000);
+  // A settled operation sends nothing again (invariant 5): its window, open or not, no longer matters.
+  if (isSettled(op.status)) return html`<span class="muted">settled: nothing is sent again (first sent at ${utc(op.first_attempted_at)})</span>`;
   if (ends <= now) return html`passed at ${utc(ends)}: never created again, only reconciled through search`;
   return html`open until ${utc(ends)} (${span((ends.getTime() - now.getTime()) / 1000)} left): resent with the same key`;
 }
