@@ -323,12 +323,14 @@ ops
   .action(async (id: string, o) => {
     if (!!o.succeeded === !!o.failed) throw new InvalidArgumentError('give exactly one of --succeeded or --failed');
     const resolution: Resolution = o.succeeded
-      ? { outcome: 'succeeded', externalId: required(o.externalId, '--succeeded needs --external-id pi_… (or re_… for a refund)') }
+      ? { outcome: 'succeeded', externalId: required(o.externalId, '--succeeded needs --external-id: the PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund, your reference for an effect of your own') }
       : { outcome: 'failed', reason: required(o.reason, '--failed needs --reason "…"') };
     await withDatabase(({ url, pool, db }) =>
       withGateway(db, async (gateway) => {
         const opts = { leaseTtlMs: config.worker.leaseTtlMs, searchFreshnessSeconds: config.searchFreshnessSeconds };
-        const op = await withBoss(url, (boss) => resolveOperation(pool, gateway, boss, id, resolution, o.actor, opts));
+        // The console's short id as `ops show` takes it: one operation, or refused as ambiguous.
+        const { id: operationId } = await findOperation(pool, id);
+        const op = await withBoss(url, (boss) => resolveOperation(pool, gateway, boss, operationId, resolution, o.actor, opts));
         console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}`);
       }),
     );
@@ -351,7 +353,7 @@ program
       withBoss(url, async (boss) => {
         const opts = { actor: o.actor, dryRun: !!o.dryRun };
         const results = id
-          ? [await requeueOperation(pool, boss, id, opts)]
+          ? [await requeueOperation(pool, boss, (await findOperation(pool, id)).id, opts)]
           : await requeueStuck(pool, boss, { ...opts, olderThanSeconds: o.olderThan });
         if (o.json) console.log(JSON.stringify(results));
         else for (const r of results) console.log(`${r.operationId} ${r.result}${'reason' in r ? `: ${r.reason}` : ''}`);

@@ -295,6 +295,15 @@ describe('ops show short ids, ops list, audit', () => {
     expect(tooShort.stderr).toMatch(/^outboxd: OP_ID: not an operation id/);
   });
 
+  it('requeue and ops resolve take the same short ids', async () => {
+    const dry = await outboxd('requeue', 'abcdef011111', '--dry-run', '--json');
+    expect(dry.code, dry.stderr).toBe(0);
+    expect(JSON.parse(dry.stdout)).toMatchObject([{ operationId: A }]);
+    const ambiguous = await outboxd('requeue', 'abcdef01', '--dry-run');
+    expect(ambiguous.code).toBe(2);
+    expect(ambiguous.stderr).toMatch(/abcdef01 is ambiguous/);
+  });
+
   it('ops list shows a review reason only for operations in review', async () => {
     await t.pool.query(`update outboxd.payment_operations set last_error = 'timeout talking to stripe' where id = $1`, [A]);
     await t.pool.query(`update outboxd.payment_operations set review_reason = 'key window passed, no charge found' where id = $1`, [B]);

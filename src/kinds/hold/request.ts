@@ -12,7 +12,7 @@ import { CHARGE, isAuthorization, type Hold } from '../charge/evidence.ts';
 import { chargeChangeKey, chargeOperationIdInput } from '../refund/request.ts';
 import { RELEASE_KEY_PREFIX, type ChangePayload } from './change.ts';
 
-const key = chargeChangeKey.refine((s) => !s.startsWith(RELEASE_KEY_PREFIX), `key must not begin with ${RELEASE_KEY_PREFIX}: outboxd's own releases are named so`);
+const key = chargeChangeKey.refine((s) => !s.startsWith(RELEASE_KEY_PREFIX), `key must not begin with "${RELEASE_KEY_PREFIX}", the prefix of outboxd's own releases`);
 
 export const captureInputSchema = z.strictObject({
   chargeOperationId: chargeOperationIdInput,
