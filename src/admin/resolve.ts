@@ -69,6 +69,27 @@ async function resolve(
     const expected = namingOf(found.kind)?.externalId;
     if (expected && !expected.pattern.test(resolution.externalId)) throw new ValidationError('externalId', `must be ${expected.what}`);
   }
+  try {
+    return await resolveFound(pool, gateway, boss, found, resolution, actor, opts);
+  } catch (err) {
+    // A refusal is audited too: who tried to settle what, how, and what Stripe or the workers said.
+    if (err instanceof ResolutionRefused) {
+      const tried = resolution.outcome === 'succeeded' ? { externalId: resolution.externalId } : { givenReason: resolution.reason };
+      await recordAudit(pool, { actor, action: 'resolve_refused', operationId: found.id, details: { outcome: resolution.outcome, ...tried, refused: err.message } }).catch(() => {});
+    }
+    throw err;
+  }
+}
+
+async function resolveFound(
+  pool: Pool,
+  gateway: PaymentGateway,
+  boss: PgBoss,
+  found: Operation,
+  resolution: Resolution,
+  actor: string,
+  opts: ResolveOptions,
+): Promise<Operation> {
   if (isSettled(found.status)) throw new ResolutionRefused(`operation ${found.id} is already ${found.status}; a settled operation is never overwritten`);
 
   // 1. The resolution's own claim.

@@ -182,7 +182,7 @@ const audit: Source = (_op, record) =>
       title: `${a.action}${outcome} by ${a.actor}`,
       tone: 'info',
       facts: [['job', typeof d.jobId === 'string' ? d.jobId : null], ['was', typeof d.previousStatus === 'string' ? d.previousStatus : null]],
-      text: typeof d.reason === 'string' ? d.reason : null,
+      text: typeof d.reason === 'string' ? d.reason : typeof d.refused === 'string' ? `refused: ${d.refused}` : null,
     };
   });
 

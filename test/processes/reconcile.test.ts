@@ -174,8 +174,12 @@ describe('review resolution', () => {
 
     const resolved = await resolve(op, { outcome: 'succeeded', externalId: right!.id }, 'alice', gw);
     expect(resolved).toMatchObject({ status: 'succeeded', external_id: right!.id, needs_review: false });
-    const { rows } = await t.pool.query(`select actor, action, details from outboxd.admin_audit where operation_id = $1`, [op]);
-    expect(rows).toEqual([{ actor: 'alice', action: 'resolve', details: expect.objectContaining({ outcome: 'succeeded', previousStatus: 'unknown' }) }]);
+    const { rows } = await t.pool.query(`select actor, action, details from outboxd.admin_audit where operation_id = $1 order by id`, [op]);
+    expect(rows).toEqual([
+      ...[other, wrongAmount].map((pi) => ({ actor: 'alice', action: 'resolve_refused', details: expect.objectContaining({ outcome: 'succeeded', externalId: pi!.id }) })),
+      { actor: 'alice', action: 'resolve_refused', details: expect.objectContaining({ outcome: 'failed', givenReason: 'customer says no' }) },
+      { actor: 'alice', action: 'resolve', details: expect.objectContaining({ outcome: 'succeeded', previousStatus: 'unknown' }) },
+    ]);
     await expect(resolve(op, { outcome: 'succeeded', externalId: right!.id }, 'alice', gw)).rejects.toThrow(/never overwritten/);
   });
 
@@ -212,8 +216,9 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
     const run = await inFlight;
     expect(run.operation.status).toBe('succeeded');
     expect(charges(op)).toHaveLength(1);
-    const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.admin_audit where operation_id = $1`, [op]);
-    expect(rows[0].n).toBe(0);
+    // Audited as tried and refused, never as a resolution.
+    const { rows } = await t.pool.query(`select actor, action, details from outboxd.admin_audit where operation_id = $1`, [op]);
+    expect(rows).toEqual([{ actor: 'alice', action: 'resolve_refused', details: { outcome: 'failed', givenReason: 'no charge in the dashboard', refused: expect.stringMatching(/leased by worker-w/) } }]);
   });
 
   it('holds its own lease for the whole evidence check: no claim can start meanwhile', async () => {
