@@ -19,6 +19,8 @@ const MIGRATION_LOCK = 7_411_001;
 export const MIGRATION_LOCK_TIMEOUT_MS = 5_000;
 /** The same for a `concurrently` statement, which waits for every older transaction without blocking anyone. */
 const CONCURRENT_LOCK_TIMEOUT_MS = 15 * 60_000;
+/** How long the pooler check waits to connect, and for each answer. */
+const PROBE_TIMEOUT_MS = 10_000;
 /** A migration with such a statement cannot run in a transaction (PostgreSQL refuses): see applyMigrations. */
 const CONCURRENTLY = /\b(create|drop)\s+(unique\s+)?index\s+concurrently\b|\breindex\b.*\bconcurrently\b/i;
 
@@ -92,11 +94,16 @@ export async function migrate(connection: string | pg.Pool, schema: string, fold
  * each kept its own. Reached directly, or through a pooler in session mode, each is served by one backend
  * of its own throughout; a transaction pooler hands each statement to a free server connection, the one
  * the other connection just used as often as not. Asked in turn three times, so that a pool busy with
- * other clients meanwhile still shows it; never a false alarm on a direct connection.
+ * other clients meanwhile still shows it; never a false alarm on a direct connection. (A pooler that
+ * spreads one connection's statements over several servers, as pgpool-II's statement-level load balancing
+ * does, is taken for a transaction pooler too.) Two connections beyond the pool's own, for a moment.
  */
 async function sharedSession(connection: string | pg.Pool): Promise<string | undefined> {
-  const config = typeof connection === 'string' ? { connectionString: connection } : connection.options;
-  const clients = [0, 1].map(() => new pg.Client({ ...config, application_name: 'outboxd-migrate' }));
+  // A pool keeps its password off its enumerable options (a spread would drop it, or its function).
+  const config = typeof connection === 'string' ? { connectionString: connection } : { ...connection.options, password: connection.options.password };
+  const clients = [0, 1].map(() => new pg.Client({ ...config, application_name: 'outboxd-migrate', connectionTimeoutMillis: PROBE_TIMEOUT_MS, query_timeout: PROBE_TIMEOUT_MS }));
+  // A connection lost between the questions emits 'error': unheard, it would end the application's process.
+  for (const c of clients) c.on('error', () => {});
   try {
     await Promise.all(clients.map((c) => c.connect()));
     const pids: number[][] = [[], []];

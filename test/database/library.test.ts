@@ -297,6 +297,17 @@ describe('the rest of the API', () => {
     expect((await appPool.query('select 1 as ok')).rows[0].ok).toBe(1); // the application's pool is not ended
   });
 
+  it('{ pool } given its password apart from a URL (pg keeps it off the pool\'s enumerable options): migrate() signs in', async () => {
+    const u = new URL(t.url);
+    expect(u.password).not.toBe(''); // the test database asks for one
+    const pool = new pg.Pool({ host: u.hostname, port: Number(u.port), user: decodeURIComponent(u.username), password: decodeURIComponent(u.password), database: u.pathname.slice(1), max: 2 });
+    try {
+      await new Outboxd({ pool, schema: t.schema }).migrate();
+    } finally {
+      await pool.end();
+    }
+  });
+
   it('the constructor wants exactly one of connectionString and pool, and a valid schema', () => {
     expect(() => new Outboxd({} as never)).toThrow(TypeError);
     expect(() => new Outboxd({ connectionString: t.url, pool: appPool } as never)).toThrow(TypeError);
