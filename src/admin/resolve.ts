@@ -174,16 +174,16 @@ async function evidenceOfFailure(
   horizonSeconds: number,
 ): Promise<Record<string, unknown>> {
   if (!rules) return { reason, checked: `nothing: outboxd cannot check an effect of kind ${op.kind}` };
-  const evidence = await rules.noneSucceeded(op, reason, refuse);
   // What Stripe shows is not the last word while the last create that may have executed is recent, of
   // every kind: a request Stripe has not finished shows in no retrieve, list or search until it does (our
   // client giving up ends nothing there), and Search lags besides. Called failed meanwhile, a refund that
-  // lands later would be paid again under the application's next request.
+  // lands later would be paid again under the application's next request. Read before Stripe is asked:
+  // what counts is how old the attempt was when Stripe showed what it showed.
   const age: number | null = (await pool.query(pool.sql.lastAttemptAge(op.id))).rows[0]?.age_seconds ?? null;
   if (age !== null && age < horizonSeconds) {
     throw refuse(
       `the last attempt to ${op.kind} was ${Math.floor(age)} s ago: Stripe may not show it yet (a request still running there, or Search's lag; horizon ${horizonSeconds} s, SEARCH_FRESHNESS_SECONDS); try again in ${Math.ceil(horizonSeconds - age)} s`,
     );
   }
-  return { ...evidence, lastAttemptAgeSeconds: age };
+  return { ...(await rules.noneSucceeded(op, reason, refuse)), lastAttemptAgeSeconds: age };
 }

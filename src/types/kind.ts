@@ -99,7 +99,7 @@ export interface KindEvidence<Tx = unknown> {
    * as its own calls keep it; absent or null: nothing. */
   resultOf?(op: Operation, object: ProviderObject): string | null;
   /** Resolve --failed: what Stripe shows that no object of `op` succeeded or can still, or a refusal
-   * (resolve itself then waits out a recent create, whatever the kind). */
+   * (resolve itself first waits out a recent create, whatever the kind). */
   noneSucceeded(op: Operation, reason: string, refuse: Refuse): Promise<Record<string, unknown>>;
   /** What Stripe did since to the object of `op`, a settled operation of this kind, that the application
    * must hear of (an authorization released in Stripe: expired, or cancelled from the dashboard), recorded

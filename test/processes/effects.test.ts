@@ -419,8 +419,12 @@ describe('a person’s resolution of an effect of the application’s', () => {
     await expect(resolve({ outcome: 'succeeded', externalId: 'res-ticket-1' })).rejects.toThrow(/the workers still drive it/);
     await t.pool.query(`delete from pgboss.job where data->>'operationId' = $1`, [op]);
     expect(await resolve({ outcome: 'succeeded', externalId: 'res-ticket-1' })).toMatchObject({ status: 'succeeded', external_id: 'res-ticket-1' });
-    const { rows } = await t.pool.query(`select actor, details->'evidence' as evidence from outboxd.admin_audit where operation_id = $1`, [op]);
-    expect(rows).toEqual([{ actor: 'carol', evidence: { reference: 'res-ticket-1', checked: 'nothing: outboxd cannot check an effect of kind manual_reservation' } }]);
+    const { rows } = await t.pool.query(`select actor, action, details->'evidence' as evidence from outboxd.admin_audit where operation_id = $1 order by id`, [op]);
+    expect(rows).toEqual([
+      { actor: 'carol', action: 'resolve_refused', evidence: null },
+      { actor: 'carol', action: 'resolve_refused', evidence: null },
+      { actor: 'carol', action: 'resolve', evidence: { reference: 'res-ticket-1', checked: 'nothing: outboxd cannot check an effect of kind manual_reservation' } },
+    ]);
     expect(r.calls).toEqual({ execute: 0, check: 0 });
   });
 });

@@ -54,7 +54,7 @@ export function refundEvidence(gateway: PaymentGateway): KindEvidence {
 
 /** No refund of the operation's that has not failed: the known one, and every one the PaymentIntent's
  * list shows for the operation (a list is read-after-write, but shows no request Stripe is still
- * running: resolve waits out a recent create itself). */
+ * running: resolve first waits out a recent create itself). */
 async function noRefund(gateway: PaymentGateway, op: Operation, reason: string, refuse: Refuse): Promise<Record<string, unknown>> {
   let known;
   const account = accountOf(op);
