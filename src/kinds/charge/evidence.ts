@@ -1,7 +1,7 @@
 // How a PaymentIntent matches and settles a charge operation: one rule, used by the charge's own calls,
 // the webhooks, a person's resolution and the drift report.
 import type { Operation } from '../../types/operation.ts';
-import { isOperationId } from '../../types/operation.ts';
+import { isOperationId, isSettled } from '../../types/operation.ts';
 import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
 import { accountOf, FAILED_CHARGE_STATUSES, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
 import type { ChargePayload } from './input.ts';
@@ -35,11 +35,12 @@ export function chargeMismatch(op: Operation, charge: ProviderObject): string | 
   if (op.external_id && op.external_id !== charge.id) return `${charge.id} is not the operation's charge ${op.external_id}`;
   const method = (charge as Partial<Charge>).captureMethod;
   if (method !== undefined && (method === 'manual') !== isAuthorization(op)) return `${charge.id} has capture_method ${method}; the operation asked for ${isAuthorization(op) ? 'manual' : 'automatic'}`;
-  // A connected account writes its own PaymentIntents' metadata, and may name our operation there with
-  // the same amount; only the platform can set a fee, so one made by the account carries none.
+  // A connected account writes its own PaymentIntents' metadata, and may name our pending operation there
+  // with the same amount; only the platform can set a fee, so one made by the account carries none. Not
+  // asked of a settled operation's own PaymentIntent, whose fee the platform may change since.
   const fee = (charge as Partial<Charge>).applicationFeeAmount;
-  const asked = (op.payload as ChargePayload | null)?.application_fee_amount ?? null;
-  if (fee !== undefined && fee !== asked) return `${charge.id} carries an application fee of ${fee ?? 'none'}; the operation asked for ${asked ?? 'none'}`;
+  const asked = (op.payload as ChargePayload | null)?.application_fee_amount ?? 0;
+  if (fee !== undefined && !isSettled(op.status) && (fee ?? 0) !== asked) return `${charge.id} carries an application fee of ${fee ?? 'none'}; the operation asked for ${asked || 'none'}`;
   return null;
 }
 
@@ -106,7 +107,7 @@ async function recordRelease(tx: Queryable, op: Operation, pi: ProviderObject, s
   return rows.length > 0;
 }
 
-/** --failed is refused while any charge Stripe shows for the operation has not failed (resolve then
+/** --failed is refused while any charge Stripe shows for the operation has not failed (resolve first
  * waits out Search's freshness horizon after the last create: Search is not read-after-write). */
 async function noCharge(gateway: PaymentGateway, op: Operation, reason: string, refuse: Refuse): Promise<Record<string, unknown>> {
   let known;
