@@ -72,7 +72,7 @@ export const isSettled = (status: OperationStatus): boolean => status === 'succe
  * settlement event says it (src/sql/outbox.ts). */
 export function callerKeyOf(op: Pick<Operation, 'effect_key' | 'parent_operation_id' | 'payload'>): string | null {
   const key = (op.payload as { key?: unknown } | null)?.key;
-  return typeof key === 'string' && op.effect_key === `${op.parent_operation_id}/${key}` ? key : op.effect_key;
+  return typeof key === 'string' && op.parent_operation_id !== null && op.effect_key === `${op.parent_operation_id}/${key}` ? key : op.effect_key;
 }
 
 /** What one step of the executor learned, and Stripe's id of the response it learned it from (when
