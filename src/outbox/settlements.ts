@@ -235,7 +235,8 @@ export function deliverSettlements(
   handle: (event: SettlementEvent) => Promise<void>,
 ): SettlementDelivery {
   const leaseSeconds = Math.ceil(work.timeoutMs / 1000) + LEASE_MARGIN_SECONDS;
-  // A delivery alone first waits for the handlers in hand, each bounded by the timeout.
+  // A delivery alone first waits for the handlers in hand, each bounded by the timeout (its lease is then
+  // taken again for its own handler).
   const lapsedLeaseSeconds = leaseSeconds + Math.ceil(work.timeoutMs / 1000);
   const idlePollMs = work.idlePollMs ?? IDLE_POLL_MS;
   let stopped = false;
@@ -325,7 +326,13 @@ export function deliverSettlements(
         await settleDelivery(row, new Error(row.last_error ? `${row.last_error} (then ${lapsed})` : lapsed));
         return true;
       }
-      if (row.lapsed && inHand > 0) await new Promise<void>((resolve) => noneInHand.push(resolve));
+      if (row.lapsed && inHand > 0) {
+        await new Promise<void>((resolve) => noneInHand.push(resolve));
+        // However long the wait was, the handler gets its whole lease, or the event is given back (still
+        // lapsed: delivered alone again) when the delivery stopped meanwhile.
+        const { rowCount } = await db.query(db.sql.leaseSettlementEvent(row.id, row.attempts, stopped ? 0 : leaseSeconds));
+        if (!rowCount || stopped) return true;
+      }
       await settleDelivery(row, await run(row));
       return true;
     } finally {
@@ -582,8 +589,8 @@ export async function redriveSettlements(db: Pool, boss: PgBoss, batch = 1000): 
   for (;;) {
     const { taken, sent: more } = await redriveBatch(db, boss, batch);
     sent += more;
-    // Short: the dead letter held no more when it was read. Events dead-lettered meanwhile wait for the
-    // next redrive, so a handler failing as fast as it is redriven cannot keep this one going.
+    // Short: the dead letter held no more when it was read. It ends: a redriven event dies again only
+    // after its 41 deliveries with backoff, hours later.
     if (taken < batch) return sent;
   }
 }

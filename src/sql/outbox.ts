@@ -158,6 +158,13 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
        from taken left join ${s}.payment_operations op on op.id = taken.operation_id`,
     ),
 
+    /** The lease of a delivery in hand, for $3 seconds from now (0: given back, as if it had lapsed), unless
+     * another took it over. */
+    leaseSettlementEvent: statement<[id: number, attempt: number, seconds: number]>(
+      'outboxd_lease_settlement_event',
+      `update ${s}.settlement_outbox set leased_until = now() + make_interval(secs => $3::int) where id = $1 and attempts = $2 returning id`,
+    ),
+
     /** A delivery in hand is over (handled, or dead-lettered): the event goes, unless another took it over. */
     settlementEventDone: statement<[id: number, attempt: number]>(
       'outboxd_settlement_event_done',

@@ -475,6 +475,36 @@ describe('the unnamed handlers’ table', () => {
     expect(ran.filter((r) => fresh.includes(r.op))).toHaveLength(3);
   });
 
+  it('a lapsed event waiting for the handlers in hand when the delivery stops is given back, still lapsed, not run', { timeout: 60_000 }, async () => {
+    // Both waiting before the delivery starts: the first is taken and held in its handler, then the second,
+    // lapsed, which must wait for it.
+    const inHand = await settle();
+    const lapsed = await settle();
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = 1, leased_until = now() - interval '1 second' where operation_id = $1`, [lapsed]);
+    const seen: string[] = [];
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    let stopped: Promise<void> | undefined;
+    try {
+      await outboxd.onSettled(async (event) => {
+        seen.push(event.operationId);
+        if (event.operationId === inHand) await released;
+      });
+      await waitUntil(() => seen.includes(inHand), 20_000, 'a handler in hand');
+      const row = async () => (await t.pool.query(`select attempts, leased_until > now() as leased from outboxd.settlement_outbox where operation_id = $1`, [lapsed])).rows[0];
+      await waitUntil(async () => (await row())?.attempts === 2, 20_000, 'the lapsed event taken, waiting to be delivered alone');
+      stopped = outboxd.stop();
+      release();
+      await stopped;
+      expect(seen).not.toContain(lapsed);
+      expect(await row()).toEqual({ attempts: 2, leased: false });
+    } finally {
+      release();
+      await (stopped ?? outboxd.stop());
+    }
+  });
+
   it('an event whose deliveries kill their process is dead-lettered like one whose handler throws, without running the handler again', { timeout: 60_000 }, async () => {
     const op = await settle();
     // 41 deliveries begun, the last one's lease lapsed with nothing recorded.
