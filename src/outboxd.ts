@@ -58,8 +58,8 @@ export type OutboxdOptions = (
 ) & {
   /** A session connection, when `connectionString` (or the pool) goes through a transaction pooler
    * (PgBouncer's transaction mode): migrate() takes its lock there, and with `connectionString` the
-   * settlement subscription and startWorker LISTEN there (without one, or on an application's pool even
-   * with one, they poll). Given, `connectionString` is taken to be a pooler's. */
+   * settlement subscription and startWorker LISTEN there, beside `connectionString` or the pool (on a
+   * pool without one, they poll). Given, `connectionString` is taken to be a pooler's. */
   directConnectionString?: string;
   /** PostgreSQL schema of outboxd's tables; default OUTBOXD_SCHEMA, else `outboxd`. */
   schema?: string;
@@ -415,7 +415,7 @@ export class Outboxd {
     };
     const pool = this.#ownPool ?? (this.#connection as pg.Pool);
     // Woken by the table's NOTIFY where pg-boss LISTENs too (a session connection), else polling.
-    const listener = listensOn(this.#connection, this.#direct) ? boss.getDb() : undefined;
+    const listener = listensOn(this.#direct) ? boss.getDb() : undefined;
     this.#delivery = deliverSettlements({ db: this.#db, pool, boss, listener }, { slots: SETTLED_SLOTS, timeoutMs: this.#settlementTimeoutMs, onError: this.#onError }, handle);
     // What workers of the release before put on the pg-boss queue `settled` (src/outbox/settlements.ts):
     // its first loop looks every few seconds, the others when woken by a job found.

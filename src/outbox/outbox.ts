@@ -9,6 +9,7 @@
 import type pg from 'pg';
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
 import { beginBossTransaction } from '../db/bossTransaction.ts';
+import Db from 'pg-boss/dist/db.js';
 import { PooledBossDb } from '../db/bossDb.ts';
 import { bossDb, inTransaction, isPooled, type Pool } from '../db/pool.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
@@ -92,10 +93,10 @@ function forgetKindQueues(boss: PgBoss, kind: string): void {
   knownQueues.get(boss)?.delete(kind);
 }
 
-/** Whether a worker on `connection` can LISTEN: on a URL, with a session connection for it (which
- * DATABASE_URL itself is unless it is a transaction pooler's); never on an application's pool. */
-export const listensOn = (connection: string | pg.Pool, directUrl?: string): boolean =>
-  typeof connection === 'string' && directUrl !== undefined;
+/** Whether a worker can LISTEN: with a session connection for it (DATABASE_DIRECT_URL, or DATABASE_URL
+ * itself unless it is a transaction pooler's; the library's directConnectionString, or its
+ * connectionString), whatever its statements run on. An application's pool given alone has none. */
+export const listensOn = (directUrl: string | undefined): boolean => directUrl !== undefined;
 
 /**
  * `migrator` installs or upgrades pg-boss's schema; `worker` also supervises (heartbeat and expiry
@@ -113,14 +114,24 @@ export function createBoss(
   directUrl?: string,
 ): PgBoss {
   const worker = role === 'worker';
-  const listens = (worker || role === 'subscriber') && listensOn(connection, directUrl);
+  const listens = (worker || role === 'subscriber') && listensOn(directUrl);
   const application_name = `outboxd-boss-${role}`;
   const pooled = typeof connection === 'string' && isPooled(connection, directUrl);
   // A socket whose peer vanished (a failover) is noticed by the kernel and frees its slot.
   const database = { connectionString: connection as string, max, application_name, keepAlive: true };
-  return new PgBoss({
+  // On an application's pool, with a direct URL: LISTEN on a session of its own there (what pg-boss does
+  // with a Db it opened: a client of its own, reconnected on failure; no pool of the listener's is used).
+  const listener = typeof connection !== 'string' && listens ? new Db({ ...database, connectionString: directUrl!, max: 1 }) : undefined;
+  void listener?.open(); // makes the pool it never uses; nothing connects before listen()
+  const boss = new PgBoss({
     ...(typeof connection !== 'string'
-      ? { db: { executeSql: (text: string, values?: unknown[]) => connection.query(text, values), beginTransaction: () => beginBossTransaction(connection) } }
+      ? {
+          db: {
+            executeSql: (text: string, values?: unknown[]) => connection.query(text, values),
+            beginTransaction: () => beginBossTransaction(connection),
+            ...(listener ? { listen: listener.listen.bind(listener) } : {}),
+          },
+        }
       : listens && pooled
         ? { db: new PooledBossDb(database, directUrl!) }
         : database),
@@ -138,6 +149,9 @@ export function createBoss(
     // trace ids only (no baggage kept in the job table).
     openTelemetry: { propagateContext: true, propagator: traceContextPropagator },
   });
+  // A lost LISTEN connection is an error of the listener's (it reconnects): heard where pg-boss's are.
+  listener?.on('error', (err: Error) => boss.emit('error', err));
+  return boss;
 }
 
 /** What pg-boss's start says of a database where `outboxd migrate` has not run: its schema missing, or older. */

@@ -54,7 +54,7 @@ export async function composeReplica(o: {
   gateway.gateway.registerMetrics(metrics.registry);
   const dispatcher = new Dispatcher(
     // The relay LISTENs through pg-boss's own listener, which reconnects and keeps a heartbeat.
-    { boss, pool, gateway: gateway.gateway, log, metrics, kinds, ...(listensOn(o.bossConnection, db.directUrl) ? { listener: boss.getDb() } : {}) },
+    { boss, pool, gateway: gateway.gateway, log, metrics, kinds, ...(listensOn(db.directUrl) ? { listener: boss.getDb() } : {}) },
     {
       workerId: o.workerId,
       concurrency,

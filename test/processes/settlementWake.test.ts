@@ -2,7 +2,7 @@
 // rather than by their poll, and the triggers that send one only while a delivery waits
 // (settlement_sleepers): a NOTIFY serializes its senders' commits, so the workers' settling transactions
 // must not send one while the handlers are kept busy.
-import type pg from 'pg';
+import pg from 'pg';
 import type { Db as IDatabase } from 'pg-boss';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../harness/replica.ts';
@@ -305,6 +305,26 @@ describe('an application', () => {
       await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered');
     } finally {
       await app.stop();
+    }
+    expect(await sleepers()).toEqual([]);
+  });
+
+  it("on its own pool with directConnectionString, LISTENs there: its handlers' delivery and startWorker's relay are woken, not polling", { timeout: 60_000 }, async () => {
+    const pool = new pg.Pool({ connectionString: t.url, max: 6 });
+    process.env.LOG_LEVEL = 'silent'; // startWorker reads the worker's settings from the environment
+    const app = new Outboxd({ pool, directConnectionString: t.url, onError: () => {} });
+    const listeners = async () =>
+      (await t.pool.query(`select application_name from pg_stat_activity
+         where datname = current_database() and query like 'LISTEN%' order by 1`)).rows.map((r) => r.application_name as string);
+    try {
+      await app.onSettled(() => {});
+      await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered');
+      await app.startWorker({ concurrency: 1 });
+      await waitUntil(async () => (await listeners()).includes('outboxd-boss-worker'), 10_000, "the worker's LISTEN");
+      expect(await listeners()).toContain('outboxd-boss-subscriber');
+    } finally {
+      await app.stop();
+      await pool.end();
     }
     expect(await sleepers()).toEqual([]);
   });
