@@ -330,8 +330,10 @@ export function deliverSettlements(
         await new Promise<void>((resolve) => noneInHand.push(resolve));
         // However long the wait was, the handler gets its whole lease, or the event is given back (still
         // lapsed: delivered alone again) when the delivery stopped meanwhile.
-        const { rowCount } = await db.query(db.sql.leaseSettlementEvent(row.id, row.attempts, stopped ? 0 : leaseSeconds));
-        if (!rowCount || stopped) return true;
+        // Read once: a stop() while the lease is taken again lets the handler run, as it does one in hand.
+        const giveBack = stopped;
+        const { rowCount } = await db.query(db.sql.leaseSettlementEvent(row.id, row.attempts, giveBack ? 0 : leaseSeconds));
+        if (!rowCount || giveBack) return true;
       }
       await settleDelivery(row, await run(row));
       return true;
