@@ -314,8 +314,9 @@ describe('an application', () => {
     process.env.LOG_LEVEL = 'silent'; // startWorker reads the worker's settings from the environment
     const app = new Outboxd({ pool, directConnectionString: t.url, onError: () => {} });
     const listeners = async () =>
+      // pg-boss's listener checks its LISTEN every 10 s on the same session: that check is its last query then.
       (await t.pool.query(`select application_name from pg_stat_activity
-         where datname = current_database() and query like 'LISTEN%' order by 1`)).rows.map((r) => r.application_name as string);
+         where datname = current_database() and (query like 'LISTEN%' or query like '%pg_listening_channels%') order by 1`)).rows.map((r) => r.application_name as string);
     try {
       await app.onSettled(() => {});
       await waitUntil(async () => (await sleepers()).length === 1, 10_000, 'registered');
