@@ -12,7 +12,7 @@ const MIGRATIONS_TABLE = '__drizzle_migrations';
 /** Where the release that kept its tables in `public` recorded its migrations: drizzle's default. */
 const LEGACY_MIGRATIONS = 'drizzle.__drizzle_migrations';
 /** Serialises concurrent `outboxd migrate` runs (two deploys at once, tests in parallel). */
-const MIGRATION_LOCK = 7_411_001;
+export const MIGRATION_LOCK = 7_411_001;
 /** How long a migration's statement waits for a table's lock: a DDL statement waiting on an application's
  * long transaction would queue every statement on that table behind it (the application's, the old
  * replicas'). Past it the migration fails, changing nothing, and is run again later. */

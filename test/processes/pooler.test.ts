@@ -9,6 +9,7 @@ import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { MIGRATION_LOCK } from '../../src/db/migrate.ts';
 import { Outboxd } from '../../src/outboxd.ts';
 import type { SettlementEvent } from '../../src/outbox/settlements.ts';
 import { startReplica, waitUntil, type Replica } from '../../harness/replica.ts';
@@ -147,8 +148,10 @@ describe.for(releases)('through PgBouncer $label in transaction mode', ({ releas
   }, 300_000);
 
   it('a migration through the pooler is refused before it takes its lock, naming DATABASE_DIRECT_URL; the database itself migrates', async () => {
+    // The migrations' own lock (a bigint key: its low 32 bits in objid); the replica and pg-boss take
+    // others, for a moment, while this test runs.
     const heldLocks = async () => (await t.pool.query(`select count(*)::int as n from pg_locks l join pg_database d on d.oid = l.database
-      where l.locktype = 'advisory' and d.datname = current_database()`)).rows[0].n;
+      where l.locktype = 'advisory' and d.datname = current_database() and l.classid = 0 and l.objid = $1 and l.objsubid = 1`, [MIGRATION_LOCK])).rows[0].n;
     // Run again and again, as a deploy's migrate Job is: each time refused, none left waiting on a lock.
     const env = { ...process.env, DATABASE_URL: pooled, DATABASE_DIRECT_URL: '', OUTBOXD_SCHEMA: t.schema, LOG_LEVEL: 'warn' };
     for (let run = 0; run < 3; run++) {
