@@ -218,8 +218,9 @@ export interface SettlementDelivery {
  * returns deletes the event; one that throws or outlives timeoutMs puts it off with backoff, as the named
  * subscribers' queues do (1 s doubling to 5 min, with jitter), and its 41st failure dead-letters it to
  * `settled_dead` in the transaction that deletes it. An event whose last delivery never finished (its lease
- * lapsed: the process died or stalled in the handler) may be what killed it, and is delivered alone: taken
- * while no other is taken, run once the handlers in hand have returned, so that if it kills this process
+ * lapsed: the process died or stalled in the handler) may be what killed it, and is delivered alone: no
+ * other event is taken or run while it is in hand (one whose take was under way waits for it), and it
+ * runs once the handlers in hand have returned, so that if it kills this process
  * too it takes no other event with it (each would come back lapsed, and be dead-lettered after 41 such
  * deaths though its own handler never failed). A loop that got an event wakes a sleeping one (a
  * backlog spreads over the slots) and looks again itself once done; while idle, one looks every
@@ -273,29 +274,15 @@ export function deliverSettlements(
     }
   }
 
-  /** Events taken and not yet done with in this process, but one delivered alone (a handler counts until
-   * its timeout), and the delivery alone waiting for none. */
+  /** Events in hand in this process, but one delivered alone (a handler counts until its timeout), and
+   * the delivery alone waiting for none. */
   let inHand = 0;
   const noneInHand: (() => void)[] = [];
-  /** Set while an event whose last delivery lapsed is in hand: nothing else is taken until it ends. */
+  /** Set while an event whose last delivery lapsed is in hand: nothing else is taken or run until it ends. */
   let alone: { ended: Promise<void>; end: () => void } | undefined;
-  /** One take at a time, so that a take knows whether the one before it began a delivery alone. */
-  let taking: Promise<unknown> = Promise.resolve();
-
-  function takeNext(): Promise<Record<string, any> | undefined> {
-    const taken = taking.then(async () => {
-      while (alone) await alone.ended;
-      if (stopped) return undefined;
-      const row = (await db.query(db.sql.takeSettlementEvent(leaseSeconds, SETTLED_EVENT, lapsedLeaseSeconds))).rows[0];
-      if (row?.lapsed) {
-        let end!: () => void;
-        alone = { ended: new Promise<void>((resolve) => (end = resolve)), end };
-      } else if (row) inHand++;
-      return row;
-    });
-    taking = taken.catch(() => {});
-    return taken;
-  }
+  const noneAlone = async () => {
+    while (alone) await alone.ended;
+  };
 
   async function run(row: Record<string, any>): Promise<unknown> {
     const job = settledJobOf(row);
@@ -308,11 +295,29 @@ export function deliverSettlements(
     }
   }
 
-  /** Takes and delivers one event; false when there was none to take. */
+  /** Takes and delivers one event; false when there was none to take. The loops take at once; an event
+   * taken while another is delivered alone (its take was under way) waits for that one to end. */
   async function deliverOne(): Promise<boolean> {
-    const row = await takeNext();
+    await noneAlone();
+    if (stopped) return false;
+    const row = (await db.query(db.sql.takeSettlementEvent(leaseSeconds, SETTLED_EVENT, lapsedLeaseSeconds))).rows[0];
     if (!row) return false;
     wakeOne();
+    if (row.lapsed) {
+      // Checked and set with no await between: two lapsed events never go alone at once.
+      while (alone) await alone.ended;
+      let end!: () => void;
+      alone = { ended: new Promise<void>((resolve) => (end = resolve)), end };
+    } else {
+      while (alone) {
+        await noneAlone();
+        // However long it waited, its handler gets its whole lease; taken over meanwhile, it is left alone.
+        if (!(await db.query(db.sql.leaseSettlementEvent(row.id, row.attempts, leaseSeconds))).rowCount) return true;
+      }
+      // Counted from a moment no delivery alone is under way, with no wait before its handler: one that
+      // begins after this waits for it.
+      inHand++;
+    }
     try {
       if (row.orphan) {
         // Its operation does not exist: there is nothing to tell, and it would be leased again for ever.

@@ -476,11 +476,11 @@ describe('the unnamed handlers’ table', () => {
   });
 
   it('a lapsed event waiting for the handlers in hand when the delivery stops is given back, still lapsed, not run', { timeout: 60_000 }, async () => {
-    // Both waiting before the delivery starts: the first is taken and held in its handler, then the second,
-    // lapsed, which must wait for it.
+    // The first is taken and held in its handler; only then does the second's lease lapse, so that it is
+    // taken lapsed and must wait for the first.
     const inHand = await settle();
     const lapsed = await settle();
-    await t.pool.query(`update outboxd.settlement_outbox set attempts = 1, leased_until = now() - interval '1 second' where operation_id = $1`, [lapsed]);
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = 1, leased_until = now() + interval '1 hour' where operation_id = $1`, [lapsed]);
     const seen: string[] = [];
     let release!: () => void;
     const released = new Promise<void>((resolve) => (release = resolve));
@@ -492,6 +492,7 @@ describe('the unnamed handlers’ table', () => {
         if (event.operationId === inHand) await released;
       });
       await waitUntil(() => seen.includes(inHand), 20_000, 'a handler in hand');
+      await t.pool.query(`update outboxd.settlement_outbox set leased_until = now() - interval '1 second' where operation_id = $1`, [lapsed]);
       const row = async () => (await t.pool.query(`select attempts, leased_until > now() as leased from outboxd.settlement_outbox where operation_id = $1`, [lapsed])).rows[0];
       await waitUntil(async () => (await row())?.attempts === 2, 20_000, 'the lapsed event taken, waiting to be delivered alone');
       stopped = outboxd.stop();
