@@ -306,6 +306,11 @@ export function deliverSettlements(
     if (row.lapsed) {
       // Checked and set with no await between: two lapsed events never go alone at once.
       while (alone) await alone.ended;
+      // Taken by a look begun before stop() (perhaps as another gave it back): given back, still lapsed.
+      if (stopped) {
+        await db.query(db.sql.leaseSettlementEvent(row.id, row.attempts, 0));
+        return true;
+      }
       let end!: () => void;
       alone = { ended: new Promise<void>((resolve) => (end = resolve)), end };
     } else {

@@ -92,6 +92,29 @@ describe("settlement_outbox's triggers", () => {
   });
 });
 
+describe('a delivery stopping', () => {
+  it('gives back, still lapsed, an event whose last delivery lapsed that a look begun before stop() took', { timeout: 60_000 }, async () => {
+    const op = await settle();
+    await t.pool.query(`update outboxd.settlement_outbox set attempts = 1, leased_until = now() - interval '1 second' where operation_id = $1`, [op]);
+    // Every take answers half a second late: stop() comes while they are under way.
+    const slow: Queryable = {
+      sql: t.pool.sql,
+      query: (async (q: { name?: string }) => {
+        const result = await t.pool.query(q as never);
+        if (q.name?.startsWith('outboxd_take_settlement_event')) await new Promise((r) => setTimeout(r, 500));
+        return result;
+      }) as unknown as Queryable['query'],
+    };
+    const seen: string[] = [];
+    const running = delivery(async (event) => void seen.push(event.operationId), { db: slow, slots: 1 });
+    await new Promise((r) => setTimeout(r, 100));
+    await running.stop();
+    expect(seen).toEqual([]);
+    expect((await t.pool.query(`select attempts, leased_until <= now() as lapsed from outboxd.settlement_outbox where operation_id = $1`, [op])).rows).toEqual([{ attempts: 2, lapsed: true }]);
+    await t.pool.query(`delete from outboxd.settlement_outbox where operation_id = $1`, [op]);
+  });
+});
+
 describe('a delivery that can LISTEN', () => {
   it('waits registered, delivers an event at once, not after its poll, and leaves when it stops', { timeout: 60_000 }, async () => {
     const seen: string[] = [];

@@ -499,7 +499,8 @@ describe('the unnamed handlers’ table', () => {
       release();
       await stopped;
       expect(seen).not.toContain(lapsed);
-      expect(await row()).toEqual({ attempts: 2, leased: false });
+      // A look begun before the stop may have taken it once more, and given it back too.
+      expect(await row()).toMatchObject({ attempts: expect.toSatisfy((n: number) => n >= 2), leased: false });
     } finally {
       release();
       await (stopped ?? outboxd.stop());
