@@ -9,8 +9,7 @@
 import type pg from 'pg';
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
 import { beginBossTransaction } from '../db/bossTransaction.ts';
-import Db from 'pg-boss/dist/db.js';
-import { PooledBossDb } from '../db/bossDb.ts';
+import { directListener, PooledBossDb } from '../db/bossDb.ts';
 import { bossDb, inTransaction, isPooled, type Pool } from '../db/pool.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
 import { DEAD_LETTER_SUFFIX, LIVE_JOB_STATES as LIVE_JOB_STATE_LIST } from '../types/contracts.ts';
@@ -119,9 +118,8 @@ export function createBoss(
   const pooled = typeof connection === 'string' && isPooled(connection, directUrl);
   // A socket whose peer vanished (a failover) is noticed by the kernel and frees its slot.
   const database = { connectionString: connection as string, max, application_name, keepAlive: true };
-  // On an application's pool, with a direct URL: LISTEN on a session of its own there (what pg-boss does
-  // with a Db it opened: a client of its own, reconnected on failure; no pool of the listener's is used).
-  const listener = typeof connection !== 'string' && listens ? new Db({ ...database, connectionString: directUrl!, max: 1 }) : undefined;
+  // On an application's pool, with a direct URL: LISTEN on a session of its own there.
+  const listener = typeof connection !== 'string' && listens ? directListener(database, directUrl!) : undefined;
   void listener?.open(); // makes the pool it never uses; nothing connects before listen()
   const boss = new PgBoss({
     ...(typeof connection !== 'string'
