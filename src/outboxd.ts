@@ -201,8 +201,7 @@ export class Outboxd {
   /** The unnamed handlers' delivery from settlement_outbox. */
   #delivery: SettlementDelivery | undefined;
   #worker: Promise<EffectWorker> | undefined;
-  #stopped = false;
-  /** stop()'s one run: a second call waits for it rather than returning before it is done. */
+  /** stop()'s one run, once called: a second call waits for it rather than returning before it is done. */
   #stopping: Promise<void> | undefined;
 
   constructor(options: OutboxdOptions) {
@@ -319,7 +318,7 @@ export class Outboxd {
    * as `outboxd worker` replicas, beside which it may run. stop() ends it.
    */
   async startWorker(options: { concurrency: number }): Promise<EffectWorker> {
-    if (this.#stopped) throw new Error('this Outboxd is stopped');
+    if (this.#stopping) throw new Error('this Outboxd is stopped');
     const concurrency = options?.concurrency;
     if (!Number.isSafeInteger(concurrency) || concurrency < 1 || concurrency > 256) throw new TypeError('startWorker({ concurrency }): an integer from 1 to 256');
     if (this.#worker) throw new Error('this Outboxd already runs a worker');
@@ -360,7 +359,7 @@ export class Outboxd {
   async onSettled(handler: SettlementHandler, options?: SettledOptions & { transactional?: false }): Promise<void>;
   async onSettled(handler: TransactionalSettlementHandler, options: SettledOptions & { transactional: true }): Promise<void>;
   async onSettled(handler: SettlementHandler | TransactionalSettlementHandler, options: SettledOptions = {}): Promise<void> {
-    if (this.#stopped) throw new Error('this Outboxd is stopped');
+    if (this.#stopping) throw new Error('this Outboxd is stopped');
     if (typeof handler !== 'function') throw new TypeError('onSettled takes a function');
     const { transactional = false, subscriber } = options ?? {};
     if (typeof transactional !== 'boolean') throw new TypeError('onSettled: transactional is true or false');
@@ -409,7 +408,7 @@ export class Outboxd {
 
   async #subscribe(): Promise<void> {
     const boss = await this.#startBoss();
-    if (this.#stopped) return;
+    if (this.#stopping) return;
     const handle = async (event: SettlementEvent) => {
       for (const handler of this.#handlers) await handler(event);
     };
@@ -459,7 +458,6 @@ export class Outboxd {
   /** Stops the worker (calls in flight finish first) and the subscription (a handler running finishes
    * first), and releases what this instance holds (its own pool; never an application's). */
   stop(): Promise<void> {
-    this.#stopped = true;
     return (this.#stopping ??= this.#stop());
   }
 
