@@ -18,7 +18,7 @@ import { RESERVED_KINDS } from './kinds/index.ts';
 import type { Policy } from './engine/kinds.ts';
 import { requestEffect, type EffectRequested } from './kinds/application/request.ts';
 import { startInProcessWorker, type EffectWorker } from './runtime/inProcess.ts';
-import { createBoss, listensOn, startBoss } from './outbox/outbox.ts';
+import { createBoss, listensOn, onBossWarnings, startBoss } from './outbox/outbox.ts';
 import {
   SETTLED_QUEUE,
   SETTLED_SLOTS,
@@ -428,6 +428,7 @@ export class Outboxd {
     this.#boss ??= (async () => {
       const boss = createBoss(this.#connection, 'subscriber', 4 + 2 * TRANSACTIONAL_SLOTS, this.schema, this.#direct);
       boss.on('error', this.#onError);
+      onBossWarnings(boss, (message) => this.#onError(new Error(`pg-boss: ${message}`)));
       try {
         await startBoss(boss, this.schema);
         await this.#deliverFromTable();

@@ -14,7 +14,7 @@ import { CANCELLATION_REASONS, REFUND_REASONS } from '../stripe/gateway.ts';
 import { requestRefund } from '../kinds/refund/request.ts';
 import { requestCancel, requestCapture } from '../kinds/hold/request.ts';
 import { inTransaction, type Tx } from '../db/pool.ts';
-import { createBoss, startBoss } from '../outbox/outbox.ts';
+import { createBoss, onBossWarnings, startBoss } from '../outbox/outbox.ts';
 import type { PgBoss } from 'pg-boss';
 import { openDatabase, openGateway, openPool, serveEmulator, type Database } from '../runtime/open.ts';
 import { findOperation, listOperations, showOperation } from '../admin/operations.ts';
@@ -81,6 +81,7 @@ async function withDatabase<T>(fn: (ctx: { url: string; pool: ReturnType<typeof 
 async function withBoss<T>(url: string, fn: (boss: PgBoss) => Promise<T>): Promise<T> {
   const boss = createBoss(url, 'client', 2, config.schema);
   boss.on('error', (err) => log!.warn({ err }, 'pg-boss error'));
+  onBossWarnings(boss, (message, data) => log!.warn({ bossWarning: data }, message));
   await startBoss(boss, config.schema);
   try {
     return await fn(boss);

@@ -152,6 +152,27 @@ export function createBoss(
   return boss;
 }
 
+/** How often the same pg-boss warning is passed on: pg-boss repeats a backlog's at every monitor pass (5 s). */
+const BOSS_WARNING_EVERY_MS = 60_000;
+
+/**
+ * pg-boss's warnings (a queue's backlog past 10,000 jobs, the transaction horizon held back, autovacuum
+ * off, a query over 30 s, this host's clock apart from the database's, a LISTEN it could not start and so
+ * polls), passed to `tell`: the same one (its message, numbers aside) at most once a minute. A slow
+ * query's bound values are left out: they may be a whole batch of jobs.
+ */
+export function onBossWarnings(boss: PgBoss, tell: (message: string, data: Record<string, unknown>) => void): void {
+  const toldAt = new Map<string, number>();
+  boss.on('warning', ({ message, data }) => {
+    const same = message.replace(/\d+(\.\d+)?/g, '#');
+    const now = Date.now();
+    if (now - (toldAt.get(same) ?? -Infinity) < BOSS_WARNING_EVERY_MS) return;
+    toldAt.set(same, now);
+    const { values: _values, ...kept } = (data ?? {}) as Record<string, unknown>;
+    tell(message, kept);
+  });
+}
+
 /** What pg-boss's start says of a database where `outboxd migrate` has not run: its schema missing, or older. */
 const BOSS_NOT_MIGRATED = new Map([
   ['pg-boss is not installed', 'is missing'],

@@ -9,7 +9,7 @@ import { Dispatcher } from '../dispatcher/dispatcher.ts';
 import type { Kinds } from '../engine/kinds.ts';
 import type { EffectDefinitions } from '../kinds/application/definition.ts';
 import { kindsFor } from '../kinds/index.ts';
-import { createBoss, listensOn, startBoss } from '../outbox/outbox.ts';
+import { createBoss, listensOn, onBossWarnings, startBoss } from '../outbox/outbox.ts';
 import { PRUNE_CRON } from '../outbox/retention.ts';
 import type { Logger } from '../telemetry/log.ts';
 import { createMetrics, registerStripeMode, type Metrics } from '../telemetry/metrics.ts';
@@ -48,6 +48,7 @@ export async function composeReplica(o: {
   // Every loop fetches and completes its jobs through pg-boss's own pool (plus heartbeats, supervision).
   const boss = createBoss(o.bossConnection, 'worker', concurrency + 3, db.schema, db.directUrl);
   boss.on('error', (err) => log.error({ err }, 'pg-boss error'));
+  onBossWarnings(boss, (message, data) => log.warn({ bossWarning: data }, message));
   const kinds = kindsFor(gateway.gateway, o.effects);
   const metrics = createMetrics({ db: pool, boss, kinds: kinds.names });
   registerStripeMode(metrics.registry, gateway.mode);

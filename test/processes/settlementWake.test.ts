@@ -15,6 +15,7 @@ import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { FakeStripe } from '../support/fakeStripe.ts';
 import { claim, confirm } from '../support/fixtures.ts';
 import { listening } from '../support/notifications.ts';
+import { freePort } from '../../src/db/embedded.ts';
 
 let t: TestDb;
 beforeAll(async () => {
@@ -351,6 +352,21 @@ describe('an application', () => {
       await pool.end();
     }
     expect(await sleepers()).toEqual([]);
+  });
+
+  it("whose directConnectionString cannot be reached hears pg-boss's warning that it polls, through onError", { timeout: 60_000 }, async () => {
+    const pool = new pg.Pool({ connectionString: t.url, max: 6 });
+    const closed = new URL(t.url);
+    closed.port = String(await freePort()); // nothing listens there
+    const errors: Error[] = [];
+    const app = new Outboxd({ pool, directConnectionString: closed.href, onError: (err) => errors.push(err) });
+    try {
+      await app.onSettled(() => {});
+      await waitUntil(() => errors.some((e) => e.message.startsWith('pg-boss: Failed to start LISTEN/NOTIFY listener')), 20_000, "pg-boss's warning");
+    } finally {
+      await app.stop();
+      await pool.end();
+    }
   });
 
   // Last: it takes 0026 away from this test database, as an application started before its migration finds it.

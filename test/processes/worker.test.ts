@@ -173,6 +173,22 @@ describe('a running worker', () => {
     expect((await get(adminHttpPort!, '/webhooks/stripe', { method: 'POST', body: '{}' })).status).toBe(404);
   });
 
+  it("logs pg-boss's warnings (here a queue's backlog past its threshold), the same one once a minute", { timeout: 30_000 }, async () => {
+    // The dead letter of settlement events, which nobody works, with a threshold of one job.
+    await t.boss.updateQueue('settled_dead', { warningQueueSize: 1 });
+    await t.boss.insert('settled_dead', [{ data: { operationId: 'a' } }, { data: { operationId: 'b' } }]);
+    const backlog = () => run.lines.filter((l) => l.includes('"level":40') && l.includes('large queue backlog') && l.includes('settled_dead'));
+    try {
+      await waitUntil(() => backlog().length > 0, 15_000, 'the backlog warning');
+      // pg-boss says it again at each monitor pass (every 5 s): two more passes, no second line.
+      await new Promise((r) => setTimeout(r, 11_000));
+      expect(backlog()).toHaveLength(1);
+    } finally {
+      await t.pool.query(`delete from pgboss.job where name = 'settled_dead'`);
+      await t.boss.updateQueue('settled_dead', { warningQueueSize: null as unknown as number });
+    }
+  });
+
   it('log lines carry each key once, and metric names carry the prefix once', async () => {
     const op = await confirm(t);
     await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 20_000, 'the charge settles');
