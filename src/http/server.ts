@@ -56,14 +56,20 @@ export async function readBody(req: IncomingMessage, limitBytes = 1 << 20): Prom
   return Buffer.concat(chunks);
 }
 
+/** A dot segment (`.`, `..`, percent-encoded or not) or a backslash, which the URL parser reads as `/`. */
+const REWRITTEN_PATH = /\\|(^|\/)(\.|%2e){1,2}(\/|$)/i;
+
 /**
  * The request target as a URL on a fixed origin. Only origin-form (`/path?query`) is served; anything
  * else (`*`, absolute-form, garbage) is refused. Prefixing the fixed origin keeps a target like `//x`
- * a path instead of a host, where `new URL(target, base)` would throw.
+ * a path instead of a host, where `new URL(target, base)` would throw. A path the parser would rewrite
+ * into another is refused: a proxy that passes on only `/webhooks/stripe…` by its prefix would otherwise
+ * let `/webhooks/stripe/../../metrics` through to another route.
  */
 function targetUrl(target: string | undefined): URL {
   const url = target?.startsWith('/') ? URL.parse(`http://outboxd${target}`) : null;
   if (!url) throw new HttpError(400, 'bad_request', 'the request target must be a path');
+  if (REWRITTEN_PATH.test(target!.split('?', 1)[0]!)) throw new HttpError(400, 'bad_request', 'the path must not hold dot segments or backslashes');
   return url;
 }
 

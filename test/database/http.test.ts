@@ -80,6 +80,19 @@ describe('malformed requests', () => {
     expect((await request('GET /items/a%20b HTTP/1.1')).text).toContain('{"id":"a b"}');
   });
 
+  it('a path the URL parser would rewrite into another route (dot segments, backslashes) is refused, not served as that route', async () => {
+    // What a proxy that passes on only /webhooks/stripe… by its prefix lets through.
+    for (const target of ['/webhooks/stripe/../../ok', '/webhooks/stripe/%2e%2e/%2E%2E/ok', '/webhooks/stripe\\..\\..\\ok', '/./ok', '/items/..', '/items\\x']) {
+      const res = await request(`GET ${target} HTTP/1.1`);
+      expect(res.status, target).toBe(400);
+      expect(json(res.text), target).toEqual({ error: 'bad_request', message: 'the path must not hold dot segments or backslashes' });
+    }
+    // Dots inside a segment, and in the query, are a path's own.
+    expect((await request('GET /items/a..b HTTP/1.1')).text).toContain('{"id":"a..b"}');
+    expect((await request('GET /items/.x HTTP/1.1')).text).toContain('{"id":".x"}');
+    expect((await request('GET /ok?next=/../x HTTP/1.1')).status).toBe(200);
+  });
+
   it('unknown methods, unparseable request lines and oversized headers: Node refuses them, the server lives', async () => {
     expect((await request('FOO /ok HTTP/1.1')).status).toBe(400);
     expect((await request('PROPFIND /ok HTTP/1.1')).status).toBe(404);
