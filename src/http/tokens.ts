@@ -7,8 +7,10 @@
 // a guesser's count at the admin token).
 //
 // Each check holds its subjects' rows locked from the look at the wait to the count of the failure, so
-// a burst of simultaneous guesses is judged one at a time: none passes a wait that an earlier one began,
-// and one that finds the rows locked is refused at once (429) rather than waiting.
+// a burst of simultaneous guesses is judged one at a time: none passes a wait that an earlier one began.
+// One that finds the rows locked never waits on the lock (a flood would hold the pool's connections): it
+// tries again a few times within a second, holding no connection meanwhile, then is refused (429). So
+// requests sent together with the right token (a script's parallel calls) are each judged in turn.
 //
 // The client is the socket's address: X-Forwarded-For is anyone's to write, so behind a proxy every
 // client shares the proxy's count (a guesser there makes everyone wait), and the operator name's count
@@ -63,6 +65,9 @@ export type TokenCheck =
 
 const LOCK_NOT_AVAILABLE = '55P03';
 
+/** How long a check tries again while another check of its subjects holds their rows. */
+const LOCKED_RETRY_FOR_MS = 1_000;
+
 /** How often a replica drops the failures that count for nothing any more. */
 const PRUNE_EVERY_MS = 60_000;
 const lastPruned = new WeakMap<Pool, number>();
@@ -73,15 +78,24 @@ export async function checkToken(pool: Pool, subjects: string[], given: string, 
     lastPruned.set(pool, Date.now());
     await pool.query(pool.sql.pruneSignInFailures(SIGN_IN_THROTTLE.windowSeconds));
   }
+  const giveUpAt = Date.now() + LOCKED_RETRY_FOR_MS;
+  for (let pause = 10; ; pause = Math.min(2 * pause, 200)) {
+    const check = await checkUnlessLocked(pool, subjects, given, tokens);
+    if (check) return check;
+    if (Date.now() >= giveUpAt) return { refused: 'throttled', wait: 1 };
+    await new Promise((r) => setTimeout(r, pause * (0.5 + Math.random())));
+  }
+}
+
+/** checkToken's one try; undefined, having looked at nothing, when another check holds the subjects' rows. */
+function checkUnlessLocked(pool: Pool, subjects: string[], given: string, tokens: [string, Access][]): Promise<TokenCheck | undefined> {
   return inTransaction(pool, async (tx) => {
     await tx.query(tx.sql.ensureSignInSubjects(subjects));
     const locked = await tx.query(tx.sql.lockSignInSubjects(subjects)).catch((err: { code?: string }) => {
-      // Another check of the same client or name is under way: this one is not looked at, and no
-      // request ever waits on another's lock (a flood of them would hold the pool's connections).
       if (err.code === LOCK_NOT_AVAILABLE) return undefined;
       throw err;
     });
-    if (!locked) return { refused: 'throttled', wait: 1 };
+    if (!locked) return undefined;
     const { rows } = locked;
     const wait = Math.max(0, ...rows.map((r: { wait_seconds: number }) => r.wait_seconds));
     if (wait > 0) return { refused: 'throttled', wait };

@@ -216,6 +216,12 @@ describe('sign-in throttling', () => {
     expect((await list(TOKEN)).status).toBe(200);
   });
 
+  it("on the admin API, requests sent together with the right token are each answered, judged in turn (a script's parallel calls)", async () => {
+    const from = '127.0.0.8';
+    const answers = await Promise.all(Array.from({ length: 8 }, () => send('GET', '/admin/operations?limit=1', { from, headers: bearer(TOKEN) })));
+    expect(answers.map((a) => a.status)).toEqual(Array(8).fill(200));
+  });
+
   it('holds an operator name guessed at from many clients, without holding the clients for other names', async () => {
     for (let i = 1; i <= SIGN_IN_THROTTLE.limit; i++) await signIn('Bob', wrong, `127.0.1.${i}`);
     const res = await signIn('bob', TOKEN, '127.0.1.99');
