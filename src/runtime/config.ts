@@ -141,7 +141,8 @@ export interface Config {
     httpPort: number | undefined;
     httpHost: string;
   };
-  webhookSecret: string | undefined;
+  /** STRIPE_WEBHOOK_SECRET's, each a webhook endpoint's (the platform's, the connected accounts'); none: no route. */
+  webhookSecrets: string[];
   /** The timeline's, the audit trail's and the stored webhook events' (src/outbox/retention.ts). */
   retentionDays: { operationEvents: number; audit: number; webhookEvents: number };
   searchFreshnessSeconds: number;
@@ -219,7 +220,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       httpPort: e.ADMIN_HTTP_PORT,
       httpHost: e.ADMIN_HTTP_HOST ?? '127.0.0.1',
     },
-    webhookSecret: e.STRIPE_WEBHOOK_SECRET,
+    webhookSecrets: e.STRIPE_WEBHOOK_SECRET?.split(',').map((s) => s.trim()).filter(Boolean) ?? [],
     retentionDays: { operationEvents: e.OPERATION_EVENTS_RETENTION_DAYS, audit: e.AUDIT_RETENTION_DAYS, webhookEvents: e.WEBHOOK_RETENTION_DAYS },
     searchFreshnessSeconds: e.SEARCH_FRESHNESS_SECONDS,
     processingReviewDays: e.PROCESSING_REVIEW_DAYS,

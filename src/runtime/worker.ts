@@ -123,7 +123,7 @@ async function openReplica(config: Config, log: Logger, workerId: string, effect
         },
       ],
       ...(ownAdminListener ? [] : admin),
-      ...webhookRoutes({ pool, gateway: gateway.gateway, log, secret: config.webhookSecret, onMismatch: (result) => metrics.webhookMismatches.inc({ result }) }),
+      ...webhookRoutes({ pool, gateway: gateway.gateway, log, secrets: config.webhookSecrets, onMismatch: (result) => metrics.webhookMismatches.inc({ result }) }),
     ]);
     opened.push(() => http.close());
     const adminHttp =

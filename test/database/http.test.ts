@@ -49,7 +49,7 @@ beforeAll(async () => {
         throw new HttpError(418, 'teapot', 'short and stout');
       }],
       ...adminRoutes({ pool: unreachable, boss: undefined as never, gateway: undefined as never, log, config, workerId: 'http-test' }),
-      ...webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secret: SECRET }),
+      ...webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET] }),
     ],
     '127.0.0.1',
     log,

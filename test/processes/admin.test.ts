@@ -19,6 +19,8 @@ import { waitUntil } from '../../harness/replica.ts';
 
 const TOKEN = 'test-admin-token-0123456789';
 const WEBHOOK_SECRET = 'whsec_test_outboxd';
+/** The connected accounts' endpoint's: Stripe signs it apart from the platform's. */
+const CONNECT_WEBHOOK_SECRET = 'whsec_test_outboxd_connect';
 const log = createLogger('silent');
 let t: TestDb;
 let e: RunningEmulator;
@@ -28,10 +30,10 @@ let mismatches = 0;
 
 beforeAll(async () => {
   [t, e] = await Promise.all([createTestDatabase(), startEmulator()]);
-  const config = loadConfig({ ADMIN_TOKEN: TOKEN, ADMIN_TOKEN_NAME: 'ops-team', STRIPE_WEBHOOK_SECRET: WEBHOOK_SECRET });
+  const config = loadConfig({ ADMIN_TOKEN: TOKEN, ADMIN_TOKEN_NAME: 'ops-team', STRIPE_WEBHOOK_SECRET: `${WEBHOOK_SECRET}, ${CONNECT_WEBHOOK_SECRET}` });
   http = await startHttpServer(0, [
     ...adminRoutes({ pool: t.pool, boss: t.boss, gateway: e.gateway(), log, config, workerId: 'admin-test' }),
-    ...webhookRoutes({ pool: t.pool, gateway: e.gateway(), log, secret: config.webhookSecret, onMismatch: () => mismatches++ }),
+    ...webhookRoutes({ pool: t.pool, gateway: e.gateway(), log, secrets: config.webhookSecrets, onMismatch: () => mismatches++ }),
   ], '127.0.0.1');
   base = `http://127.0.0.1:${http.port}`;
 });
@@ -209,6 +211,15 @@ describe('Stripe webhook inbox', () => {
     expect((await t.pool.query(`select id, result from outboxd.webhook_events where operation_id = $1 order by id`, [op])).rows).toEqual(before);
     const replay = await fetch(`${base}/webhooks/stripe`, signed(JSON.stringify(event)));
     expect(await replay.json()).toEqual({ received: true, result: 'duplicate' });
+  });
+
+  it("an event of the connected accounts' endpoint, signed with its own secret, is received as the platform's", async () => {
+    e.emulator.configureWebhooks({ url: `${base}/webhooks/stripe`, secret: CONNECT_WEBHOOK_SECRET });
+    const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
+    e.emulator.settle(charges(op)[0]!.paymentIntent.id, 'succeeded');
+    await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 5_000, 'webhook settles');
+    expect((await t.pool.query(`select result from outboxd.webhook_events where operation_id = $1 and result = 'settled'`, [op])).rows).toHaveLength(1);
   });
 
   it('a forged signature is refused with 400 and nothing is stored', async () => {

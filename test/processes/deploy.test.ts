@@ -101,7 +101,7 @@ describe('deploy manifests', () => {
     expect(overlay.resources).toContain('ingress.yaml');
     const ingress = docs('deploy/k8s/overlays/example/ingress.yaml')[0]!;
     expect(() => new Ingress(ingress as never).validate()).not.toThrow();
-    const routes = webhookRoutes({ pool: undefined as never, gateway: undefined as never, log: createLogger('silent'), secret: 'whsec_x' });
+    const routes = webhookRoutes({ pool: undefined as never, gateway: undefined as never, log: createLogger('silent'), secrets: ['whsec_x'] });
     expect(routes.map(([method, p]) => `${method} ${p}`)).toEqual(['POST /webhooks/stripe']);
     const webhookPath = routes[0]![1];
     const paths = ingress.spec.rules.flatMap((r: Doc) => r.http.paths);
@@ -114,7 +114,7 @@ describe('deploy manifests', () => {
     const config = loadConfig(example);
     expect(config.stripe).toMatchObject({ secretKey: undefined, apiBase: undefined });
     expect(config.admin.token).toBeUndefined();
-    expect(config.webhookSecret).toBeUndefined();
+    expect(config.webhookSecrets).toEqual([]);
     expect(config.worker.httpHost).toBe('0.0.0.0');
     // compose's worker exposes the two ports the example configures.
     expect(compose.services.worker.expose).toEqual([String(config.worker.httpPort), String(config.admin.httpPort)]);
