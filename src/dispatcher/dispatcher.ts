@@ -429,7 +429,7 @@ export class Dispatcher {
       renew: () => renewLease(pool, operationId, fence, this.opts.leaseTtlMs),
       log: opLog,
     });
-    const endCall = await this.slotWithin(takeSlot, this.longestWait(lease, keyWindowSeconds), call.signal);
+    const endCall = await this.slotWithin(takeSlot, this.longestWait(lease, policy, keyWindowSeconds), call.signal);
     held.check();
     if (endCall) {
       // Counted with the calls in flight meanwhile: a drain then gives it up and keeps its lease, rather
@@ -610,13 +610,14 @@ export class Dispatcher {
   /**
    * How long a claim made ahead may wait for a slot: its lease's TTL, so that a replica whose slots are
    * stuck (an effect that never returns) keeps no operation from other replicas for long; and a create
-   * sent again under a key Stripe already holds must go out inside the key window its claim judged it in
-   * (measured on the database's clock: the claim's now() is updated_at), or be claimed anew, which then
-   * reconciles instead.
+   * sent again under a key the provider already holds (idempotent-key) must go out inside the key window
+   * its claim judged it in (measured on the database's clock: the claim's now() is updated_at), or be
+   * claimed anew, which then reconciles instead. An at-least-once create has no key window: bounded by
+   * one, a create first sent over a window ago would be given back at once, and claimed again, without end.
    */
-  private longestWait(lease: { operation: { updated_at: Date }; begun?: BegunAttempt | undefined }, keyWindowSeconds: number): number {
+  private longestWait(lease: { operation: { updated_at: Date }; begun?: BegunAttempt | undefined }, policy: Policy, keyWindowSeconds: number): number {
     const ttl = this.opts.leaseTtlMs;
-    const sentBefore = lease.begun?.call === 'create' ? lease.begun.attempt.prev_first_attempted_at : null;
+    const sentBefore = policy === 'idempotent-key' && lease.begun?.call === 'create' ? lease.begun.attempt.prev_first_attempted_at : null;
     if (!sentBefore) return ttl;
     const windowLeft = sentBefore.getTime() + keyWindowSeconds * 1000 - lease.operation.updated_at.getTime();
     return Math.max(0, Math.min(ttl, windowLeft - leaseMargin(ttl)));

@@ -530,6 +530,30 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
 });
 
 describe('WORKER_CONCURRENCY: calls in flight per replica, whatever their kind', () => {
+  it('an at-least-once effect first executed over a key window ago waits for a busy slot like any other: claimed once', { timeout: 30_000 }, async () => {
+    let slowStarted = false;
+    const slow: EffectDefinition = { policy: 'at-least-once', execute: async () => { slowStarted = true; await new Promise((r) => setTimeout(r, 4_000)); return 'slow'; } };
+    const receipt: EffectDefinition = { policy: 'at-least-once', execute: async () => 'sent' };
+    const o = app({ busy_slot_job: slow, day_old_receipt: receipt });
+    await request(o, 'busy_slot_job', {});
+    const replica = await startDispatcher(t, new FakeStripe(), 'day-old', { concurrency: 1, effects: new Map([['busy_slot_job', slow], ['day_old_receipt', receipt]]) });
+    try {
+      await waitUntil(() => slowStarted, 10_000, 'the one slot taken');
+      // Executed a day ago, its answer lost (a person requeues it the next day, say): so from its first claim.
+      const op = await inTx(async (client) => {
+        const { operationId } = await o.requestEffect(client, 'day_old_receipt', { key: `key-${++n}`, payload: {} });
+        await client.query(`update outboxd.payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '24 hours',
+                            last_attempted_at = now() - interval '24 hours' where id = $1`, [operationId]);
+        return operationId;
+      });
+      await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 20_000, 'carried out once the slot is free');
+      // Claimed once, waiting for the slot; not given back and claimed again while it was busy.
+      expect((await operation(t, op)).fence).toBe(1);
+    } finally {
+      await replica.stop();
+    }
+  });
+
   it('two kinds with a backlog each share the replica’s slots: never more calls at once than slots', async () => {
     let inFlight = 0;
     let most = 0;
