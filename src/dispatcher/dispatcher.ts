@@ -466,6 +466,11 @@ export class Dispatcher {
       }
     }
 
+    // A check that found the execution before it never happened, in a job pg-boss has retried (that
+    // execution failed): the next execution waits for pg-boss's retry, spent and backed off as any failed
+    // attempt's. Replaced by a fresh job, the retries would start again at every check, and an effect
+    // that always fails would run every few seconds for ever, never dead-lettered, never held for a person.
+    const followsFailure = (outcome: Outcome) => outcome.kind === 'not_done' && job.retryCount > 0;
     metrics.inFlight.inc();
     const started = performance.now();
     this.calls.set(call, operationId);
@@ -490,6 +495,7 @@ export class Dispatcher {
         // be dead-lettered after some hours). The job completes, and a fresh one drives the operation
         // again later, in the transaction that records the outcome: no instant without a job.
         onRescheduled: async (tx, op, outcome, recheckSeconds) => {
+          if (followsFailure(outcome)) return;
           if (!(await this.replaceJob(tx, job, op, recheckSeconds ?? notAnAttemptDelaySeconds(outcome)))) {
             opLog.warn('job attempt was no longer ours at completion; the operation was recorded all the same');
           }
@@ -505,7 +511,7 @@ export class Dispatcher {
         metrics.jobs.inc({ result: 'settled' });
         return completed; // by pg-boss, after the outcome
       }
-      if (outcome && reschedules(outcome)) {
+      if (outcome && reschedules(outcome) && !followsFailure(outcome)) {
         metrics.jobs.inc({ result: outcome.kind === 'processing' ? 'processing' : 'rescheduled' });
         return completed; // done in the outcome's transaction, with a new job for later
       }

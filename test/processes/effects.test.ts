@@ -22,6 +22,7 @@ import { FakeStripe } from '../support/fakeStripe.ts';
 import { acquireLease } from '../../src/engine/operation.ts';
 import { claim, confirm, operation, relay } from '../support/fixtures.ts';
 import { waitUntil } from '../../harness/replica.ts';
+import { createKindQueues } from '../../src/outbox/outbox.ts';
 
 // startWorker reads the worker's settings from the environment, as `outboxd worker` does.
 process.env.LOG_LEVEL = 'silent';
@@ -277,6 +278,35 @@ describe('reconcile-before-retry: a stock reservation whose answer is lost', () 
     const again = await execute(op, { reservation: r.def }, fence);
     expect(again).toMatchObject({ call: 'create', operation: { status: 'succeeded', possible_duplicates: 0 } });
     expect(r.calls).toEqual({ execute: 2, check: 1 });
+  });
+
+  it('one whose execution always fails, checked not done each time, is retried on the job\'s budget and backoff, then held for a person', { timeout: 60_000 }, async () => {
+    const calls = { execute: 0, check: 0 };
+    const def: EffectDefinition = {
+      policy: 'reconcile-before-retry',
+      execute: () => {
+        calls.execute++;
+        throw new TypeError("Cannot read properties of undefined (reading 'sku')");
+      },
+      check: () => {
+        calls.check++;
+        return { status: 'not_done' };
+      },
+    };
+    const o = app({ failing_reservation: def });
+    // Three retries, a second apart, stand for the kind's 40 with backoff.
+    await createKindQueues(t.boss, 'failing_reservation');
+    await t.boss.updateQueue('failing_reservation', { retryLimit: 3, retryDelay: 1, retryBackoff: false });
+    const op = await request(o, 'failing_reservation', { sku: 'sku-4' });
+    const replica = await startDispatcher(t, new FakeStripe(), 'failing-reservation', { effects: new Map([['failing_reservation', def]]) });
+    try {
+      await waitUntil(async () => (await operation(t, op)).needs_review, 30_000, 'held for a person');
+      expect((await operation(t, op)).review_reason).toMatch(/retries exhausted/);
+      // The first delivery and its three retries: executions and checks in turn, never more.
+      expect(calls).toEqual({ execute: 2, check: 2 });
+    } finally {
+      await replica.stop();
+    }
   });
 
   it('a check that cannot tell holds it for a person: dead-lettered, never executed again', async () => {
