@@ -151,8 +151,12 @@ export async function recordOutcome(
     recheck_seconds: made.recheckSeconds ?? null,
     owner: op.lease_owner,
   };
-  const recorded = await coalesced(db, 'recordOutcomes', (writes: OutcomeRow[]) => recordOutcomes(db, writes))(write);
-  if (recorded instanceof StaleFenceError) throw recorded;
+  // An outcome whose row another transaction holds (an application's lock) is written alone, waiting for
+  // it (up to lock_timeout), while the outcomes recorded with it, and after it, go on.
+  const recorded =
+    (await coalesced(db, 'recordOutcomes', (writes: OutcomeRow[]) => recordOutcomes(db, writes, 'skipHeld'))(write)) ??
+    (await recordOutcomes(db, [write], 'waitForHeld'))[0];
+  if (!recorded || recorded instanceof StaleFenceError) throw recorded ?? new StaleFenceError(write.id, write.fence);
   return recorded;
 }
 
@@ -188,12 +192,16 @@ interface OutcomeRow {
   owner: string | null;
 }
 
-async function recordOutcomes(db: Queryable, writes: OutcomeRow[]): Promise<(Operation | StaleFenceError)[]> {
+/** Each write's operation, or StaleFenceError (written nothing: the fence moved, or it settled); with
+ * `skipHeld`, undefined for one whose row another transaction held, left unwritten. */
+async function recordOutcomes(db: Queryable, writes: OutcomeRow[], held: 'skipHeld' | 'waitForHeld'): Promise<(Operation | StaleFenceError | undefined)[]> {
   const rowsOf = writes.map((w, ord) => ({ ord, ...w, result: w.result === null ? null : storableJson(w.result) }));
-  const { rows } = await db.query(db.sql.recordOutcomes(storableJson(JSON.stringify(rowsOf))));
+  const statement = held === 'skipHeld' ? db.sql.recordOutcomes : db.sql.recordOutcomesWaiting;
+  const { rows } = await db.query(statement(storableJson(JSON.stringify(rowsOf))));
   return rows.map((row, i) => {
-    const { ord: _ord, source: _source, event: _event, current_fence, current_status, ...operation } = row;
+    const { ord: _ord, source: _source, event: _event, current_fence, current_status, held: rowHeld, ...operation } = row;
     const w = writes[i]!;
+    if (rowHeld) return undefined;
     return operation.id === null ? new StaleFenceError(w.id, w.fence, current_fence ?? undefined, current_status ?? undefined) : (operation as Operation);
   });
 }

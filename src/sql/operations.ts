@@ -16,6 +16,44 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
       'unanswered', case when previous_owner is not null then ${attempts} - (
         select coalesce(sum(case when e.type = 'outcome' then e.repeats else coalesce((e.details->>'unanswered')::int, 0) end), 0)
         from ${s}.operation_events e where e.operation_id = ${from}.id and e.type in ('outcome', 'claimed')) end))`);
+  /** recordOutcomes, its rows locked first in id order: `skip locked` leaves a row another transaction
+   * holds (an application's `select … for update`) unwritten, answered `held`, rather than wait for it
+   * with every outcome of the batch, and every batch behind it. */
+  const recordOutcomesSql = (lock: 'skip locked' | '') =>
+    `with input as (
+       select * from jsonb_to_recordset($1::jsonb) as x(
+         ord int, id uuid, fence bigint, status text, external_id text, last_outcome text, last_error text,
+         review_reason text, undo boolean, first_attempted_at timestamptz, last_attempted_at timestamptz,
+         source text, event jsonb, result text, recheck_seconds int, owner text)
+     ), target as (
+       select o.id from ${s}.payment_operations o where ${byIds('o', OUTCOME_IDS)} order by o.id for update of o ${lock}
+     ), op as (
+     update ${s}.payment_operations o
+     set status = x.status, external_id = coalesce(x.external_id, o.external_id), last_outcome = x.last_outcome,
+         last_error = x.last_error,
+         -- a review reason stays until the operation settles (a later ambiguous retry does not clear it)
+         review_reason = case when x.status in ('succeeded', 'failed') then null else coalesce(x.review_reason, o.review_reason) end,
+         first_attempted_at = case when x.undo then x.first_attempted_at else o.first_attempted_at end,
+         last_attempted_at = case when x.undo then x.last_attempted_at else o.last_attempted_at end,
+         result = coalesce(x.result::jsonb, o.result),
+         processing_since = case when x.last_outcome = 'processing' then coalesce(o.processing_since, now()) else o.processing_since end,
+         next_check_at = now() + make_interval(secs => x.recheck_seconds),
+         updated_at = now(), lease_owner = null, lease_expires_at = null,
+         settled_at = case when x.status in ('succeeded', 'failed') then now() end
+     from input x
+     where o.id = x.id and o.id in (select id from target) and o.fence = x.fence and ${unsettledRow('o')} and ${byIds('o', OUTCOME_IDS)}
+     returning ${operationColumns('o')}, x.ord, x.source, x.event, x.owner as call_owner
+     ), settled_event as (
+       insert into ${s}.settlement_outbox (operation_id, source)
+       select id, source from op where status in ('succeeded', 'failed') order by ord
+     ), ${event('op', `id, 'outcome', fence, call_owner, event`)}
+     select ${operationColumns('op')}, op.ord, op.source, op.event, cur.fence as current_fence, cur.status as current_status,
+       cur.id is not null and target.id is null as held
+     from input
+     left join op on op.ord = input.ord
+     left join ${s}.payment_operations cur on cur.id = input.id and ${byIds('cur', OUTCOME_IDS)}
+     left join target on target.id = input.id
+     order by input.ord`;
   return {
   /** The operation, with whether its idempotency key window (seconds from first_attempted_at) has passed,
    * judged by the database clock so that every replica agrees. */
@@ -175,40 +213,12 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
    * keeps of the call (its outcome, duration, Stripe's request id), written by the same statement.
    * `result`: an application effect's (JSON). A `processing` outcome stamps processing_since once (when
    * it first waited); `recheck_seconds` sets next_check_at (every other outcome clears it). One row per outcome, in order: `id` is null when the fence
-   * moved or the operation had settled, and current_* say what it holds. */
-  recordOutcomes: statement<[outcomes: string]>(
-    'outboxd_record_outcomes',
-    `with input as (
-       select * from jsonb_to_recordset($1::jsonb) as x(
-         ord int, id uuid, fence bigint, status text, external_id text, last_outcome text, last_error text,
-         review_reason text, undo boolean, first_attempted_at timestamptz, last_attempted_at timestamptz,
-         source text, event jsonb, result text, recheck_seconds int, owner text)
-     ), op as (
-     update ${s}.payment_operations o
-     set status = x.status, external_id = coalesce(x.external_id, o.external_id), last_outcome = x.last_outcome,
-         last_error = x.last_error,
-         -- a review reason stays until the operation settles (a later ambiguous retry does not clear it)
-         review_reason = case when x.status in ('succeeded', 'failed') then null else coalesce(x.review_reason, o.review_reason) end,
-         first_attempted_at = case when x.undo then x.first_attempted_at else o.first_attempted_at end,
-         last_attempted_at = case when x.undo then x.last_attempted_at else o.last_attempted_at end,
-         result = coalesce(x.result::jsonb, o.result),
-         processing_since = case when x.last_outcome = 'processing' then coalesce(o.processing_since, now()) else o.processing_since end,
-         next_check_at = now() + make_interval(secs => x.recheck_seconds),
-         updated_at = now(), lease_owner = null, lease_expires_at = null,
-         settled_at = case when x.status in ('succeeded', 'failed') then now() end
-     from input x
-     where o.id = x.id and o.fence = x.fence and ${unsettledRow('o')} and ${byIds('o', OUTCOME_IDS)}
-     returning ${operationColumns('o')}, x.ord, x.source, x.event, x.owner as call_owner
-     ), settled_event as (
-       insert into ${s}.settlement_outbox (operation_id, source)
-       select id, source from op where status in ('succeeded', 'failed') order by ord
-     ), ${event('op', `id, 'outcome', fence, call_owner, event`)}
-     select ${operationColumns('op')}, op.ord, op.source, op.event, cur.fence as current_fence, cur.status as current_status
-     from input
-     left join op on op.ord = input.ord
-     left join ${s}.payment_operations cur on cur.id = input.id and ${byIds('cur', OUTCOME_IDS)}
-     order by input.ord`,
-  ),
+   * moved or the operation had settled, or, `held`, when another transaction holds its row; current_* say
+   * what it holds. */
+  recordOutcomes: statement<[outcomes: string]>('outboxd_record_outcomes', recordOutcomesSql('skip locked')),
+
+  /** recordOutcomes of an outcome whose row another transaction held: waits for it (up to lock_timeout). */
+  recordOutcomesWaiting: statement<[outcomes: string]>('outboxd_record_outcomes_waiting', recordOutcomesSql('')),
 
   /** Fenced: holds an unsettled operation for a person without changing its status; ends the claim. */
   flagForReview: statement<[id: string, fence: number, reason: string]>(

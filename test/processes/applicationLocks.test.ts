@@ -72,4 +72,28 @@ describe('an application transaction holding an operation’s row', () => {
     const { rows } = await t.pool.query(`select state from pgboss.job where name in ('charge_dead') and data->>'operationId' = $1`, [pending]);
     expect(rows).toEqual([]);
   }, 300_000);
+
+  it("taken while its call is in flight, holds up no other operation's outcome: theirs are recorded as their calls return", async () => {
+    const locked = await confirm(t, { orderId: 'locks-in-flight' });
+    const others: string[] = [];
+    for (let i = 0; i < 3; i++) others.push(await confirm(t, { orderId: `locks-in-flight-other-${i}` }));
+    e.emulator.addFault({ match: { operationId: locked }, fault: { kind: 'latency', ms: 1_500 } });
+    for (const op of others) e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'latency', ms: 1_700 } });
+    const replica = await startDispatcher(t, e.gateway({ timeoutMs: 5_000 }), 'w-locks-3', { concurrency: 8, leaseTtlMs: 12_000 });
+    replicas.push(replica);
+    await waitUntil(async () => (await operation(t, locked)).attempts === 1, 10_000, 'its call in flight');
+    const lock = await lockRow(locked);
+    try {
+      await waitUntil(async () => (await Promise.all(others.map(statusOf))).every((s) => s === 'succeeded'), 30_000, 'the others settled');
+      // From their call's send to their outcome: the call's 1.7 s, not the held row's lock_timeout (5 s) too.
+      for (const op of others) {
+        const row = await operation(t, op);
+        expect(row.settled_at!.getTime() - row.last_attempted_at!.getTime()).toBeLessThan(4_000);
+      }
+    } finally {
+      await lock.release();
+    }
+    // Its own outcome waited for the lock alone; written then, or its job retried with the same key.
+    await waitUntil(async () => (await statusOf(locked)) === 'succeeded', 60_000, 'the locked one settled after the release');
+  }, 120_000);
 });
