@@ -275,7 +275,8 @@ function classify(err: unknown): GatewayError {
   if (status === 402) return new Declined(`${err.code ?? 'card_error'}: ${message}`, status, pi, opts);
   if (status === 429 || (status === 400 && err.code === 'rate_limit')) return new RetryLater(message, status, pi, { ...opts, code: err.code });
   if (status === 400 && err.rawType === 'idempotency_error') return new IdempotencyKeyMisuse(message, status, pi, opts);
-  if (status === 409 || status >= 500) return new AmbiguousOutcome(`${err.code ?? err.type}: ${message}`, status, pi, opts);
+  // 424: a dependency outside Stripe failed (a payment method's provider), maybe after the request acted.
+  if (status === 409 || status === 424 || status >= 500) return new AmbiguousOutcome(`${err.code ?? err.type}: ${message}`, status, pi, opts);
   // Bad key or missing permission: nothing executed; an operator must fix the configuration.
   if (status === 401 || status === 403) return new NotExecuted(`${err.type}: ${message}`, status, pi, opts);
   return new Rejected(`${err.code ?? err.type}: ${message}`, status, pi, { ...opts, code: err.code });

@@ -79,6 +79,15 @@ describe('executeOperation over HTTP with the real SDK', () => {
     expect(charges(op)).toHaveLength(1);
   });
 
+  it('424 (a dependency outside Stripe failed) after the charge was made → unknown, never failed', async () => {
+    const op = await confirm(t);
+    const fence = await claim(t, op);
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'error_after_commit', status: 424 } });
+    const run = await executeOperation(t.pool, kindsFor(gateway), op, fence);
+    expect(run.operation).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous' });
+    expect(charges(op)).toHaveLength(1);
+  });
+
   it('409 while the same key executes (a takeover mid-call) → unknown; the stale writer is fenced; one charge', async () => {
     const op = await confirm(t);
     const staleFence = await claim(t, op, 'replica-a');
