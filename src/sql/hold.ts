@@ -1,17 +1,27 @@
 // The statements of requesting a capture or a cancel of an authorization (src/kinds/hold/request.ts).
 import type { SqlContext } from './context.ts';
 
+/** What a capture or a cancel is decided from, of its charge. */
+const CHARGE_COLUMNS = 'id, kind, status, order_id, amount, currency, external_id, payload, result, now() as now';
+
 export const holdStatements = ({ event, operationColumns, s, settlementEvent, statement }: SqlContext) => ({
   /**
-   * The first step, in the caller's transaction: the charge operation, locked by an update (of nothing)
-   * until the caller commits, so that concurrent captures and cancels of one authorization are decided
-   * one after the other (an update, not only a lock: see lockChargeForRefund). Whatever its status; no
-   * row: no such operation.
+   * The first step, in the caller's transaction: a succeeded charge operation, locked by an update (of
+   * nothing) until the caller commits, so that concurrent captures and cancels of one authorization are
+   * decided one after the other (an update, not only a lock: see lockChargeForRefund). Only a succeeded
+   * one, which no worker writes: an unsettled charge's outcome must not wait on the caller's transaction,
+   * which is refused anyway. No row: chargeForChange says why.
    */
   lockChargeForChange: statement<[chargeOperationId: string]>(
     'outboxd_lock_charge_for_change',
-    `update ${s}.payment_operations set updated_at = updated_at where id = $1
-     returning id, kind, status, order_id, amount, currency, external_id, payload, result, now() as now`,
+    `update ${s}.payment_operations set updated_at = updated_at where id = $1 and kind = 'charge' and status = 'succeeded'
+     returning ${CHARGE_COLUMNS}`,
+  ),
+
+  /** The operation a capture or a cancel names, unlocked, when it is no succeeded charge; no row: none. */
+  chargeForChange: statement<[chargeOperationId: string]>(
+    'outboxd_charge_for_change',
+    `select ${CHARGE_COLUMNS} from ${s}.payment_operations where id = $1`,
   ),
 
   /** The captures and cancels of a charge (read after the lock above), through the order's index. */

@@ -113,6 +113,18 @@ describe('requesting a capture or a cancel: refused before anything is written',
     expect(await counts()).toEqual(afterRefund);
   });
 
+  it("a refusal of an unsettled charge holds no lock on it in the caller's transaction: its worker's writes never wait on it", async () => {
+    const pending = await confirm(t, { captureMethod: 'manual' });
+    await inTransaction(t.pool, async (caller) => {
+      await expect(requestCapture(caller, { chargeOperationId: pending, key: 'c' })).rejects.toMatchObject({ code: 'no_funds_held' });
+      await expect(requestCancel(caller, { chargeOperationId: pending, key: 'c' })).rejects.toMatchObject({ code: 'no_funds_held' });
+      // While the caller's transaction goes on, the charge's row is free (nowait: 55P03 were it locked).
+      const free = await t.pool.query(`select id from outboxd.payment_operations where id = $1 for update nowait`, [pending]);
+      expect(free.rows).toHaveLength(1);
+      expect((await run(pending)).operation.status).toBe('succeeded');
+    });
+  });
+
   it('the same key is the same capture; another key, another amount, or a cancel after it is refused; so is a capture after a cancel', async () => {
     const { charge } = await held();
     const first = await capture({ chargeOperationId: charge, key: 'ship-1', amount: 2000 });

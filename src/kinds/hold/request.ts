@@ -100,8 +100,9 @@ async function requestInTransaction(
   reason: string | null,
 ): Promise<ChangeRequested> {
   const refuse = (code: AuthorizationRefused['code'], message: string) => new AuthorizationRefused(kind, chargeId, code, message);
-  // Concurrent changes of one charge wait here for each other until the caller commits.
-  const charge = (await db.query(db.sql.lockChargeForChange(chargeId))).rows[0];
+  // Concurrent changes of one charge wait here for each other until the caller commits; anything but a
+  // succeeded charge is read unlocked, to be refused below.
+  const charge = (await db.query(db.sql.lockChargeForChange(chargeId))).rows[0] ?? (await db.query(db.sql.chargeForChange(chargeId))).rows[0];
   if (!charge) throw new OperationNotFoundError(chargeId);
   if (charge.kind !== CHARGE) throw refuse('not_a_charge', `operation ${chargeId} is a ${charge.kind}, not a charge`);
   if (!isAuthorization(charge)) {
