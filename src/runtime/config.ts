@@ -241,6 +241,16 @@ function tracingConfig(e: Env): TracingConfig | undefined {
   };
 }
 
+/** What a worker inside the application (startWorker) never reads: the listeners, the admin API and
+ * console, webhooks, and tracing (the application's own OpenTelemetry SDK takes its spans). */
+const NOT_READ_IN_PROCESS = /^(OTEL_|HTTP_|ADMIN_|CONSOLE_)|^STRIPE_WEBHOOK_SECRET$/;
+
+/** loadConfig for a worker inside the application, whose process may set the variables it never reads
+ * for itself, with values of its own (an OTLP exporter over gRPC, say): they are not judged. */
+export function loadInProcessConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  return loadConfig(Object.fromEntries(Object.entries(env).filter(([name]) => !NOT_READ_IN_PROCESS.test(name))));
+}
+
 /**
  * OUTBOXD_SCHEMA alone, for the library: an application embedding outboxd and `outboxd worker` beside
  * it agree on the schema through the same variable, without the library judging the worker's settings.

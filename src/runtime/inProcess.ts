@@ -5,7 +5,7 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
 import type pg from 'pg';
-import { loadConfig } from './config.ts';
+import { loadInProcessConfig } from './config.ts';
 import { createPool, isPooled, type Pool } from '../db/pool.ts';
 import type { EffectDefinitions } from '../kinds/application/definition.ts';
 import { createLogger } from '../telemetry/log.ts';
@@ -28,7 +28,7 @@ export async function startInProcessWorker(opts: {
   concurrency: number;
   effects: EffectDefinitions;
 }): Promise<EffectWorker> {
-  const config = loadConfig();
+  const config = loadInProcessConfig();
   const workerId = `${hostname()}:${process.pid}:${randomBytes(2).toString('hex')}`;
   const log = createLogger(config.logLevel, { component: 'outboxd-worker', workerId });
   const { connection, schema, concurrency } = opts;

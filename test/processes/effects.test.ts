@@ -670,6 +670,23 @@ describe('startWorker: the dispatcher inside the application’s process', () =>
     expect((await appPool.query('select 1 as ok')).rows[0].ok).toBe(1); // the application's pool is not ended
   });
 
+  it("starts in a process whose own settings of what it never reads (tracing over gRPC, its HTTP port) a worker process would refuse", async () => {
+    const own = { OTEL_EXPORTER_OTLP_PROTOCOL: 'grpc', OTEL_EXPORTER_OTLP_ENDPOINT: 'grpc://collector:4317', HTTP_PORT: '80800', ADMIN_TOKEN: 'short' };
+    Object.assign(process.env, own);
+    const o = new Outboxd({ connectionString: t.url });
+    const judged = new Outboxd({ connectionString: t.url });
+    try {
+      const worker = await o.startWorker({ concurrency: 1 });
+      await worker.stop();
+      // What it reads is judged as ever.
+      process.env.LEASE_TTL_MS = '10';
+      await expect(judged.startWorker({ concurrency: 1 })).rejects.toThrow(/LEASE_TTL_MS/);
+    } finally {
+      for (const name of [...Object.keys(own), 'LEASE_TTL_MS']) delete process.env[name];
+      await Promise.all([o.stop(), judged.stop()]);
+    }
+  });
+
   it("stop() again, or the worker's and then outboxd's (a SIGTERM handler and a finally): one drain, no error", async () => {
     const o = new Outboxd({ connectionString: t.url });
     const worker = await o.startWorker({ concurrency: 1 });
