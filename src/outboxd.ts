@@ -343,8 +343,9 @@ export class Outboxd {
    * that throws, or runs past settlementHandlerTimeoutMs, gets the event again later, with backoff;
    * after hours of failures the event is dead-lettered (see the runbook). Up to 10 events (of
    * different operations) are handled at once, each on its own, so a slow one holds up no other.
-   * Unnamed handlers of this instance all see each event, one after the other; the instances of
-   * several processes share the events between them.
+   * Unnamed handlers of this instance all see each event, one after the other; instances share the
+   * events between them, in several processes or in one (two modules each with an Outboxd of its own
+   * hear each event once between them: give each a `subscriber` name to hear every event).
    *
    * `{ transactional: true }`: `handler(event, tx)` runs in a transaction in which outboxd also records
    * this event consumed by this subscriber; its writes through `tx` (`tx.query(text, values)`) and that
