@@ -7,10 +7,10 @@ import { listAudit, type AuditRow } from '../admin/audit.ts';
 import type { Pool } from '../db/pool.ts';
 import { OPERATION_STATUSES } from '../types/status.ts';
 import { queueFor } from '../outbox/outbox.ts';
-import { isOperationId, type Operation } from '../engine/operation.ts';
+import { isOperationId, type ListedOperation, type Operation } from '../engine/operation.ts';
 import type { HostHealth } from '../telemetry/metrics.ts';
 
-export type Listed = Operation & { cursor_at: string };
+export type Listed = ListedOperation & { cursor_at: string };
 
 export interface ListFilter {
   status?: string | undefined;
@@ -86,8 +86,8 @@ export interface Overview {
   /** pg-boss's counts of each kind's queue, for every kind with operations (as its last monitor pass
    * saw them); null when they could not be read. */
   queues: { kind: string; queued: number; active: number; failed: number }[] | null;
-  review: (Operation & { flagged_at: Date | null })[];
-  recent: Operation[];
+  review: (ListedOperation & { flagged_at: Date | null })[];
+  recent: ListedOperation[];
   /** The fleet's Stripe budget: requests/s configured (undefined: none), and each bucket's state. */
   budget: { limit: number | undefined; searchLimit: number | undefined; buckets: { name: string; tokens: number; short_seconds_ago: number | null }[] };
   /** The host database's xmin horizon and dead rows (as /metrics reports them); null when unreadable. */
@@ -196,7 +196,7 @@ export interface OperationRecord {
   webhooks: { id: string; type: string; received_at: Date; result: string; payload: Record<string, unknown> }[];
   audit: AuditRow[];
   /** Every other operation of the same order: a charge's refunds, a refund's charge, earlier charges. */
-  related: Operation[];
+  related: ListedOperation[];
   /** Its settlement events on their way to the application as pg-boss jobs: the named subscribers'
    * (`settled.<name>`), the dead letter, and an earlier release's `settled`. */
   settlements: { id: string; name: string; state: string; retry_count: number; created_on: Date; completed_on: Date | null; source: string | null; output: unknown }[];
@@ -222,7 +222,7 @@ export async function operationRecord(pool: Pool, op: Operation): Promise<Operat
     events: events.rows,
     webhooks: webhooks.rows,
     audit,
-    related: related.rows.filter((r: Operation) => r.id !== op.id),
+    related: related.rows.filter((r: ListedOperation) => r.id !== op.id),
     settlements: settlements.rows,
     waitingEvents: waiting.rows,
   };
@@ -230,7 +230,7 @@ export async function operationRecord(pool: Pool, op: Operation): Promise<Operat
 
 export interface SearchResult {
   query: string;
-  matches: Operation[];
+  matches: ListedOperation[];
   /** How the query was read, for the page to say. */
   readAs: string[];
 }
@@ -244,8 +244,8 @@ const SEARCH_LIMIT = 50;
 export async function search(pool: Pool, text: string): Promise<SearchResult> {
   const query = text.trim().slice(0, 255);
   const readAs: string[] = [];
-  const found = new Map<string, Operation>();
-  const add = (rows: Operation[]) => rows.forEach((r) => found.set(r.id, r));
+  const found = new Map<string, ListedOperation>();
+  const add = (rows: ListedOperation[]) => rows.forEach((r) => found.set(r.id, r));
   if (!query) return { query, matches: [], readAs };
   const hex = query.toLowerCase().replaceAll('-', '');
   if (isOperationId(query)) {

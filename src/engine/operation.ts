@@ -22,10 +22,10 @@ import { coalesced } from '../db/coalesce.ts';
 import type { Queryable } from '../db/pool.ts';
 import type { OperationStatus, Policy } from '../types/status.ts';
 import { OperationNotFoundError, StaleFenceError } from '../types/errors.ts';
-import { isSettled, type LoadedOperation, type Operation, type Outcome, type SettlementSource } from '../types/operation.ts';
+import { isSettled, type ListedOperation, type LoadedOperation, type Operation, type Outcome, type SettlementSource } from '../types/operation.ts';
 import { ATTR, withSpan } from '../telemetry/tracing.ts';
 
-export type { LoadedOperation, Operation, OperationStatus, Outcome, SettlementSource };
+export type { ListedOperation, LoadedOperation, Operation, OperationStatus, Outcome, SettlementSource };
 export { isOperationId, isSettled, shortOperationId } from '../types/operation.ts';
 export { OperationNotFoundError, StaleFenceError };
 

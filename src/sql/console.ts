@@ -2,7 +2,7 @@
 import type { SqlContext } from './context.ts';
 import { DEPTH_CAP } from './outbox.ts';
 
-export const consoleStatements = ({ CURSOR, UNSETTLED, boss, operationColumns, operationsPage, reviewPage, s, statement }: SqlContext) => ({
+export const consoleStatements = ({ CURSOR, UNSETTLED, boss, listedColumns, operationsPage, reviewPage, s, statement }: SqlContext) => ({
   // The overview's charts: one row a minute since $1. Each reads only the window (the settled index,
   // the unsettled index, the timeline's BRIN index), so they cost what the window holds, not the table.
 
@@ -98,7 +98,7 @@ export const consoleStatements = ({ CURSOR, UNSETTLED, boss, operationColumns, o
   /** The review queue, longest waiting first, with when each was last flagged or found to need review. */
   reviewQueue: statement<[limit: number]>(
     'outboxd_review_queue',
-    `select ${operationColumns('o')}, ${CURSOR} as cursor_at,
+    `select ${listedColumns('o')}, ${CURSOR} as cursor_at,
        (select max(e.at) from ${s}.operation_events e
         where e.operation_id = o.id and (e.type = 'flagged' or (e.type = 'outcome' and e.details->>'outcome' = 'needs_review'))) as flagged_at
      from ${s}.payment_operations o
@@ -135,18 +135,18 @@ export const consoleStatements = ({ CURSOR, UNSETTLED, boss, operationColumns, o
 
   recentSettlements: statement<[limit: number]>(
     'outboxd_recent_settlements',
-    `select ${operationColumns()} from ${s}.payment_operations where settled_at is not null order by settled_at desc limit $1`,
+    `select ${listedColumns()} from ${s}.payment_operations where settled_at is not null order by settled_at desc limit $1`,
   ),
 
   /** Every operation of an order, of any kind: a charge's refunds, a refund's charge, earlier attempts. */
   operationsOfOrder: statement<[orderId: string, limit: number]>(
     'outboxd_operations_of_order',
-    `select ${operationColumns()} from ${s}.payment_operations where order_id = $1 order by created_at, id limit $2`,
+    `select ${listedColumns()} from ${s}.payment_operations where order_id = $1 order by created_at, id limit $2`,
   ),
 
   operationsByExternalId: statement<[externalId: string, limit: number]>(
     'outboxd_operations_by_external_id',
-    `select ${operationColumns()} from ${s}.payment_operations where external_id = $1 order by created_at, id limit $2`,
+    `select ${listedColumns()} from ${s}.payment_operations where external_id = $1 order by created_at, id limit $2`,
   ),
 
   /** An operation's timeline rows, oldest first. */

@@ -23,6 +23,12 @@ const OPERATION_COLUMNS = [
 ] as const;
 export const operationColumns = (alias?: string): string => OPERATION_COLUMNS.map((c) => (alias ? `${alias}.${c}` : c)).join(', ');
 
+/** What the console's lists show of an operation: all but its JSON (an effect's payload and result, up to
+ * 64 KiB each, and the metadata), which only its own page shows. A page of 500 read them whole: tens of
+ * megabytes, and four such pages at once took a replica past its heap. */
+const LISTED_COLUMNS = OPERATION_COLUMNS.filter((c) => c !== 'metadata' && c !== 'payload' && c !== 'result');
+export const listedColumns = (alias?: string): string => LISTED_COLUMNS.map((c) => (alias ? `${alias}.${c}` : c)).join(', ');
+
 const INT8 = 20;
 /** bigint columns (amount, fence) hold values far below 2^53: read as numbers, on any connection (an
  * application's own pool included) without changing how that connection parses its own columns. */
@@ -105,10 +111,10 @@ export function sqlContext(schema: string, prepared: boolean) {
   /** An operation's keyset cursor: created_at to the microsecond (a JavaScript Date keeps milliseconds). */
   const CURSOR = `to_char(o.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`;
   const operationsPage = (cmp: '<' | '>', dir: 'asc' | 'desc') =>
-    `select ${operationColumns('o')}, ${CURSOR} as cursor_at
+    `select ${listedColumns('o')}, ${CURSOR} as cursor_at
      from unnest($1::text[]) k(kind) cross join unnest($2::text[]) st(status)
      cross join lateral (
-       select ${operationColumns('p')} from ${s}.payment_operations p
+       select ${listedColumns('p')} from ${s}.payment_operations p
        where p.kind = k.kind and p.status = st.status and (p.created_at, p.id) ${cmp} ($3::timestamptz, $4::uuid)
        order by p.created_at ${dir}, p.id ${dir}
        limit $5
@@ -116,10 +122,10 @@ export function sqlContext(schema: string, prepared: boolean) {
      order by o.created_at ${dir}, o.id ${dir}
      limit $5`;
   const reviewPage = (cmp: '<' | '>', dir: 'asc' | 'desc') =>
-    `select ${operationColumns('o')}, ${CURSOR} as cursor_at from ${s}.payment_operations o
+    `select ${listedColumns('o')}, ${CURSOR} as cursor_at from ${s}.payment_operations o
      where o.review_reason is not null and o.kind = any($1::text[]) and o.status = any($2::text[])
        and (o.created_at, o.id) ${cmp} ($3::timestamptz, $4::uuid)
      order by o.created_at ${dir}, o.id ${dir}
      limit $5`;
-  return { schema, s, boss, statement, settlementEvent, event, CURSOR, operationsPage, reviewPage, UNSETTLED, operationColumns, byIds, unsettledRow };
+  return { schema, s, boss, statement, settlementEvent, event, CURSOR, operationsPage, reviewPage, UNSETTLED, operationColumns, listedColumns, byIds, unsettledRow };
 }

@@ -51,6 +51,9 @@ export interface Operation {
   updated_at: Date;
 }
 
+/** An operation as the console's lists read it (src/sql/context.ts: listedColumns): without its JSON. */
+export type ListedOperation = Omit<Operation, 'metadata' | 'payload' | 'result'>;
+
 export type LoadedOperation = Operation & { key_window_passed: boolean };
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;

@@ -2,7 +2,7 @@
 // may do with it (resolve with evidence, requeue).
 import { KEY_WINDOW_SECONDS } from '../../engine/executor.ts';
 import { namingOf } from '../../kinds/index.ts';
-import { isSettled, type Operation } from '../../engine/operation.ts';
+import { isSettled, type ListedOperation, type Operation } from '../../engine/operation.ts';
 import { accountOf } from '../../stripe/gateway.ts';
 import { ago, html, nothing, span, utc, when, type Fragment, type Safe } from '../html.ts';
 import type { OperationRecord } from '../queries.ts';
@@ -146,7 +146,7 @@ const isHold = (op: Operation): boolean => (op.payload as { capture_method?: str
 
 /** What an authorization holds and for how long (its charge's capture_before, as Stripe said), or what
  * changed it since (its succeeded capture, cancel or refund, among the order's operations). */
-function hold(op: Operation, related: Operation[], now: Date): Fragment {
+function hold(op: Operation, related: ListedOperation[], now: Date): Fragment {
   if (op.status !== 'succeeded') return html`<span class="muted">nothing held yet: captured later (capture_method manual)</span>`;
   const changes = related.filter((r) => r.parent_operation_id === op.id && r.status === 'succeeded');
   if (changes.length > 0) return html`held, then changed by ${changes.map((c) => html`${kindTag(c.kind)} ${opLink(c.id)} ${amount(c)} `)}`;

@@ -1,7 +1,7 @@
 // The console's pages other than the operation's own (operation.ts): sign-in, overview, review queue,
 // lists, search, requeue of stuck operations, drift report, errors.
 import type { RequeueResult } from '../../admin/requeue.ts';
-import type { Operation } from '../../engine/operation.ts';
+import type { ListedOperation } from '../../engine/operation.ts';
 import type { DriftReport } from '../../reconcile/drift.ts';
 import { ago, html, nothing, span, type Fragment, type Safe } from '../html.ts';
 import type { Charts, ListFilter, Listed, Overview, Page, SearchResult } from '../queries.ts';
@@ -148,7 +148,7 @@ function card(label: string, value: string, tone: string, note: Fragment): Safe 
   return html`<div class="card tone-${tone}"><div class="card-label">${label}</div><div class="card-value">${value}</div><div class="card-note">${note}</div></div>`;
 }
 
-function recentTable(rows: Operation[], now: Date): Safe {
+function recentTable(rows: ListedOperation[], now: Date): Safe {
   if (rows.length === 0) return html`<p class="empty">Nothing has settled yet.</p>`;
   return html`<div class="table-wrap"><table class="data">
   <thead><tr><th scope="col">Operation</th><th scope="col">Kind</th><th scope="col">Status</th><th scope="col" class="num">Amount</th><th scope="col">Stripe</th><th scope="col">Settled</th><th scope="col">Settled by</th></tr></thead>

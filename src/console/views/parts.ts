@@ -1,5 +1,5 @@
 // Pieces every page uses: status, links to an operation, amounts, tables of operations.
-import { shortOperationId, type Operation } from '../../engine/operation.ts';
+import { shortOperationId, type ListedOperation, type Operation } from '../../engine/operation.ts';
 import { ago, html, money, nothing, type Fragment, type Safe } from '../html.ts';
 
 export const opHref = (id: string): string => `/console/operations/${encodeURIComponent(id)}`;
@@ -50,7 +50,7 @@ export function stripeLink(id: string | null, dashboard: string | undefined): Fr
 }
 
 /** Operations as a table: the columns an operator scans a list by. */
-export function operationsTable(rows: Operation[], opts: { caption?: string; empty: string; now?: Date; dashboard?: string | undefined }): Safe {
+export function operationsTable(rows: ListedOperation[], opts: { caption?: string; empty: string; now?: Date; dashboard?: string | undefined }): Safe {
   if (rows.length === 0) return html`<p class="empty">${opts.empty}</p>`;
   const now = opts.now ?? new Date();
   return html`<div class="table-wrap"><table class="data">
