@@ -84,7 +84,7 @@ const stuckBody = z.strictObject({
 const listQuery = z.object({
   status: z.enum(['pending', 'unknown', 'succeeded', 'failed']).optional(),
   needs_review: z.enum(['true', 'false']).optional(),
-  limit: z.coerce.number().int().min(1).max(10_000).default(1000),
+  limit: z.coerce.number().int().min(1).max(1000).default(1000),
 });
 
 const OP = /^\/admin\/operations\/([^/]+)$/;

@@ -1,7 +1,7 @@
 // The statements of the admin API and the CLI (src/admin/): listings, the audit trail, requeue and resolve.
 import type { SqlContext } from './context.ts';
 
-export const adminStatements = ({ UNSETTLED, operationColumns, s, statement }: SqlContext) => ({
+export const adminStatements = ({ UNSETTLED, briefColumns, operationColumns, s, statement }: SqlContext) => ({
   /** How long ago the last create that may have executed was sent, by the database clock (null: never). */
   lastAttemptAge: statement<[id: string]>(
     'outboxd_last_attempt_age',
@@ -31,7 +31,7 @@ export const adminStatements = ({ UNSETTLED, operationColumns, s, statement }: S
 
   listOperations: statement<[status: string | null, needsReview: boolean, limit: number]>(
     'outboxd_list_operations',
-    `select ${operationColumns()} from ${s}.payment_operations
+    `select ${briefColumns()} from ${s}.payment_operations
      where ($1::text is null or status = $1) and (not $2 or needs_review)
      order by created_at, id
      limit $3`,

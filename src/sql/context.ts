@@ -29,6 +29,18 @@ export const operationColumns = (alias?: string): string => OPERATION_COLUMNS.ma
 const LISTED_COLUMNS = OPERATION_COLUMNS.filter((c) => c !== 'metadata' && c !== 'payload' && c !== 'result');
 export const listedColumns = (alias?: string): string => LISTED_COLUMNS.map((c) => (alias ? `${alias}.${c}` : c)).join(', ');
 
+/** A listing's JSON value longer than this (as text) is given as `{"omitted_bytes": n}`. */
+const LISTED_JSON_BYTES = 4096;
+/** Every column, for the admin API's and the CLI's listings, which give them all: the JSON ones only
+ * when short. A thousand rows of 64 KiB payloads and results, the API's default page, took a replica
+ * past its heap; the operation itself (`ops show`, GET /admin/operations/{id}) gives them whole. */
+export const briefColumns = (): string =>
+  OPERATION_COLUMNS.map((c) =>
+    c === 'metadata' || c === 'payload' || c === 'result'
+      ? `case when octet_length(${c}::text) > ${LISTED_JSON_BYTES} then jsonb_build_object('omitted_bytes', octet_length(${c}::text)) else ${c} end as ${c}`
+      : c,
+  ).join(', ');
+
 const INT8 = 20;
 /** bigint columns (amount, fence) hold values far below 2^53: read as numbers, on any connection (an
  * application's own pool included) without changing how that connection parses its own columns. */
@@ -127,5 +139,5 @@ export function sqlContext(schema: string, prepared: boolean) {
        and (o.created_at, o.id) ${cmp} ($3::timestamptz, $4::uuid)
      order by o.created_at ${dir}, o.id ${dir}
      limit $5`;
-  return { schema, s, boss, statement, settlementEvent, event, CURSOR, operationsPage, reviewPage, UNSETTLED, operationColumns, listedColumns, byIds, unsettledRow };
+  return { schema, s, boss, statement, settlementEvent, event, CURSOR, operationsPage, reviewPage, UNSETTLED, operationColumns, listedColumns, briefColumns, byIds, unsettledRow };
 }

@@ -157,6 +157,21 @@ describe('admin HTTP API', () => {
     expect((await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: '{' })).status).toBe(422);
   });
 
+  it('lists every column, a long JSON value as its size (the operation itself gives it whole), up to 1000 a page', async () => {
+    const big = { blob: 'x'.repeat(60_000) };
+    const { rows } = await t.pool.query(
+      `insert into outboxd.payment_operations (kind, policy, effect_key, payload, result, status)
+       values ('bulky_listed', 'at-least-once', 'k1', $1::jsonb, '{"ok": true}', 'unknown') returning id`,
+      [JSON.stringify(big)],
+    );
+    const { operations } = (await (await api('/admin/operations?status=unknown&limit=1000')).json()) as { operations: { id: string }[] };
+    const listed = operations.find((o) => o.id === rows[0].id);
+    expect(listed).toMatchObject({ kind: 'bulky_listed', payload: { omitted_bytes: JSON.stringify(big).length + 1 }, result: { ok: true }, metadata: {} });
+    expect(((await (await api(`/admin/operations/${rows[0].id}`)).json()) as { payload: unknown }).payload).toEqual(big);
+    expect((await api('/admin/operations?limit=1001')).status).toBe(422);
+    await t.pool.query(`delete from outboxd.payment_operations where id = $1`, [rows[0].id]);
+  });
+
   it('resolves with evidence, audited under the token’s name; requeues and reconciles', async () => {
     const op = await confirm(t);
     await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
