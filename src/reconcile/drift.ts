@@ -17,11 +17,12 @@ export type DriftReport = { since: string; operations: number; drift: Drift[] } 
 export async function driftReport(pool: Pool, budgeted: PaymentGateway, since: Date): Promise<DriftReport> {
   // A report yields to the dispatchers in the fleet's Stripe budget.
   const gateway = inBackground(budgeted);
-  const succeededOps: Operation[] = (await pool.query(pool.sql.succeededSince(since))).rows;
+  const kinds = evidenceOf(gateway);
+  const succeededOps: Operation[] = (await pool.query(pool.sql.succeededSince(since, kinds.map((k) => k.kind)))).rows;
   const compared = new Set(succeededOps.map((o) => o.id));
   const report: DriftReport = { since: since.toISOString(), operations: 0, drift: [] };
   const drift: Drift[] = [];
-  for (const { kind, evidence } of evidenceOf(gateway)) {
+  for (const { kind, evidence } of kinds) {
     const part = await evidence.drift({
       since,
       operations: async (ids) => (await pool.query(pool.sql.operationsByIds(ids))).rows,

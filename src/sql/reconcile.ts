@@ -51,9 +51,11 @@ export const reconcileStatements = ({ UNSETTLED, boss, operationColumns, s, stat
     `select ${operationColumns()} from ${s}.payment_operations where kind = $1 and external_id = any($2::text[])`,
   ),
 
-  /** Succeeded operations settled since a time: each must have its charge (refund) in Stripe. */
-  succeededSince: statement<[since: Date]>(
+  /** Succeeded operations of these kinds settled since a time: each must have its charge (refund) in
+   * Stripe. Of the kinds Stripe knows only: an application's effects, with payloads and results of up to
+   * 64 KiB, are compared with nothing there. */
+  succeededSince: statement<[since: Date, kinds: string[]]>(
     'outboxd_succeeded_since',
-    `select ${operationColumns()} from ${s}.payment_operations where status = 'succeeded' and settled_at >= $1`,
+    `select ${operationColumns()} from ${s}.payment_operations where status = 'succeeded' and settled_at >= $1 and kind = any($2::text[])`,
   ),
 });

@@ -179,7 +179,7 @@ export class StripeGateway implements PaymentGateway {
 
   async listCharges(since: Date, beforeNextPage?: BeforeNextPage): Promise<Charge[]> {
     const created = { gte: Math.floor(since.getTime() / 1000) };
-    return (await this.pages((after) => this.stripe.paymentIntents.list({ created, limit: LIST_PAGE, ...after }), beforeNextPage)).map((pi) => toCharge(pi, null));
+    return this.pages((after) => this.stripe.paymentIntents.list({ created, limit: LIST_PAGE, ...after }), (pi) => toCharge(pi, null), beforeNextPage);
   }
 
   async retrieveRefund(externalId: string, account: StripeAccount = null): Promise<Refund> {
@@ -199,16 +199,17 @@ export class StripeGateway implements PaymentGateway {
   }
 
   private async refunds(params: Stripe.RefundListParams, account: StripeAccount, beforeNextPage?: BeforeNextPage): Promise<Refund[]> {
-    return (await this.pages((after) => this.stripe.refunds.list({ ...params, limit: LIST_PAGE, ...after }, onAccount(account)), beforeNextPage)).map((r) => toRefund(r, account));
+    return this.pages((after) => this.stripe.refunds.list({ ...params, limit: LIST_PAGE, ...after }, onAccount(account)), (r) => toRefund(r, account), beforeNextPage);
   }
 
   /** Every item of a Stripe list, page by page (`starting_after` the last item of the page before), so
-   * that each further page is a request the caller can pace (the SDK's auto-paging sends them unasked). */
-  private async pages<T extends { id: string }>(list: (after: { starting_after?: string }) => Promise<Stripe.ApiList<T>>, beforeNextPage?: BeforeNextPage): Promise<T[]> {
-    const found: T[] = [];
+   * that each further page is a request the caller can pace (the SDK's auto-paging sends them unasked);
+   * each page's items kept as `map` makes them, not whole (the drift report lists days of them). */
+  private async pages<T extends { id: string }, R>(list: (after: { starting_after?: string }) => Promise<Stripe.ApiList<T>>, map: (item: T) => R, beforeNextPage?: BeforeNextPage): Promise<R[]> {
+    const found: R[] = [];
     try {
       for (let page = await list({}); ; ) {
-        found.push(...page.data);
+        found.push(...page.data.map(map));
         if (!page.has_more) return found;
         // More items, and no last one to continue after: a list cut short is no evidence of what is not there.
         const last = page.data.at(-1);

@@ -145,6 +145,22 @@ describe('drift report', () => {
     expect((await driftReport(t.pool, e.gateway(), since)).drift).toEqual([]);
   });
 
+  it("reads and counts only the operations of kinds Stripe knows, not an application's effects", async () => {
+    const since = new Date(Date.now() - 1000);
+    const op = await confirm(t);
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
+    const before = await driftReport(t.pool, e.gateway(), since);
+    await t.pool.query(
+      `insert into outboxd.payment_operations (kind, policy, effect_key, payload, result, status, settled_at)
+       values ('bulky_drift_effect', 'at-least-once', 'k', $1::jsonb, $1::jsonb, 'succeeded', now())`,
+      [JSON.stringify({ blob: 'x'.repeat(60_000) })],
+    );
+    const after = await driftReport(t.pool, e.gateway(), since);
+    expect(before.operations).toBeGreaterThan(0);
+    expect(after.operations).toBe(before.operations);
+    expect(after.drift).toEqual(before.drift);
+  });
+
   it('`outboxd reconcile --report` exits 5 when drift exists', async () => {
     await chargeFor('00000000-0000-4000-8000-00000000abcd');
     const bin = fileURLToPath(new URL('../../bin/outboxd.js', import.meta.url));
