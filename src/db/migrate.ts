@@ -179,13 +179,14 @@ async function applyMigrations(client: PoolClient, schema: string, folder: strin
     const dialect = new PgDialect();
     // The node-postgres session is the PgSession the dialect wants; drizzle's generics do not say so.
     const session = drizzle({ client })._.session as unknown as Parameters<typeof dialect.migrate>[1];
+    const applyBatch = async (batch: typeof migrations) => dialect.migrate(await lockingFirst(client, schema, batch), session, config);
     let batch: typeof migrations = [];
     for (const migration of migrations) {
       if (!migration.sql.some((statement) => CONCURRENTLY.test(statement))) {
         batch.push(migration);
         continue;
       }
-      if (batch.length) await dialect.migrate(batch, session, config);
+      if (batch.length) await applyBatch(batch);
       batch = [];
       const { rows } = await client.query(`select coalesce(max(created_at), 0) as last from "${schema}".${MIGRATIONS_TABLE}`);
       if (Number(rows[0].last) >= migration.folderMillis) continue;
@@ -196,8 +197,32 @@ async function applyMigrations(client: PoolClient, schema: string, folder: strin
       await client.query(`set lock_timeout = ${MIGRATION_LOCK_TIMEOUT_MS}`);
       await client.query(`insert into "${schema}".${MIGRATIONS_TABLE} (hash, created_at) values ($1, $2)`, [migration.hash, migration.folderMillis]);
     }
-    if (batch.length) await dialect.migrate(batch, session, config);
+    if (batch.length) await applyBatch(batch);
   } finally {
     await client.query('reset search_path');
   }
+}
+
+/** outboxd's tables in the order its writers take them: requestCharge writes the operation, then its
+ * outbox row; an outcome or a settlement the operation, then its settlement event and timeline row. */
+const WRITERS_ORDER = ['payment_operations', 'charge_outbox', 'settlement_outbox', 'operation_events'];
+
+/**
+ * `batch`, the transaction drizzle applies its pending migrations in beginning with a lock of the existing
+ * tables they name, in the writers' order. Their statements would take them in the files' order: one
+ * taking charge_outbox, then payment_operations, while a confirmation holds the operation it inserted and
+ * waits for charge_outbox, deadlocks, and PostgreSQL aborts either, often the application's confirmation.
+ */
+async function lockingFirst<M extends { sql: string[]; folderMillis: number }>(client: PoolClient, schema: string, batch: M[]): Promise<M[]> {
+  const recorded = await client.query(`select to_regclass(format('%I.%I', $1::text, $2::text)) is not null as made`, [schema, MIGRATIONS_TABLE]);
+  if (!recorded.rows[0].made) return batch; // a new database: no table to wait for
+  const { rows } = await client.query(`select coalesce(max(created_at), 0) as last from "${schema}".${MIGRATIONS_TABLE}`);
+  const first = batch.findIndex((m) => m.folderMillis > Number(rows[0].last)); // what drizzle applies: after the last recorded
+  if (first < 0) return batch;
+  const pending = batch.slice(first);
+  const named = WRITERS_ORDER.filter((table) => pending.some((m) => m.sql.some((statement) => new RegExp(`\\b${table}\\b`).test(statement))));
+  const existing = await client.query(`select t from unnest($1::text[]) with ordinality u(t, n) where to_regclass(format('%I.%I', $2::text, t)) is not null order by n`, [named, schema]);
+  if (existing.rows.length === 0) return batch;
+  const lock = `lock table ${existing.rows.map((r: { t: string }) => `"${schema}"."${r.t}"`).join(', ')} in access exclusive mode`;
+  return [...batch.slice(0, first), { ...pending[0]!, sql: [lock, ...pending[0]!.sql] }, ...pending.slice(1)];
 }

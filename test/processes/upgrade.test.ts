@@ -149,4 +149,35 @@ describe('the next release’s migration while this release runs', () => {
     const { rows: after } = await t.pool.query(`select 1 from information_schema.columns where table_schema = $1 and column_name = 'next_release_2'`, [t.schema]);
     expect(after).toHaveLength(1);
   }, 120_000);
+
+  it("a migration naming charge_outbox before payment_operations does not deadlock with an application's confirmation", async () => {
+    await nextRelease([{ tag: '0903_next_release_outbox_first', sql: ['alter table "outboxd"."charge_outbox" add column "next_release_3" text', 'alter table "outboxd"."payment_operations" add column "next_release_4" text'] }]);
+    const app = new Outboxd({ connectionString: t.url, schema: t.schema });
+    apps.push(app);
+    // A confirmation still open (the application does more before it commits), holding its operation's row.
+    const first = await appPool.connect();
+    const second = await appPool.connect();
+    try {
+      await first.query('begin');
+      await app.requestCharge(first, charge());
+      const migrated = migrate(t.url, t.schema, folder).then(() => 'applied', (err: Error & { cause?: Error }) => `failed: ${err.cause?.message ?? err.message}`);
+      await new Promise((r) => setTimeout(r, 500));
+      // The next confirmation, which would insert its operation, then wait for charge_outbox.
+      const confirmed = (async () => {
+        await second.query('begin');
+        await app.requestCharge(second, charge());
+        await second.query('commit');
+        return 'committed';
+      })().catch(async (err: Error) => {
+        await second.query('rollback').catch(() => {});
+        return `failed: ${err.message}`;
+      });
+      await new Promise((r) => setTimeout(r, 500));
+      await first.query('commit');
+      expect({ migrated: await migrated, confirmed: await confirmed }).toEqual({ migrated: 'applied', confirmed: 'committed' });
+    } finally {
+      first.release();
+      second.release();
+    }
+  }, 60_000);
 });
