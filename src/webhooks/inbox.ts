@@ -3,15 +3,17 @@
 // a Refund for refund.*: each kind's evidence, src/kinds/<kind>/evidence.ts), checked against the operation its
 // metadata names by that kind's one rule, and the operation is settled from the RETRIEVED status only,
 // through the same guarded write as any outside settlement:
-// never over a settled status, and with a fence bump so a worker mid-call writes nothing after it.
-// Each event is recorded by its id in the transaction that acts on it, so a redelivery (Stripe
+// never over a settled status, and with a fence bump so a worker mid-call writes nothing after it. An
+// event that only confirms a settled operation (its own object, which settles it as it is) changes
+// nothing, so it is acknowledged without a retrieve: a webhook per settlement would otherwise spend a
+// Stripe token each, as many as the creates. Each event is recorded by its id in the transaction that acts on it, so a redelivery (Stripe
 // delivers at least once) is acknowledged, not reprocessed. Only ids, type, times and the
 // PaymentIntent's (Refund's) id and status are stored (no payment-method or billing details), and only
 // for the retention period.
 import type Stripe from 'stripe';
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
-import { Rejected, type PaymentGateway } from '../stripe/gateway.ts';
+import { accountOf, Rejected, type PaymentGateway } from '../stripe/gateway.ts';
 import { evidenceOf } from '../kinds/index.ts';
 import type { KindEvidence, ProviderObject } from '../types/kind.ts';
 import { flagFromOutside, isOperationId, isSettled, settleFromOutside, type Operation } from '../engine/operation.ts';
@@ -80,16 +82,19 @@ async function receive(deps: InboxDeps, event: Stripe.Event): Promise<InboxResul
   const hint = hintOf(deps.gateway, event);
   if ((await pool.query(pool.sql.webhookEventSeen(event.id))).rows[0]) return 'duplicate';
 
+  // An event that only confirms a settled operation (most: the dispatcher settled it first) is acted on
+  // without a retrieve, which would spend one of the fleet's Stripe tokens per settlement for nothing.
+  const confirmed = hint ? await confirmsSettled(pool, hint, event) : undefined;
   // The evidence, fetched before any transaction opens (invariant 3). An object Stripe refuses to show
   // (another account's, say) is no evidence of anything; any other failure answers 5xx and Stripe
   // delivers the event again later.
-  const evidence = hint ? await retrieve(hint) : undefined;
+  const evidence = confirmed ?? (hint ? await retrieve(hint) : undefined);
   const named = evidence?.object.operationId;
   const opId = named && isOperationId(named) ? named : null;
   const status = evidence?.object.status;
   try {
     return await inTransaction(pool, async (tx) => {
-      const result = evidence ? await act(tx, evidence, opId, event.type) : hint ? 'no_operation' : 'ignored';
+      const result = confirmed ? 'already_settled' : evidence ? await act(tx, evidence, opId, event.type) : hint ? 'no_operation' : 'ignored';
       const { rows } = await tx.query(tx.sql.insertWebhookEvent(event.id, event.type, opId, result, JSON.stringify(trimmed(event, evidence))));
       if (!rows[0]) throw new Duplicate(); // recorded by a concurrent delivery: undo whatever this one did
       log.info({ eventId: event.id, type: event.type, operationId: opId, [hint?.rules.record.log ?? 'object']: hint?.id, status, result }, 'stripe event received');
@@ -106,6 +111,22 @@ async function receive(deps: InboxDeps, event: Stripe.Event): Promise<InboxResul
     if (err instanceof Duplicate) return 'duplicate';
     throw err;
   }
+}
+
+/**
+ * The object as Stripe signed it into the event, when it names a settled operation whose own object it is
+ * (same id, same account) and whose status it settles to: nothing to do, and nothing a retrieve could
+ * change, since what Stripe does to the object later comes with events of its own (a refund failed after
+ * it succeeded, an authorization released), whose status disagrees, and which are retrieved.
+ */
+async function confirmsSettled(pool: Pool, hint: Hint, event: Stripe.Event): Promise<Evidence | undefined> {
+  const signed = event.data.object as { status?: unknown; metadata?: { operation_id?: unknown } | null };
+  const named = signed.metadata?.operation_id;
+  if (typeof named !== 'string' || !isOperationId(named) || typeof signed.status !== 'string') return undefined;
+  const op: Operation | undefined = (await pool.query(pool.sql.showOperation(named.toLowerCase()))).rows[0];
+  if (!op || !isSettled(op.status) || op.kind !== hint.kind || op.external_id !== hint.id || accountOf(op) !== hint.account) return undefined;
+  const object = { id: hint.id, status: signed.status, operationId: op.id } as ProviderObject;
+  return hint.rules.settles(op, object) === op.status ? { kind: hint.kind, rules: hint.rules, object } : undefined;
 }
 
 async function act(tx: Tx, evidence: Evidence, opId: string | null, type: string): Promise<InboxResult> {

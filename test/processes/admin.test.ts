@@ -279,6 +279,22 @@ describe('Stripe webhook inbox', () => {
     expect(await operation(t, op)).toMatchObject({ status: 'unknown', needs_review: true, review_reason: expect.stringMatching(/not the operation's charge/) });
   });
 
+  it('an event that only confirms a settled operation is acknowledged without a retrieve (no Stripe token spent); one that disagrees is retrieved', async () => {
+    const op = await confirm(t);
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
+    const pi = charges(op)[0]!.paymentIntent;
+    const retrieves = () => e.emulator.requests().filter((r) => r.endpoint === 'retrieve').length;
+    const before = retrieves();
+    const agrees = eventFor('evt_confirms', { id: pi.id, object: 'payment_intent', status: 'succeeded', amount: pi.amount, currency: pi.currency, metadata: { operation_id: op } });
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(agrees))).json()).toEqual({ received: true, result: 'already_settled' });
+    expect(retrieves()).toBe(before);
+    // The same object said to have failed: Stripe is asked, and its answer (succeeded) counts.
+    const disagrees = eventFor('evt_disagrees', { id: pi.id, object: 'payment_intent', status: 'canceled', metadata: { operation_id: op } }, 'payment_intent.canceled');
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(disagrees))).json()).toEqual({ received: true, result: 'already_settled' });
+    expect(retrieves()).toBe(before + 1);
+    expect((await operation(t, op)).status).toBe('succeeded');
+  });
+
   it('a charge that contradicts a failed operation is counted and logged as a contradiction, never overwriting it', async () => {
     const op = await confirm(t);
     await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where id = $1`, [op]);
