@@ -196,7 +196,9 @@ export class Dispatcher {
     const register = async (queue: string, handle: (job: Job<OperationJob>) => Promise<Disposition>, batchSize = 1) => {
       let loopId: string | undefined;
       loopId = await boss.work<OperationJob>(queue, { ...loop, batchSize }, async (jobs: Job<OperationJob>[]) => {
-        const results = await Promise.all(jobs.map(async (job) => ({ id: job.id, ...(await handle(job)) })));
+        // Each job's own disposition: one whose handling threw (its claim's statement failed) is retried
+        // alone, where a rejection would fail the whole batch, calls in flight and settled ones included.
+        const results = await Promise.all(jobs.map(async (job) => ({ id: job.id, ...(await handle(job).catch((err: unknown) => this.threw(this.log.child({ jobId: job.id, operationId: operationIdOf(job) }), err))) })));
         if (loopId && !this.draining) boss.notifyWorker(loopId);
         return results;
       });
@@ -548,9 +550,7 @@ export class Dispatcher {
         opLog.warn(stale, 'fenced out: another claim owns this operation; abandoning the job');
         return completed;
       }
-      opLog.error({ err }, 'job failed; it will be retried');
-      metrics.jobs.inc({ result: 'error' });
-      return retryLater(String(err));
+      return this.threw(opLog, err);
     } finally {
       endCall();
       metrics.inFlight.dec();
@@ -560,6 +560,13 @@ export class Dispatcher {
       }
       if (!released) await releaseLease(pool, operationId, fence).catch(() => {});
     }
+  }
+
+  /** A job whose handling failed: retried by pg-boss, with backoff. */
+  private threw(log: Logger, err: unknown): Disposition {
+    log.error({ err }, 'job failed; it will be retried');
+    this.deps.metrics.jobs.inc({ result: 'error' });
+    return retryLater(String(err));
   }
 
   /**

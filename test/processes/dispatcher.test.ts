@@ -252,6 +252,36 @@ describe('dispatcher replicas (OS processes)', () => {
 describe('dispatcher (in-process)', () => {
   const dispatcher = (workerId: string, opts: Parameters<typeof startDispatcher>[3] = {}) => startDispatcher(t, e.gateway({ timeoutMs: 10_000 }), workerId, opts);
 
+  it("one job's claim failing fails that job alone, not the others fetched with it", async () => {
+    const [ok, poisoned] = [await confirm(t), await confirm(t)];
+    await relay(t); // both jobs wait when the loop first fetches: one batch
+    // The claims of `poisoned` fail twice (the batch's statement, then its own, sent alone), as a
+    // statement the server refused.
+    let refusals = 2;
+    const pool = new Proxy(t.pool, {
+      get(target, prop, receiver) {
+        if (prop !== 'query') return Reflect.get(target, prop, receiver);
+        return (q: pg.QueryConfig) => {
+          if (q.name?.startsWith('outboxd_claim_attempts') && JSON.stringify(q.values).includes(poisoned) && refusals-- > 0) {
+            return Promise.reject(Object.assign(new pg.DatabaseError('canceling statement due to statement timeout', 0, 'error'), { code: '57014' }));
+          }
+          return target.query(q);
+        };
+      },
+    });
+    const replica = await dispatcher('claim-refused', { concurrency: 2, fetchBatch: 2, pool });
+    const jobOf = async (op: string) => (await t.pool.query(`select state, retry_count from pgboss.job where name = 'charge' and data->>'operationId' = $1`, [op])).rows;
+    try {
+      await waitUntil(async () => (await Promise.all([ok, poisoned].map((op) => operation(t, op)))).every((o) => o.status === 'succeeded'), 30_000, 'both settled');
+      expect(refusals).toBeLessThan(1);
+      await waitUntil(async () => (await jobOf(ok))[0]?.state === 'completed', 10_000, "ok's job completed");
+      // Its job completed at its first delivery: no retry spent for the other's failure.
+      expect(await jobOf(ok)).toEqual([{ state: 'completed', retry_count: 0 }]);
+    } finally {
+      await replica.stop();
+    }
+  });
+
   it('a settled operation costs at most 4 sequential round trips; a redelivery of its job, 3 and no call', async () => {
     // Every statement any client of this process sends, with the pg-boss work() loop it was sent from
     // (each loop runs in a context of its own): a loop's statements are sequential round trips.

@@ -6,6 +6,7 @@ import { kindsFor } from '../../src/kinds/index.ts';
 import { createLogger, type Logger } from '../../src/telemetry/log.ts';
 import { createBoss } from '../../src/outbox/outbox.ts';
 import type { PaymentGateway } from '../../src/stripe/gateway.ts';
+import type { Pool } from '../../src/db/pool.ts';
 import type { TestDb } from './db.ts';
 
 export interface InProcessReplica {
@@ -21,7 +22,7 @@ export async function startDispatcher(
   t: TestDb,
   gateway: PaymentGateway,
   workerId: string,
-  opts: { leaseTtlMs?: number; concurrency?: number; fetchBatch?: number; log?: Logger; effects?: EffectDefinitions; beforeStart?: (boss: PgBoss) => void; pruneCron?: string; processingReviewDays?: number; relayIntervalMs?: number; listen?: boolean } = {},
+  opts: { leaseTtlMs?: number; concurrency?: number; fetchBatch?: number; log?: Logger; effects?: EffectDefinitions; beforeStart?: (boss: PgBoss) => void; pruneCron?: string; processingReviewDays?: number; relayIntervalMs?: number; listen?: boolean; pool?: Pool } = {},
 ): Promise<InProcessReplica> {
   const boss = createBoss(t.url, 'worker', 3, t.schema, t.url);
   boss.on('error', () => {});
@@ -29,7 +30,7 @@ export async function startDispatcher(
   opts.beforeStart?.(boss);
   const metrics = createMetrics({ db: t.pool, boss });
   const dispatcher = new Dispatcher(
-    { boss, pool: t.pool, gateway, log: opts.log ?? createLogger('silent'), metrics, kinds: kindsFor(gateway, opts.effects), ...(opts.listen === false ? {} : { listener: boss.getDb() }) },
+    { boss, pool: opts.pool ?? t.pool, gateway, log: opts.log ?? createLogger('silent'), metrics, kinds: kindsFor(gateway, opts.effects), ...(opts.listen === false ? {} : { listener: boss.getDb() }) },
     { workerId, concurrency: opts.concurrency ?? 2, leaseTtlMs: opts.leaseTtlMs ?? 12_000, ...(opts.fetchBatch ? { fetchBatch: opts.fetchBatch } : {}), ...(opts.relayIntervalMs ? { relayIntervalMs: opts.relayIntervalMs } : {}), ...(opts.pruneCron ? { pruneCron: opts.pruneCron } : {}), ...(opts.processingReviewDays ? { processingReviewDays: opts.processingReviewDays } : {}) },
   );
   await dispatcher.start();
