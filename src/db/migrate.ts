@@ -203,9 +203,10 @@ async function applyMigrations(client: PoolClient, schema: string, folder: strin
   }
 }
 
-/** outboxd's tables in the order its writers take them: requestCharge writes the operation, then its
- * outbox row; an outcome or a settlement the operation, then its settlement event and timeline row. */
-const WRITERS_ORDER = ['payment_operations', 'charge_outbox', 'settlement_outbox', 'operation_events'];
+/** outboxd's tables in the order its writers take them: the example's confirmation writes its order,
+ * then requestCharge the operation, then its outbox row; an outcome or a settlement the operation, then
+ * its settlement event and timeline row. */
+const WRITERS_ORDER = ['orders', 'payment_operations', 'charge_outbox', 'settlement_outbox', 'operation_events'];
 
 /**
  * `batch`, the transaction drizzle applies its pending migrations in beginning with a lock of the existing

@@ -16,7 +16,8 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
       'unanswered', case when previous_owner is not null then ${attempts} - (
         select coalesce(sum(case when e.type = 'outcome' then e.repeats else coalesce((e.details->>'unanswered')::int, 0) end), 0)
         from ${s}.operation_events e where e.operation_id = ${from}.id and e.type in ('outcome', 'claimed')) end))`);
-  /** recordOutcomes, its rows locked first in id order: `skip locked` leaves a row another transaction
+  /** recordOutcomes, its rows locked first in id order, as the update would lock them (`no key update`:
+   * a foreign key's check on the row does not hold it): `skip locked` leaves a row another transaction
    * holds (an application's `select … for update`) unwritten, answered `held`, rather than wait for it
    * with every outcome of the batch, and every batch behind it. */
   const recordOutcomesSql = (lock: 'skip locked' | '') =>
@@ -26,7 +27,7 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
          review_reason text, undo boolean, first_attempted_at timestamptz, last_attempted_at timestamptz,
          source text, event jsonb, result text, recheck_seconds int, owner text)
      ), target as (
-       select o.id from ${s}.payment_operations o where ${byIds('o', OUTCOME_IDS)} order by o.id for update of o ${lock}
+       select o.id from ${s}.payment_operations o where ${byIds('o', OUTCOME_IDS)} order by o.id for no key update of o ${lock}
      ), op as (
      update ${s}.payment_operations o
      set status = x.status, external_id = coalesce(x.external_id, o.external_id), last_outcome = x.last_outcome,

@@ -27,11 +27,12 @@ afterAll(async () => {
   await e.close();
 });
 
-/** An application transaction that locks the operation's row until release() (rolled back then). */
-async function lockRow(id: string): Promise<{ release(): Promise<void> }> {
+/** An application transaction that locks the operation's row until release() (rolled back then); `for key
+ * share` is what a foreign key's check takes, inserting a row of the application's that names it. */
+async function lockRow(id: string, strength: 'update' | 'key share' = 'update'): Promise<{ release(): Promise<void> }> {
   const client = await appPool.connect();
   await client.query('begin');
-  await client.query(`select id from "${t.schema}".payment_operations where id = $1 for update`, [id]);
+  await client.query(`select id from "${t.schema}".payment_operations where id = $1 for ${strength}`, [id]);
   return {
     release: async () => {
       await client.query('rollback');
@@ -96,4 +97,20 @@ describe('an application transaction holding an operation’s row', () => {
     // Its own outcome waited for the lock alone; written then, or its job retried with the same key.
     await waitUntil(async () => (await statusOf(locked)) === 'succeeded', 60_000, 'the locked one settled after the release');
   }, 120_000);
+
+  it("a foreign key's check on it (an application's row naming the operation) holds up not even its own outcome", async () => {
+    const named = await confirm(t, { orderId: 'locks-key-share' });
+    e.emulator.addFault({ match: { operationId: named }, fault: { kind: 'latency', ms: 1_000 } });
+    const replica = await startDispatcher(t, e.gateway({ timeoutMs: 5_000 }), 'w-locks-4', { concurrency: 2, leaseTtlMs: 12_000 });
+    replicas.push(replica);
+    await waitUntil(async () => (await operation(t, named)).attempts === 1, 10_000, 'its call in flight');
+    const lock = await lockRow(named, 'key share');
+    try {
+      await waitUntil(async () => (await statusOf(named)) === 'succeeded', 10_000, 'settled while the key share is held');
+      const row = await operation(t, named);
+      expect(row.settled_at!.getTime() - row.last_attempted_at!.getTime()).toBeLessThan(3_000);
+    } finally {
+      await lock.release();
+    }
+  }, 60_000);
 });

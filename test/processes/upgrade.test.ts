@@ -150,34 +150,45 @@ describe('the next release’s migration while this release runs', () => {
     expect(after).toHaveLength(1);
   }, 120_000);
 
-  it("a migration naming charge_outbox before payment_operations does not deadlock with an application's confirmation", async () => {
-    await nextRelease([{ tag: '0903_next_release_outbox_first', sql: ['alter table "outboxd"."charge_outbox" add column "next_release_3" text', 'alter table "outboxd"."payment_operations" add column "next_release_4" text'] }]);
+  /** A confirmation as `outboxd order confirm` makes it, on `client` inside BEGIN: its order, then its charge. */
+  const confirmation = async (app: Outboxd, client: pg.PoolClient) => {
+    const order = charge();
+    await client.query(`insert into "${t.schema}".orders (id, amount, currency, customer_id, payment_method) values ($1, $2, $3, $4, $5)`,
+      [order.orderId, order.amount, order.currency, order.customer, order.paymentMethod]);
+    await app.requestCharge(client, order);
+  };
+
+  it.each([
+    ['charge_outbox before payment_operations', 'charge_outbox', 'payment_operations'],
+    ['payment_operations before orders', 'payment_operations', 'orders'],
+  ])("a migration altering %s does not deadlock with confirmations under way", async (_, first, second) => {
+    await nextRelease([{ tag: `0903_next_release_${first}_${second}`, sql: [`alter table "outboxd"."${first}" add column "next_${first}_${second}" text`, `alter table "outboxd"."${second}" add column "next_${second}_${first}" text`] }]);
     const app = new Outboxd({ connectionString: t.url, schema: t.schema });
     apps.push(app);
-    // A confirmation still open (the application does more before it commits), holding its operation's row.
-    const first = await appPool.connect();
-    const second = await appPool.connect();
+    // A confirmation still open (the application does more before it commits), holding its rows.
+    const open = await appPool.connect();
+    const next = await appPool.connect();
     try {
-      await first.query('begin');
-      await app.requestCharge(first, charge());
+      await open.query('begin');
+      await confirmation(app, open);
       const migrated = migrate(t.url, t.schema, folder).then(() => 'applied', (err: Error & { cause?: Error }) => `failed: ${err.cause?.message ?? err.message}`);
       await new Promise((r) => setTimeout(r, 500));
-      // The next confirmation, which would insert its operation, then wait for charge_outbox.
+      // The next confirmation, which takes the tables in the writers' order meanwhile.
       const confirmed = (async () => {
-        await second.query('begin');
-        await app.requestCharge(second, charge());
-        await second.query('commit');
+        await next.query('begin');
+        await confirmation(app, next);
+        await next.query('commit');
         return 'committed';
       })().catch(async (err: Error) => {
-        await second.query('rollback').catch(() => {});
+        await next.query('rollback').catch(() => {});
         return `failed: ${err.message}`;
       });
       await new Promise((r) => setTimeout(r, 500));
-      await first.query('commit');
+      await open.query('commit');
       expect({ migrated: await migrated, confirmed: await confirmed }).toEqual({ migrated: 'applied', confirmed: 'committed' });
     } finally {
-      first.release();
-      second.release();
+      open.release();
+      next.release();
     }
   }, 60_000);
 });

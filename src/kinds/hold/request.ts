@@ -101,8 +101,13 @@ async function requestInTransaction(
 ): Promise<ChangeRequested> {
   const refuse = (code: AuthorizationRefused['code'], message: string) => new AuthorizationRefused(kind, chargeId, code, message);
   // Concurrent changes of one charge wait here for each other until the caller commits; anything but a
-  // succeeded charge is read unlocked, to be refused below.
-  const charge = (await db.query(db.sql.lockChargeForChange(chargeId))).rows[0] ?? (await db.query(db.sql.chargeForChange(chargeId))).rows[0];
+  // succeeded charge is read unlocked, to be refused below (locked after all if it succeeded meanwhile).
+  const locked = async () => (await db.query(db.sql.lockChargeForChange(chargeId))).rows[0];
+  let charge = await locked();
+  if (!charge) {
+    charge = (await db.query(db.sql.chargeForChange(chargeId))).rows[0];
+    if (charge?.kind === CHARGE && charge.status === 'succeeded') charge = (await locked()) ?? charge;
+  }
   if (!charge) throw new OperationNotFoundError(chargeId);
   if (charge.kind !== CHARGE) throw refuse('not_a_charge', `operation ${chargeId} is a ${charge.kind}, not a charge`);
   if (!isAuthorization(charge)) {
