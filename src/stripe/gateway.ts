@@ -228,6 +228,13 @@ export class Rejected extends GatewayError {
   }
 }
 
+/** For a `.catch` of a read: undefined when Stripe refused it (no such object, or not this account's);
+ * any other failure (no answer, a 5xx, no budget token) is no evidence of absence, and is thrown. */
+export function unlessRejected(err: unknown): undefined {
+  if (err instanceof Rejected) return undefined;
+  throw err;
+}
+
 export const idempotencyKeyFor = (operationId: string): string => `payment-op:${operationId}`;
 export const refundIdempotencyKeyFor = (operationId: string): string => `refund-op:${operationId}`;
 export const captureIdempotencyKeyFor = (operationId: string): string => `capture-op:${operationId}`;

@@ -13,7 +13,7 @@
 import type Stripe from 'stripe';
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
-import { accountOf, Rejected, type PaymentGateway } from '../stripe/gateway.ts';
+import { accountOf, unlessRejected, type PaymentGateway } from '../stripe/gateway.ts';
 import { evidenceOf } from '../kinds/index.ts';
 import type { KindEvidence, ProviderObject } from '../types/kind.ts';
 import { flagFromOutside, isOperationId, isSettled, settleFromOutside, type Operation } from '../engine/operation.ts';
@@ -160,11 +160,6 @@ function mismatchOf(op: Operation, evidence: Evidence): string | null {
   const { object } = evidence;
   if (op.kind !== evidence.kind) return `${object.id} names operation ${op.id}, which is a ${op.kind}, not a ${evidence.kind}`;
   return evidence.rules.mismatch(op, object);
-}
-
-function unlessRejected(err: unknown): undefined {
-  if (err instanceof Rejected) return undefined;
-  throw err;
 }
 
 /** What is kept of an event: ids, type, times, and the PaymentIntent's (Refund's) id and retrieved status. */

@@ -145,6 +145,22 @@ describe('drift report', () => {
     expect((await driftReport(t.pool, e.gateway(), since)).drift).toEqual([]);
   });
 
+  it('a retrieve that fails (a 5xx, no budget token) fails the report instead of calling the charge missing', async () => {
+    const op = await confirm(t);
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
+    // Settled inside the window, its PaymentIntent made before it: not listed, so retrieved.
+    const since = new Date(Date.now() + 60_000);
+    await t.pool.query(`update outboxd.payment_operations set settled_at = $2 where id = $1`, [op, new Date(since.getTime() + 1_000)]);
+    try {
+      e.emulator.addFault({ endpoint: 'retrieve', fault: { kind: 'error_before_commit', status: 500 } });
+      await expect(driftReport(t.pool, e.gateway(), since)).rejects.toThrow();
+      e.emulator.clearFaults();
+      expect((await driftReport(t.pool, e.gateway(), since)).drift).toEqual([]);
+    } finally {
+      await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '1 day' where id = $1`, [op]);
+    }
+  });
+
   it("reads and counts only the operations of kinds Stripe knows, not an application's effects", async () => {
     const since = new Date(Date.now() - 1000);
     const op = await confirm(t);

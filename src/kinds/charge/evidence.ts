@@ -3,7 +3,7 @@
 import type { Operation } from '../../types/operation.ts';
 import { isOperationId, isSettled } from '../../types/operation.ts';
 import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
-import { accountOf, FAILED_CHARGE_STATUSES, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
+import { accountOf, FAILED_CHARGE_STATUSES, idempotencyKeyFor, unlessRejected, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
 import type { ChargePayload } from './input.ts';
 import type { Queryable } from '../../db/pool.ts';
 import { CANCEL } from '../cancel/index.ts';
@@ -172,7 +172,7 @@ async function chargeDrift(gateway: PaymentGateway, { since, operations, byExter
   for (const op of succeeded) {
     // It may predate `since`, or be on a connected account (the listing is the platform's): retrieve it
     // there before calling it missing.
-    const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveCharge(op.external_id, accountOf(op)).catch(() => undefined))) : undefined;
+    const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveCharge(op.external_id, accountOf(op)).catch(unlessRejected))) : undefined;
     if (found && chargeSettles(op, found) === 'succeeded') continue;
     if (found && isAuthorization(op) && found.status === 'canceled') released.push(op);
     else drift.push({ kind: 'missing_charge', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `charge is ${found.status}` : 'charge not found' });

@@ -2,7 +2,7 @@
 // webhooks, a person's resolution and the drift report.
 import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
 import { isOperationId, type Operation } from '../../types/operation.ts';
-import { accountOf, FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
+import { accountOf, FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, unlessRejected, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
 import { CHARGE } from '../charge/evidence.ts';
 import type { RefundPayload } from './request.ts';
 
@@ -116,7 +116,7 @@ async function refundDrift(gateway: PaymentGateway, { since, operations, byExter
   const listed = new Map(refunds.map((r) => [r.id, r]));
   for (const op of succeeded) {
     // It may predate `since`: retrieve it before calling it missing.
-    const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveRefund(op.external_id, accountOf(op)).catch(() => undefined))) : undefined;
+    const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveRefund(op.external_id, accountOf(op)).catch(unlessRejected))) : undefined;
     if (!found || found.status !== 'succeeded') {
       drift.push({ kind: 'missing_refund', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `refund is ${found.status}` : 'refund not found' });
     }
