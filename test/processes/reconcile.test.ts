@@ -289,6 +289,16 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
     expect(await resolve(declined, { outcome: 'failed', reason: 'declined, see dashboard' })).toMatchObject({ status: 'failed' });
   });
 
+  it('--failed reads again each failed charge search shows: its status as indexed may lag a payment since', async () => {
+    const declined = await heldForReview('2 hours');
+    await chargeFor(declined, { payment_method: 'pm_card_chargeDeclined' }); // 402: its PaymentIntent from the ledger
+    const pi = e.emulator.ledger().find((l) => l.paymentIntent.metadata.operation_id === declined)!.paymentIntent;
+    const retrieves = () => e.emulator.requests().filter((r) => r.endpoint === 'retrieve' && r.path.includes(pi.id)).length;
+    const before = retrieves();
+    expect(await resolve(declined, { outcome: 'failed', reason: 'declined, see dashboard' })).toMatchObject({ status: 'failed' });
+    expect(retrieves()).toBe(before + 1);
+  });
+
   it('--failed waits out the search-freshness horizon after the last attempt, and says when to try again', async () => {
     const op = await heldForReview('10 minutes');
     await expect(resolve(op, { outcome: 'failed', reason: 'x' })).rejects.toThrow(/600 s ago.*try again in 3\d\d\d s/);

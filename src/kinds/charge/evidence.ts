@@ -119,7 +119,14 @@ async function noCharge(gateway: PaymentGateway, op: Operation, reason: string, 
       throw refuse(`${known.id} is ${known.status}, not failed: ${done ? (known.status === 'succeeded' ? 'the customer was charged' : 'Stripe holds the funds') : 'it may still charge; try again when it is final in Stripe'}`);
     }
   }
-  const charges = await gateway.findCharges(op.id, account);
+  // Search shows each status as it indexed it, which may lag an update (a declined PaymentIntent the
+  // customer paid since, on the application's own recovery flow): a failed one is read again, unless
+  // it is the one just retrieved.
+  const searched = await gateway.findCharges(op.id, account);
+  const charges: Charge[] = [];
+  for (const c of searched) {
+    charges.push(c.id === known?.id ? known : FAILED_CHARGE_STATUSES.has(c.status) ? await gateway.retrieveCharge(c.id, account) : c);
+  }
   const live = charges.filter((c) => !FAILED_CHARGE_STATUSES.has(c.status));
   if (live.length > 0) {
     throw refuse(`Stripe shows charges for this operation that have not failed: ${live.map((c) => `${c.id} (${c.status})`).join(', ')}`);
