@@ -10,9 +10,10 @@ function parseOperationId(id: string): string {
 
 export async function listOperations(
   db: Queryable,
-  filter: { status?: string; needsReview?: boolean; limit?: number },
+  filter: { status?: string; needsReview?: boolean; limit?: number; newestFirst?: boolean },
 ): Promise<Operation[]> {
-  const { rows } = await db.query(db.sql.listOperations(filter.status ?? null, !!filter.needsReview, filter.limit ?? 1000));
+  const list = filter.newestFirst ? db.sql.listOperationsNewest : db.sql.listOperations;
+  const { rows } = await db.query(list(filter.status ?? null, !!filter.needsReview, filter.limit ?? 1000));
   return rows;
 }
 

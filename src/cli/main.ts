@@ -264,14 +264,15 @@ async function requestOfCharge(
 const ops = program.command('ops').description('payment operations');
 ops
   .command('list')
-  .description('list operations (oldest first)')
+  .description('list operations (oldest first, or newest with --newest)')
   .addOption(new Option('--status <status>').choices(['pending', 'unknown', 'succeeded', 'failed']))
   .option('--needs-review', 'only operations held for a person, with the reason')
+  .option('--newest', 'the newest first: with --limit, the last n requested')
   .addOption(new Option('--limit <n>').argParser(positiveInt).default(1000))
   .option('--json', 'machine-readable output')
   .action(async (o) => {
     await withDatabase(async ({ pool }) => {
-      const rows = await listOperations(pool, { status: o.status, needsReview: !!o.needsReview, limit: o.limit });
+      const rows = await listOperations(pool, { status: o.status, needsReview: !!o.needsReview, limit: o.limit, newestFirst: !!o.newest });
       printOperations(rows, o.json);
     });
   });

@@ -85,6 +85,7 @@ const listQuery = z.object({
   status: z.enum(['pending', 'unknown', 'succeeded', 'failed']).optional(),
   needs_review: z.enum(['true', 'false']).optional(),
   limit: z.coerce.number().int().min(1).max(1000).default(1000),
+  order: z.enum(['oldest', 'newest']).default('oldest'),
 });
 
 const OP = /^\/admin\/operations\/([^/]+)$/;
@@ -124,7 +125,7 @@ export function adminRoutes(deps: AdminDeps): Route[] {
       guarded(async ({ url, res }) => {
         const q = listQuery.safeParse(Object.fromEntries(url.searchParams));
         if (!q.success) throw new HttpError(422, 'invalid_input', q.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; '));
-        const rows = await listOperations(deps.pool, { status: q.data.status, needsReview: q.data.needs_review === 'true', limit: q.data.limit });
+        const rows = await listOperations(deps.pool, { status: q.data.status, needsReview: q.data.needs_review === 'true', limit: q.data.limit, newestFirst: q.data.order === 'newest' });
         sendJson(res, 200, { operations: rows });
       }, 'read'),
     ],

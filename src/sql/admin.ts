@@ -37,6 +37,15 @@ export const adminStatements = ({ UNSETTLED, briefColumns, operationColumns, s, 
      limit $3`,
   ),
 
+  /** listOperations' newest first: what an operator looking at a busy ledger wants to see. */
+  listOperationsNewest: statement<[status: string | null, needsReview: boolean, limit: number]>(
+    'outboxd_list_operations_newest',
+    `select ${briefColumns()} from ${s}.payment_operations
+     where ($1::text is null or status = $1) and (not $2 or needs_review)
+     order by created_at desc, id desc
+     limit $3`,
+  ),
+
   showOperation: statement<[id: string]>(
     'outboxd_show_operation',
     `select ${operationColumns()} from ${s}.payment_operations where id = $1`,

@@ -169,6 +169,9 @@ describe('admin HTTP API', () => {
     expect(listed).toMatchObject({ kind: 'bulky_listed', payload: { omitted_bytes: JSON.stringify(big).length + 1 }, result: { ok: true }, metadata: {} });
     expect(((await (await api(`/admin/operations/${rows[0].id}`)).json()) as { payload: unknown }).payload).toEqual(big);
     expect((await api('/admin/operations?limit=1001')).status).toBe(422);
+    const newest = (await (await api('/admin/operations?order=newest&limit=1')).json()) as { operations: { id: string }[] };
+    expect(newest.operations.map((o) => o.id)).toEqual([rows[0].id]); // the last inserted
+    expect((await api('/admin/operations?order=random')).status).toBe(422);
     await t.pool.query(`delete from outboxd.payment_operations where id = $1`, [rows[0].id]);
   });
 

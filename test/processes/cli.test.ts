@@ -148,6 +148,14 @@ describe('outboxd ops and requeue', () => {
     expect((await outboxd('ops', 'list', '--status', 'bogus')).code).toBe(2);
   });
 
+  it('ops list --newest --limit n gives the last n requested, newest first', async () => {
+    for (let i = 0; i < 3; i++) await confirm(t);
+    const oldest = JSON.parse((await outboxd('ops', 'list', '--json')).stdout) as { id: string }[];
+    const res = await outboxd('ops', 'list', '--newest', '--limit', '2', '--json');
+    expect(res.code).toBe(0);
+    expect(JSON.parse(res.stdout).map((r: { id: string }) => r.id)).toEqual(oldest.slice(-2).reverse().map((r) => r.id));
+  });
+
   it('ops show of a missing operation exits 4; requeue --dry-run reports without enqueuing', async () => {
     expect((await outboxd('ops', 'show', '3f2504e0-4f89-41d3-9a0c-0305e82c3301')).code).toBe(4);
     const before = await counts(t);
