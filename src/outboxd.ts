@@ -298,7 +298,11 @@ export class Outboxd {
    */
   defineEffect(kind: string, definition: EffectDefinition): void {
     if (this.#worker) throw new Error('define every effect before startWorker');
-    this.#effects.set(kind, validDefinition(kind, definition, RESERVED_KINDS));
+    const valid = validDefinition(kind, definition, RESERVED_KINDS);
+    // Two modules defining one kind differently would run whichever came last; the same one twice is harmless.
+    const defined = this.#effects.get(kind);
+    if (defined !== undefined && defined !== valid) throw new TypeError(`the effect kind ${kind} is already defined here, differently`);
+    this.#effects.set(kind, valid);
   }
 
   /**

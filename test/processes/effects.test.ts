@@ -119,6 +119,14 @@ describe('defining an effect: its policy is declared, and checked', () => {
   ] as [string, string, object, RegExp][])('refuses %s', (_name, kind, def, message) => {
     expect(() => new Outboxd({ connectionString: t.url }).defineEffect(kind, def as EffectDefinition)).toThrow(message);
   });
+
+  it('refuses a kind already defined differently; the same definition again is accepted', () => {
+    const o = new Outboxd({ connectionString: t.url });
+    const def: EffectDefinition = { policy: 'at-least-once', execute };
+    o.defineEffect('receipt', def);
+    o.defineEffect('receipt', def);
+    expect(() => o.defineEffect('receipt', { policy: 'at-least-once', execute: async () => 'other' })).toThrow(/receipt is already defined here, differently/);
+  });
 });
 
 describe('requestEffect: in the caller’s transaction, unique per kind and key', () => {
