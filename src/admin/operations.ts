@@ -23,6 +23,16 @@ export async function showOperation(db: Queryable, id: string): Promise<Operatio
   return rows[0];
 }
 
+/** What findOperation takes, checked before anything is opened: an operation id, or a prefix of 8 or
+ * more of its hex digits (dashes optional), lower-cased. */
+export function operationReference(text: string, field: 'operationId' | 'chargeOperationId' = 'operationId'): string {
+  const typed = text.trim().toLowerCase();
+  if (!isOperationId(typed) && !/^[0-9a-f]{8,32}$/.test(typed.replaceAll('-', ''))) {
+    throw new ValidationError(field, `not an operation id (a UUID, or its first 8 or more hex digits): ${JSON.stringify(text)}`);
+  }
+  return typed;
+}
+
 /** Candidates named when a short id is ambiguous. */
 const AMBIGUOUS_SHOWN = 10;
 
@@ -32,12 +42,9 @@ const AMBIGUOUS_SHOWN = 10;
  * is refused, listing the candidates: 8 digits of a time-ordered id name every operation of ~65 s.
  */
 export async function findOperation(db: Queryable, text: string): Promise<Operation> {
-  const typed = text.trim().toLowerCase();
+  const typed = operationReference(text);
   if (isOperationId(typed)) return showOperation(db, typed);
   const hex = typed.replaceAll('-', '');
-  if (!/^[0-9a-f]{8,32}$/.test(hex)) {
-    throw new ValidationError('operationId', `not an operation id (a UUID, or its first 8 or more hex digits): ${JSON.stringify(text)}`);
-  }
   const { rows } = await db.query(db.sql.operationsByIdPrefix(hex, AMBIGUOUS_SHOWN + 1));
   if (rows.length === 0) throw new OperationNotFoundError(text);
   if (rows.length > 1) {

@@ -17,7 +17,7 @@ import { inTransaction, type Tx } from '../db/pool.ts';
 import { createBoss, onBossWarnings, startBoss } from '../outbox/outbox.ts';
 import type { PgBoss } from 'pg-boss';
 import { openDatabase, openGateway, openPool, serveEmulator, type Database } from '../runtime/open.ts';
-import { findOperation, listOperations, showOperation } from '../admin/operations.ts';
+import { findOperation, listOperations, operationReference, showOperation } from '../admin/operations.ts';
 import { listAudit } from '../admin/audit.ts';
 import { loadEffects, runWorker } from '../runtime/worker.ts';
 import { userInfo } from 'node:os';
@@ -114,6 +114,15 @@ const positiveRate = (v: string) => {
   if (!(n > 0) || !Number.isFinite(n)) throw new InvalidArgumentError('must be a number of requests per second > 0');
   return n;
 };
+/** An operation's id or short id, checked before the command opens anything (a database, an emulator). */
+const operationRef = (v: string) => {
+  operationReference(v);
+  return v;
+};
+const chargeOperationRef = (v: string) => {
+  operationReference(v, 'chargeOperationId');
+  return v;
+};
 const port = (v: string) => {
   if (!/^\d+$/.test(v) || Number(v) > 65_535) throw new InvalidArgumentError('must be a port number from 0 to 65535 (0: any free port)');
   return Number(v);
@@ -201,7 +210,7 @@ order
 program
   .command('refund')
   .description('refund a succeeded charge: a refund operation and its outbox row in one transaction')
-  .argument('<charge-op-id>', 'the charge operation: its id, or its short id (a unique prefix of 8 or more hex digits)')
+  .argument('<charge-op-id>', 'the charge operation: its id, or its short id (a unique prefix of 8 or more hex digits)', chargeOperationRef)
   .addOption(new Option('--amount <minor-units>', 'amount in minor units').argParser(positiveInt).makeOptionMandatory())
   .addOption(new Option('--key <key>', 'your name for this refund: the same key of the same charge is the same refund').makeOptionMandatory())
   .addOption(new Option('--reason <reason>').choices(REFUND_REASONS))
@@ -224,7 +233,7 @@ program
 program
   .command('capture')
   .description("capture an authorization (a charge confirmed with --capture manual): a capture operation and its outbox row in one transaction")
-  .argument('<charge-op-id>', 'the charge operation: its id, or its short id (a unique prefix of 8 or more hex digits)')
+  .argument('<charge-op-id>', 'the charge operation: its id, or its short id (a unique prefix of 8 or more hex digits)', chargeOperationRef)
   .addOption(new Option('--key <key>', 'your name for this capture: the same key of the same charge is the same capture').makeOptionMandatory())
   .addOption(new Option('--amount <minor-units>', 'at most what it holds; default: all of it (the rest is released)').argParser(positiveInt))
   .option('--json', 'machine-readable output')
@@ -237,7 +246,7 @@ program
 program
   .command('cancel')
   .description('cancel an authorization, releasing what it holds: a cancel operation and its outbox row in one transaction')
-  .argument('<charge-op-id>', 'the charge operation: its id, or its short id (a unique prefix of 8 or more hex digits)')
+  .argument('<charge-op-id>', 'the charge operation: its id, or its short id (a unique prefix of 8 or more hex digits)', chargeOperationRef)
   .addOption(new Option('--key <key>', 'your name for this cancel: the same key of the same charge is the same cancel').makeOptionMandatory())
   .addOption(new Option('--reason <reason>').choices(CANCELLATION_REASONS))
   .option('--json', 'machine-readable output')
@@ -279,7 +288,7 @@ ops
 ops
   .command('show')
   .description('one operation, as JSON')
-  .argument('<op-id>', 'its id, or its short id (a unique prefix of 8 or more hex digits)')
+  .argument('<op-id>', 'its id, or its short id (a unique prefix of 8 or more hex digits)', operationRef)
   .option('--json', 'machine-readable output (the default for show)')
   .action(async (id: string) => {
     await withDatabase(async ({ pool }) => {
@@ -315,7 +324,7 @@ program
 ops
   .command('resolve')
   .description('settle an operation held for review, after checking Stripe (verified again, audited)')
-  .argument('<op-id>')
+  .argument('<op-id>', 'its id, or its short id (a unique prefix of 8 or more hex digits)', operationRef)
   .option('--succeeded', 'the effect happened: name it with --external-id')
   .addOption(new Option('--external-id <id>', 'what settles it: the PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund, your reference for an effect of your own').conflicts('failed'))
   .option('--failed', 'the effect did not happen: say why with --reason')
@@ -327,21 +336,21 @@ ops
     const resolution: Resolution = o.succeeded
       ? { outcome: 'succeeded', externalId: required(o.externalId, '--succeeded needs --external-id: the PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund, your reference for an effect of your own') }
       : { outcome: 'failed', reason: required(o.reason, '--failed needs --reason "…"') };
-    await withDatabase(({ url, pool, db }) =>
-      withGateway(db, async (gateway) => {
+    await withDatabase(async ({ url, pool, db }) => {
+      // The console's short id as `ops show` takes it: one operation, or refused as ambiguous, before Stripe is opened.
+      const { id: operationId } = await findOperation(pool, id);
+      await withGateway(db, async (gateway) => {
         const opts = { leaseTtlMs: config.worker.leaseTtlMs, searchFreshnessSeconds: config.searchFreshnessSeconds };
-        // The console's short id as `ops show` takes it: one operation, or refused as ambiguous.
-        const { id: operationId } = await findOperation(pool, id);
         const op = await withBoss(url, (boss) => resolveOperation(pool, gateway, boss, operationId, resolution, o.actor, opts));
         console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}`);
-      }),
-    );
+      });
+    });
   });
 
 program
   .command('requeue')
   .description('re-drive unsettled operations with no live job (the same operation, so the same key)')
-  .argument('[op-id]')
+  .argument('[op-id]', 'its id, or its short id (a unique prefix of 8 or more hex digits)', operationRef)
   .option('--stuck', 'every unsettled operation untouched for --older-than')
   .addOption(new Option('--older-than <duration>', 'e.g. 10m, 2h').argParser(parseDuration).default(600, '10m'))
   .option('--dry-run', 'report what would be requeued')
@@ -393,7 +402,7 @@ program
 program
   .command('audit')
   .description('the audit trail of admin actions (resolve, requeue, reconcile), newest last')
-  .argument('[op-id]', "only this operation's: its id, or its short id (a unique prefix of 8 or more hex digits)")
+  .argument('[op-id]', "only this operation's: its id, or its short id (a unique prefix of 8 or more hex digits)", operationRef)
   .addOption(new Option('--limit <n>', 'the newest n entries').argParser(positiveInt).default(100))
   .option('--json', 'machine-readable output')
   .action(async (id: string | undefined, o) => {

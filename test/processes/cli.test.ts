@@ -19,9 +19,10 @@ beforeAll(async () => {
 afterAll(() => t.close());
 
 const outboxd = (...args: string[]) => outboxdOn(t.url, ...args);
-function outboxdOn(url: string, ...args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
+const outboxdOn = (url: string, ...args: string[]) => outboxdWith({ DATABASE_URL: url }, ...args);
+function outboxdWith(env: Record<string, string>, ...args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
-    const child = spawn(process.execPath, [BIN, ...args], { env: { ...process.env, DATABASE_URL: url, LOG_LEVEL: 'warn' } });
+    const child = spawn(process.execPath, [BIN, ...args], { env: { ...process.env, LOG_LEVEL: 'warn', ...env } });
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d) => (stdout += d));
@@ -185,6 +186,19 @@ describe('usage errors: said on stderr, exit 2, in flags', () => {
     expect(res.code).toBe(2);
     expect(res.stderr).toMatch(message);
     expect(res.stdout).toBe('');
+  });
+
+  it('an operation id is checked before anything opens; one not found, before Stripe is', async () => {
+    const nowhere = { DATABASE_URL: 'postgres://outboxd@127.0.0.1:1/none', STRIPE_API_BASE: 'http://127.0.0.1:1' };
+    for (const args of [['ops', 'show', 'bogus'], ['ops', 'resolve', '12345', '--failed', '--reason', 'r'], ['requeue', 'x'], ['audit', 'zz'], ['refund', 'no', '--amount', '1', '--key', 'k']]) {
+      const res = await outboxdWith(nowhere, ...args);
+      expect(res.code).toBe(2);
+      expect(res.stderr).toMatch(args[0] === 'refund' ? /^outboxd: CHARGE_OP_ID: not an operation id/ : /^outboxd: OP_ID: not an operation id/);
+      expect(res.stdout).toBe('');
+    }
+    const missing = await outboxdWith({ DATABASE_URL: t.url, STRIPE_API_BASE: 'http://127.0.0.1:1' }, 'ops', 'resolve', OP, '--failed', '--reason', 'r');
+    expect(missing.code).toBe(4);
+    expect(missing.stdout + missing.stderr).not.toMatch(/emulator/);
   });
 
   it('invalid values name the flag, not the field', async () => {
