@@ -238,6 +238,12 @@ export class Outboxd {
     }
   }
 
+  /** A table of outboxd's missing (42P01): its migrations have not run on this database, or in this schema. */
+  #notMigrated = (err: unknown): never => {
+    if ((err as { code?: unknown } | null)?.code !== '42P01') throw err;
+    throw new Error(`the database is not migrated (${(err as Error).message}, schema ${this.schema}): run \`outboxd migrate\` or Outboxd.migrate()`, { cause: err });
+  };
+
   /** On the application's connection, whatever it goes through: unnamed statements (a name prepared in one
    * of its transactions may not exist on the server connection of the next, behind a pooler). */
   get #callerSql() {
@@ -256,7 +262,7 @@ export class Outboxd {
    * Throws ValidationError (bad input, naming the field) or OrderConflictError before writing anything.
    */
   async requestCharge(tx: object, request: ChargeRequest): Promise<ChargeRequested> {
-    return requestCharge(callerTransaction(tx, this.#callerSql), request);
+    return requestCharge(callerTransaction(tx, this.#callerSql), request).catch(this.#notMigrated);
   }
 
   /**
@@ -268,7 +274,7 @@ export class Outboxd {
    * pending or unknown; the key names a refund of another amount) before writing anything.
    */
   async requestRefund(tx: object, request: RefundRequest): Promise<RefundRequested> {
-    return requestRefund(callerTransaction(tx, this.#callerSql), request);
+    return requestRefund(callerTransaction(tx, this.#callerSql), request).catch(this.#notMigrated);
   }
 
   /**
@@ -279,13 +285,13 @@ export class Outboxd {
    * cancelled or expired; more than it holds; the key names another capture) before writing anything.
    */
   async requestCapture(tx: object, request: CaptureRequest): Promise<ChangeRequested> {
-    return requestCapture(callerTransaction(tx, this.#callerSql), request);
+    return requestCapture(callerTransaction(tx, this.#callerSql), request).catch(this.#notMigrated);
   }
 
   /** Requests the cancel of an authorization, releasing what it holds, as requestCapture (refused the same
    * ways; a captured charge is refunded instead). */
   async requestCancel(tx: object, request: CancelRequest): Promise<ChangeRequested> {
-    return requestCancel(callerTransaction(tx, this.#callerSql), request);
+    return requestCancel(callerTransaction(tx, this.#callerSql), request).catch(this.#notMigrated);
   }
 
   /**
@@ -312,7 +318,7 @@ export class Outboxd {
    * payload) or EffectConflictError (the key names an effect requested with another payload).
    */
   async requestEffect(tx: object, kind: string, request: EffectRequest): Promise<EffectRequested> {
-    return requestEffect(callerTransaction(tx, this.#callerSql), this.#effects, kind, request);
+    return requestEffect(callerTransaction(tx, this.#callerSql), this.#effects, kind, request).catch(this.#notMigrated);
   }
 
   /**
@@ -335,7 +341,7 @@ export class Outboxd {
   /** The operation, or undefined when there is none with this id. */
   async getOperation(id: string): Promise<PaymentOperation | undefined> {
     if (typeof id !== 'string' || !isOperationId(id)) return undefined;
-    const { rows } = await this.#db.query(this.#db.sql.showOperation(id.toLowerCase()));
+    const { rows } = await this.#db.query(this.#db.sql.showOperation(id.toLowerCase())).catch(this.#notMigrated);
     return rows[0] ? toPaymentOperation(rows[0]) : undefined;
   }
 

@@ -330,6 +330,32 @@ describe('on a database not migrated yet', () => {
     }
   });
 
+  it('the request methods and getOperation say so, naming outboxd migrate, instead of PostgreSQL\'s "relation does not exist"', async () => {
+    const { url, client } = await emptyDatabase('outboxd_lib_unmigrated_requests');
+    const unmigrated = new Outboxd({ connectionString: url, onError: () => {} });
+    const notMigrated = /^the database is not migrated \(relation "outboxd\.\w+" does not exist, schema outboxd\): run `outboxd migrate` or Outboxd\.migrate\(\)$/;
+    const inTx = async (fn: () => Promise<unknown>) => {
+      await client.query('begin');
+      try {
+        return await fn();
+      } finally {
+        await client.query('rollback');
+      }
+    };
+    try {
+      await expect(inTx(() => unmigrated.requestCharge(client, charge()))).rejects.toThrow(notMigrated);
+      const chargeOperationId = randomUUID();
+      await expect(inTx(() => unmigrated.requestRefund(client, { chargeOperationId, amount: 1, key: 'r' }))).rejects.toThrow(notMigrated);
+      await expect(inTx(() => unmigrated.requestCapture(client, { chargeOperationId, key: 'c' }))).rejects.toThrow(notMigrated);
+      await expect(inTx(() => unmigrated.requestCancel(client, { chargeOperationId, key: 'x' }))).rejects.toThrow(notMigrated);
+      unmigrated.defineEffect('receipt', { policy: 'at-least-once', execute: () => null });
+      await expect(inTx(() => unmigrated.requestEffect(client, 'receipt', { key: 'k', payload: {} }))).rejects.toThrow(notMigrated);
+      await expect(unmigrated.getOperation(randomUUID())).rejects.toThrow(notMigrated);
+    } finally {
+      await unmigrated.stop();
+    }
+  });
+
   it('one whose pg-boss schema is older than this release says that', async () => {
     const { url, client } = await emptyDatabase('outboxd_lib_older');
     const older = new Outboxd({ connectionString: url, onError: () => {} });
