@@ -41,17 +41,24 @@ export function sendJson(res: ServerResponse, status: number, body: unknown): vo
   res.end(text);
 }
 
-export async function readBody(req: IncomingMessage, limitBytes = 1 << 20): Promise<Buffer> {
+/** The request's body, refused past `limitBytes` (413); with `deadlineMs`, a body still arriving then is
+ * dropped with its connection (a trickle would hold what it has buffered, and its handler's place). */
+export async function readBody(req: IncomingMessage, limitBytes = 1 << 20, deadlineMs?: number): Promise<Buffer> {
   const tooLarge = () => new HttpError(413, 'too_large', `body over ${limitBytes} bytes`);
   // Refused before a byte is read when the client announces it; counted as it arrives otherwise (chunked).
   if (Number(req.headers['content-length']) > limitBytes) throw tooLarge();
+  const late = deadlineMs === undefined ? undefined : setTimeout(() => req.destroy(new HttpError(408, 'too_slow', `body not received within ${deadlineMs} ms`)), deadlineMs);
   const chunks: Buffer[] = [];
   let size = 0;
-  // Leaving the loop early must not destroy the request, or its socket goes before the 413 is sent.
-  for await (const chunk of req.iterator({ destroyOnReturn: false })) {
-    size += (chunk as Buffer).length;
-    if (size > limitBytes) throw tooLarge();
-    chunks.push(chunk as Buffer);
+  try {
+    // Leaving the loop early must not destroy the request, or its socket goes before the 413 is sent.
+    for await (const chunk of req.iterator({ destroyOnReturn: false })) {
+      size += (chunk as Buffer).length;
+      if (size > limitBytes) throw tooLarge();
+      chunks.push(chunk as Buffer);
+    }
+  } finally {
+    clearTimeout(late);
   }
   return Buffer.concat(chunks);
 }
@@ -111,8 +118,9 @@ function answerError(req: IncomingMessage, res: ServerResponse, err: unknown, lo
     res.destroy();
     return;
   }
-  // The rest of an oversized body is not worth reading: close rather than keep the connection.
-  if (status === 413) res.setHeader('Connection', 'close');
+  // The rest of a body left unread (oversized, or refused before reading) is not worth reading: close
+  // rather than keep the connection.
+  if (status === 413 || !req.complete) res.setHeader('Connection', 'close');
   if (err instanceof HttpError && err.retryAfterSeconds !== undefined) res.setHeader('Retry-After', String(err.retryAfterSeconds));
   if (err instanceof HttpError) return sendJson(res, status, { error: err.code, message: err.message });
   sendJson(res, 500, { error: 'internal', message: 'internal error' });

@@ -126,6 +126,29 @@ describe('malformed requests', () => {
   });
 });
 
+describe('the webhook endpoint under a flood of requests anyone can send', () => {
+  it('reads and handles a bounded number at once (beyond: 503, connection closed), and drops a body still trickling in at its deadline', async () => {
+    const routes = webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET], maxInFlight: 2, bodyDeadlineMs: 1_500 });
+    const server = await startHttpServer(0, routes, '127.0.0.1', log);
+    try {
+      const post = (body: string) => fetch(`http://127.0.0.1:${server.port}/webhooks/stripe`, { method: 'POST', body, headers: { 'Stripe-Signature': 't=1,v1=00' } });
+      // Two bodies that never finish arriving: each holds a place.
+      const trickles = [1, 2].map(() => rawRequest(server.port, 'POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nabc', { timeoutMs: 10_000 }));
+      let refused: Response | undefined;
+      await expect.poll(async () => (refused = await post('{}')).status, { timeout: 1_000 }).toBe(503);
+      expect(refused!.headers.get('retry-after')).toBe('1');
+      expect(refused!.headers.get('connection')).toBe('close');
+      expect(await refused!.json()).toMatchObject({ error: 'busy' });
+      expect(logged.some((l) => l.msg?.toString().startsWith('stripe webhook refused (503)'))).toBe(true);
+      // At the deadline each trickle's connection is dropped unanswered, and its place is free again.
+      for (const t of await Promise.all(trickles)) expect(t).toMatchObject({ status: null, closed: true });
+      expect((await post('{}')).status).toBe(400); // read, and its signature refused
+    } finally {
+      await server.close();
+    }
+  });
+});
+
 describe('500s', () => {
   it('outside the admin API a 500 says only "internal error"; the cause is logged', async () => {
     const res = await fetch(`${base}/boom`);
