@@ -37,6 +37,9 @@ export const SETTLEMENT_EVENT_RETENTION_DAYS = 14;
  * arriving later (dead-lettered and redriven again) would be consumed again. */
 export const SETTLEMENT_CONSUMPTION_RETENTION_DAYS = 60;
 
+/** A connected account's Stripe budget bucket idle this long is dropped (full by then; made again, empty,
+ * when next used). */
+export const RATE_BUDGET_IDLE_HOURS = 24;
 export const DEFAULT_RETENTION_DAYS: RetentionDays = { operationEvents: 90, audit: 365, webhookEvents: 30 };
 
 export async function createPruneQueue(boss: PgBoss): Promise<void> {
@@ -50,7 +53,7 @@ export async function pruneHistory(
   pool: Pool,
   days: RetentionDays,
   opts: { scan?: number; budgetMs?: number } = {},
-): Promise<{ operationEvents: number; audit: number; settlementEvents: number; settlementConsumption: number; webhookEvents: number }> {
+): Promise<{ operationEvents: number; audit: number; settlementEvents: number; settlementConsumption: number; webhookEvents: number; rateBudgets: number }> {
   const end = performance.now() + (opts.budgetMs ?? PRUNE_BUDGET_MS);
   const scan = opts.scan ?? PRUNE_SCAN;
   const shareOf = (tablesLeft: number) => performance.now() + (end - performance.now()) / tablesLeft;
@@ -73,15 +76,16 @@ export async function pruneHistory(
     };
   };
   /** The batches of a table read oldest first through an index, until one deletes fewer than it may. */
-  const oldestFirst = (statement: ReturnType<Pool['sql']['pruneWebhookEvents' | 'pruneSettlementConsumption']>) => async () => {
+  const oldestFirst = (statement: ReturnType<Pool['sql']['pruneWebhookEvents' | 'pruneSettlementConsumption' | 'pruneRateBudgets']>) => async () => {
     const { deleted } = (await pool.query(statement)).rows[0] as { deleted: number };
     return { deleted, done: deleted < scan };
   };
   return {
-    operationEvents: await inBatches(shareOf(5), byId((after) => pool.sql.pruneOperationEvents(days.operationEvents, after, scan))),
-    audit: await inBatches(shareOf(4), byId((after) => pool.sql.pruneAdminAudit(days.audit, after, scan))),
-    settlementEvents: await inBatches(shareOf(3), byId((after) => pool.sql.pruneSettlementOutbox(SETTLEMENT_EVENT_RETENTION_DAYS, after, scan))),
-    settlementConsumption: await inBatches(shareOf(2), oldestFirst(pool.sql.pruneSettlementConsumption(SETTLEMENT_CONSUMPTION_RETENTION_DAYS, scan))),
-    webhookEvents: await inBatches(shareOf(1), oldestFirst(pool.sql.pruneWebhookEvents(days.webhookEvents, scan))),
+    operationEvents: await inBatches(shareOf(6), byId((after) => pool.sql.pruneOperationEvents(days.operationEvents, after, scan))),
+    audit: await inBatches(shareOf(5), byId((after) => pool.sql.pruneAdminAudit(days.audit, after, scan))),
+    settlementEvents: await inBatches(shareOf(4), byId((after) => pool.sql.pruneSettlementOutbox(SETTLEMENT_EVENT_RETENTION_DAYS, after, scan))),
+    settlementConsumption: await inBatches(shareOf(3), oldestFirst(pool.sql.pruneSettlementConsumption(SETTLEMENT_CONSUMPTION_RETENTION_DAYS, scan))),
+    webhookEvents: await inBatches(shareOf(2), oldestFirst(pool.sql.pruneWebhookEvents(days.webhookEvents, scan))),
+    rateBudgets: await inBatches(shareOf(1), oldestFirst(pool.sql.pruneRateBudgets(RATE_BUDGET_IDLE_HOURS, scan))),
   };
 }

@@ -87,4 +87,20 @@ export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
     'outboxd_prune_settlement_consumption',
     deleteOldest(s, 'settlement_consumption', 'ctid', 'consumed_at'),
   ),
+
+  /** Up to $2 connected accounts' buckets (`<budget>@acct_…`) untouched for $1 hours, one per account
+   * ever charged through: one idle that long is full, and comes back empty when next used
+   * (ensureRateBudget), which costs its first call a token's wait. The platform's are kept. No index on
+   * refilled_at, which every take updates: the table is read whole, one row per account. */
+  pruneRateBudgets: statement<[idleHours: number, scan: number]>(
+    'outboxd_prune_rate_budgets',
+    `with gone as (
+       delete from ${s}.rate_budgets where name = any(array(
+         select name from ${s}.rate_budgets
+         where strpos(name, '@') > 0 and refilled_at < now() - make_interval(hours => $1) limit $2))
+       and refilled_at < now() - make_interval(hours => $1)
+       returning 1
+     )
+     select count(*)::int as deleted from gone`,
+  ),
 });

@@ -75,9 +75,17 @@ describe('retention of the timeline and the audit trail', () => {
       from generate_series(1, 7) i`);
     const consumptionsLeft = async () => Number((await t.pool.query(`select count(*) from outboxd.settlement_consumption where consumed_at > now() - interval '60 days'`)).rows[0].count);
 
+    // Connected accounts' Stripe budget buckets: gone a day after their last take; the platform's stay.
+    await t.pool.query(`insert into outboxd.rate_budgets (name, tokens, refilled_at)
+      select name, 1, now() - make_interval(hours => hours) from (values
+        ('stripe@acct_idle1', 25), ('stripe@acct_idle2', 48), ('stripe@acct_idle3', 30), ('stripe@acct_idle4', 99),
+        ('stripe@acct_lately', 23), ('stripe_idle_platform', 1000)) v(name, hours)`);
+    const budgetsLeft = async () => (await t.pool.query(`select name from outboxd.rate_budgets where name in ('stripe@acct_idle1', 'stripe@acct_idle2', 'stripe@acct_idle3', 'stripe@acct_idle4', 'stripe@acct_lately', 'stripe_idle_platform') order by name`)).rows.map((r) => r.name);
+
     // Three rows a statement: many batches, each a short statement of its own.
     const pruned = await pruneHistory(t.pool, days, { scan: 3 });
-    expect(pruned).toEqual({ operationEvents: 4, audit: 2, settlementEvents: 1, settlementConsumption: 5, webhookEvents: 7 });
+    expect(pruned).toEqual({ operationEvents: 4, audit: 2, settlementEvents: 1, settlementConsumption: 5, webhookEvents: 7, rateBudgets: 4 });
+    expect(await budgetsLeft()).toEqual(['stripe@acct_lately', 'stripe_idle_platform']);
     expect([await settlementEventOf(settledLongAgo), await settlementEventOf(settledLately)]).toEqual([0, 1]);
     expect(await webhookEventsLeft()).toEqual(['evt_retention_8', 'evt_retention_9']);
     expect(await consumptionsLeft()).toBe(2);
@@ -92,7 +100,7 @@ describe('retention of the timeline and the audit trail', () => {
     const { rows } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where id = any($1::uuid[])`, [[settledLongAgo, unsettledLongAgo, settledLately, recent]]);
     expect(rows[0].n).toBe(4);
     // Nothing more to do: the next run deletes nothing.
-    expect(await pruneHistory(t.pool, days, { scan: 3 })).toEqual({ operationEvents: 0, audit: 0, settlementEvents: 0, settlementConsumption: 0, webhookEvents: 0 });
+    expect(await pruneHistory(t.pool, days, { scan: 3 })).toEqual({ operationEvents: 0, audit: 0, settlementEvents: 0, settlementConsumption: 0, webhookEvents: 0, rateBudgets: 0 });
   });
 
   it('a statement deletes one batch; a backlog in the timeline leaves the tables after it their share of the run', async () => {
