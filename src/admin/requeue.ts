@@ -67,6 +67,10 @@ export async function requeueStuck(
 ): Promise<RequeueResult[]> {
   const { rows } = await pool.query(pool.sql.stuckOperations(opts.olderThanSeconds, opts.limit ?? 1000));
   const results: RequeueResult[] = [];
-  for (const op of rows as Operation[]) results.push(await requeueOperation(pool, boss, op.id, opts));
+  for (const op of rows as Operation[]) {
+    const result = await requeueOperation(pool, boss, op.id, opts);
+    // Settled since it was listed: nothing to requeue, and nothing the operator asked amiss.
+    results.push(result.result === 'refused' ? { operationId: op.id, result: 'skipped', reason: `settled since it was listed (${result.reason})` } : result);
+  }
   return results;
 }

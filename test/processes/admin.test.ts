@@ -83,6 +83,27 @@ describe('requeue (invariant 10)', () => {
     expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'refused', reason: 'operation is succeeded' });
   });
 
+  it('--stuck: an operation that settles after it was listed is skipped, not refused (which exits 2)', async () => {
+    const op = await confirm(t);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
+    // Its requeue waits on this lock while the operation settles.
+    const held = await t.pool.connect();
+    try {
+      await held.query('begin');
+      await held.query(`select pg_advisory_xact_lock(hashtextextended('outboxd-requeue:' || $1, 0))`, [op]);
+      const stuck = requeueStuck(t.pool, t.boss, { actor: 'x', olderThanSeconds: 0 });
+      await waitUntil(async () => {
+        const { rows } = await t.pool.query(`select count(*)::int as n from pg_locks where locktype = 'advisory' and not granted and database = (select oid from pg_database where datname = current_database())`);
+        return rows[0].n > 0;
+      }, 10_000, 'the requeue waits for the lock');
+      await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now() where id = $1`, [op]);
+      await held.query('commit');
+      expect((await stuck).find((r) => r.operationId === op)).toEqual({ operationId: op, result: 'skipped', reason: 'settled since it was listed (operation is succeeded)' });
+    } finally {
+      held.release();
+    }
+  });
+
   it('concurrent requeues beside running workers never make a second charge', async () => {
     e.emulator.addFault({ fault: { kind: 'latency', ms: 30 }, count: Infinity });
     const ops = await Promise.all(Array.from({ length: 40 }, () => confirm(t)));
