@@ -17,6 +17,7 @@ import { inTransaction, type Tx } from '../db/pool.ts';
 import { createBoss, onBossWarnings, startBoss } from '../outbox/outbox.ts';
 import type { PgBoss } from 'pg-boss';
 import { openDatabase, openGateway, openPool, serveEmulator, type Database } from '../runtime/open.ts';
+import { acknowledgeOperation } from '../admin/acknowledge.ts';
 import { findOperation, listOperations, operationReference, showOperation } from '../admin/operations.ts';
 import { listAudit } from '../admin/audit.ts';
 import { loadEffects, runWorker } from '../runtime/worker.ts';
@@ -344,6 +345,20 @@ ops
         const op = await withBoss(url, (boss) => resolveOperation(pool, gateway, boss, operationId, resolution, o.actor, opts));
         console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}`);
       });
+    });
+  });
+
+ops
+  .command('acknowledge')
+  .description('clear the review reason of a settled operation, once what it reports is dealt with in Stripe (audited; nothing else changes)')
+  .argument('<op-id>', 'its id, or its short id (a unique prefix of 8 or more hex digits)', operationRef)
+  .requiredOption('--note <text>', 'what was done about it (a second charge refunded, say)')
+  .option('--actor <name>', 'who acknowledges (audit trail)', defaultActor())
+  .option('--json', 'machine-readable output')
+  .action(async (id: string, o) => {
+    await withDatabase(async ({ pool }) => {
+      const op = await acknowledgeOperation(pool, (await findOperation(pool, id)).id, o.note, o.actor);
+      console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}, no longer held for review`);
     });
   });
 

@@ -12,6 +12,7 @@ import { recordAudit } from '../admin/audit.ts';
 import { inTransaction } from '../db/pool.ts';
 import { HttpError, readBody, type Request, type Route } from '../http/server.ts';
 import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
+import { acknowledgeOperation } from '../admin/acknowledge.ts';
 import { ResolutionRefused, resolveOperation, type Resolution } from '../admin/resolve.ts';
 import { ValidationError } from '../types/errors.ts';
 import { isOperationId, OperationNotFoundError, shortOperationId } from '../engine/operation.ts';
@@ -80,6 +81,7 @@ const FORM_LIMIT = 128 * 1024;
 const DONE: Record<string, string> = {
   resolved: 'Resolved. The audit trail records it under your name.',
   requeued: 'Requeued: a new job drives this operation, with the same idempotency key.',
+  acknowledged: 'Acknowledged: no longer held for review. The audit trail records it under your name.',
 };
 
 export function consoleRoutes(deps: AdminDeps): Route[] {
@@ -343,6 +345,19 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     redirect(r.res, `/console/operations/${id}?done=resolved`);
   }
 
+  async function acknowledgeAction(r: Request, session: Session, form: URLSearchParams): Promise<void> {
+    const id = operationId(r);
+    const note = (form.get('note') ?? '').trim();
+    try {
+      await acknowledgeOperation(pool, id, note, actorOf(session));
+    } catch (err) {
+      if (!(err instanceof ResolutionRefused || err instanceof ValidationError)) throw err;
+      return renderOperation(r.res, session, id, 422, { note, notice: { kind: 'refused', text: err instanceof ValidationError ? err.detail : err.message } });
+    }
+    log.info({ operator: session.operator, operationId: id }, 'console acknowledgement');
+    redirect(r.res, `/console/operations/${id}?done=acknowledged`);
+  }
+
   async function requeueAction(r: Request, session: Session): Promise<void> {
     const id = operationId(r);
     const result = await requeueOperation(pool, boss, id, { actor: actorOf(session) });
@@ -427,6 +442,7 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     ['GET', OP, view(operationView)],
     ['POST', /^\/console\/operations\/([^/]+)\/resolve$/, action(resolveAction)],
     ['POST', /^\/console\/operations\/([^/]+)\/requeue$/, action(requeueAction)],
+    ['POST', /^\/console\/operations\/([^/]+)\/acknowledge$/, action(acknowledgeAction)],
     ['GET', '/console/search', view(searchView)],
     ['GET', '/console/requeue-stuck', view(stuckView)],
     ['POST', '/console/requeue-stuck', action(stuckAction)],

@@ -9,7 +9,7 @@ export type Tone = 'neutral' | 'good' | 'bad' | 'warn' | 'info';
 
 export interface Entry {
   at: Date;
-  /** created, relayed, claimed, call, flagged, settled, webhook, audit */
+  /** created, relayed, claimed, call, flagged, acknowledged, settled, webhook, audit */
   kind: string;
   title: string;
   tone: Tone;
@@ -130,6 +130,9 @@ const history: Source = (op, record, now) => {
         break;
       case 'flagged':
         entries.push({ at: e.at, kind: 'flagged', title: `held for review${times(e)}`, tone: 'bad', facts: [['fence', e.fence], lastSeen(e)], text: String(d.reason ?? '') });
+        break;
+      case 'acknowledged':
+        entries.push({ at: e.at, kind: 'acknowledged', title: `review reason acknowledged by ${e.actor}`, tone: 'info', facts: [['reason', d.reason]], text: String(d.note ?? '') });
         break;
       case 'settled':
         entries.push({

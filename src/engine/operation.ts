@@ -22,6 +22,7 @@ import { coalesced } from '../db/coalesce.ts';
 import type { Queryable } from '../db/pool.ts';
 import type { OperationStatus, Policy } from '../types/status.ts';
 import { OperationNotFoundError, StaleFenceError } from '../types/errors.ts';
+import { DISCREPANCY_PREFIX } from '../types/contracts.ts';
 import { isSettled, type ListedOperation, type LoadedOperation, type Operation, type Outcome, type SettlementSource } from '../types/operation.ts';
 import { ATTR, withSpan } from '../telemetry/tracing.ts';
 
@@ -311,9 +312,16 @@ export async function flagForReview(db: Queryable, id: string, fence: number, re
   return rows[0];
 }
 
-/** Holds an unsettled operation for a person without a claim (its status is not touched). */
-export async function flagFromOutside(db: Queryable, id: string, reason: string): Promise<void> {
-  await db.query(db.sql.flagFromOutside(id, reason));
+/** Holds an operation, settled or not, for a person without a claim (nothing it settled to is touched):
+ * Stripe shows money it does not account for. The reason stays until a person resolves or acknowledges it. */
+export async function flagDiscrepancy(db: Queryable, id: string, reason: string): Promise<void> {
+  await db.query(db.sql.flagDiscrepancy(id, `${DISCREPANCY_PREFIX}${reason}`));
+}
+
+/** Clears a settled operation's review reason, as a person acknowledges it; undefined when the operation
+ * is unsettled (resolve it) or has no reason to acknowledge. */
+export async function acknowledgeReview(db: Queryable, id: string, actor: string, note: string): Promise<(Operation & { acknowledged_reason: string }) | undefined> {
+  return (await db.query(db.sql.acknowledgeReview(id, actor, note))).rows[0];
 }
 
 /** The operation's current fence and status, without a claim. */

@@ -3,6 +3,7 @@
 import type { IncomingMessage } from 'node:http';
 import type { PgBoss } from 'pg-boss';
 import { z } from 'zod';
+import { acknowledgeOperation } from '../admin/acknowledge.ts';
 import { listOperations, showOperation } from '../admin/operations.ts';
 import { requeueOperation, requeueStuck } from '../admin/requeue.ts';
 import { ResolutionRefused, resolveOperation } from '../admin/resolve.ts';
@@ -77,6 +78,7 @@ const resolveBody = z.discriminatedUnion('outcome', [
   z.strictObject({ outcome: z.literal('failed'), reason: z.string().trim().min(1).max(1000) }),
 ]);
 const requeueBody = z.strictObject({ dryRun: z.boolean().optional() });
+const acknowledgeBody = z.strictObject({ note: z.string().trim().min(1).max(1000) });
 const stuckBody = z.strictObject({
   olderThanSeconds: z.number().int().min(0).max(30 * 86400).default(600),
   dryRun: z.boolean().optional(),
@@ -146,6 +148,14 @@ export function adminRoutes(deps: AdminDeps): Route[] {
         const body = await jsonBody(req, requeueBody);
         const result = await requeueOperation(deps.pool, deps.boss, params[0]!, { actor, dryRun: !!body.dryRun });
         sendJson(res, result.result === 'refused' ? 409 : 200, result);
+      }),
+    ],
+    [
+      'POST',
+      OP_ACTION('acknowledge'),
+      guarded(async ({ req, res, params }) => {
+        const body = await jsonBody(req, acknowledgeBody);
+        sendJson(res, 200, await acknowledgeOperation(deps.pool, params[0]!, body.note, actor));
       }),
     ],
     [

@@ -1,10 +1,13 @@
 // The statements of the operation's state machine (src/engine/operation.ts), its only writer of status: the load, the
 // lease and fence (docs/architecture.md §3), the executor's fenced writes, and settlement from outside
 // the executor (a person's resolution, a Stripe webhook).
-import { CALL_FACT_WEIGHT as W } from '../types/contracts.ts';
+import { CALL_FACT_WEIGHT as W, DISCREPANCY_PREFIX } from '../types/contracts.ts';
 import type { SqlContext } from './context.ts';
 
 export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns, s, settlementEvent, statement, unsettledRow }: SqlContext) => {
+  /** The review reason an operation keeps whatever happens to it but a person's word: a discrepancy
+   * (DISCREPANCY_PREFIX), or null. */
+  const discrepancy = (reason: string) => `case when starts_with(${reason}, '${DISCREPANCY_PREFIX}') then ${reason} end`;
   /** recordOutcomes' ids, for byIds. */
   const OUTCOME_IDS = 'array(select id from input)';
   /** A claim's timeline row: the fence, the owner, and of a takeover the owner whose expired lease it took
@@ -32,8 +35,10 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
      update ${s}.payment_operations o
      set status = x.status, external_id = coalesce(x.external_id, o.external_id), last_outcome = x.last_outcome,
          last_error = x.last_error,
-         -- a review reason stays until the operation settles (a later ambiguous retry does not clear it)
-         review_reason = case when x.status in ('succeeded', 'failed') then null else coalesce(x.review_reason, o.review_reason) end,
+         -- a review reason stays until the operation settles (a later ambiguous retry does not clear it),
+         -- a discrepancy after it too, and no other reason replaces one
+         review_reason = coalesce(${discrepancy('o.review_reason')},
+           case when x.status in ('succeeded', 'failed') then null else coalesce(x.review_reason, o.review_reason) end),
          first_attempted_at = case when x.undo then x.first_attempted_at else o.first_attempted_at end,
          last_attempted_at = case when x.undo then x.last_attempted_at else o.last_attempted_at end,
          result = coalesce(x.result::jsonb, o.result),
@@ -225,7 +230,7 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
   flagForReview: statement<[id: string, fence: number, reason: string]>(
     'outboxd_flag_for_review',
     `with flagged as (
-     update ${s}.payment_operations set review_reason = $3, updated_at = now(), lease_owner = null, lease_expires_at = null
+     update ${s}.payment_operations set review_reason = coalesce(${discrepancy('review_reason')}, $3), updated_at = now(), lease_owner = null, lease_expires_at = null
      where id = $1 and fence = $2 and ${UNSETTLED}
      returning ${operationColumns()}
      ), ${event('flagged', `id, 'flagged', $2, null, jsonb_build_object('reason', $3::text)`)}
@@ -238,7 +243,8 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
   ),
 
   /** Settles an unsettled operation and bumps the fence, so a worker still holding a claim is fenced out;
-   * its settlement event ($6: what settled it) in the same statement; $7: what the kind keeps of the object. */
+   * its settlement event ($6: what settled it) in the same statement; $7: what the kind keeps of the object.
+   * A discrepancy stays for a person. */
   settleFromOutside: statement<
     [id: string, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null, source: string, result: string | null]
   >(
@@ -248,7 +254,7 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
      set fence = fence + 1, lease_owner = null, lease_expires_at = null,
          status = $2, external_id = coalesce($3, external_id), last_outcome = $4, last_error = $5,
          result = coalesce($7::jsonb, result),
-         review_reason = null, next_check_at = null, settled_at = now(), updated_at = now()
+         review_reason = ${discrepancy('review_reason')}, next_check_at = null, settled_at = now(), updated_at = now()
      where id = $1 and ${UNSETTLED}
      returning ${operationColumns()}
      ), ${settlementEvent('$6')},
@@ -257,7 +263,8 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
   ),
 
   /** A person's resolution, written under the lease the resolution holds: fenced like any claim, so it
-   * cannot land after another claim took the operation over; its settlement event in the same statement. */
+   * cannot land after another claim took the operation over; its settlement event in the same statement.
+   * It answers every review reason, a discrepancy too (the person saw it). */
   settleUnderLease: statement<
     [id: string, fence: number, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null, result: string | null]
   >(
@@ -275,16 +282,34 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
      select * from op`,
   ),
 
-  /** Holds an unsettled operation for a person from outside any claim (a webhook that contradicts it).
-   * The status is not touched, so no fence is needed; a later outcome keeps the reason unless it settles. */
-  flagFromOutside: statement<[id: string, reason: string]>(
-    'outboxd_flag_from_outside',
+  /** Holds an operation, settled or not, for a person from outside any claim: a discrepancy with Stripe
+   * (DISCREPANCY_PREFIX, a webhook's object that is not the operation's or contradicts its settlement).
+   * Neither the status nor anything it settled to is touched, so no fence is needed; the reason stays
+   * until a person resolves or acknowledges it. */
+  flagDiscrepancy: statement<[id: string, reason: string]>(
+    'outboxd_flag_discrepancy',
     `with flagged as (
      update ${s}.payment_operations set review_reason = $2, updated_at = now()
-     where id = $1 and ${UNSETTLED}
+     where id = $1
      returning id
      ), ${event('flagged', `id, 'flagged', null, null, jsonb_build_object('reason', $2::text)`)}
      select id from flagged`,
+  ),
+
+  /** A person's acknowledgement of a settled operation's review reason (a discrepancy they dealt with in
+   * Stripe: a second charge refunded, say): the reason goes; nothing else changes. */
+  acknowledgeReview: statement<[id: string, actor: string, note: string]>(
+    'outboxd_acknowledge_review',
+    `with prev as (
+       select id, review_reason from ${s}.payment_operations
+       where id = $1 and status in ('succeeded', 'failed') and review_reason is not null
+       for no key update
+     ), acked as (
+     update ${s}.payment_operations o set review_reason = null, updated_at = now()
+     from prev where o.id = prev.id
+     returning ${operationColumns('o')}, prev.review_reason as acknowledged_reason
+     ), ${event('acked', `id, 'acknowledged', null, $2::text, jsonb_build_object('note', $3::text, 'reason', acknowledged_reason)`)}
+     select * from acked`,
   ),
 };
 };

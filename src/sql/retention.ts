@@ -16,7 +16,8 @@ export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
   /**
    * One batch of the timeline's retention (src/outbox/retention.ts): the $3 oldest rows after id $2, of which
    * those last seen over $1 days ago, of an operation settled over $1 days ago, are deleted. An
-   * unsettled operation's history (held for review, or still being driven) is kept whatever its age.
+   * unsettled operation's history (held for review, or still being driven), or a settled one's still held
+   * for review (a discrepancy with Stripe), is kept whatever its age.
    * Rows are scanned in id order (the primary key), so a batch reads $3 rows, however large the table;
    * reached_window: the batch's last row was written inside the window, and so was every later one (ids
    * and insert times grow together; a repeat's last_at does not, and a row repeated lately among rows
@@ -32,14 +33,15 @@ export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
      ), gone as (
        delete from ${s}.operation_events e
        where ${byIds('e', `array(select sc.id from scanned sc where sc.seen < now() - make_interval(days => $1)
-         and (select o.settled_at from ${s}.payment_operations o where o.id = sc.operation_id) < now() - make_interval(days => $1))`)}
+         and (select o.settled_at from ${s}.payment_operations o where o.id = sc.operation_id and o.review_reason is null) < now() - make_interval(days => $1))`)}
        returning e.id
      )
      select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,
        coalesce((select at >= now() - make_interval(days => $1) from scanned order by id desc limit 1), true) as reached_window`,
   ),
 
-  /** The audit trail's retention, as pruneOperationEvents: an action about an unsettled operation is kept. */
+  /** The audit trail's retention, as pruneOperationEvents: an action about an unsettled operation, or one
+   * held for review, is kept. */
   pruneAdminAudit: statement<[retentionDays: number, afterId: number, scan: number]>(
     'outboxd_prune_admin_audit',
     `with scanned as (
@@ -48,7 +50,7 @@ export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
        delete from ${s}.admin_audit a
        where ${byIds('a', `array(select sc.id from scanned sc where sc.at < now() - make_interval(days => $1)
          and (sc.operation_id is null
-           or (select o.settled_at from ${s}.payment_operations o where o.id = sc.operation_id) < now() - make_interval(days => $1)))`)}
+           or (select o.settled_at from ${s}.payment_operations o where o.id = sc.operation_id and o.review_reason is null) < now() - make_interval(days => $1)))`)}
        returning a.id
      )
      select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,

@@ -6,6 +6,12 @@
  * undrivenCandidates in src/sql/reconcile.ts looks for live jobs under both names). */
 export const DEAD_LETTER_SUFFIX = '_dead';
 
+/** A review reason that begins so reports money Stripe shows that the operation does not account for (an
+ * object carrying its id that is not its own, or one contradicting how it settled): a possible double
+ * charge. It stays when the operation settles, which does not answer it, until a person resolves the
+ * operation (unsettled) or acknowledges the reason (settled). */
+export const DISCREPANCY_PREFIX = 'discrepancy with Stripe: ';
+
 /** Job states in which pg-boss will still hand the job to a worker (or has). */
 export const LIVE_JOB_STATES: readonly string[] = ['created', 'retry', 'active'];
 

@@ -16,7 +16,7 @@ import type { Logger } from '../telemetry/log.ts';
 import { accountOf, unlessRejected, type PaymentGateway } from '../stripe/gateway.ts';
 import { evidenceOf } from '../kinds/index.ts';
 import type { KindEvidence, ProviderObject } from '../types/kind.ts';
-import { flagFromOutside, isOperationId, isSettled, settleFromOutside, type Operation } from '../engine/operation.ts';
+import { flagDiscrepancy, isOperationId, isSettled, settleFromOutside, type Operation } from '../engine/operation.ts';
 import { traceOperation, withSpan } from '../telemetry/tracing.ts';
 
 export type InboxResult =
@@ -103,7 +103,7 @@ async function receive(deps: InboxDeps, event: Stripe.Event): Promise<InboxResul
         log.error({ eventId: event.id, operationId: opId, object: hint?.id, status, result },
           result === 'mismatch'
             ? `stripe event names a ${hint?.rules.naming.object} that does not match its operation: flagged for review`
-            : 'stripe contradicts a settled operation: see the drift report');
+            : 'stripe contradicts a settled operation: held for review');
       }
       return result;
     });
@@ -138,13 +138,19 @@ async function act(tx: Tx, evidence: Evidence, opId: string | null, type: string
   const { object } = evidence;
   const mismatch = mismatchOf(op, evidence);
   if (isSettled(op.status)) {
-    // Never overwritten; but money the operation does not account for must reach a person.
-    const contradicts = mismatch !== null || (op.status === 'failed' && evidence.rules.settles(op, object) === 'succeeded');
-    if (contradicts) return 'contradiction';
+    // Never overwritten; but money the operation does not account for must reach a person: held for
+    // review as it settled, until someone acknowledges it.
+    const contradiction = mismatch ?? (op.status === 'failed' && evidence.rules.settles(op, object) === 'succeeded'
+      ? `${object.id} is ${object.status}, the operation failed`
+      : null);
+    if (contradiction) {
+      await flagDiscrepancy(tx, op.id, `webhook ${type}: ${contradiction}`);
+      return 'contradiction';
+    }
     return (await evidence.rules.followUp?.(tx, op, object, 'webhook')) ? 'recorded' : 'already_settled';
   }
   if (mismatch) {
-    await flagFromOutside(tx, op.id, `webhook ${type}: ${mismatch}`);
+    await flagDiscrepancy(tx, op.id, `webhook ${type}: ${mismatch}`);
     return 'mismatch';
   }
   const status = evidence.rules.settles(op, object);

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { Pool } from '../../src/db/pool.ts';
 import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
-import { claimAttempt, flagFromOutside, releaseLease, settleFromOutside } from '../../src/engine/operation.ts';
+import { claimAttempt, flagDiscrepancy, releaseLease, settleFromOutside } from '../../src/engine/operation.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
 import { createKindQueues, relayOutbox } from '../../src/outbox/outbox.ts';
 import { settledQueueFor, subscribeSettlements } from '../../src/outbox/settlements.ts';
@@ -169,11 +169,11 @@ describe('the operation timeline', () => {
 
   it('flags and settlements from outside a claim are recorded with their source', async () => {
     const op = await confirm(t);
-    await flagFromOutside(t.pool, op, 'webhook payment_intent.succeeded: pi_x is not the operation\'s charge');
+    await flagDiscrepancy(t.pool, op, 'webhook payment_intent.succeeded: pi_x is not the operation\'s charge');
     const settled = await settleFromOutside(t.pool, op, 'succeeded', 'pi_123', 'webhook:payment_intent.succeeded', null);
-    expect(settled?.status).toBe('succeeded');
+    expect(settled).toMatchObject({ status: 'succeeded', review_reason: "discrepancy with Stripe: webhook payment_intent.succeeded: pi_x is not the operation's charge" });
     expect(await events(op)).toEqual([
-      { type: 'flagged', fence: null, actor: null, details: { reason: "webhook payment_intent.succeeded: pi_x is not the operation's charge" } },
+      { type: 'flagged', fence: null, actor: null, details: { reason: "discrepancy with Stripe: webhook payment_intent.succeeded: pi_x is not the operation's charge" } },
       { type: 'settled', fence: 1, actor: 'webhook:payment_intent.succeeded', details: { status: 'succeeded', external_id: 'pi_123' } },
     ]);
     // Nothing is recorded for a write that changed nothing.
@@ -219,11 +219,11 @@ describe('the operation timeline', () => {
 
   it('the same flag again counts on its row; another reason is a row of its own; ambiguous creates are never merged', async () => {
     const op = await confirm(t);
-    for (let i = 0; i < 3; i++) await flagFromOutside(t.pool, op, 'no job drives it');
-    await flagFromOutside(t.pool, op, 'another reason');
+    for (let i = 0; i < 3; i++) await flagDiscrepancy(t.pool, op, 'no job drives it');
+    await flagDiscrepancy(t.pool, op, 'another reason');
     expect((await t.pool.query(`select details->>'reason' as reason, repeats from outboxd.operation_events where operation_id = $1 order by id`, [op])).rows).toEqual([
-      { reason: 'no job drives it', repeats: 3 },
-      { reason: 'another reason', repeats: 1 },
+      { reason: 'discrepancy with Stripe: no job drives it', repeats: 3 },
+      { reason: 'discrepancy with Stripe: another reason', repeats: 1 },
     ]);
 
     const lost = await confirm(t);

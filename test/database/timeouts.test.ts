@@ -41,7 +41,7 @@ describe.each([
       await holder.query(`select id from "${t.schema}".payment_operations where id = $1 for update`, [id]);
       const started = Date.now();
       const outcome = await Promise.race([
-        pool.query(pool.sql.flagFromOutside(id, 'checked while the application holds the row')).then(() => 'done', (err: { code?: string }) => err.code),
+        pool.query(pool.sql.flagDiscrepancy(id, 'checked while the application holds the row')).then(() => 'done', (err: { code?: string }) => err.code),
         new Promise((resolve) => setTimeout(() => resolve('still waiting after 30 s'), 30_000)),
       ]);
       expect(outcome).toBe('55P03');

@@ -319,7 +319,7 @@ describe('Stripe webhook inbox', () => {
     expect((await operation(t, op)).status).toBe('succeeded');
   });
 
-  it('a charge that contradicts a failed operation is counted and logged as a contradiction, never overwriting it', async () => {
+  it('a charge that contradicts a failed operation is counted and holds it for review as it settled, until a person acknowledges it', async () => {
     const op = await confirm(t);
     await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where id = $1`, [op]);
     const pi = await createPi(op);
@@ -327,7 +327,44 @@ describe('Stripe webhook inbox', () => {
     const res = await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_contradiction', { id: pi.id })));
     expect(await res.json()).toEqual({ received: true, result: 'contradiction' });
     expect(mismatches).toBe(before + 1);
-    expect((await operation(t, op)).status).toBe('failed');
+    const reason = `discrepancy with Stripe: webhook payment_intent.succeeded: ${pi.id} is succeeded, the operation failed`;
+    expect(await operation(t, op)).toMatchObject({ status: 'failed', needs_review: true, review_reason: reason });
+    // Resolving it is for unsettled operations; a person acknowledges it once dealt with in Stripe.
+    expect((await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'failed', reason: 'x' }) })).status).toBe(422);
+    expect((await api(`/admin/operations/${op}/acknowledge`, { method: 'POST', body: '{"note":" "}' })).status).toBe(422);
+    const acked = await api(`/admin/operations/${op}/acknowledge`, { method: 'POST', body: JSON.stringify({ note: `refunded ${pi.id} in the dashboard` }) });
+    expect(acked.status).toBe(200);
+    expect(await acked.json()).toMatchObject({ id: op, status: 'failed', needs_review: false, review_reason: null });
+    const { rows } = await t.pool.query(`select actor, action, details from outboxd.admin_audit where operation_id = $1 and action = 'acknowledge'`, [op]);
+    expect(rows).toEqual([{ actor: 'token:ops-team', action: 'acknowledge', details: { note: `refunded ${pi.id} in the dashboard`, reviewReason: reason, status: 'failed' } }]);
+    const again = await api(`/admin/operations/${op}/acknowledge`, { method: 'POST', body: '{"note":"twice"}' });
+    expect(again.status).toBe(422);
+    expect(await again.json()).toMatchObject({ error: 'refused', message: expect.stringMatching(/not held for review/) });
+    const unsettled = await confirm(t);
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'checked by hand' where id = $1`, [unsettled]);
+    const refused = await api(`/admin/operations/${unsettled}/acknowledge`, { method: 'POST', body: '{"note":"x"}' });
+    expect(await refused.json()).toMatchObject({ error: 'refused', message: expect.stringMatching(/is pending: an unsettled operation is resolved/) });
+  });
+
+  it('a second PaymentIntent carrying the operation\'s id keeps it held for review when its own charge settles it', async () => {
+    const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
+    const own = charges(op)[0]!.paymentIntent;
+    const stray = await createPi(op);
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_second_charge', { id: stray.id })))).json()).toEqual({ received: true, result: 'mismatch' });
+    // Its own charge settles it, and it stays held: the stray charge is money it does not account for.
+    e.emulator.settle(own.id, 'succeeded');
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_own_charge', { id: own.id })))).json()).toEqual({ received: true, result: 'settled' });
+    expect(await operation(t, op)).toMatchObject({ status: 'succeeded', needs_review: true, review_reason: `discrepancy with Stripe: webhook payment_intent.succeeded: ${stray.id} is not the operation's charge ${own.id}` });
+    // So is one settled by a worker's outcome.
+    const other = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    await executeOperation(t.pool, kindsFor(e.gateway()), other, await claim(t, other));
+    const second = await createPi(other);
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_second_charge_2', { id: second.id })))).json()).toEqual({ received: true, result: 'mismatch' });
+    e.emulator.settle(charges(other)[0]!.paymentIntent.id, 'succeeded');
+    await t.pool.query(`update outboxd.payment_operations set lease_expires_at = null where id = $1`, [other]);
+    await executeOperation(t.pool, kindsFor(e.gateway()), other, await claim(t, other));
+    expect(await operation(t, other)).toMatchObject({ status: 'succeeded', needs_review: true, review_reason: expect.stringMatching(/^discrepancy with Stripe: /) });
   });
 
   it('an event naming a PaymentIntent Stripe does not show (404) is acknowledged, not retried forever', async () => {

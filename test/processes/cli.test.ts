@@ -157,6 +157,20 @@ describe('outboxd ops and requeue', () => {
     expect(JSON.parse(res.stdout).map((r: { id: string }) => r.id)).toEqual(oldest.slice(-2).reverse().map((r) => r.id));
   });
 
+  it('ops acknowledge clears a settled operation\'s review reason, audited under --actor; refused for one not held (exit 2)', async () => {
+    const op = await confirm(t);
+    await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now(), review_reason = 'discrepancy with Stripe: pi_2' where id = $1`, [op]);
+    expect((await outboxd('ops', 'acknowledge', op)).stderr).toMatch(/required option '--note <text>'/);
+    const res = await outboxd('ops', 'acknowledge', shortOperationId(op), '--note', 'refunded pi_2', '--actor', 'bob', '--json');
+    expect(res.code).toBe(0);
+    expect(JSON.parse(res.stdout)).toMatchObject({ id: op, status: 'succeeded', needs_review: false });
+    const { rows } = await t.pool.query(`select actor, details->>'note' as note from outboxd.admin_audit where operation_id = $1 and action = 'acknowledge'`, [op]);
+    expect(rows).toEqual([{ actor: 'bob', note: 'refunded pi_2' }]);
+    const again = await outboxd('ops', 'acknowledge', op, '--note', 'twice');
+    expect(again.code).toBe(2);
+    expect(again.stderr).toMatch(/not held for review: nothing to acknowledge/);
+  });
+
   it('ops show of a missing operation exits 4; requeue --dry-run reports without enqueuing', async () => {
     expect((await outboxd('ops', 'show', '3f2504e0-4f89-41d3-9a0c-0305e82c3301')).code).toBe(4);
     const before = await counts(t);

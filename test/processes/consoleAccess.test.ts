@@ -97,6 +97,7 @@ describe('the read-only token', () => {
     for (const [path, body] of [
       [`/admin/operations/${op}/resolve`, { outcome: 'failed', reason: 'read-only tries' }],
       [`/admin/operations/${op}/requeue`, { dryRun: true }],
+      [`/admin/operations/${op}/acknowledge`, { note: 'read-only tries' }],
       ['/admin/requeue-stuck', { olderThanSeconds: 0 }],
       ['/admin/reconcile', {}],
     ] as const) {
@@ -141,6 +142,27 @@ describe('the read-only token', () => {
     // Signing out is not an action on anything: a reader may.
     expect((await post('/console/sign-out', reader)).status).toBe(303);
     expect((await send('GET', '/console/', { headers: { Cookie: reader.cookie } })).status).toBe(303);
+  });
+
+  it('a settled operation held for a discrepancy: the admin token acknowledges it in the console, audited; a reader sees no form and is refused', async () => {
+    const op = await confirm(t);
+    await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 20_000, 'settled');
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'discrepancy with Stripe: pi_second carries its id' where id = $1`, [op]);
+    const form = `action="/console/operations/${op}/acknowledge"`;
+    const reader = await session('rosa', READONLY);
+    expect((await send('GET', `/console/operations/${op}`, { headers: { Cookie: reader.cookie } })).body).not.toContain(form);
+    expect((await post(`/console/operations/${op}/acknowledge`, reader, { note: 'a reader tries' })).status).toBe(403);
+    const operator = await session('olivia', TOKEN);
+    const page = await send('GET', `/console/operations/${op}`, { headers: { Cookie: operator.cookie } });
+    expect(page.body).toContain(form);
+    expect(page.body).toContain('pi_second carries its id');
+    expect((await post(`/console/operations/${op}/acknowledge`, operator, { note: '' })).status).toBe(422);
+    const done = await post(`/console/operations/${op}/acknowledge`, operator, { note: 'refunded pi_second' });
+    expect(done.status).toBe(303);
+    expect(done.headers.location).toBe(`/console/operations/${op}?done=acknowledged`);
+    expect(await operation(t, op)).toMatchObject({ status: 'succeeded', needs_review: false });
+    expect((await audit()).filter((a) => a.operation_id === op)).toEqual([{ actor: 'console:olivia', action: 'acknowledge', operation_id: op }]);
+    expect((await send('GET', `/console/operations/${op}`, { headers: { Cookie: operator.cookie } })).body).not.toContain(form);
   });
 });
 

@@ -52,11 +52,15 @@ describe('retention of the timeline and the audit trail', () => {
     const settledLongAgo = await historic(120, 100);
     const unsettledLongAgo = await historic(120, null);
     const settledLately = await historic(120, 10); // its history is a person's for 90 days after it settled
+    // Settled long ago but still held for a person (a second charge nobody has acknowledged): kept.
+    const heldLongAgo = await historic(800, 700);
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'discrepancy with Stripe: pi_second' where id = $1`, [heldLongAgo]);
     const recent = await historic(5, 4);
     const settledYearsAgo = await historic(800, 700, 0);
     await audited(settledYearsAgo, 750, 'old-resolve');
     await audited(settledLongAgo, 400, 'old-resolve-lately-settled'); // its operation settled 100 days ago
     await audited(unsettledLongAgo, 400, 'old-requeue');
+    await audited(heldLongAgo, 750, 'old-flag-held');
     await audited(null, 400, 'old-reconcile');
     await audited(null, 30, 'recent-reconcile');
     // Settlement events no unnamed handler took: gone after 14 days, as a pg-boss job never taken.
@@ -94,6 +98,8 @@ describe('retention of the timeline and the audit trail', () => {
     expect(await eventsOf(unsettledLongAgo)).toBe(4);
     expect(await eventsOf(settledLately)).toBe(4);
     expect(await eventsOf(recent)).toBe(4);
+    expect(await eventsOf(heldLongAgo)).toBe(4);
+    expect(await auditOf(heldLongAgo, 'old-flag-held')).toBe(1);
     const audit = [['old-resolve', settledYearsAgo], ['old-resolve-lately-settled', settledLongAgo], ['old-requeue', unsettledLongAgo], ['old-reconcile', null], ['recent-reconcile', null]] as const;
     expect(await Promise.all(audit.map(([tag, op]) => auditOf(op, tag)))).toEqual([0, 1, 1, 0, 1]);
     // The ledger is kept.

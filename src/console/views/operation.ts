@@ -18,6 +18,8 @@ export interface ActionState {
   /** The resolve form as the operator filled it, kept when it was refused. */
   externalId?: string;
   reason?: string;
+  /** The acknowledge form's, likewise. */
+  note?: string;
 }
 
 /** Columns shown with their own label, in this order; any other column is listed after them. */
@@ -88,7 +90,9 @@ ${waitingNote(op, now)}
   </div>
   <aside class="op-side">
     ${isSettled(op.status)
-      ? html`<section class="panel" aria-labelledby="actions-title"><h2 id="actions-title">Actions</h2><p class="muted">A settled operation is never changed, and never causes another call to Stripe.</p></section>`
+      ? html`<section class="panel" aria-labelledby="actions-title"><h2 id="actions-title">Actions</h2><p class="muted">A settled operation is never changed, and never causes another call to Stripe.</p>${
+          op.review_reason && opts.csrfToken !== undefined ? acknowledgeForm(op, state, opts.csrfToken) : nothing
+        }</section>`
       : opts.csrfToken === undefined
       ? html`<section class="panel" aria-labelledby="actions-title"><h2 id="actions-title">Actions</h2>${readOnlyNote}</section>`
       : actions(op, state, opts.csrfToken)}
@@ -182,6 +186,19 @@ function timelineList(entries: Entry[], now: Date): Safe {
     </div>
   </li>`,
   )}</ol>`;
+}
+
+/** A settled operation held for review (a discrepancy with Stripe): its reason goes once a person says
+ * what they did about it in Stripe. */
+function acknowledgeForm(op: Operation, state: ActionState, csrf: string): Safe {
+  return html`<form method="post" action="/console/operations/${op.id}/acknowledge" class="stack">
+    <input type="hidden" name="csrf" value="${csrf}">
+    <h3>Acknowledge</h3>
+    <p class="muted small">Its status stays ${op.status}. Deal with what the reason reports in Stripe first (refund a second charge, say), then say what you did.</p>
+    <label for="note">What was done about it</label>
+    <textarea id="note" name="note" required maxlength="1000" rows="3">${state.note ?? ''}</textarea>
+    <button type="submit">Acknowledge</button>
+  </form>`;
 }
 
 function actions(op: Operation, state: ActionState, csrf: string): Safe {
