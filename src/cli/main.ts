@@ -462,7 +462,8 @@ function progressPrinter(): ((s: BulkSummary) => void) | undefined {
 }
 
 async function confirmBulk(pool: ReturnType<typeof openPool>, file: string, json: boolean): Promise<void> {
-  const s = await confirmFromFile(pool, file, { onProgress: progressPrinter() });
+  // Only --json prints each line's operation: text output keeps none of them, however long the file.
+  const s = await confirmFromFile(pool, file, { onProgress: progressPrinter(), keepConfirmations: json });
   if (process.stderr.isTTY) process.stderr.write('\n');
   if (json) console.log(JSON.stringify(s));
   else {

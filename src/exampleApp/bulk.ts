@@ -37,6 +37,8 @@ export interface BulkSummary {
   failed: number;
   /** Bad lines: refused for their content, skipped. */
   failures: BulkFailure[];
+  /** Each line's operation, when asked for (keepConfirmations): a file of millions of lines would hold
+   * as many entries. */
   confirmations: BulkConfirmation[];
   /** Lines whose confirmation kept failing for another reason (the database): not confirmed, the run stopped. */
   unconfirmed: { line: number; error: string }[];
@@ -51,7 +53,7 @@ const isBadLine = (err: unknown): boolean =>
 export async function confirmFromFile(
   db: Pool,
   file: string,
-  opts: { concurrency?: number; onProgress?: (s: BulkSummary) => void } = {},
+  opts: { concurrency?: number; onProgress?: (s: BulkSummary) => void; keepConfirmations?: boolean } = {},
 ): Promise<BulkSummary> {
   const summary: BulkSummary = {
     lines: 0,
@@ -70,7 +72,7 @@ export async function confirmFromFile(
     for (let attempt = 0; ; attempt++) {
       try {
         const { operationId, created } = await confirmOrder(db, JSON.parse(text));
-        summary.confirmations.push({ line, operationId, created });
+        if (opts.keepConfirmations) summary.confirmations.push({ line, operationId, created });
         if (created) summary.confirmed++;
         else summary.alreadyConfirmed++;
         break;

@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { waitUntil } from '../../harness/replica.ts';
 import { recordAudit } from '../../src/admin/audit.ts';
+import { confirmFromFile } from '../../src/exampleApp/bulk.ts';
 import { shortOperationId } from '../../src/engine/operation.ts';
 import { createTestDatabase, emptyDatabases, type TestDb } from '../support/db.ts';
 import { confirm, counts } from '../support/fixtures.ts';
@@ -129,6 +130,8 @@ describe('outboxd order confirm', () => {
     const after = await counts(t);
     expect(after.operations - before.operations).toBe(196);
     expect(after.outbox - before.outbox).toBe(196);
+    // Without --json no line's operation is kept: a file of millions of lines would hold as many.
+    expect((await confirmFromFile(t.pool, file)).confirmations).toEqual([]);
     const rerun = JSON.parse((await outboxd('order', 'confirm', '--from-file', file, '--json')).stdout);
     expect(rerun).toMatchObject({ confirmed: 0, alreadyConfirmed: 196, failed: 4 });
     // Text: a one-line summary on stdout, the bad lines on stderr.
