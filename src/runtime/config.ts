@@ -248,7 +248,11 @@ const NOT_READ_IN_PROCESS = /^(OTEL_|HTTP_|ADMIN_|CONSOLE_)|^STRIPE_WEBHOOK_SECR
 /** loadConfig for a worker inside the application, whose process may set the variables it never reads
  * for itself, with values of its own (an OTLP exporter over gRPC, say): they are not judged. */
 export function loadInProcessConfig(env: NodeJS.ProcessEnv = process.env): Config {
-  return loadConfig(Object.fromEntries(Object.entries(env).filter(([name]) => !NOT_READ_IN_PROCESS.test(name))));
+  const read = Object.entries(env).filter(([name]) => !NOT_READ_IN_PROCESS.test(name));
+  // The application's own LOG_LEVEL may name a level of its logger's (`warning`, `verbose`): the worker's
+  // log then keeps its default rather than refuse to start.
+  const ours = (name: string, value: string | undefined) => name !== 'LOG_LEVEL' || envSchema.shape.LOG_LEVEL.safeParse(value).success;
+  return loadConfig(Object.fromEntries(read.filter(([name, value]) => ours(name, value))));
 }
 
 /**

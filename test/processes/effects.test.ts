@@ -678,8 +678,8 @@ describe('startWorker: the dispatcher inside the application’s process', () =>
     expect((await appPool.query('select 1 as ok')).rows[0].ok).toBe(1); // the application's pool is not ended
   });
 
-  it("starts in a process whose own settings of what it never reads (tracing over gRPC, its HTTP port) a worker process would refuse", async () => {
-    const own = { OTEL_EXPORTER_OTLP_PROTOCOL: 'grpc', OTEL_EXPORTER_OTLP_ENDPOINT: 'grpc://collector:4317', HTTP_PORT: '80800', ADMIN_TOKEN: 'short' };
+  it("starts in a process whose own settings of what it never reads (tracing over gRPC, its HTTP port, its logger's level) a worker process would refuse", async () => {
+    const own = { OTEL_EXPORTER_OTLP_PROTOCOL: 'grpc', OTEL_EXPORTER_OTLP_ENDPOINT: 'grpc://collector:4317', HTTP_PORT: '80800', ADMIN_TOKEN: 'short', LOG_LEVEL: 'warning' };
     Object.assign(process.env, own);
     const o = new Outboxd({ connectionString: t.url });
     const judged = new Outboxd({ connectionString: t.url });
