@@ -4,7 +4,7 @@
 import type { Pool } from '../db/pool.ts';
 import type { PaymentGateway } from '../stripe/gateway.ts';
 import type { Operation } from '../types/operation.ts';
-import type { Drift } from '../types/kind.ts';
+import { DRIFT_PAGE, type Drift } from '../types/kind.ts';
 import { inBackground } from '../stripe/budgetedGateway.ts';
 import { evidenceOf } from '../kinds/index.ts';
 
@@ -18,8 +18,7 @@ export async function driftReport(pool: Pool, budgeted: PaymentGateway, since: D
   // A report yields to the dispatchers in the fleet's Stripe budget.
   const gateway = inBackground(budgeted);
   const kinds = evidenceOf(gateway);
-  const succeededOps: Operation[] = (await pool.query(pool.sql.succeededSince(since, kinds.map((k) => k.kind)))).rows;
-  const compared = new Set(succeededOps.map((o) => o.id));
+  const compared = new Set<string>();
   const report: DriftReport = { since: since.toISOString(), operations: 0, drift: [] };
   const drift: Drift[] = [];
   for (const { kind, evidence } of kinds) {
@@ -27,11 +26,23 @@ export async function driftReport(pool: Pool, budgeted: PaymentGateway, since: D
       since,
       operations: async (ids) => (await pool.query(pool.sql.operationsByIds(ids))).rows,
       byExternalIds: async (of, ids) => (await pool.query(pool.sql.operationsByExternalIds(of, ids))).rows,
-      succeeded: succeededOps.filter((o) => o.kind === kind),
+      succeeded: () => succeededPages(pool, since, kind, (id) => compared.add(id)),
     });
     report[part.label] = part.listed;
     for (const id of part.operationIds) compared.add(id);
     drift.push(...part.drift);
   }
   return { ...report, operations: compared.size, drift };
+}
+
+/** A kind's succeeded operations settled since `since`, DRIFT_PAGE at a time, each id told to `seen`. */
+async function* succeededPages(pool: Pool, since: Date, kind: string, seen: (id: string) => void): AsyncIterable<Operation[]> {
+  let after: string | null = null;
+  for (;;) {
+    const rows: Operation[] = (await pool.query(pool.sql.succeededSince(since, kind, after, DRIFT_PAGE))).rows;
+    for (const op of rows) seen(op.id);
+    if (rows.length > 0) yield rows;
+    if (rows.length < DRIFT_PAGE) return;
+    after = rows.at(-1)!.id;
+  }
 }

@@ -51,11 +51,16 @@ export const reconcileStatements = ({ UNSETTLED, boss, operationColumns, s, stat
     `select ${operationColumns()} from ${s}.payment_operations where kind = $1 and external_id = any($2::text[])`,
   ),
 
-  /** Succeeded operations of these kinds settled since a time: each must have its charge (refund) in
-   * Stripe. Of the kinds Stripe knows only: an application's effects, with payloads and results of up to
-   * 64 KiB, are compared with nothing there. */
-  succeededSince: statement<[since: Date, kinds: string[]]>(
+  /** Succeeded operations of a kind settled since a time, $4 after the operation $3 in (settled_at, id)
+   * order: each must have its charge (refund) in Stripe. Of the kinds Stripe knows only: an application's
+   * effects, with payloads and results of up to 64 KiB, are compared with nothing there. */
+  succeededSince: statement<[since: Date, kind: string, afterId: string | null, limit: number]>(
     'outboxd_succeeded_since',
-    `select ${operationColumns()} from ${s}.payment_operations where status = 'succeeded' and settled_at >= $1 and kind = any($2::text[])`,
+    `with cursor as (select settled_at, id from ${s}.payment_operations where id = $3)
+     select ${operationColumns('o')} from ${s}.payment_operations o
+     where o.status = 'succeeded' and o.kind = $2 and o.settled_at >= $1
+       and ($3::uuid is null or (o.settled_at >= (select settled_at from cursor) and (o.settled_at, o.id) > (select settled_at, id from cursor)))
+     order by o.settled_at, o.id
+     limit $4`,
   ),
 });

@@ -69,14 +69,18 @@ export interface Drift {
 }
 
 /** What the drift report hands each kind: the operations it may need, read once for every kind. */
+/** How many operations the drift report reads at once: a month of a busy account's would not fit in a
+ * replica's memory together. */
+export const DRIFT_PAGE = 1000;
+
 export interface DriftContext {
   since: Date;
-  /** The operations with these ids (those its listed objects name). */
+  /** The operations with these ids (those its listed objects name): ask DRIFT_PAGE ids at a time. */
   operations(ids: string[]): Promise<Operation[]>;
   /** The operations of `kind` that these provider objects carried out. */
   byExternalIds(kind: string, externalIds: string[]): Promise<Operation[]>;
-  /** Its succeeded operations since `since`. */
-  succeeded: Operation[];
+  /** Its succeeded operations since `since`, DRIFT_PAGE at a time. */
+  succeeded(): AsyncIterable<Operation[]>;
 }
 
 /** How the provider's objects match and settle a kind's operations: ONE rule, used by its calls, the

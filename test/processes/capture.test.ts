@@ -489,4 +489,21 @@ describe('the drift report', () => {
       expect.objectContaining({ kind: 'released_hold', operationId: lost.charge, chargeIds: [lost.pi] }),
     ]);
   });
+
+  it("a capture's PaymentIntent Stripe does not answer for (a 5xx) fails the report instead of calling the capture missing", async () => {
+    await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '1 hour' where settled_at is not null`);
+    const since = new Date(Date.now() - 1_000);
+    const captured = await held();
+    const { operationId } = await capture({ chargeOperationId: captured.charge, key: 'five-hundred' });
+    expect((await run(operationId)).operation.status).toBe('succeeded');
+    // The charge's own settlement predates the window: only the capture is compared, by a retrieve.
+    await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '1 hour' where id = $1`, [captured.charge]);
+    e.emulator.addFault({ endpoint: 'retrieve', fault: { kind: 'error_before_commit', status: 500 }, count: Infinity });
+    try {
+      await expect(driftReport(t.pool, e.gateway(), since)).rejects.toThrow();
+    } finally {
+      e.emulator.clearFaults();
+    }
+    expect((await driftReport(t.pool, e.gateway(), since)).drift.filter((d) => d.operationId === operationId)).toEqual([]);
+  });
 });

@@ -161,6 +161,26 @@ describe('drift report', () => {
     }
   });
 
+  it('reads the succeeded operations a page at a time: each of 2,001 settled at the same instant compared once', async () => {
+    const since = new Date(Date.now() + 120_000);
+    const at = new Date(since.getTime() + 1_000);
+    const { rows } = await t.pool.query(
+      `insert into outboxd.payment_operations (kind, policy, order_id, amount, currency, customer_id, payment_method, status, external_id, settled_at)
+       select 'charge', 'idempotent-key', 'drift-page-' || i, 100, 'eur', 'cus_p', 'pm_card_visa', 'succeeded', 'pi_paged' || i, $1
+       from generate_series(1, 2001) i returning id`,
+      [at],
+    );
+    try {
+      const report = await driftReport(t.pool, e.gateway(), since);
+      expect(report.operations).toBe(2001);
+      const missing = report.drift.filter((d) => d.kind === 'missing_charge').map((d) => d.operationId);
+      expect(missing).toHaveLength(2001);
+      expect(new Set(missing)).toEqual(new Set(rows.map((r) => r.id)));
+    } finally {
+      await t.pool.query(`delete from outboxd.payment_operations where id = any($1::uuid[])`, [rows.map((r) => r.id)]);
+    }
+  });
+
   it("reads and counts only the operations of kinds Stripe knows, not an application's effects", async () => {
     const since = new Date(Date.now() - 1000);
     const op = await confirm(t);

@@ -281,8 +281,13 @@ export const DRIFT_WINDOWS: [hours: number, label: string][] = [
   [720, 'the last 30 days'],
 ];
 
+/** Findings a drift page shows: a report of a disaster can hold one per operation of the month, and the
+ * page is one string in the replica's memory. The CLI gives them all. */
+const DRIFT_SHOWN = 500;
+
 export function driftPage(opts: { hours: number; report: DriftReport | undefined }): Safe {
   const r = opts.report;
+  const hidden = r ? r.drift.length - DRIFT_SHOWN : 0;
   return html`<h1>Drift report</h1>
 <p class="lede">Stripe's charges against the operations: money that moved without a succeeded operation to show for it, or a succeeded operation without its money. It lists Stripe's charges of the period (API calls, so it runs on request).</p>
 <form method="get" action="/console/drift" class="inline">
@@ -299,9 +304,10 @@ ${r
     ? html`<p class="good-text">Stripe and the operations agree.</p>`
     : html`<div class="table-wrap"><table class="data">
     <thead><tr><th scope="col">Finding</th><th scope="col">Operation</th><th scope="col">Stripe objects</th><th scope="col">Detail</th></tr></thead>
-    <tbody>${r.drift.map(
+    <tbody>${r.drift.slice(0, DRIFT_SHOWN).map(
       (d) => html`<tr><td>${statusPill(d.kind)}</td><td>${d.operationId ? opLink(d.operationId) : html`<span class="muted">none</span>`}</td><td class="mono">${d.chargeIds.join(', ')}</td><td>${d.detail}</td></tr>`,
-    )}</tbody></table></div>`}
+    )}</tbody></table></div>
+    ${hidden > 0 ? html`<p class="muted">The first ${DRIFT_SHOWN} are shown; <code>outboxd reconcile --report --since ${opts.hours}h --json</code> lists all of them, ${hidden} more.</p>` : nothing}`}
 </section>`
   : nothing}`;
 }

@@ -2,7 +2,7 @@
 // the webhooks, a person's resolution and the drift report.
 import type { Operation } from '../../types/operation.ts';
 import { isOperationId, isSettled } from '../../types/operation.ts';
-import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
+import { DRIFT_PAGE, type Drift, type DriftContext, type KindEvidence, type KindNaming, type ProviderObject, type Refuse } from '../../types/kind.ts';
 import { accountOf, FAILED_CHARGE_STATUSES, idempotencyKeyFor, unlessRejected, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
 import type { ChargePayload } from './input.ts';
 import type { Queryable } from '../../db/pool.ts';
@@ -147,42 +147,48 @@ async function noCharge(gateway: PaymentGateway, op: Operation, reason: string, 
  */
 async function chargeDrift(gateway: PaymentGateway, { since, operations, byExternalIds, succeeded }: DriftContext) {
   const charges = (await gateway.listCharges(since)).filter((c) => c.operationId !== undefined);
-  const ids = [...new Set(charges.map((c) => c.operationId!))].filter(isOperationId);
-  const ops = new Map((await operations(ids)).map((o) => [o.id, o]));
   const drift: Drift[] = [];
-
   const byOperation = new Map<string, typeof charges>();
   for (const c of charges) byOperation.set(c.operationId!, [...(byOperation.get(c.operationId!) ?? []), c]);
+  const named = [...byOperation];
+  const compared: string[] = [];
 
-  for (const [operationId, list] of byOperation) {
-    const found = ops.get(operationId);
-    const op = found?.kind === CHARGE ? found : undefined;
-    const paid = list.filter((c) => c.status === 'succeeded');
-    if (!op) {
-      drift.push({ kind: 'orphan_charge', operationId, chargeIds: list.map((c) => c.id), detail: 'no operation with this id' });
-      continue;
-    }
-    if (paid.length > 1) {
-      drift.push({ kind: 'duplicate_charge', operationId, chargeIds: paid.map((c) => c.id), detail: `${paid.length} succeeded charges for one operation` });
-    }
-    if (paid.length > 0 && op.status !== 'succeeded') {
-      drift.push({ kind: 'charged_not_succeeded', operationId, chargeIds: paid.map((c) => c.id), detail: `operation is ${op.status}` });
-    }
-    for (const c of list) {
-      if (c.amount !== op.amount || c.currency !== op.currency) {
-        drift.push({ kind: 'amount_mismatch', operationId, chargeIds: [c.id], detail: `charge ${c.amount} ${c.currency}, operation ${op.amount} ${op.currency}` });
+  for (let page = 0; page < named.length; page += DRIFT_PAGE) {
+    const batch = named.slice(page, page + DRIFT_PAGE);
+    const ops = new Map((await operations(batch.map(([id]) => id).filter(isOperationId))).map((o) => [o.id, o]));
+    compared.push(...ops.keys());
+    for (const [operationId, list] of batch) {
+      const found = ops.get(operationId);
+      const op = found?.kind === CHARGE ? found : undefined;
+      const paid = list.filter((c) => c.status === 'succeeded');
+      if (!op) {
+        drift.push({ kind: 'orphan_charge', operationId, chargeIds: list.map((c) => c.id), detail: 'no operation with this id' });
+        continue;
+      }
+      if (paid.length > 1) {
+        drift.push({ kind: 'duplicate_charge', operationId, chargeIds: paid.map((c) => c.id), detail: `${paid.length} succeeded charges for one operation` });
+      }
+      if (paid.length > 0 && op.status !== 'succeeded') {
+        drift.push({ kind: 'charged_not_succeeded', operationId, chargeIds: paid.map((c) => c.id), detail: `operation is ${op.status}` });
+      }
+      for (const c of list) {
+        if (c.amount !== op.amount || c.currency !== op.currency) {
+          drift.push({ kind: 'amount_mismatch', operationId, chargeIds: [c.id], detail: `charge ${c.amount} ${c.currency}, operation ${op.amount} ${op.currency}` });
+        }
       }
     }
   }
   const listed = new Map(charges.map((c) => [c.id, c]));
   const released: Operation[] = [];
-  for (const op of succeeded) {
-    // It may predate `since`, or be on a connected account (the listing is the platform's): retrieve it
-    // there before calling it missing.
-    const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveCharge(op.external_id, accountOf(op)).catch(unlessRejected))) : undefined;
-    if (found && chargeSettles(op, found) === 'succeeded') continue;
-    if (found && isAuthorization(op) && found.status === 'canceled') released.push(op);
-    else drift.push({ kind: 'missing_charge', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `charge is ${found.status}` : 'charge not found' });
+  for await (const page of succeeded()) {
+    for (const op of page) {
+      // It may predate `since`, or be on a connected account (the listing is the platform's): retrieve it
+      // there before calling it missing.
+      const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveCharge(op.external_id, accountOf(op)).catch(unlessRejected))) : undefined;
+      if (found && chargeSettles(op, found) === 'succeeded') continue;
+      if (found && isAuthorization(op) && found.status === 'canceled') released.push(op);
+      else drift.push({ kind: 'missing_charge', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `charge is ${found.status}` : 'charge not found' });
+    }
   }
   // An authorization released in Stripe is accounted for by a succeeded cancel of it (outboxd's, or the
   // one its webhook recorded); without one, the application still believes the funds are held.
@@ -192,5 +198,5 @@ async function chargeDrift(gateway: PaymentGateway, { since, operations, byExter
       drift.push({ kind: 'released_hold', operationId: op.id, chargeIds: [op.external_id!], detail: 'the authorization was released in Stripe (expired or cancelled), and no cancel operation records it' });
     }
   }
-  return { listed: charges.length, label: 'charges', drift, operationIds: [...ops.keys()] };
+  return { listed: charges.length, label: 'charges', drift, operationIds: compared };
 }

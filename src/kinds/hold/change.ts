@@ -4,8 +4,8 @@
 // refuses the second (payment_intent_unexpected_state), so sending the change again cannot move money
 // twice, even once its key is forgotten: the key only replays the first answer.
 import type { EffectCalls, KindEvidence, KindNaming, Refuse } from '../../types/kind.ts';
-import { isOperationId, type Operation, type Outcome } from '../../types/operation.ts';
-import { accountOf, namingNoIntent, Rejected, type Charge, type PaymentGateway, type StripeAccount } from '../../stripe/gateway.ts';
+import type { Operation, Outcome } from '../../types/operation.ts';
+import { accountOf, namingNoIntent, Rejected, unlessRejected, type Charge, type PaymentGateway, type StripeAccount } from '../../stripe/gateway.ts';
 
 /** What a capture or a cancel keeps in its payload: the charge's PaymentIntent and account, the
  * caller's key as given (effect_key is `<charge operation id>/<key>`), and a cancel's reason. */
@@ -101,14 +101,20 @@ export function changeEvidence(rules: ChangeRules, gateway: PaymentGateway): Kin
       // Each succeeded change against what its PaymentIntent shows now, retrieved one by one (the charges'
       // listing covers the PaymentIntents themselves): `listed` counts those retrieved.
       const drift = [];
-      for (const op of succeeded) {
-        const pi = await gateway.retrieveCharge(changePayloadOf(op).payment_intent, accountOf(op)).catch(() => undefined);
-        const settled = pi && rules.settles(op, pi);
-        if (!settled || !('status' in settled) || settled.status !== 'succeeded') {
-          drift.push({ kind: `missing_${rules.kind}`, operationId: op.id, chargeIds: pi ? [pi.id] : [], detail: pi ? `payment intent is ${pi.status}` : 'payment intent not found' });
+      let listed = 0;
+      for await (const page of succeeded()) {
+        for (const op of page) {
+          listed++;
+          // Only Stripe's refusal makes it missing: any other failure fails the report (as the charges').
+          const pi = await gateway.retrieveCharge(changePayloadOf(op).payment_intent, accountOf(op)).catch(unlessRejected);
+          const settled = pi && rules.settles(op, pi);
+          if (!settled || !('status' in settled) || settled.status !== 'succeeded') {
+            drift.push({ kind: `missing_${rules.kind}`, operationId: op.id, chargeIds: pi ? [pi.id] : [], detail: pi ? `payment intent is ${pi.status}` : 'payment intent not found' });
+          }
         }
       }
-      return { listed: succeeded.length, label: `${rules.kind}s`, drift, operationIds: succeeded.map((o) => o.id).filter(isOperationId) };
+      // The succeeded ones are counted as compared by the report itself, as it reads them.
+      return { listed, label: `${rules.kind}s`, drift, operationIds: [] };
     },
   };
 }

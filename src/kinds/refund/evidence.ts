@@ -1,6 +1,6 @@
 // How a Refund matches and settles a refund operation: one rule, used by the refund's own calls, the
 // webhooks, a person's resolution and the drift report.
-import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
+import { DRIFT_PAGE, type Drift, type DriftContext, type KindEvidence, type KindNaming, type ProviderObject, type Refuse } from '../../types/kind.ts';
 import { isOperationId, type Operation } from '../../types/operation.ts';
 import { accountOf, FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, unlessRejected, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
 import { CHARGE } from '../charge/evidence.ts';
@@ -93,33 +93,40 @@ async function refundDrift(gateway: PaymentGateway, { since, operations, byExter
     const charge = ours.find((o) => o.external_id === r.paymentIntent);
     if (charge) drift.push({ kind: 'orphan_refund', operationId: null, chargeIds: [r.id], detail: `refunds ${r.amount} ${r.currency} of charge operation ${charge.id} without naming a refund operation` });
   }
-  const ids = [...new Set(refunds.flatMap((r) => (r.operationId === undefined ? [] : [r.operationId])))].filter(isOperationId);
-  const ops = new Map((await operations(ids)).map((o) => [o.id, o]));
   const byOperation = new Map<string, Refund[]>();
   for (const r of refunds) if (r.operationId !== undefined) byOperation.set(r.operationId, [...(byOperation.get(r.operationId) ?? []), r]);
-  for (const [operationId, list] of byOperation) {
-    const op = ops.get(operationId);
-    if (op?.kind !== REFUND) {
-      drift.push({ kind: 'orphan_refund', operationId, chargeIds: list.map((r) => r.id), detail: op ? `names a ${op.kind} operation` : 'no operation with this id' });
-      continue;
-    }
-    const live = list.filter((r) => r.status !== 'failed' && r.status !== 'canceled');
-    if (live.length > 1) drift.push({ kind: 'duplicate_refund', operationId, chargeIds: live.map((r) => r.id), detail: `${live.length} refunds for one operation` });
-    const done = list.filter((r) => r.status === 'succeeded');
-    if (done.length > 0 && op.status !== 'succeeded') drift.push({ kind: 'refunded_not_succeeded', operationId, chargeIds: done.map((r) => r.id), detail: `operation is ${op.status}` });
-    for (const r of list) {
-      if (r.amount !== op.amount || r.currency !== op.currency || r.paymentIntent !== payloadOf(op).payment_intent) {
-        drift.push({ kind: 'amount_mismatch', operationId, chargeIds: [r.id], detail: `refund ${r.amount} ${r.currency} of ${r.paymentIntent}, operation ${op.amount} ${op.currency}` });
+  const named = [...byOperation];
+  const compared: string[] = [];
+  for (let page = 0; page < named.length; page += DRIFT_PAGE) {
+    const batch = named.slice(page, page + DRIFT_PAGE);
+    const ops = new Map((await operations(batch.map(([id]) => id).filter(isOperationId))).map((o) => [o.id, o]));
+    compared.push(...ops.keys());
+    for (const [operationId, list] of batch) {
+      const op = ops.get(operationId);
+      if (op?.kind !== REFUND) {
+        drift.push({ kind: 'orphan_refund', operationId, chargeIds: list.map((r) => r.id), detail: op ? `names a ${op.kind} operation` : 'no operation with this id' });
+        continue;
+      }
+      const live = list.filter((r) => r.status !== 'failed' && r.status !== 'canceled');
+      if (live.length > 1) drift.push({ kind: 'duplicate_refund', operationId, chargeIds: live.map((r) => r.id), detail: `${live.length} refunds for one operation` });
+      const done = list.filter((r) => r.status === 'succeeded');
+      if (done.length > 0 && op.status !== 'succeeded') drift.push({ kind: 'refunded_not_succeeded', operationId, chargeIds: done.map((r) => r.id), detail: `operation is ${op.status}` });
+      for (const r of list) {
+        if (r.amount !== op.amount || r.currency !== op.currency || r.paymentIntent !== payloadOf(op).payment_intent) {
+          drift.push({ kind: 'amount_mismatch', operationId, chargeIds: [r.id], detail: `refund ${r.amount} ${r.currency} of ${r.paymentIntent}, operation ${op.amount} ${op.currency}` });
+        }
       }
     }
   }
   const listed = new Map(refunds.map((r) => [r.id, r]));
-  for (const op of succeeded) {
-    // It may predate `since`: retrieve it before calling it missing.
-    const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveRefund(op.external_id, accountOf(op)).catch(unlessRejected))) : undefined;
-    if (!found || found.status !== 'succeeded') {
-      drift.push({ kind: 'missing_refund', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `refund is ${found.status}` : 'refund not found' });
+  for await (const page of succeeded()) {
+    for (const op of page) {
+      // It may predate `since`: retrieve it before calling it missing.
+      const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveRefund(op.external_id, accountOf(op)).catch(unlessRejected))) : undefined;
+      if (!found || found.status !== 'succeeded') {
+        drift.push({ kind: 'missing_refund', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `refund is ${found.status}` : 'refund not found' });
+      }
     }
   }
-  return { listed: refunds.length, label: 'refunds', drift, operationIds: [...ops.keys()] };
+  return { listed: refunds.length, label: 'refunds', drift, operationIds: compared };
 }
