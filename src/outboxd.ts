@@ -305,9 +305,12 @@ export class Outboxd {
   defineEffect(kind: string, definition: EffectDefinition): void {
     if (this.#worker) throw new Error('define every effect before startWorker');
     const valid = validDefinition(kind, definition, RESERVED_KINDS);
-    // Two modules defining one kind differently would run whichever came last; the same one twice is harmless.
+    // Two modules defining one kind differently would run whichever came last; the same one twice (its
+    // functions and settings, in a literal of its own or not) is harmless.
     const defined = this.#effects.get(kind);
-    if (defined !== undefined && defined !== valid) throw new TypeError(`the effect kind ${kind} is already defined here, differently`);
+    const same = (a: EffectDefinition, b: EffectDefinition) =>
+      a.policy === b.policy && a.execute === b.execute && a.check === b.check && a.timeoutMs === b.timeoutMs;
+    if (defined !== undefined && !same(defined, valid)) throw new TypeError(`the effect kind ${kind} is already defined here, differently`);
     this.#effects.set(kind, valid);
   }
 

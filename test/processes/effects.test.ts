@@ -125,7 +125,9 @@ describe('defining an effect: its policy is declared, and checked', () => {
     const def: EffectDefinition = { policy: 'at-least-once', execute };
     o.defineEffect('receipt', def);
     o.defineEffect('receipt', def);
+    o.defineEffect('receipt', { policy: 'at-least-once', execute }); // a setup run twice, a literal each time
     expect(() => o.defineEffect('receipt', { policy: 'at-least-once', execute: async () => 'other' })).toThrow(/receipt is already defined here, differently/);
+    expect(() => o.defineEffect('receipt', { policy: 'at-least-once', execute, timeoutMs: 5 })).toThrow(/receipt is already defined here, differently/);
   });
 });
 
