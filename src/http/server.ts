@@ -41,12 +41,21 @@ export function sendJson(res: ServerResponse, status: number, body: unknown): vo
   res.end(text);
 }
 
-/** The request's body, refused past `limitBytes` (413); with `deadlineMs`, a body still arriving then is
- * dropped with its connection (a trickle would hold what it has buffered, and its handler's place). */
-export async function readBody(req: IncomingMessage, limitBytes = 1 << 20, deadlineMs?: number): Promise<Buffer> {
+/**
+ * The request's body, refused past `limitBytes` (413). With `deadlineMs`, a body still arriving then is
+ * dropped with its connection (a trickle would hold what it has buffered). With `hold`, each chunk is
+ * first held against a budget shared with other requests (its caller gives it back): refused there, the
+ * request is answered `refusal`.
+ */
+export async function readBody(
+  req: IncomingMessage,
+  limitBytes = 1 << 20,
+  opts: { deadlineMs?: number; hold?: (bytes: number) => boolean; refusal?: () => HttpError } = {},
+): Promise<Buffer> {
   const tooLarge = () => new HttpError(413, 'too_large', `body over ${limitBytes} bytes`);
   // Refused before a byte is read when the client announces it; counted as it arrives otherwise (chunked).
   if (Number(req.headers['content-length']) > limitBytes) throw tooLarge();
+  const { deadlineMs, hold } = opts;
   const late = deadlineMs === undefined ? undefined : setTimeout(() => req.destroy(new HttpError(408, 'too_slow', `body not received within ${deadlineMs} ms`)), deadlineMs);
   const chunks: Buffer[] = [];
   let size = 0;
@@ -55,6 +64,7 @@ export async function readBody(req: IncomingMessage, limitBytes = 1 << 20, deadl
     for await (const chunk of req.iterator({ destroyOnReturn: false })) {
       size += (chunk as Buffer).length;
       if (size > limitBytes) throw tooLarge();
+      if (hold && !hold((chunk as Buffer).length)) throw opts.refusal?.() ?? new HttpError(503, 'busy', 'too many bodies being read here');
       chunks.push(chunk as Buffer);
     }
   } finally {

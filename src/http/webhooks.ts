@@ -3,13 +3,16 @@ import { receiveStripeEvent, type InboxDeps } from '../webhooks/inbox.ts';
 import type { Logger } from '../telemetry/log.ts';
 import { HttpError, readBody, sendJson, type Route } from './server.ts';
 
-/** Webhook requests one replica reads and handles at once. Anyone can send them, and each buffers up to
- * 1 MiB before its signature is checked (a few hundred at once would take a replica past its memory
- * limit), then takes the pool's connections, which the dispatcher needs. Past it: 503, and Stripe sends
- * the event again later. */
-const MAX_IN_FLIGHT = 16;
-/** Stripe sends an event's body at once: one still arriving after this is a trickle holding a place. */
-const BODY_DEADLINE_MS = 10_000;
+/** Bytes of webhook bodies one replica holds while reading them, before their signatures are checked:
+ * anyone can send them, each up to 1 MiB, and a few hundred held at once would take a replica past its
+ * memory limit. A request that would go past it is answered 503, and Stripe delivers the event again
+ * later. Holding it full takes a sender this much every BODY_DEADLINE_MS. */
+const MAX_UNVERIFIED_BYTES = 32 << 20;
+/** Stripe sends an event's body at once: one still arriving after this is a trickle holding bytes. */
+const BODY_DEADLINE_MS = 5_000;
+/** Signed events one replica handles at once: each takes the pool's connections, which the dispatcher
+ * needs, and may retrieve from Stripe. Beyond: 503, and Stripe delivers it again later. */
+const MAX_HANDLING = 16;
 /** A replica says it refused webhooks at most this often. */
 const BUSY_LOG_EVERY_MS = 60_000;
 
@@ -17,33 +20,50 @@ const BUSY_LOG_EVERY_MS = 60_000;
  * against each endpoint's secret in turn: Stripe signs a connected accounts' endpoint with a secret of its
  * own, apart from the platform's. */
 export function webhookRoutes(
-  deps: InboxDeps & { secrets: readonly string[]; maxInFlight?: number; bodyDeadlineMs?: number },
+  deps: InboxDeps & { secrets: readonly string[]; maxUnverifiedBytes?: number; maxHandling?: number; bodyDeadlineMs?: number },
 ): Route[] {
-  const { secrets, maxInFlight = MAX_IN_FLIGHT, bodyDeadlineMs = BODY_DEADLINE_MS } = deps;
+  const { secrets, maxUnverifiedBytes = MAX_UNVERIFIED_BYTES, maxHandling = MAX_HANDLING, bodyDeadlineMs = BODY_DEADLINE_MS } = deps;
   if (secrets.length === 0) return [];
-  let inFlight = 0;
+  let unverifiedBytes = 0;
+  let handling = 0;
   let busySaidAt = -Infinity;
+  const busy = (what: string) => {
+    if (performance.now() - busySaidAt >= BUSY_LOG_EVERY_MS) {
+      busySaidAt = performance.now();
+      deps.log.warn({ maxUnverifiedBytes, maxHandling }, `stripe webhook refused (503): ${what}; Stripe sends it again`);
+    }
+    return new HttpError(503, 'busy', `${what} here: send it again`, { retryAfterSeconds: 1 });
+  };
   return [
     [
       'POST',
       '/webhooks/stripe',
       async ({ req, res }) => {
-        if (inFlight >= maxInFlight) {
-          if (performance.now() - busySaidAt >= BUSY_LOG_EVERY_MS) {
-            busySaidAt = performance.now();
-            deps.log.warn({ maxInFlight }, 'stripe webhook refused (503): this replica handles as many already; Stripe sends it again');
-          }
-          throw new HttpError(503, 'busy', `${maxInFlight} webhook requests in progress here: send it again`, { retryAfterSeconds: 1 });
-        }
-        inFlight++;
+        let held = 0;
+        let raw: Buffer;
         try {
-          const raw = await readBody(req, undefined, bodyDeadlineMs);
-          const event = verified(raw, String(req.headers['stripe-signature'] ?? ''), secrets, deps.log);
-          if (!event) return sendJson(res, 400, { error: 'bad_signature', message: 'Stripe-Signature does not verify' });
+          raw = await readBody(req, undefined, {
+            deadlineMs: bodyDeadlineMs,
+            hold: (bytes) => {
+              if (unverifiedBytes + bytes > maxUnverifiedBytes) return false;
+              unverifiedBytes += bytes;
+              held += bytes;
+              return true;
+            },
+            refusal: () => busy('too many webhook bodies being read'),
+          });
+        } finally {
+          unverifiedBytes -= held;
+        }
+        const event = verified(raw, String(req.headers['stripe-signature'] ?? ''), secrets, deps.log);
+        if (!event) return sendJson(res, 400, { error: 'bad_signature', message: 'Stripe-Signature does not verify' });
+        if (handling >= maxHandling) throw busy(`${maxHandling} webhook events in progress`);
+        handling++;
+        try {
           const result = await receiveStripeEvent(deps, event);
           sendJson(res, 200, { received: true, result });
         } finally {
-          inFlight--;
+          handling--;
         }
       },
     ],

@@ -11,6 +11,8 @@ import { adminRoutes } from '../../src/http/admin.ts';
 import { HttpError, readBody, sendJson, startHttpServer, type HttpServer } from '../../src/http/server.ts';
 import { webhookRoutes } from '../../src/http/webhooks.ts';
 import { rawRequest } from '../support/rawHttp.ts';
+import { createTestDatabase } from '../support/db.ts';
+import { startEmulator } from '../support/emulator.ts';
 
 const TOKEN = 'test-admin-token-0123456789';
 const SECRET = 'whsec_http_test';
@@ -127,24 +129,68 @@ describe('malformed requests', () => {
 });
 
 describe('the webhook endpoint under a flood of requests anyone can send', () => {
-  it('reads and handles a bounded number at once (beyond: 503, connection closed), and drops a body still trickling in at its deadline', async () => {
-    const routes = webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET], maxInFlight: 2, bodyDeadlineMs: 1_500 });
+  const post = (port: number, body: string, signature = 't=1,v1=00') =>
+    fetch(`http://127.0.0.1:${port}/webhooks/stripe`, { method: 'POST', body, headers: { 'Stripe-Signature': signature } });
+
+  it('holds a bounded number of unsigned bytes (beyond: 503, connection closed); a body still trickling in is dropped at its deadline', async () => {
+    const routes = webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET], maxUnverifiedBytes: 10, bodyDeadlineMs: 1_500 });
     const server = await startHttpServer(0, routes, '127.0.0.1', log);
     try {
-      const post = (body: string) => fetch(`http://127.0.0.1:${server.port}/webhooks/stripe`, { method: 'POST', body, headers: { 'Stripe-Signature': 't=1,v1=00' } });
-      // Two bodies that never finish arriving: each holds a place.
+      // Two bodies that never finish arriving: 3 bytes held each.
       const trickles = [1, 2].map(() => rawRequest(server.port, 'POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nabc', { timeoutMs: 10_000 }));
       let refused: Response | undefined;
-      await expect.poll(async () => (refused = await post('{}')).status, { timeout: 1_000 }).toBe(503);
+      await expect.poll(async () => (refused = await post(server.port, '{"a":12}')).status, { timeout: 1_000 }).toBe(503);
       expect(refused!.headers.get('retry-after')).toBe('1');
       expect(refused!.headers.get('connection')).toBe('close');
       expect(await refused!.json()).toMatchObject({ error: 'busy' });
-      expect(logged.some((l) => l.msg?.toString().startsWith('stripe webhook refused (503)'))).toBe(true);
-      // At the deadline each trickle's connection is dropped unanswered, and its place is free again.
+      expect(logged.some((l) => l.msg?.toString().startsWith('stripe webhook refused (503): too many webhook bodies being read'))).toBe(true);
+      expect((await post(server.port, '{}')).status).toBe(400); // what still fits is read, its signature refused
+      // At the deadline each trickle's connection is dropped unanswered, and what it held is free again.
       for (const t of await Promise.all(trickles)) expect(t).toMatchObject({ status: null, closed: true });
-      expect((await post('{}')).status).toBe(400); // read, and its signature refused
+      expect((await post(server.port, '{"a":12}')).status).toBe(400);
     } finally {
       await server.close();
+    }
+  });
+
+  it('connections that send no body hold nothing: a request beside twenty of them is read at once', async () => {
+    const routes = webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET], bodyDeadlineMs: 1_500 });
+    const server = await startHttpServer(0, routes, '127.0.0.1', log);
+    try {
+      const idle = Array.from({ length: 20 }, () => rawRequest(server.port, 'POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n', { timeoutMs: 10_000 }));
+      expect((await post(server.port, '{}')).status).toBe(400);
+      await Promise.all(idle);
+    } finally {
+      await server.close();
+    }
+  });
+
+  it('handles a bounded number of signed events at once (beyond: 503), each waiting for the pool', async () => {
+    const [db, emu] = await Promise.all([createTestDatabase(), startEmulator()]);
+    const pool = createPool(db.url, { schema: 'outboxd', max: 1 });
+    const client = await pool.connect(); // the pool's one connection: each event waits for it
+    let released = false;
+    const release = () => {
+      if (!released) client.release();
+      released = true;
+    };
+    const routes = webhookRoutes({ pool, gateway: emu.gateway(), log, secrets: [SECRET], maxHandling: 2 });
+    const server = await startHttpServer(0, routes, '127.0.0.1', log);
+    try {
+      const event = (id: string) => JSON.stringify({ id, object: 'event', type: 'payment_intent.succeeded', created: 1_700_000_000, livemode: false, data: { object: { id: 'pi_none', object: 'payment_intent', status: 'succeeded', metadata: {} } } });
+      const signedPost = (id: string) => post(server.port, event(id), Stripe.webhooks.generateTestHeaderString({ payload: event(id), secret: SECRET }));
+      const waiting = [signedPost('evt_wait_1'), signedPost('evt_wait_2')];
+      let refused: Response | undefined;
+      await expect.poll(async () => (refused = await signedPost('evt_third')).status, { timeout: 2_000 }).toBe(503);
+      expect(await refused!.json()).toMatchObject({ error: 'busy', message: expect.stringMatching(/2 webhook events in progress/) });
+      release();
+      expect((await Promise.all(waiting)).map((r) => r.status)).toEqual([200, 200]);
+      expect((await signedPost('evt_third')).status).toBe(200);
+    } finally {
+      release();
+      await server.close();
+      await pool.end();
+      await Promise.all([db.close(), emu.close()]);
     }
   });
 });
