@@ -10,7 +10,18 @@ import { recordAudit } from './audit.ts';
 import { showOperation } from './operations.ts';
 import { ResolutionRefused } from './resolve.ts';
 
-export async function acknowledgeOperation(pool: Pool, id: string, note: string, actor: string): Promise<Operation> {
+/**
+ * Clears the review reason `reasonSeen`, the one the person read (a page, an API read); one added since
+ * is refused, so that none is cleared unseen. Without it (the CLI, reading it just before), the reason as
+ * it is now; the result's `acknowledgedReason` says which.
+ */
+export async function acknowledgeOperation(
+  pool: Pool,
+  id: string,
+  note: string,
+  actor: string,
+  reasonSeen?: string,
+): Promise<Operation & { acknowledgedReason: string }> {
   if (!actor.trim()) throw new ValidationError('actor', 'who acknowledges must be named');
   if (!note.trim() || note.length > 1000) throw new ValidationError('note', 'say what was done about it (1 to 1000 characters)');
   for (const [field, text] of Object.entries({ actor, note })) {
@@ -18,17 +29,19 @@ export async function acknowledgeOperation(pool: Pool, id: string, note: string,
   }
   const found = await showOperation(pool, id);
   return inTransaction(pool, async (tx) => {
-    const acked = await acknowledgeReview(tx, found.id, actor, note);
+    const acked = await acknowledgeReview(tx, found.id, actor, note, reasonSeen ?? found.review_reason ?? '');
     if (!acked) {
-      const { status } = await showOperation(tx, found.id);
+      const now = await showOperation(tx, found.id);
       throw new ResolutionRefused(
-        !isSettled(status)
-          ? `${found.id} is ${status}: an unsettled operation is resolved, with the evidence (ops resolve)`
-          : `${found.id} is not held for review: nothing to acknowledge`,
+        !isSettled(now.status)
+          ? `${found.id} is ${now.status}: an unsettled operation is resolved, with the evidence (ops resolve)`
+          : now.review_reason === null
+            ? `${found.id} is not held for review: nothing to acknowledge`
+            : `the review reason changed since it was read: read it again: ${now.review_reason}`,
       );
     }
-    const { acknowledged_reason: reviewReason, ...op } = acked;
-    await recordAudit(tx, { actor, action: 'acknowledge', operationId: op.id, details: { note, reviewReason, status: op.status } });
-    return op;
+    const { acknowledged_reason: acknowledgedReason, ...op } = acked;
+    await recordAudit(tx, { actor, action: 'acknowledge', operationId: op.id, details: { note, reviewReason: acknowledgedReason, status: op.status } });
+    return { ...op, acknowledgedReason };
   });
 }

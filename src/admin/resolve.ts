@@ -29,6 +29,9 @@ export interface ResolveOptions {
   leaseTtlMs: number;
   /** How long after the last create that may have executed a failed resolution waits for Search. */
   searchFreshnessSeconds: number;
+  /** The review reason as the person read it (a console page), if it was: a resolution of an operation
+   * whose reason changed since (a discrepancy added) is refused, so that none is answered unseen. */
+  reviewReasonSeen?: string | null;
 }
 
 /** Refused: the message says why, and when trying again can help. */
@@ -99,6 +102,9 @@ async function resolveFound(
   traceOperation(op, fence);
   const renewal = setInterval(() => void renewLease(pool, op.id, fence, opts.leaseTtlMs).catch(() => {}), Math.max(250, Math.floor(opts.leaseTtlMs / 3)));
   try {
+    if (opts.reviewReasonSeen !== undefined && op.review_reason !== opts.reviewReasonSeen) {
+      throw new ResolutionRefused(`the review reason changed since it was read: read it again: ${op.review_reason ?? 'none'}`);
+    }
     await refuseWhileDriven(pool, boss, op);
 
     // 2. The evidence, with no transaction open.
@@ -111,7 +117,7 @@ async function resolveFound(
     return await inTransaction(pool, async (tx) => {
       const externalId = resolution.outcome === 'succeeded' ? resolution.externalId : null;
       const reason = resolution.outcome === 'failed' ? `resolved by ${actor}: ${resolution.reason}` : null;
-      const settled = await settleUnderLease(tx, op.id, fence, resolution.outcome, externalId, 'resolved_by_admin', reason, kept);
+      const settled = await settleUnderLease(tx, op.id, fence, resolution.outcome, externalId, 'resolved_by_admin', reason, kept, op.review_reason);
       if (!settled) throw new ResolutionRefused(`operation ${op.id} settled or was taken over while it was being resolved; look at it again`);
       await recordAudit(tx, {
         actor,

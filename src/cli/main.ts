@@ -358,7 +358,7 @@ ops
   .action(async (id: string, o) => {
     await withDatabase(async ({ pool }) => {
       const op = await acknowledgeOperation(pool, (await findOperation(pool, id)).id, o.note, o.actor);
-      console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}, no longer held for review`);
+      console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}, no longer held for review; acknowledged: ${op.acknowledgedReason}`);
     });
   });
 

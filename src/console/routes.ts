@@ -335,7 +335,9 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     }
     if (!gateway) return renderOperation(r.res, session, id, 409, { ...kept, notice: { kind: 'refused', text: NO_EVIDENCE } });
     try {
-      await resolveOperation(pool, gateway, boss, id, resolution, actorOf(session), resolveOptions);
+      // The reason as the page showed it (none: empty): one added since is refused, and shown.
+      const seen = form.get('review_reason');
+      await resolveOperation(pool, gateway, boss, id, resolution, actorOf(session), { ...resolveOptions, reviewReasonSeen: seen === null ? undefined : seen || null });
     } catch (err) {
       if (!(err instanceof ResolutionRefused || err instanceof ValidationError)) throw err;
       log.info({ operator: session.operator, operationId: id, outcome, refused: err.message }, 'console resolution refused');
@@ -349,7 +351,8 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     const id = operationId(r);
     const note = (form.get('note') ?? '').trim();
     try {
-      await acknowledgeOperation(pool, id, note, actorOf(session));
+      // The reason as the page showed it: one added since is refused, and shown.
+      await acknowledgeOperation(pool, id, note, actorOf(session), form.get('review_reason') ?? '');
     } catch (err) {
       if (!(err instanceof ResolutionRefused || err instanceof ValidationError)) throw err;
       return renderOperation(r.res, session, id, 422, { note, notice: { kind: 'refused', text: err instanceof ValidationError ? err.detail : err.message } });

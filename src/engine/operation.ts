@@ -318,10 +318,16 @@ export async function flagDiscrepancy(db: Queryable, id: string, reason: string)
   await db.query(db.sql.flagDiscrepancy(id, `${DISCREPANCY_PREFIX}${reason}`));
 }
 
-/** Clears a settled operation's review reason, as a person acknowledges it; undefined when the operation
- * is unsettled (resolve it) or has no reason to acknowledge. */
-export async function acknowledgeReview(db: Queryable, id: string, actor: string, note: string): Promise<(Operation & { acknowledged_reason: string }) | undefined> {
-  return (await db.query(db.sql.acknowledgeReview(id, actor, note))).rows[0];
+/** Clears a settled operation's review reason as a person read it (`reasonSeen`), acknowledging it;
+ * undefined when the operation is unsettled (resolve it) or its reason is not that one (none, or changed). */
+export async function acknowledgeReview(
+  db: Queryable,
+  id: string,
+  actor: string,
+  note: string,
+  reasonSeen: string,
+): Promise<(Operation & { acknowledged_reason: string }) | undefined> {
+  return (await db.query(db.sql.acknowledgeReview(id, actor, note, reasonSeen))).rows[0];
 }
 
 /** The operation's current fence and status, without a claim. */
@@ -360,9 +366,11 @@ export async function settleUnderLease(
   source: string,
   reason: string | null,
   /** What the kind keeps of the object that settled it (JSON; an authorization's hold), or null. */
-  result: string | null = null,
+  result: string | null,
+  /** The review reason the resolution claimed the operation with: the one it answers. */
+  reasonAtClaim: string | null,
 ): Promise<Operation | undefined> {
-  const { rows } = await db.query(db.sql.settleUnderLease(id, fence, status, externalId, source, reason, result));
+  const { rows } = await db.query(db.sql.settleUnderLease(id, fence, status, externalId, source, reason, result, reasonAtClaim));
   return rows[0];
 }
 

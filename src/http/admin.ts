@@ -78,7 +78,8 @@ const resolveBody = z.discriminatedUnion('outcome', [
   z.strictObject({ outcome: z.literal('failed'), reason: z.string().trim().min(1).max(1000) }),
 ]);
 const requeueBody = z.strictObject({ dryRun: z.boolean().optional() });
-const acknowledgeBody = z.strictObject({ note: z.string().trim().min(1).max(1000) });
+// reviewReason: the reason as the caller read it (GET /admin/operations/{id}): one that changed since is refused.
+const acknowledgeBody = z.strictObject({ note: z.string().trim().min(1).max(1000), reviewReason: z.string().min(1) });
 const stuckBody = z.strictObject({
   olderThanSeconds: z.number().int().min(0).max(30 * 86400).default(600),
   dryRun: z.boolean().optional(),
@@ -155,7 +156,7 @@ export function adminRoutes(deps: AdminDeps): Route[] {
       OP_ACTION('acknowledge'),
       guarded(async ({ req, res, params }) => {
         const body = await jsonBody(req, acknowledgeBody);
-        sendJson(res, 200, await acknowledgeOperation(deps.pool, params[0]!, body.note, actor));
+        sendJson(res, 200, await acknowledgeOperation(deps.pool, params[0]!, body.note, actor, body.reviewReason));
       }),
     ],
     [

@@ -1,7 +1,7 @@
 // The statements of the operation's state machine (src/engine/operation.ts), its only writer of status: the load, the
 // lease and fence (docs/architecture.md §3), the executor's fenced writes, and settlement from outside
 // the executor (a person's resolution, a Stripe webhook).
-import { CALL_FACT_WEIGHT as W, DISCREPANCY_PREFIX } from '../types/contracts.ts';
+import { CALL_FACT_WEIGHT as W, DISCREPANCY_MAX, DISCREPANCY_MORE, DISCREPANCY_PREFIX } from '../types/contracts.ts';
 import type { SqlContext } from './context.ts';
 
 export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns, s, settlementEvent, statement, unsettledRow }: SqlContext) => {
@@ -264,9 +264,13 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
 
   /** A person's resolution, written under the lease the resolution holds: fenced like any claim, so it
    * cannot land after another claim took the operation over; its settlement event in the same statement.
-   * It answers every review reason, a discrepancy too (the person saw it). */
+   * It answers the review reason it claimed the operation with ($8), a discrepancy too (the person saw
+   * it); a discrepancy flagged while it checked the evidence stays. */
   settleUnderLease: statement<
-    [id: string, fence: number, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null, result: string | null]
+    [
+      id: string, fence: number, status: 'succeeded' | 'failed', externalId: string | null, lastOutcome: string, lastError: string | null,
+      result: string | null, reasonAtClaim: string | null,
+    ]
   >(
     'outboxd_settle_under_lease',
     `with op as (
@@ -274,7 +278,8 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
      set lease_owner = null, lease_expires_at = null,
          status = $3, external_id = coalesce($4, external_id), last_outcome = $5, last_error = $6,
          result = coalesce($7::jsonb, result),
-         review_reason = null, next_check_at = null, settled_at = now(), updated_at = now()
+         review_reason = case when review_reason is not distinct from $8 then null else ${discrepancy('review_reason')} end,
+         next_check_at = null, settled_at = now(), updated_at = now()
      where id = $1 and fence = $2 and ${UNSETTLED}
      returning ${operationColumns()}
      ), ${settlementEvent("'admin'")},
@@ -285,11 +290,18 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
   /** Holds an operation, settled or not, for a person from outside any claim: a discrepancy with Stripe
    * (DISCREPANCY_PREFIX, a webhook's object that is not the operation's or contradicts its settlement).
    * Neither the status nor anything it settled to is touched, so no fence is needed; the reason stays
-   * until a person resolves or acknowledges it. */
+   * until a person resolves or acknowledges it. A discrepancy already there is added to, never replaced
+   * (the same one is not repeated; past DISCREPANCY_MAX characters it says the timeline has more), so
+   * that none is cleared unseen. */
   flagDiscrepancy: statement<[id: string, reason: string]>(
     'outboxd_flag_discrepancy',
     `with flagged as (
-     update ${s}.payment_operations set review_reason = $2, updated_at = now()
+     update ${s}.payment_operations set review_reason = case
+         when not coalesce(starts_with(review_reason, '${DISCREPANCY_PREFIX}'), false) then $2
+         when strpos(review_reason, substr($2, ${DISCREPANCY_PREFIX.length + 1})) > 0 or review_reason like '%${DISCREPANCY_MORE}' then review_reason
+         when length(review_reason) > ${DISCREPANCY_MAX} then review_reason || '${DISCREPANCY_MORE}'
+         else review_reason || '; ' || substr($2, ${DISCREPANCY_PREFIX.length + 1}) end,
+       updated_at = now()
      where id = $1
      returning id
      ), ${event('flagged', `id, 'flagged', null, null, jsonb_build_object('reason', $2::text)`)}
@@ -297,12 +309,13 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
   ),
 
   /** A person's acknowledgement of a settled operation's review reason (a discrepancy they dealt with in
-   * Stripe: a second charge refunded, say): the reason goes; nothing else changes. */
-  acknowledgeReview: statement<[id: string, actor: string, note: string]>(
+   * Stripe: a second charge refunded, say), as they read it ($4: one added since is not cleared unseen):
+   * the reason goes; nothing else changes. */
+  acknowledgeReview: statement<[id: string, actor: string, note: string, reasonSeen: string]>(
     'outboxd_acknowledge_review',
     `with prev as (
        select id, review_reason from ${s}.payment_operations
-       where id = $1 and status in ('succeeded', 'failed') and review_reason is not null
+       where id = $1 and status in ('succeeded', 'failed') and review_reason = $4
        for no key update
      ), acked as (
      update ${s}.payment_operations o set review_reason = null, updated_at = now()

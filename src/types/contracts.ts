@@ -11,6 +11,10 @@ export const DEAD_LETTER_SUFFIX = '_dead';
  * charge. It stays when the operation settles, which does not answer it, until a person resolves the
  * operation (unsettled) or acknowledges the reason (settled). */
 export const DISCREPANCY_PREFIX = 'discrepancy with Stripe: ';
+/** Past this many characters a discrepancy is not added to any more, but says so once (DISCREPANCY_MORE):
+ * each is in the timeline. */
+export const DISCREPANCY_MAX = 4000;
+export const DISCREPANCY_MORE = '; and more: see the timeline';
 
 /** Job states in which pg-boss will still hand the job to a worker (or has). */
 export const LIVE_JOB_STATES: readonly string[] = ['created', 'retry', 'active'];

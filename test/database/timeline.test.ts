@@ -217,6 +217,21 @@ describe('the operation timeline', () => {
     expect(entries.map((x) => x.title)).toContain('create → rate_limited (3 times)');
   });
 
+  it('a discrepancy is added to one already there, once each, and bounded: past its length it says the timeline has more', async () => {
+    const op = await confirm(t);
+    const reason = async () => (await operation(t, op)).review_reason as string;
+    await flagDiscrepancy(t.pool, op, 'pi_a is not the operation\'s charge');
+    await flagDiscrepancy(t.pool, op, 'pi_b is not the operation\'s charge');
+    await flagDiscrepancy(t.pool, op, 'pi_a is not the operation\'s charge');
+    expect(await reason()).toBe("discrepancy with Stripe: pi_a is not the operation's charge; pi_b is not the operation's charge");
+    for (let i = 0; i < 80; i++) await flagDiscrepancy(t.pool, op, `pi_${String(i).padStart(60, '0')} is not the operation's charge`);
+    const bounded = await reason();
+    expect(bounded.endsWith('; and more: see the timeline')).toBe(true);
+    expect(bounded.length).toBeLessThan(4200);
+    await flagDiscrepancy(t.pool, op, 'pi_z is not the operation\'s charge');
+    expect(await reason()).toBe(bounded);
+  });
+
   it('the same flag again counts on its row; another reason is a row of its own; ambiguous creates are never merged', async () => {
     const op = await confirm(t);
     for (let i = 0; i < 3; i++) await flagDiscrepancy(t.pool, op, 'no job drives it');

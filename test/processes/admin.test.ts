@@ -331,18 +331,26 @@ describe('Stripe webhook inbox', () => {
     expect(await operation(t, op)).toMatchObject({ status: 'failed', needs_review: true, review_reason: reason });
     // Resolving it is for unsettled operations; a person acknowledges it once dealt with in Stripe.
     expect((await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'failed', reason: 'x' }) })).status).toBe(422);
-    expect((await api(`/admin/operations/${op}/acknowledge`, { method: 'POST', body: '{"note":" "}' })).status).toBe(422);
-    const acked = await api(`/admin/operations/${op}/acknowledge`, { method: 'POST', body: JSON.stringify({ note: `refunded ${pi.id} in the dashboard` }) });
+    expect((await api(`/admin/operations/${op}/acknowledge`, { method: 'POST', body: JSON.stringify({ note: ' ', reviewReason: reason }) })).status).toBe(422);
+    expect((await api(`/admin/operations/${op}/acknowledge`, { method: 'POST', body: '{"note":"no reason named"}' })).status).toBe(422);
+    // A second charge flagged after the person read the reason: added to it, and their acknowledgement refused.
+    const second = await createPi(op);
+    await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_contradiction_2', { id: second.id })));
+    const both = `${reason}; webhook payment_intent.succeeded: ${second.id} is succeeded, the operation failed`;
+    expect((await operation(t, op)).review_reason).toBe(both);
+    const stale = await api(`/admin/operations/${op}/acknowledge`, { method: 'POST', body: JSON.stringify({ note: `refunded ${pi.id}`, reviewReason: reason }) });
+    expect(await stale.json()).toMatchObject({ error: 'refused', message: expect.stringContaining(`changed since it was read: read it again: ${both}`) });
+    const acked = await api(`/admin/operations/${op}/acknowledge`, { method: 'POST', body: JSON.stringify({ note: `refunded ${pi.id} and ${second.id} in the dashboard`, reviewReason: both }) });
     expect(acked.status).toBe(200);
     expect(await acked.json()).toMatchObject({ id: op, status: 'failed', needs_review: false, review_reason: null });
     const { rows } = await t.pool.query(`select actor, action, details from outboxd.admin_audit where operation_id = $1 and action = 'acknowledge'`, [op]);
-    expect(rows).toEqual([{ actor: 'token:ops-team', action: 'acknowledge', details: { note: `refunded ${pi.id} in the dashboard`, reviewReason: reason, status: 'failed' } }]);
-    const again = await api(`/admin/operations/${op}/acknowledge`, { method: 'POST', body: '{"note":"twice"}' });
+    expect(rows).toEqual([{ actor: 'token:ops-team', action: 'acknowledge', details: { note: `refunded ${pi.id} and ${second.id} in the dashboard`, reviewReason: both, status: 'failed' } }]);
+    const again = await api(`/admin/operations/${op}/acknowledge`, { method: 'POST', body: JSON.stringify({ note: 'twice', reviewReason: both }) });
     expect(again.status).toBe(422);
     expect(await again.json()).toMatchObject({ error: 'refused', message: expect.stringMatching(/not held for review/) });
     const unsettled = await confirm(t);
     await t.pool.query(`update outboxd.payment_operations set review_reason = 'checked by hand' where id = $1`, [unsettled]);
-    const refused = await api(`/admin/operations/${unsettled}/acknowledge`, { method: 'POST', body: '{"note":"x"}' });
+    const refused = await api(`/admin/operations/${unsettled}/acknowledge`, { method: 'POST', body: '{"note":"x","reviewReason":"checked by hand"}' });
     expect(await refused.json()).toMatchObject({ error: 'refused', message: expect.stringMatching(/is pending: an unsettled operation is resolved/) });
   });
 

@@ -156,8 +156,13 @@ describe('the read-only token', () => {
     const page = await send('GET', `/console/operations/${op}`, { headers: { Cookie: operator.cookie } });
     expect(page.body).toContain(form);
     expect(page.body).toContain('pi_second carries its id');
-    expect((await post(`/console/operations/${op}/acknowledge`, operator, { note: '' })).status).toBe(422);
-    const done = await post(`/console/operations/${op}/acknowledge`, operator, { note: 'refunded pi_second' });
+    const seen = 'discrepancy with Stripe: pi_second carries its id';
+    expect((await post(`/console/operations/${op}/acknowledge`, operator, { note: '', review_reason: seen })).status).toBe(422);
+    // A page read before another discrepancy was added: refused, and the new reason shown.
+    const stale = await post(`/console/operations/${op}/acknowledge`, operator, { note: 'refunded pi_second', review_reason: 'discrepancy with Stripe: an older one' });
+    expect(stale.status).toBe(422);
+    expect(stale.body).toContain('changed since it was read');
+    const done = await post(`/console/operations/${op}/acknowledge`, operator, { note: 'refunded pi_second', review_reason: seen });
     expect(done.status).toBe(303);
     expect(done.headers.location).toBe(`/console/operations/${op}?done=acknowledged`);
     expect(await operation(t, op)).toMatchObject({ status: 'succeeded', needs_review: false });

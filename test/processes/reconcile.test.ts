@@ -6,7 +6,7 @@ import { ResolutionRefused, resolveOperation, type Resolution } from '../../src/
 import { createLogger } from '../../src/telemetry/log.ts';
 import { executeOperation } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
-import { claimOperation, releaseLease } from '../../src/engine/operation.ts';
+import { claimOperation, flagDiscrepancy, releaseLease } from '../../src/engine/operation.ts';
 import { driftReport } from '../../src/reconcile/drift.ts';
 import { reconcileSweep } from '../../src/reconcile/sweep.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
@@ -317,6 +317,37 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
     const before = retrieves();
     expect(await resolve(declined, { outcome: 'failed', reason: 'declined, see dashboard' })).toMatchObject({ status: 'failed' });
     expect(retrieves()).toBe(before + 1);
+  });
+
+  it('a discrepancy flagged while the resolution checks the evidence stays for a person; the reason it claimed with goes', async () => {
+    const op = await heldForReview('2 hours');
+    const pi = await chargeFor(op);
+    const real = e.gateway();
+    // A webhook about a second PaymentIntent with the operation's id lands during the evidence check.
+    const racing = Object.assign(Object.create(real), {
+      retrieveCharge: async (...args: Parameters<typeof real.retrieveCharge>) => {
+        await flagDiscrepancy(t.pool, op, 'webhook payment_intent.succeeded: pi_stray is not the operation\'s charge');
+        return real.retrieveCharge(...args);
+      },
+    });
+    expect(await resolve(op, { outcome: 'succeeded', externalId: pi!.id }, 'alice', racing)).toMatchObject({
+      status: 'succeeded',
+      review_reason: "discrepancy with Stripe: webhook payment_intent.succeeded: pi_stray is not the operation's charge",
+    });
+    // Without one, the reason it was held for goes with the resolution.
+    const plain = await heldForReview('2 hours');
+    expect(await resolve(plain, { outcome: 'succeeded', externalId: (await chargeFor(plain))!.id })).toMatchObject({ status: 'succeeded', review_reason: null });
+  });
+
+  it('refused when the review reason is no longer the one the person read (a discrepancy added since)', async () => {
+    const op = await heldForReview('2 hours');
+    const pi = await chargeFor(op);
+    await flagDiscrepancy(t.pool, op, 'webhook payment_intent.succeeded: pi_new is not the operation\'s charge');
+    const seen = { ...RESOLVE, reviewReasonSeen: 'retries exhausted' };
+    await expect(resolveOperation(t.pool, e.gateway(), t.boss, op, { outcome: 'succeeded', externalId: pi!.id }, 'alice', seen)).rejects.toThrow(
+      /the review reason changed since it was read: read it again: discrepancy with Stripe: .*pi_new/,
+    );
+    expect(await operation(t, op)).toMatchObject({ status: 'unknown', lease_owner: null });
   });
 
   it('--failed waits out the search-freshness horizon after the last attempt, and says when to try again', async () => {

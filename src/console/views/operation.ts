@@ -193,6 +193,7 @@ function timelineList(entries: Entry[], now: Date): Safe {
 function acknowledgeForm(op: Operation, state: ActionState, csrf: string): Safe {
   return html`<form method="post" action="/console/operations/${op.id}/acknowledge" class="stack">
     <input type="hidden" name="csrf" value="${csrf}">
+    <input type="hidden" name="review_reason" value="${op.review_reason ?? ''}">
     <h3>Acknowledge</h3>
     <p class="muted small">Its status stays ${op.status}. Deal with what the reason reports in Stripe first (refund a second charge, say), then say what you did.</p>
     <label for="note">What was done about it</label>
@@ -208,6 +209,7 @@ function actions(op: Operation, state: ActionState, csrf: string): Safe {
   <p class="muted small">Each action is checked again on the server and written to the audit trail under your name.</p>
   <form method="post" action="${base}/resolve" class="stack">
     <input type="hidden" name="csrf" value="${csrf}">
+    <input type="hidden" name="review_reason" value="${op.review_reason ?? ''}">
     <input type="hidden" name="outcome" value="succeeded">
     <h3>Resolve as succeeded</h3>
     ${resolveSucceededField(op, state.externalId ?? op.external_id ?? '')}
@@ -215,6 +217,7 @@ function actions(op: Operation, state: ActionState, csrf: string): Safe {
   </form>
   <form method="post" action="${base}/resolve" class="stack">
     <input type="hidden" name="csrf" value="${csrf}">
+    <input type="hidden" name="review_reason" value="${op.review_reason ?? ''}">
     <input type="hidden" name="outcome" value="failed">
     <h3>Resolve as failed</h3>
     <label for="reason">Why nothing was charged <span class="help">refused while Stripe shows a charge that has not failed, or while search may lag</span></label>
