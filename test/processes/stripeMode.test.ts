@@ -5,6 +5,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { startReplica, type Replica } from '../../harness/replica.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
+import { confirm } from '../support/fixtures.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/outboxd.js', import.meta.url));
 let t: TestDb;
@@ -101,9 +102,11 @@ describe('evidence is never an emulator that knows nothing', () => {
   it.each([
     [['reconcile', '--report']],
     [['reconcile']],
-    [['ops', 'resolve', '3f2504e0-4f89-41d3-9a0c-0305e82c3301', '--failed', '--reason', 'no charge']],
+    [['ops', 'resolve', 'OP', '--failed', '--reason', 'no charge']],
   ])('%j with DATABASE_URL and no STRIPE_SECRET_KEY: refused in one line naming STRIPE_SECRET_KEY and STRIPE_API_BASE', async (args) => {
-    const res = await run(args, {});
+    // An operation that exists: one that does not is said first, before Stripe is opened.
+    const op = args.includes('OP') ? await confirm(t) : undefined;
+    const res = await run(args.map((a) => (a === 'OP' ? op! : a)), {});
     expect(res.code).toBe(2);
     expect(oneLine(res.stderr)).toHaveLength(1);
     expect(res.stderr).toMatch(/STRIPE_SECRET_KEY/);
