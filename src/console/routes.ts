@@ -377,11 +377,24 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
   }
 
   const MAX_MINUTES = 30 * 24 * 60;
+  /** One requeue-stuck list at a time per replica: it looks for each operation's live job by a scan of
+   * pg-boss's jobs, up to 1,000 of them (a minute and more with 200,000 jobs kept), and a read-only
+   * session may ask for it. */
+  let stuckListing = false;
   async function stuckView({ url, res }: Request, session: Session): Promise<void> {
     const raw = url.searchParams.get('older_than_minutes');
     const minutes = raw === null ? 10 : Number(raw);
     if (!Number.isInteger(minutes) || minutes < 0 || minutes > MAX_MINUTES) throw new HttpError(422, 'invalid_input', `minutes must be a whole number from 0 to ${MAX_MINUTES}`);
-    const dryRun = raw === null ? undefined : await requeueStuck(pool, boss, { actor: actorOf(session), olderThanSeconds: minutes * 60, dryRun: true });
+    let dryRun;
+    if (raw !== null) {
+      if (stuckListing) throw new HttpError(429, 'busy', 'a list of stuck operations is being made on this replica: try again when it is done');
+      stuckListing = true;
+      try {
+        dryRun = await requeueStuck(pool, boss, { actor: actorOf(session), olderThanSeconds: minutes * 60, dryRun: true });
+      } finally {
+        stuckListing = false;
+      }
+    }
     await page(res, 200, session, 'Requeue stuck', 'stuck', stuckPage({ olderThanMinutes: minutes, dryRun, done: undefined, csrfToken: formToken(session) }));
   }
 

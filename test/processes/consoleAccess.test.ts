@@ -144,6 +144,30 @@ describe('the read-only token', () => {
     expect((await send('GET', '/console/', { headers: { Cookie: reader.cookie } })).status).toBe(303);
   });
 
+  it('one list of stuck operations at a time per replica: another asked meanwhile is answered 429', async () => {
+    const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    await waitUntil(async () => (await operation(t, op)).status === 'unknown', 20_000, 'the operation to wait on Stripe');
+    const reader = await session('rhea', READONLY);
+    const holder = await t.pool.connect();
+    try {
+      // The list's look at this operation waits on its requeue lock.
+      await holder.query('begin');
+      await holder.query(`select pg_advisory_xact_lock(hashtextextended('outboxd-requeue:' || $1, 0))`, [op]);
+      const first = send('GET', '/console/requeue-stuck?older_than_minutes=0', { headers: { Cookie: reader.cookie } });
+      await waitUntil(async () => {
+        const { rows } = await t.pool.query(`select count(*)::int as n from pg_locks where locktype = 'advisory' and not granted and database = (select oid from pg_database where datname = current_database())`);
+        return rows[0].n > 0;
+      }, 10_000, 'the first list waits');
+      const second = await send('GET', '/console/requeue-stuck?older_than_minutes=0', { headers: { Cookie: reader.cookie } });
+      expect(second.status).toBe(429);
+      expect(second.body).toContain('try again when it is done');
+      await holder.query('commit');
+      expect((await first).status).toBe(200);
+    } finally {
+      holder.release();
+    }
+  });
+
   it('a settled operation held for a discrepancy: the admin token acknowledges it in the console, audited; a reader sees no form and is refused', async () => {
     const op = await confirm(t);
     await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 20_000, 'settled');
