@@ -102,7 +102,9 @@ async function resolveFound(
   traceOperation(op, fence);
   const renewal = setInterval(() => void renewLease(pool, op.id, fence, opts.leaseTtlMs).catch(() => {}), Math.max(250, Math.floor(opts.leaseTtlMs / 3)));
   try {
-    if (opts.reviewReasonSeen !== undefined && op.review_reason !== opts.reviewReasonSeen) {
+    // Carriage returns aside: a browser's form puts one before each line feed of a hidden field.
+    const lines = (text: string | null | undefined) => text?.replaceAll('\r', '') ?? null;
+    if (opts.reviewReasonSeen !== undefined && lines(op.review_reason) !== lines(opts.reviewReasonSeen)) {
       throw new ResolutionRefused(`the review reason changed since it was read: read it again: ${op.review_reason ?? 'none'}`);
     }
     await refuseWhileDriven(pool, boss, op);

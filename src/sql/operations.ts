@@ -298,7 +298,8 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
     `with flagged as (
      update ${s}.payment_operations set review_reason = case
          when not coalesce(starts_with(review_reason, '${DISCREPANCY_PREFIX}'), false) then $2
-         when strpos(review_reason, substr($2, ${DISCREPANCY_PREFIX.length + 1})) > 0 or review_reason like '%${DISCREPANCY_MORE}' then review_reason
+         when substr($2, ${DISCREPANCY_PREFIX.length + 1}) = any(string_to_array(substr(review_reason, ${DISCREPANCY_PREFIX.length + 1}), '; '))
+           or right(review_reason, ${DISCREPANCY_MORE.length}) = '${DISCREPANCY_MORE}' then review_reason
          when length(review_reason) > ${DISCREPANCY_MAX} then review_reason || '${DISCREPANCY_MORE}'
          else review_reason || '; ' || substr($2, ${DISCREPANCY_PREFIX.length + 1}) end,
        updated_at = now()
@@ -309,13 +310,14 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
   ),
 
   /** A person's acknowledgement of a settled operation's review reason (a discrepancy they dealt with in
-   * Stripe: a second charge refunded, say), as they read it ($4: one added since is not cleared unseen):
-   * the reason goes; nothing else changes. */
+   * Stripe: a second charge refunded, say), as they read it ($4: one added since is not cleared unseen;
+   * carriage returns aside, which a browser's form adds before each line feed): the reason goes; nothing
+   * else changes. */
   acknowledgeReview: statement<[id: string, actor: string, note: string, reasonSeen: string]>(
     'outboxd_acknowledge_review',
     `with prev as (
        select id, review_reason from ${s}.payment_operations
-       where id = $1 and status in ('succeeded', 'failed') and review_reason = $4
+       where id = $1 and status in ('succeeded', 'failed') and replace(review_reason, E'\\r', '') = replace($4, E'\\r', '')
        for no key update
      ), acked as (
      update ${s}.payment_operations o set review_reason = null, updated_at = now()

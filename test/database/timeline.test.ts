@@ -223,7 +223,8 @@ describe('the operation timeline', () => {
     await flagDiscrepancy(t.pool, op, 'pi_a is not the operation\'s charge');
     await flagDiscrepancy(t.pool, op, 'pi_b is not the operation\'s charge');
     await flagDiscrepancy(t.pool, op, 'pi_a is not the operation\'s charge');
-    expect(await reason()).toBe("discrepancy with Stripe: pi_a is not the operation's charge; pi_b is not the operation's charge");
+    await flagDiscrepancy(t.pool, op, 'pi_a is not'); // inside another, but another discrepancy
+    expect(await reason()).toBe("discrepancy with Stripe: pi_a is not the operation's charge; pi_b is not the operation's charge; pi_a is not");
     for (let i = 0; i < 80; i++) await flagDiscrepancy(t.pool, op, `pi_${String(i).padStart(60, '0')} is not the operation's charge`);
     const bounded = await reason();
     expect(bounded.endsWith('; and more: see the timeline')).toBe(true);

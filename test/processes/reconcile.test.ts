@@ -348,6 +348,12 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
       /the review reason changed since it was read: read it again: discrepancy with Stripe: .*pi_new/,
     );
     expect(await operation(t, op)).toMatchObject({ status: 'unknown', lease_owner: null });
+    // The same reason as a browser's form sends it back (a carriage return before each line feed) is the one read.
+    const multiline = await heldForReview('2 hours');
+    await t.pool.query(`update outboxd.payment_operations set review_reason = E'checked by hand\\nsee the ticket' where id = $1`, [multiline]);
+    const asSent = { ...RESOLVE, reviewReasonSeen: 'checked by hand\r\nsee the ticket' };
+    const paid = await chargeFor(multiline);
+    expect(await resolveOperation(t.pool, e.gateway(), t.boss, multiline, { outcome: 'succeeded', externalId: paid!.id }, 'alice', asSent)).toMatchObject({ status: 'succeeded' });
   });
 
   it('--failed waits out the search-freshness horizon after the last attempt, and says when to try again', async () => {
