@@ -8,6 +8,10 @@ import { HttpError, readBody, sendJson, type Route } from './server.ts';
  * memory limit. A request that would go past it is answered 503, and Stripe delivers the event again
  * later. Holding it full takes a sender this much every BODY_DEADLINE_MS. */
 const MAX_UNVERIFIED_BYTES = 32 << 20;
+/** What each chunk of a body costs beyond its bytes (a Buffer of its own, kept until the body is whole):
+ * counted against MAX_UNVERIFIED_BYTES too, or a body sent a byte a packet would hold hundreds of times
+ * the memory it is counted for. */
+const CHUNK_COST = 4096;
 /** Stripe sends an event's body at once: one still arriving after this is a trickle holding bytes. */
 const BODY_DEADLINE_MS = 5_000;
 /** Signed events one replica handles at once: each takes the pool's connections, which the dispatcher
@@ -45,9 +49,10 @@ export function webhookRoutes(
           raw = await readBody(req, undefined, {
             deadlineMs: bodyDeadlineMs,
             hold: (bytes) => {
-              if (unverifiedBytes + bytes > maxUnverifiedBytes) return false;
-              unverifiedBytes += bytes;
-              held += bytes;
+              const cost = bytes + CHUNK_COST;
+              if (unverifiedBytes + cost > maxUnverifiedBytes) return false;
+              unverifiedBytes += cost;
+              held += cost;
               return true;
             },
             refusal: () => busy('too many webhook bodies being read'),

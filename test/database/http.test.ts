@@ -133,7 +133,8 @@ describe('the webhook endpoint under a flood of requests anyone can send', () =>
     fetch(`http://127.0.0.1:${port}/webhooks/stripe`, { method: 'POST', body, headers: { 'Stripe-Signature': signature } });
 
   it('holds a bounded number of unsigned bytes (beyond: 503, connection closed); a body still trickling in is dropped at its deadline', async () => {
-    const routes = webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET], maxUnverifiedBytes: 10, bodyDeadlineMs: 1_500 });
+    // Each chunk costs 4,096 bytes beyond its own: two trickles of one chunk (3 bytes) and a 2-byte body fit.
+    const routes = webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET], maxUnverifiedBytes: 2 * 4099 + 4098 + 3, bodyDeadlineMs: 1_500 });
     const server = await startHttpServer(0, routes, '127.0.0.1', log);
     try {
       // Two bodies that never finish arriving: 3 bytes held each.
@@ -148,6 +149,18 @@ describe('the webhook endpoint under a flood of requests anyone can send', () =>
       // At the deadline each trickle's connection is dropped unanswered, and what it held is free again.
       for (const t of await Promise.all(trickles)) expect(t).toMatchObject({ status: null, closed: true });
       expect((await post(server.port, '{"a":12}')).status).toBe(400);
+    } finally {
+      await server.close();
+    }
+  });
+
+  it('a body sent a byte a chunk is counted for what its chunks hold, not only its bytes', async () => {
+    const routes = webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET], maxUnverifiedBytes: 3 * 4097 });
+    const server = await startHttpServer(0, routes, '127.0.0.1', log);
+    try {
+      const bytewise = (n: number) => `POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${'1\r\nx\r\n'.repeat(n)}0\r\n\r\n`;
+      expect((await rawRequest(server.port, bytewise(3))).status).toBe(400); // read, its signature refused
+      expect((await rawRequest(server.port, bytewise(4))).status).toBe(503);
     } finally {
       await server.close();
     }
