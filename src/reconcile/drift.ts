@@ -37,12 +37,13 @@ export async function driftReport(pool: Pool, budgeted: PaymentGateway, since: D
 
 /** A kind's succeeded operations settled since `since`, DRIFT_PAGE at a time, each id told to `seen`. */
 async function* succeededPages(pool: Pool, since: Date, kind: string, seen: (id: string) => void): AsyncIterable<Operation[]> {
-  let after: string | null = null;
+  let after: { settledAt: string; id: string } | null = null;
   for (;;) {
-    const rows: Operation[] = (await pool.query(pool.sql.succeededSince(since, kind, after, DRIFT_PAGE))).rows;
+    const rows: (Operation & { cursor_settled_at: string })[] = (await pool.query(pool.sql.succeededSince(since, kind, after?.settledAt ?? null, after?.id ?? null, DRIFT_PAGE))).rows;
     for (const op of rows) seen(op.id);
     if (rows.length > 0) yield rows;
     if (rows.length < DRIFT_PAGE) return;
-    after = rows.at(-1)!.id;
+    const last = rows.at(-1)!;
+    after = { settledAt: last.cursor_settled_at, id: last.id };
   }
 }

@@ -51,16 +51,16 @@ export const reconcileStatements = ({ UNSETTLED, boss, operationColumns, s, stat
     `select ${operationColumns()} from ${s}.payment_operations where kind = $1 and external_id = any($2::text[])`,
   ),
 
-  /** Succeeded operations of a kind settled since a time, $4 after the operation $3 in (settled_at, id)
-   * order: each must have its charge (refund) in Stripe. Of the kinds Stripe knows only: an application's
+  /** Succeeded operations of a kind settled since a time, $5 after ($3, $4) in (settled_at, id) order,
+   * each with its settled_at as text (to the microsecond, the next page's cursor): each must have its
+   * charge (refund) in Stripe. Of the kinds Stripe knows only: an application's
    * effects, with payloads and results of up to 64 KiB, are compared with nothing there. */
-  succeededSince: statement<[since: Date, kind: string, afterId: string | null, limit: number]>(
+  succeededSince: statement<[since: Date, kind: string, afterSettledAt: string | null, afterId: string | null, limit: number]>(
     'outboxd_succeeded_since',
-    `with cursor as (select settled_at, id from ${s}.payment_operations where id = $3)
-     select ${operationColumns('o')} from ${s}.payment_operations o
+    `select ${operationColumns('o')}, o.settled_at::text as cursor_settled_at from ${s}.payment_operations o
      where o.status = 'succeeded' and o.kind = $2 and o.settled_at >= $1
-       and ($3::uuid is null or (o.settled_at >= (select settled_at from cursor) and (o.settled_at, o.id) > (select settled_at, id from cursor)))
+       and ($3::timestamptz is null or (o.settled_at >= $3::timestamptz and (o.settled_at, o.id) > ($3::timestamptz, $4::uuid)))
      order by o.settled_at, o.id
-     limit $4`,
+     limit $5`,
   ),
 });
