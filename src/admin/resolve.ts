@@ -102,8 +102,8 @@ async function resolveFound(
   traceOperation(op, fence);
   const renewal = setInterval(() => void renewLease(pool, op.id, fence, opts.leaseTtlMs).catch(() => {}), Math.max(250, Math.floor(opts.leaseTtlMs / 3)));
   try {
-    // Carriage returns aside: a browser's form puts one before each line feed of a hidden field.
-    const lines = (text: string | null | undefined) => text?.replaceAll('\r', '') ?? null;
+    // Line breaks as LF: a browser's form sends each of a hidden field's as CRLF (a lone CR too).
+    const lines = (text: string | null | undefined) => text?.replace(/\r\n?/g, '\n') ?? null;
     if (opts.reviewReasonSeen !== undefined && lines(op.review_reason) !== lines(opts.reviewReasonSeen)) {
       throw new ResolutionRefused(`the review reason changed since it was read: read it again: ${op.review_reason ?? 'none'}`);
     }

@@ -1,13 +1,22 @@
 // The statements of the operation's state machine (src/engine/operation.ts), its only writer of status: the load, the
 // lease and fence (docs/architecture.md §3), the executor's fenced writes, and settlement from outside
 // the executor (a person's resolution, a Stripe webhook).
-import { CALL_FACT_WEIGHT as W, DISCREPANCY_MAX, DISCREPANCY_MORE, DISCREPANCY_PREFIX } from '../types/contracts.ts';
+import { CALL_FACT_WEIGHT as W, DISCREPANCY_MAX, DISCREPANCY_MORE, DISCREPANCY_PREFIX, DISCREPANCY_SEPARATOR as SEP } from '../types/contracts.ts';
 import type { SqlContext } from './context.ts';
 
 export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns, s, settlementEvent, statement, unsettledRow }: SqlContext) => {
   /** The review reason an operation keeps whatever happens to it but a person's word: a discrepancy
    * (DISCREPANCY_PREFIX), or null. */
   const discrepancy = (reason: string) => `case when starts_with(${reason}, '${DISCREPANCY_PREFIX}') then ${reason} end`;
+  /** A discrepancy's `reason` with `item` listed in it (whole, once; past DISCREPANCY_MAX it says the
+   * timeline has more): what a person reads before answering it is all there. */
+  const listedIn = (reason: string, item: string) => `case
+         when ${item} = any(string_to_array(substr(${reason}, ${DISCREPANCY_PREFIX.length + 1}), '${SEP}'))
+           or right(${reason}, ${DISCREPANCY_MORE.length}) = '${DISCREPANCY_MORE}' then ${reason}
+         when length(${reason}) > ${DISCREPANCY_MAX} then ${reason} || '${DISCREPANCY_MORE}'
+         else ${reason} || '${SEP}' || ${item} end`;
+  /** A reason compared as a person read it: a browser's form sends each line break of a hidden field as CRLF. */
+  const asRead = (text: string) => `regexp_replace(${text}, E'\\r\\n?', E'\\n', 'g')`;
   /** recordOutcomes' ids, for byIds. */
   const OUTCOME_IDS = 'array(select id from input)';
   /** A claim's timeline row: the fence, the owner, and of a takeover the owner whose expired lease it took
@@ -36,9 +45,12 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
      set status = x.status, external_id = coalesce(x.external_id, o.external_id), last_outcome = x.last_outcome,
          last_error = x.last_error,
          -- a review reason stays until the operation settles (a later ambiguous retry does not clear it),
-         -- a discrepancy after it too, and no other reason replaces one
-         review_reason = coalesce(${discrepancy('o.review_reason')},
-           case when x.status in ('succeeded', 'failed') then null else coalesce(x.review_reason, o.review_reason) end),
+         -- a discrepancy after it too, with any other reason listed in it
+         review_reason = case
+           when starts_with(o.review_reason, '${DISCREPANCY_PREFIX}') then
+             case when x.review_reason is null then o.review_reason else ${listedIn('o.review_reason', 'x.review_reason')} end
+           when x.status in ('succeeded', 'failed') then null
+           else coalesce(x.review_reason, o.review_reason) end,
          first_attempted_at = case when x.undo then x.first_attempted_at else o.first_attempted_at end,
          last_attempted_at = case when x.undo then x.last_attempted_at else o.last_attempted_at end,
          result = coalesce(x.result::jsonb, o.result),
@@ -230,7 +242,9 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
   flagForReview: statement<[id: string, fence: number, reason: string]>(
     'outboxd_flag_for_review',
     `with flagged as (
-     update ${s}.payment_operations set review_reason = coalesce(${discrepancy('review_reason')}, $3), updated_at = now(), lease_owner = null, lease_expires_at = null
+     update ${s}.payment_operations
+     set review_reason = case when starts_with(review_reason, '${DISCREPANCY_PREFIX}') then ${listedIn('review_reason', '$3::text')} else $3 end,
+         updated_at = now(), lease_owner = null, lease_expires_at = null
      where id = $1 and fence = $2 and ${UNSETTLED}
      returning ${operationColumns()}
      ), ${event('flagged', `id, 'flagged', $2, null, jsonb_build_object('reason', $3::text)`)}
@@ -290,18 +304,15 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
   /** Holds an operation, settled or not, for a person from outside any claim: a discrepancy with Stripe
    * (DISCREPANCY_PREFIX, a webhook's object that is not the operation's or contradicts its settlement).
    * Neither the status nor anything it settled to is touched, so no fence is needed; the reason stays
-   * until a person resolves or acknowledges it. A discrepancy already there is added to, never replaced
-   * (the same one is not repeated; past DISCREPANCY_MAX characters it says the timeline has more), so
-   * that none is cleared unseen. */
+   * until a person resolves or acknowledges it. A discrepancy already there is added to (listedIn), and a
+   * reason the operation was held for before is kept after it, so that none is cleared unseen. */
   flagDiscrepancy: statement<[id: string, reason: string]>(
     'outboxd_flag_discrepancy',
     `with flagged as (
      update ${s}.payment_operations set review_reason = case
-         when not coalesce(starts_with(review_reason, '${DISCREPANCY_PREFIX}'), false) then $2
-         when substr($2, ${DISCREPANCY_PREFIX.length + 1}) = any(string_to_array(substr(review_reason, ${DISCREPANCY_PREFIX.length + 1}), '; '))
-           or right(review_reason, ${DISCREPANCY_MORE.length}) = '${DISCREPANCY_MORE}' then review_reason
-         when length(review_reason) > ${DISCREPANCY_MAX} then review_reason || '${DISCREPANCY_MORE}'
-         else review_reason || '; ' || substr($2, ${DISCREPANCY_PREFIX.length + 1}) end,
+         when review_reason is null then $2
+         when starts_with(review_reason, '${DISCREPANCY_PREFIX}') then ${listedIn('review_reason', `substr($2, ${DISCREPANCY_PREFIX.length + 1})`)}
+         else $2 || '${SEP}' || review_reason end,
        updated_at = now()
      where id = $1
      returning id
@@ -311,13 +322,12 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
 
   /** A person's acknowledgement of a settled operation's review reason (a discrepancy they dealt with in
    * Stripe: a second charge refunded, say), as they read it ($4: one added since is not cleared unseen;
-   * carriage returns aside, which a browser's form adds before each line feed): the reason goes; nothing
-   * else changes. */
+   * its line breaks as asRead): the reason goes; nothing else changes. */
   acknowledgeReview: statement<[id: string, actor: string, note: string, reasonSeen: string]>(
     'outboxd_acknowledge_review',
     `with prev as (
        select id, review_reason from ${s}.payment_operations
-       where id = $1 and status in ('succeeded', 'failed') and replace(review_reason, E'\\r', '') = replace($4, E'\\r', '')
+       where id = $1 and status in ('succeeded', 'failed') and ${asRead('review_reason')} = ${asRead('$4')}
        for no key update
      ), acked as (
      update ${s}.payment_operations o set review_reason = null, updated_at = now()

@@ -14,7 +14,10 @@ export const DISCREPANCY_PREFIX = 'discrepancy with Stripe: ';
 /** Past this many characters a discrepancy is not added to any more, but says so once (DISCREPANCY_MORE):
  * each is in the timeline. */
 export const DISCREPANCY_MAX = 4000;
-export const DISCREPANCY_MORE = '; and more: see the timeline';
+export const DISCREPANCY_MORE = ' | and more: see the timeline';
+/** Between the discrepancies of one reason, and the reason the operation was held for before: a text no
+ * reason's own holds (theirs have '; '). */
+export const DISCREPANCY_SEPARATOR = ' | ';
 
 /** Job states in which pg-boss will still hand the job to a worker (or has). */
 export const LIVE_JOB_STATES: readonly string[] = ['created', 'retry', 'active'];

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { Pool } from '../../src/db/pool.ts';
 import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
-import { claimAttempt, flagDiscrepancy, releaseLease, settleFromOutside } from '../../src/engine/operation.ts';
+import { claimAttempt, flagDiscrepancy, flagForReview, releaseLease, settleFromOutside } from '../../src/engine/operation.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
 import { createKindQueues, relayOutbox } from '../../src/outbox/outbox.ts';
 import { settledQueueFor, subscribeSettlements } from '../../src/outbox/settlements.ts';
@@ -224,13 +224,28 @@ describe('the operation timeline', () => {
     await flagDiscrepancy(t.pool, op, 'pi_b is not the operation\'s charge');
     await flagDiscrepancy(t.pool, op, 'pi_a is not the operation\'s charge');
     await flagDiscrepancy(t.pool, op, 'pi_a is not'); // inside another, but another discrepancy
-    expect(await reason()).toBe("discrepancy with Stripe: pi_a is not the operation's charge; pi_b is not the operation's charge; pi_a is not");
+    expect(await reason()).toBe("discrepancy with Stripe: pi_a is not the operation's charge | pi_b is not the operation's charge | pi_a is not");
     for (let i = 0; i < 80; i++) await flagDiscrepancy(t.pool, op, `pi_${String(i).padStart(60, '0')} is not the operation's charge`);
     const bounded = await reason();
-    expect(bounded.endsWith('; and more: see the timeline')).toBe(true);
+    expect(bounded.endsWith(' | and more: see the timeline')).toBe(true);
     expect(bounded.length).toBeLessThan(4200);
     await flagDiscrepancy(t.pool, op, 'pi_z is not the operation\'s charge');
     expect(await reason()).toBe(bounded);
+  });
+
+  it("a discrepancy whose text holds '; ' is listed once; a reason held before, or given after, is kept beside it", async () => {
+    const op = await confirm(t);
+    const reason = async () => (await operation(t, op)).review_reason as string;
+    const mismatch = 'webhook payment_intent.payment_failed: pi_3Q is 500 eur; the operation is 2599 eur';
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'search found 2 charges for this operation: pi_a, pi_b' where id = $1`, [op]);
+    for (let i = 0; i < 3; i++) await flagDiscrepancy(t.pool, op, mismatch);
+    expect(await reason()).toBe(`discrepancy with Stripe: ${mismatch} | search found 2 charges for this operation: pi_a, pi_b`);
+    // A claim's flag after it is listed too, once, whatever the order.
+    const fence = await claim(t, op);
+    await flagForReview(t.pool, op, fence, 'retries exhausted');
+    const again = await claim(t, op);
+    await flagForReview(t.pool, op, again, 'retries exhausted');
+    expect(await reason()).toBe(`discrepancy with Stripe: ${mismatch} | search found 2 charges for this operation: pi_a, pi_b | retries exhausted`);
   });
 
   it('the same flag again counts on its row; another reason is a row of its own; ambiguous creates are never merged', async () => {

@@ -336,7 +336,7 @@ describe('Stripe webhook inbox', () => {
     // A second charge flagged after the person read the reason: added to it, and their acknowledgement refused.
     const second = await createPi(op);
     await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_contradiction_2', { id: second.id })));
-    const both = `${reason}; webhook payment_intent.succeeded: ${second.id} is succeeded, the operation failed`;
+    const both = `${reason} | webhook payment_intent.succeeded: ${second.id} is succeeded, the operation failed`;
     expect((await operation(t, op)).review_reason).toBe(both);
     const stale = await api(`/admin/operations/${op}/acknowledge`, { method: 'POST', body: JSON.stringify({ note: `refunded ${pi.id}`, reviewReason: reason }) });
     expect(await stale.json()).toMatchObject({ error: 'refused', message: expect.stringContaining(`changed since it was read: read it again: ${both}`) });

@@ -171,7 +171,7 @@ describe('the read-only token', () => {
   it('a settled operation held for a discrepancy: the admin token acknowledges it in the console, audited; a reader sees no form and is refused', async () => {
     const op = await confirm(t);
     await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 20_000, 'settled');
-    await t.pool.query(`update outboxd.payment_operations set review_reason = E'discrepancy with Stripe: pi_second carries its id\\nand \\'quotes\\' & <marks>' where id = $1`, [op]);
+    await t.pool.query(`update outboxd.payment_operations set review_reason = E'discrepancy with Stripe: pi_second carries its id\\rand \\'quotes\\' & <marks>' where id = $1`, [op]);
     const form = `action="/console/operations/${op}/acknowledge"`;
     const reader = await session('rosa', READONLY);
     expect((await send('GET', `/console/operations/${op}`, { headers: { Cookie: reader.cookie } })).body).not.toContain(form);
@@ -180,7 +180,7 @@ describe('the read-only token', () => {
     const page = await send('GET', `/console/operations/${op}`, { headers: { Cookie: operator.cookie } });
     expect(page.body).toContain(form);
     expect(page.body).toContain('pi_second carries its id');
-    // As a browser sends the page's hidden field back: entities decoded, a carriage return before each line feed.
+    // As a browser sends the page's hidden field back: entities decoded, each line break (a lone CR here) as CRLF.
     const seen = "discrepancy with Stripe: pi_second carries its id\r\nand 'quotes' & <marks>";
     expect((await post(`/console/operations/${op}/acknowledge`, operator, { note: '', review_reason: seen })).status).toBe(422);
     // A page read before another discrepancy was added: refused, and the new reason shown.

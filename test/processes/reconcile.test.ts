@@ -332,7 +332,7 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
     });
     expect(await resolve(op, { outcome: 'succeeded', externalId: pi!.id }, 'alice', racing)).toMatchObject({
       status: 'succeeded',
-      review_reason: "discrepancy with Stripe: webhook payment_intent.succeeded: pi_stray is not the operation's charge",
+      review_reason: "discrepancy with Stripe: webhook payment_intent.succeeded: pi_stray is not the operation's charge | retries exhausted",
     });
     // Without one, the reason it was held for goes with the resolution.
     const plain = await heldForReview('2 hours');
