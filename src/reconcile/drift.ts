@@ -3,7 +3,7 @@
 // operation to show for it, or a succeeded operation without its money.
 import type { Pool } from '../db/pool.ts';
 import type { PaymentGateway } from '../stripe/gateway.ts';
-import type { Operation } from '../types/operation.ts';
+import { isOperationId, type Operation } from '../types/operation.ts';
 import { DRIFT_PAGE, type Drift } from '../types/kind.ts';
 import { inBackground } from '../stripe/budgetedGateway.ts';
 import { evidenceOf } from '../kinds/index.ts';
@@ -24,12 +24,11 @@ export async function driftReport(pool: Pool, budgeted: PaymentGateway, since: D
   for (const { kind, evidence } of kinds) {
     const part = await evidence.drift({
       since,
-      operations: async (ids) => (await pool.query(pool.sql.operationsByIds(ids))).rows,
+      named: (objects) => namedPages(pool, objects, (id) => compared.add(id)),
       byExternalIds: async (of, ids) => (await pool.query(pool.sql.operationsByExternalIds(of, ids))).rows,
       succeeded: () => succeededPages(pool, since, kind, (id) => compared.add(id)),
     });
     report[part.label] = part.listed;
-    for (const id of part.operationIds) compared.add(id);
     drift.push(...part.drift);
   }
   return { ...report, operations: compared.size, drift };
@@ -45,5 +44,29 @@ async function* succeededPages(pool: Pool, since: Date, kind: string, seen: (id:
     if (rows.length < DRIFT_PAGE) return;
     const last = rows.at(-1)!;
     after = { settledAt: last.cursor_settled_at, id: last.id };
+  }
+}
+
+/** Objects by the operation id each names, with that operation (looked up DRIFT_PAGE ids at a time), each
+ * operation found told to `seen`. */
+async function* namedPages<T extends { operationId?: string | undefined }>(
+  pool: Pool,
+  objects: readonly T[],
+  seen: (id: string) => void,
+): AsyncIterable<[string, T[], Operation | undefined][]> {
+  const byOperation = new Map<string, T[]>();
+  for (const o of objects) {
+    if (o.operationId === undefined) continue;
+    const list = byOperation.get(o.operationId);
+    if (list) list.push(o);
+    else byOperation.set(o.operationId, [o]);
+  }
+  const named = [...byOperation];
+  for (let page = 0; page < named.length; page += DRIFT_PAGE) {
+    const batch = named.slice(page, page + DRIFT_PAGE);
+    const ids = batch.map(([id]) => id).filter(isOperationId);
+    const ops = new Map<string, Operation>((await pool.query(pool.sql.operationsByIds(ids))).rows.map((o: Operation) => [o.id, o]));
+    for (const id of ops.keys()) seen(id);
+    yield batch.map(([id, list]) => [id, list, ops.get(id)]);
   }
 }

@@ -75,8 +75,9 @@ export const DRIFT_PAGE = 1000;
 
 export interface DriftContext {
   since: Date;
-  /** The operations with these ids (those its listed objects name): ask DRIFT_PAGE ids at a time. */
-  operations(ids: string[]): Promise<Operation[]>;
+  /** The listed objects by the operation each names, with that operation when there is one (none for an
+   * id that names no operation), DRIFT_PAGE operations at a time. */
+  named<T extends { operationId?: string | undefined }>(objects: readonly T[]): AsyncIterable<[operationId: string, objects: T[], operation: Operation | undefined][]>;
   /** The operations of `kind` that these provider objects carried out. */
   byExternalIds(kind: string, externalIds: string[]): Promise<Operation[]>;
   /** Its succeeded operations since `since`, DRIFT_PAGE at a time. */
@@ -115,7 +116,7 @@ export interface KindEvidence<Tx = unknown> {
    * a deployment whose webhooks never told. */
   overdue?(db: Tx, limit: number): Promise<Operation[]>;
   /** The drift report's part for this kind: what it listed since, and what does not add up. */
-  drift(ctx: DriftContext): Promise<{ listed: number; label: string; drift: Drift[]; operationIds: string[] }>;
+  drift(ctx: DriftContext): Promise<{ listed: number; label: string; drift: Drift[] }>;
 }
 
 export interface Kind {

@@ -1,8 +1,8 @@
 // How a PaymentIntent matches and settles a charge operation: one rule, used by the charge's own calls,
 // the webhooks, a person's resolution and the drift report.
 import type { Operation } from '../../types/operation.ts';
-import { isOperationId, isSettled } from '../../types/operation.ts';
-import { DRIFT_PAGE, type Drift, type DriftContext, type KindEvidence, type KindNaming, type ProviderObject, type Refuse } from '../../types/kind.ts';
+import { isSettled } from '../../types/operation.ts';
+import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
 import { accountOf, FAILED_CHARGE_STATUSES, idempotencyKeyFor, unlessRejected, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
 import type { ChargePayload } from './input.ts';
 import type { Queryable } from '../../db/pool.ts';
@@ -145,20 +145,11 @@ async function noCharge(gateway: PaymentGateway, op: Operation, reason: string, 
  * - released_hold: a succeeded authorization released in Stripe that no succeeded cancel records.
  * Stripe lists the platform's PaymentIntents: a connected account's charge is checked by retrieve.
  */
-async function chargeDrift(gateway: PaymentGateway, { since, operations, byExternalIds, succeeded }: DriftContext) {
+async function chargeDrift(gateway: PaymentGateway, { since, named, byExternalIds, succeeded }: DriftContext) {
   const charges = (await gateway.listCharges(since)).filter((c) => c.operationId !== undefined);
   const drift: Drift[] = [];
-  const byOperation = new Map<string, typeof charges>();
-  for (const c of charges) byOperation.set(c.operationId!, [...(byOperation.get(c.operationId!) ?? []), c]);
-  const named = [...byOperation];
-  const compared: string[] = [];
-
-  for (let page = 0; page < named.length; page += DRIFT_PAGE) {
-    const batch = named.slice(page, page + DRIFT_PAGE);
-    const ops = new Map((await operations(batch.map(([id]) => id).filter(isOperationId))).map((o) => [o.id, o]));
-    compared.push(...ops.keys());
-    for (const [operationId, list] of batch) {
-      const found = ops.get(operationId);
+  for await (const page of named(charges)) {
+    for (const [operationId, list, found] of page) {
       const op = found?.kind === CHARGE ? found : undefined;
       const paid = list.filter((c) => c.status === 'succeeded');
       if (!op) {
@@ -198,5 +189,5 @@ async function chargeDrift(gateway: PaymentGateway, { since, operations, byExter
       drift.push({ kind: 'released_hold', operationId: op.id, chargeIds: [op.external_id!], detail: 'the authorization was released in Stripe (expired or cancelled), and no cancel operation records it' });
     }
   }
-  return { listed: charges.length, label: 'charges', drift, operationIds: compared };
+  return { listed: charges.length, label: 'charges', drift };
 }

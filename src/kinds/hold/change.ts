@@ -113,8 +113,7 @@ export function changeEvidence(rules: ChangeRules, gateway: PaymentGateway): Kin
           }
         }
       }
-      // The succeeded ones are counted as compared by the report itself, as it reads them.
-      return { listed, label: `${rules.kind}s`, drift, operationIds: [] };
+      return { listed, label: `${rules.kind}s`, drift };
     },
   };
 }

@@ -1,7 +1,7 @@
 // How a Refund matches and settles a refund operation: one rule, used by the refund's own calls, the
 // webhooks, a person's resolution and the drift report.
-import { DRIFT_PAGE, type Drift, type DriftContext, type KindEvidence, type KindNaming, type ProviderObject, type Refuse } from '../../types/kind.ts';
-import { isOperationId, type Operation } from '../../types/operation.ts';
+import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
+import type { Operation } from '../../types/operation.ts';
 import { accountOf, FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, unlessRejected, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
 import { CHARGE } from '../charge/evidence.ts';
 import type { RefundPayload } from './request.ts';
@@ -82,7 +82,7 @@ async function noRefund(gateway: PaymentGateway, op: Operation, reason: string, 
  * - amount_mismatch: the operation's refund has another amount, currency or PaymentIntent;
  * - missing_refund: a succeeded refund operation whose refund has not succeeded, or is not found.
  */
-async function refundDrift(gateway: PaymentGateway, { since, operations, byExternalIds, succeeded }: DriftContext) {
+async function refundDrift(gateway: PaymentGateway, { since, named, byExternalIds, succeeded }: DriftContext) {
   const refunds = await gateway.listRefunds(since);
   const drift: Drift[] = [];
   // A refund made outside outboxd (the dashboard) names no operation: drift only when it takes money back
@@ -93,16 +93,8 @@ async function refundDrift(gateway: PaymentGateway, { since, operations, byExter
     const charge = ours.find((o) => o.external_id === r.paymentIntent);
     if (charge) drift.push({ kind: 'orphan_refund', operationId: null, chargeIds: [r.id], detail: `refunds ${r.amount} ${r.currency} of charge operation ${charge.id} without naming a refund operation` });
   }
-  const byOperation = new Map<string, Refund[]>();
-  for (const r of refunds) if (r.operationId !== undefined) byOperation.set(r.operationId, [...(byOperation.get(r.operationId) ?? []), r]);
-  const named = [...byOperation];
-  const compared: string[] = [];
-  for (let page = 0; page < named.length; page += DRIFT_PAGE) {
-    const batch = named.slice(page, page + DRIFT_PAGE);
-    const ops = new Map((await operations(batch.map(([id]) => id).filter(isOperationId))).map((o) => [o.id, o]));
-    compared.push(...ops.keys());
-    for (const [operationId, list] of batch) {
-      const op = ops.get(operationId);
+  for await (const page of named(refunds)) {
+    for (const [operationId, list, op] of page) {
       if (op?.kind !== REFUND) {
         drift.push({ kind: 'orphan_refund', operationId, chargeIds: list.map((r) => r.id), detail: op ? `names a ${op.kind} operation` : 'no operation with this id' });
         continue;
@@ -128,5 +120,5 @@ async function refundDrift(gateway: PaymentGateway, { since, operations, byExter
       }
     }
   }
-  return { listed: refunds.length, label: 'refunds', drift, operationIds: compared };
+  return { listed: refunds.length, label: 'refunds', drift };
 }
