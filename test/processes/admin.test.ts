@@ -242,8 +242,10 @@ describe('Stripe webhook inbox', () => {
     e.emulator.settle(pi.id, 'succeeded');
     await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 5_000, 'webhook settles');
     const event = e.emulator.emittedEvents().find((ev) => ev.type === 'payment_intent.succeeded')!;
-    // Whichever event was processed first settled it (each is checked by retrieving the PaymentIntent).
-    await waitUntil(async () => (await t.pool.query(`select 1 from outboxd.webhook_events where id = $1`, [event.id])).rows.length === 1, 5_000, 'recorded');
+    // Whichever event was processed first settled it (each is checked by retrieving the PaymentIntent);
+    // every event about its PaymentIntent (its processing one too, which may come last) is recorded first.
+    const about = e.emulator.emittedEvents().filter((ev) => ev.data.object.id === pi.id).map((ev) => ev.id);
+    await waitUntil(async () => (await t.pool.query(`select 1 from outboxd.webhook_events where id = any($1)`, [about])).rows.length === about.length, 5_000, 'recorded');
     const before = (await t.pool.query(`select id, result from outboxd.webhook_events where operation_id = $1 order by id`, [op])).rows;
     expect(before.filter((r) => r.result === 'settled').map((r) => r.id)).toHaveLength(1);
     expect(await e.emulator.redeliver(event.id)).toBe(200);
