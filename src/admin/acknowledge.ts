@@ -8,7 +8,7 @@ import { ValidationError } from '../types/errors.ts';
 import { isStorableText } from '../types/input.ts';
 import { recordAudit } from './audit.ts';
 import { showOperation } from './operations.ts';
-import { ResolutionRefused } from './resolve.ts';
+import { ResolutionRefused, sameReason } from './resolve.ts';
 
 /**
  * Clears the review reason `reasonSeen`, the one the person read (a page, an API read); one added since
@@ -28,8 +28,10 @@ export async function acknowledgeOperation(
     if (!isStorableText(text)) throw new ValidationError(field, 'must not contain U+0000 or half a surrogate pair');
   }
   const found = await showOperation(pool, id);
+  // The reason as it is now, if it is the one read: the statement clears it only while it still is.
+  const current = reasonSeen === undefined || sameReason(found.review_reason, reasonSeen) ? found.review_reason : null;
   return inTransaction(pool, async (tx) => {
-    const acked = await acknowledgeReview(tx, found.id, actor, note, reasonSeen ?? found.review_reason ?? '');
+    const acked = current === null ? undefined : await acknowledgeReview(tx, found.id, actor, note, current);
     if (!acked) {
       const now = await showOperation(tx, found.id);
       throw new ResolutionRefused(

@@ -34,6 +34,13 @@ export interface ResolveOptions {
   reviewReasonSeen?: string | null;
 }
 
+/** Whether a review reason is the one a person read: line breaks compared as LF, as a browser's form sends
+ * each of a hidden field's as CRLF (a lone CR too). */
+export function sameReason(current: string | null, read: string | null): boolean {
+  const lines = (text: string | null) => text?.replace(/\r\n?/g, '\n') ?? null;
+  return lines(current) === lines(read);
+}
+
 /** Refused: the message says why, and when trying again can help. */
 export class ResolutionRefused extends Error {
   override name = 'ResolutionRefused';
@@ -102,9 +109,7 @@ async function resolveFound(
   traceOperation(op, fence);
   const renewal = setInterval(() => void renewLease(pool, op.id, fence, opts.leaseTtlMs).catch(() => {}), Math.max(250, Math.floor(opts.leaseTtlMs / 3)));
   try {
-    // Line breaks as LF: a browser's form sends each of a hidden field's as CRLF (a lone CR too).
-    const lines = (text: string | null | undefined) => text?.replace(/\r\n?/g, '\n') ?? null;
-    if (opts.reviewReasonSeen !== undefined && lines(op.review_reason) !== lines(opts.reviewReasonSeen)) {
+    if (opts.reviewReasonSeen !== undefined && !sameReason(op.review_reason, opts.reviewReasonSeen)) {
       throw new ResolutionRefused(`the review reason changed since it was read: read it again: ${op.review_reason ?? 'none'}`);
     }
     await refuseWhileDriven(pool, boss, op);

@@ -15,8 +15,6 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
            or right(${reason}, ${DISCREPANCY_MORE.length}) = '${DISCREPANCY_MORE}' then ${reason}
          when length(${reason}) > ${DISCREPANCY_MAX} then ${reason} || '${DISCREPANCY_MORE}'
          else ${reason} || '${SEP}' || ${item} end`;
-  /** A reason compared as a person read it: a browser's form sends each line break of a hidden field as CRLF. */
-  const asRead = (text: string) => `regexp_replace(${text}, E'\\r\\n?', E'\\n', 'g')`;
   /** recordOutcomes' ids, for byIds. */
   const OUTCOME_IDS = 'array(select id from input)';
   /** A claim's timeline row: the fence, the owner, and of a takeover the owner whose expired lease it took
@@ -321,13 +319,13 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
   ),
 
   /** A person's acknowledgement of a settled operation's review reason (a discrepancy they dealt with in
-   * Stripe: a second charge refunded, say), as they read it ($4: one added since is not cleared unseen;
-   * its line breaks as asRead): the reason goes; nothing else changes. */
+   * Stripe: a second charge refunded, say), while it is still $4, the one they read (one added since is
+   * not cleared unseen): the reason goes; nothing else changes. */
   acknowledgeReview: statement<[id: string, actor: string, note: string, reasonSeen: string]>(
     'outboxd_acknowledge_review',
     `with prev as (
        select id, review_reason from ${s}.payment_operations
-       where id = $1 and status in ('succeeded', 'failed') and ${asRead('review_reason')} = ${asRead('$4')}
+       where id = $1 and status in ('succeeded', 'failed') and review_reason = $4
        for no key update
      ), acked as (
      update ${s}.payment_operations o set review_reason = null, updated_at = now()
