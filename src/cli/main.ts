@@ -115,15 +115,14 @@ const positiveRate = (v: string) => {
   if (!(n > 0) || !Number.isFinite(n)) throw new InvalidArgumentError('must be a number of requests per second > 0');
   return n;
 };
-/** An operation's id or short id, checked before the command opens anything (a database, an emulator). */
-const operationRef = (v: string) => {
-  operationReference(v);
+/** An operation's id or short id, checked before the command opens anything (a database, an emulator);
+ * an error names the argument as `field`. */
+const operationRefAs = (field: 'operationId' | 'chargeOperationId') => (v: string) => {
+  operationReference(v, field);
   return v;
 };
-const chargeOperationRef = (v: string) => {
-  operationReference(v, 'chargeOperationId');
-  return v;
-};
+const operationRef = operationRefAs('operationId');
+const chargeOperationRef = operationRefAs('chargeOperationId');
 const port = (v: string) => {
   if (!/^\d+$/.test(v) || Number(v) > 65_535) throw new InvalidArgumentError('must be a port number from 0 to 65535 (0: any free port)');
   return Number(v);

@@ -44,13 +44,13 @@ export function sendJson(res: ServerResponse, status: number, body: unknown): vo
 /**
  * The request's body, refused past `limitBytes` (413). With `deadlineMs`, a body still arriving then is
  * dropped with its connection (a trickle would hold what it has buffered). With `hold`, each chunk is
- * first held against a budget shared with other requests (its caller gives it back): refused there, the
- * request is answered `refusal`.
+ * first held against a budget shared with other requests (its caller gives it back): the error it
+ * returns when the budget refuses it answers the request.
  */
 export async function readBody(
   req: IncomingMessage,
   limitBytes = 1 << 20,
-  opts: { deadlineMs?: number; hold?: (bytes: number) => boolean; refusal?: () => HttpError } = {},
+  opts: { deadlineMs?: number; hold?: (bytes: number) => HttpError | undefined } = {},
 ): Promise<Buffer> {
   const tooLarge = () => new HttpError(413, 'too_large', `body over ${limitBytes} bytes`);
   // Refused before a byte is read when the client announces it; counted as it arrives otherwise (chunked).
@@ -64,7 +64,8 @@ export async function readBody(
     for await (const chunk of req.iterator({ destroyOnReturn: false })) {
       size += (chunk as Buffer).length;
       if (size > limitBytes) throw tooLarge();
-      if (hold && !hold((chunk as Buffer).length)) throw opts.refusal?.() ?? new HttpError(503, 'busy', 'too many bodies being read here');
+      const refused = hold?.((chunk as Buffer).length);
+      if (refused) throw refused;
       chunks.push(chunk as Buffer);
     }
   } finally {

@@ -50,12 +50,11 @@ export function webhookRoutes(
             deadlineMs: bodyDeadlineMs,
             hold: (bytes) => {
               const cost = bytes + CHUNK_COST;
-              if (unverifiedBytes + cost > maxUnverifiedBytes) return false;
+              if (unverifiedBytes + cost > maxUnverifiedBytes) return busy('too many webhook bodies being read');
               unverifiedBytes += cost;
               held += cost;
-              return true;
+              return undefined;
             },
-            refusal: () => busy('too many webhook bodies being read'),
           });
         } finally {
           unverifiedBytes -= held;
