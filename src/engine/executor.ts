@@ -170,7 +170,14 @@ export async function executeOperation(
     const signal = opts.signal ?? new AbortController().signal;
     opts.checkLease?.();
     if (signal.reason instanceof CallAbandoned) throw signal.reason;
-    return withinCallTimeout(effect.callTimeoutMs, signal, (callSignal) => made(op, { attempt: attempts, signal: callSignal }))
+    const carryOut = (callSignal: AbortSignal) => {
+      const beforeSend = () => {
+        opts.checkLease?.();
+        callSignal.throwIfAborted();
+      };
+      return made(op, { attempt: attempts, signal: callSignal, beforeSend });
+    };
+    return withinCallTimeout(effect.callTimeoutMs, signal, carryOut)
       .catch((err: unknown) => {
         if (signal.reason instanceof CallAbandoned) throw signal.reason;
         if (err instanceof CallTimedOut) {

@@ -143,12 +143,14 @@ export class Budget {
   }
 
   /**
-   * Resolves once a token is this caller's; rejects with BudgetTimeout at `deadline` (Date.now() ms).
+   * Resolves once a token is this caller's; rejects with BudgetTimeout at `deadline` (Date.now() ms), or
+   * with `signal`'s reason once it aborts (the call was given up: its place in the queue goes to others).
    * `account`: whose call it is (null: the platform's), for the turns.
    */
-  take(priority: Priority, deadline: number, account: AccountKey = null): Promise<void> {
+  take(priority: Priority, deadline: number, account: AccountKey = null, signal?: AbortSignal): Promise<void> {
     const started = performance.now();
     this.noteDemand(started);
+    if (signal?.aborted) return Promise.reject(signal.reason);
     if (this.closed) return Promise.reject(new BudgetTimeout(`the ${this.name} budget is closed`));
     this.dropExpired(started);
     if (this.reserve.length > 0 && (priority === 'dispatch' || this.queues.dispatch.length === 0)) {
@@ -157,18 +159,30 @@ export class Budget {
       return Promise.resolve();
     }
     return new Promise<void>((resolve, reject) => {
+      const givenUp = () => {
+        if (!this.queues[priority].remove(waiter)) return;
+        clearTimeout(waiter.timer);
+        reject(signal!.reason);
+      };
       const waiter: Waiter = {
         priority,
         account,
         since: started,
-        resolve,
-        reject,
+        resolve: () => {
+          signal?.removeEventListener('abort', givenUp);
+          resolve();
+        },
+        reject: (err) => {
+          signal?.removeEventListener('abort', givenUp);
+          reject(err);
+        },
         timer: setTimeout(() => {
           if (!this.queues[priority].remove(waiter)) return;
           this.metrics.timeouts.inc({ budget: this.label, priority });
-          reject(new BudgetTimeout(`no ${this.name} token within ${Math.round(performance.now() - started)} ms (${this.rate}/s for the fleet)`));
+          waiter.reject(new BudgetTimeout(`no ${this.name} token within ${Math.round(performance.now() - started)} ms (${this.rate}/s for the fleet)`));
         }, Math.max(0, deadline - Date.now())),
       };
+      signal?.addEventListener('abort', givenUp, { once: true });
       this.queues[priority].push(waiter);
       if (priority === 'dispatch' && this.sleeping?.priority === 'background') this.sleeping.wake();
       this.kick();

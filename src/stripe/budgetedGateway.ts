@@ -30,6 +30,7 @@ import {
   type PaymentGateway,
   type Refund,
   type CreateRefundParams,
+  type SendGuard,
   type StripeAccount,
 } from './gateway.ts';
 import { BudgetTimeout, type AccountBudgets, type Budget, type BudgetMetrics, type Priority } from './budget.ts';
@@ -74,7 +75,7 @@ export class BudgetedGateway implements PaymentGateway {
 
   // One line per method: which budgets its request takes from, on which account.
   createCharge(req: CreateChargeParams): Promise<Charge> {
-    return this.budgeted('request', req.account ?? null, () => this.inner.createCharge(req));
+    return this.budgeted('request', req.account ?? null, () => this.inner.createCharge(req), 'call', req.guard);
   }
 
   retrieveCharge(externalId: string, account: StripeAccount = null): Promise<Charge> {
@@ -90,15 +91,15 @@ export class BudgetedGateway implements PaymentGateway {
   }
 
   capturePaymentIntent(req: CaptureParams): Promise<Charge> {
-    return this.budgeted('request', req.account, () => this.inner.capturePaymentIntent(req));
+    return this.budgeted('request', req.account, () => this.inner.capturePaymentIntent(req), 'call', req.guard);
   }
 
   cancelPaymentIntent(req: CancelParams): Promise<Charge> {
-    return this.budgeted('request', req.account, () => this.inner.cancelPaymentIntent(req));
+    return this.budgeted('request', req.account, () => this.inner.cancelPaymentIntent(req), 'call', req.guard);
   }
 
   createRefund(req: CreateRefundParams): Promise<Refund> {
-    return this.budgeted('request', req.account ?? null, () => this.inner.createRefund(req));
+    return this.budgeted('request', req.account ?? null, () => this.inner.createRefund(req), 'call', req.guard);
   }
 
   retrieveRefund(externalId: string, account: StripeAccount = null): Promise<Refund> {
@@ -129,9 +130,17 @@ export class BudgetedGateway implements PaymentGateway {
    * `send` gets what paces its further pages. `pages`: how long they may wait for their tokens: within
    * the call's deadline (`call`: the reads of one operation, made under a lease the sweep does not
    * renew), or each as long as a call may (`page`: the drift report's lists, under no lease, at the
-   * budget's pace however many pages they run to).
+   * budget's pace however many pages they run to). A write's `guard`: its wait ends when its call is given
+   * up, and each send, resends after a 429 included, goes out only past its check, made last: a lease
+   * that ran out while the call waited (its renewals failing) sends nothing, once another claim may hold it.
    */
-  private async budgeted<T>(kind: Kind, account: StripeAccount, send: (beforeNextPage: BeforeNextPage) => Promise<T>, pages: 'call' | 'page' = 'call'): Promise<T> {
+  private async budgeted<T>(
+    kind: Kind,
+    account: StripeAccount,
+    send: (beforeNextPage: BeforeNextPage) => Promise<T>,
+    pages: 'call' | 'page' = 'call',
+    guard?: SendGuard,
+  ): Promise<T> {
     const deadline = Date.now() + this.opts.maxWaitMs;
     let starved: unknown;
     const beforeNextPage = () =>
@@ -140,7 +149,8 @@ export class BudgetedGateway implements PaymentGateway {
         throw err;
       });
     for (let sends = 1; ; sends++) {
-      await this.tokens(kind, account, deadline);
+      await this.tokens(kind, account, deadline, guard?.signal);
+      guard?.beforeSend();
       try {
         return await send(beforeNextPage);
       } catch (err) {
@@ -163,14 +173,14 @@ export class BudgetedGateway implements PaymentGateway {
     }
   }
 
-  private async tokens(kind: Kind, account: StripeAccount, deadline: number): Promise<void> {
+  private async tokens(kind: Kind, account: StripeAccount, deadline: number, signal?: AbortSignal): Promise<void> {
     const { requests, search, accounts } = this.opts.budgets;
     const priority = this.opts.priority ?? 'dispatch';
     try {
       // The scarcer token first: a requests token held while waiting for a search one would expire unspent.
-      if (kind === 'search') await search?.take(priority, deadline, account);
-      if (account !== null) await accounts?.for(account).take(priority, deadline);
-      await requests?.take(priority, deadline, account);
+      if (kind === 'search') await search?.take(priority, deadline, account, signal);
+      if (account !== null) await accounts?.for(account).take(priority, deadline, null, signal);
+      await requests?.take(priority, deadline, account, signal);
     } catch (err) {
       if (!(err instanceof BudgetTimeout)) throw err;
       throw new RetryLater(`not sent: ${err.message}`, undefined, undefined, { cause: err, code: 'budget' });

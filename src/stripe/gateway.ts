@@ -12,6 +12,18 @@ export type StripeAccount = string | null;
 export const accountOf = (op: Pick<Operation, 'payload'>): StripeAccount =>
   ((op.payload ?? {}) as { stripe_account?: string }).stripe_account ?? null;
 
+/**
+ * The call a write is sent for, as the engine hands it to its kind (src/types/kind.ts: CallContext):
+ * `signal` aborts once the call is given up (its claim lost or past its lease's deadline, the worker
+ * draining), and `beforeSend` throws then, reading that deadline from the clock, which a timer may not have
+ * yet in a process that was paused. A gateway that waits before it sends (src/stripe/budgetedGateway.ts)
+ * gives its wait up on the signal and calls beforeSend last, before each request it sends.
+ */
+export interface SendGuard {
+  signal: AbortSignal;
+  beforeSend(): void;
+}
+
 export interface CreateChargeParams {
   operationId: string;
   amount: number;
@@ -28,6 +40,8 @@ export interface CreateChargeParams {
   /** A destination charge's: the connected account the funds go to, and the platform's fee. */
   transferDestination?: string | null;
   applicationFeeAmount?: number | null;
+  /** What sends it: nothing is sent once its call is given up. */
+  guard?: SendGuard;
 }
 
 export type CaptureMethod = 'automatic' | 'manual';
@@ -78,6 +92,8 @@ export interface CreateRefundParams {
   /** A destination charge's refund: take the transfer back from the connected account, and the fee. */
   reverseTransfer?: boolean;
   refundApplicationFee?: boolean;
+  /** What sends it: nothing is sent once its call is given up. */
+  guard?: SendGuard;
 }
 
 /** A capture of an authorization: `amount_to_capture` of what it holds (the rest is released). */
@@ -87,6 +103,8 @@ export interface CaptureParams {
   /** Always `capture-op:<capture operation id>`. */
   idempotencyKey: string;
   account: StripeAccount;
+  /** What sends it: nothing is sent once its call is given up. */
+  guard?: SendGuard;
 }
 
 /** Stripe's reasons for cancelling a PaymentIntent. */
@@ -99,6 +117,8 @@ export interface CancelParams {
   /** Always `cancel-op:<cancel operation id>`. */
   idempotencyKey: string;
   account: StripeAccount;
+  /** What sends it: nothing is sent once its call is given up. */
+  guard?: SendGuard;
 }
 
 /** The fields of a Refund the executor reads. */

@@ -21,6 +21,9 @@ export interface CallContext {
   /** Aborted when the claim is lost, the worker shuts down past its grace period, or the kind's
    * callTimeoutMs has passed. */
   signal: AbortSignal;
+  /** Throws (the signal's reason) once the call may send nothing more: the signal, and the lease's own
+   * deadline read from the clock. A call that waits before it sends (for a rate budget) calls it last. */
+  beforeSend(): void;
 }
 
 /** How one kind is carried out and checked: each call reports what it learned as an Outcome, or throws

@@ -257,6 +257,31 @@ describe('the budgeted gateway', () => {
     expect(e.emulator.ledger()).toHaveLength(1);
   });
 
+  it("a write's guard: its wait for a token ends when its call is given up, and its check comes last, before each send (a resend after a 429 too)", async () => {
+    const { gateway: empty } = gateway({ requests: budget(replicaA, 0.1) }, 10_000);
+    const given = new AbortController();
+    const abandoned = new Error('given up (its lease ran out)');
+    setTimeout(() => given.abort(abandoned), 300);
+    const waitedFrom = performance.now();
+    await expect(empty.createCharge({ ...request(), guard: { signal: given.signal, beforeSend: () => given.signal.throwIfAborted() } })).rejects.toBe(abandoned);
+    expect(performance.now() - waitedFrom).toBeLessThan(5_000);
+
+    const { gateway: g } = gateway({ requests: budget(replicaA, 50) });
+    const req = request();
+    e.emulator.addFault({ fault: { kind: 'rate_limit' }, match: { operationId: req.operationId } });
+    let checks = 0;
+    const lapsed = new Error('past the lease deadline');
+    const guard = {
+      signal: new AbortController().signal,
+      beforeSend: () => {
+        if (++checks > 1) throw lapsed;
+      },
+    };
+    await expect(g.createCharge({ ...req, guard })).rejects.toBe(lapsed);
+    expect(checks).toBe(2);
+    expect(e.emulator.requests().map((r) => r.status)).toEqual([429]);
+  });
+
   it('without a budget, a rate_limit 429 goes back to the caller (the dispatcher reschedules it)', async () => {
     const { gateway: g, metrics } = gateway({});
     const req = request();
@@ -357,6 +382,32 @@ describe('waiting for a token holds the operation safely', () => {
       expect(await value(replica.metrics.leaseTakeovers)).toBe(0);
     } finally {
       await replica.stop();
+    }
+  });
+
+  it('a call whose lease runs out while it waits for a token (its renewals failing) stops waiting and sends nothing, then or once another claim holds the operation', async () => {
+    const name = `lapse_${randomUUID().slice(0, 8)}`;
+    // The bucket starts empty: its first token comes after 5 s, past the 3 s lease.
+    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: budget(replicaA, 0.2, name) }, maxWaitMs: 10_000 });
+    await leaveNothingBehind();
+    const id = await confirm(t);
+    // Every renewal of this operation (an update that moves lease_expires_at under the same fence) fails.
+    await t.pool.query(`create or replace function outboxd.fail_renewal() returns trigger language plpgsql as $$
+      begin if new.fence = old.fence and new.lease_expires_at > old.lease_expires_at then raise exception 'renewal refused (injected)'; end if; return new; end $$`);
+    await t.pool.query(`create trigger fail_renewal before update on outboxd.payment_operations for each row when (old.id = '${id}') execute function outboxd.fail_renewal()`);
+    const replica = await startDispatcher(t, g, 'lapsing-replica', { leaseTtlMs: 3_000, concurrency: 1 });
+    try {
+      await waitUntil(async () => (await operation(t, id)).lease_owner === 'lapsing-replica', 10_000, 'the claim');
+      // Given up at its deadline: the job is out of the replica's hands before the token could come.
+      await waitUntil(async () => (await value(replica.metrics.jobs, { result: 'abandoned' })) === 1, 5_000, 'the call given up');
+      const other = await waitUntil(() => acquireLease(t.pool, id, 'other-replica', 60_000), 10_000, 'the lease to expire');
+      expect(other).toBe(2);
+      // Past the time the bucket had a token for the stale call: it never went out.
+      await sleep(4_000);
+      expect(e.emulator.requests()).toHaveLength(0);
+    } finally {
+      await replica.stop();
+      await t.pool.query(`drop trigger fail_renewal on outboxd.payment_operations`);
     }
   });
 

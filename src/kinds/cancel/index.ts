@@ -18,12 +18,13 @@ export const CANCEL_NAMING: KindNaming = {
 const rules: ChangeRules = {
   kind: CANCEL,
   naming: CANCEL_NAMING,
-  send: (gateway, op, payload, account) =>
+  send: (gateway, op, payload, account, guard) =>
     gateway.cancelPaymentIntent({
       paymentIntent: payload.payment_intent,
       reason: (payload.reason as CancellationReason | undefined) ?? null,
       idempotencyKey: cancelIdempotencyKeyFor(op.id),
       account,
+      guard,
     }),
   settles: (_op, pi) => {
     if (pi.status === 'canceled') return { status: 'succeeded', reason: 'released' };

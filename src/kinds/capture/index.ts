@@ -19,8 +19,8 @@ export const CAPTURE_NAMING: KindNaming = {
 const rules: ChangeRules = {
   kind: CAPTURE,
   naming: CAPTURE_NAMING,
-  send: (gateway, op, payload, account) =>
-    gateway.capturePaymentIntent({ paymentIntent: payload.payment_intent, amount: op.amount!, idempotencyKey: captureIdempotencyKeyFor(op.id), account }),
+  send: (gateway, op, payload, account, guard) =>
+    gateway.capturePaymentIntent({ paymentIntent: payload.payment_intent, amount: op.amount!, idempotencyKey: captureIdempotencyKeyFor(op.id), account, guard }),
   settles: (op, pi) => {
     if (pi.status === 'succeeded') {
       return pi.amountReceived === op.amount

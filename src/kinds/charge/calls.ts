@@ -9,7 +9,7 @@ import { chargeMismatch, chargePayloadOf, chargeResultOf, chargeSettles } from '
 
 export function chargeCalls(gateway: PaymentGateway): EffectCalls {
   return {
-    create: async (op) => {
+    create: async (op, ctx) => {
       const options = chargePayloadOf(op);
       return fromCharge(
         op,
@@ -26,6 +26,7 @@ export function chargeCalls(gateway: PaymentGateway): EffectCalls {
           account: accountOf(op),
           transferDestination: options.transfer_destination ?? null,
           applicationFeeAmount: options.application_fee_amount ?? null,
+          guard: ctx,
         }),
       );
     },

@@ -5,7 +5,7 @@
 // twice, even once its key is forgotten: the key only replays the first answer.
 import type { EffectCalls, KindEvidence, KindNaming, Refuse } from '../../types/kind.ts';
 import type { Operation, Outcome } from '../../types/operation.ts';
-import { accountOf, namingNoIntent, Rejected, unlessRejected, type Charge, type PaymentGateway, type StripeAccount } from '../../stripe/gateway.ts';
+import { accountOf, namingNoIntent, Rejected, unlessRejected, type Charge, type PaymentGateway, type SendGuard, type StripeAccount } from '../../stripe/gateway.ts';
 
 /** What a capture or a cancel keeps in its payload: the charge's PaymentIntent and account, the
  * caller's key as given (effect_key is `<charge operation id>/<key>`), and a cancel's reason. */
@@ -27,7 +27,7 @@ export const RELEASE_KEY_PREFIX = 'outboxd:';
 export interface ChangeRules {
   kind: 'capture' | 'cancel';
   naming: KindNaming;
-  send(gateway: PaymentGateway, op: Operation, payload: ChangePayload, account: StripeAccount): Promise<Charge>;
+  send(gateway: PaymentGateway, op: Operation, payload: ChangePayload, account: StripeAccount, guard: SendGuard): Promise<Charge>;
   settles(op: Operation, pi: Charge): { status: 'succeeded' | 'failed'; reason: string } | { mismatch: string } | undefined;
 }
 
@@ -56,11 +56,11 @@ export function changeCalls(rules: ChangeRules, gateway: PaymentGateway): Effect
   const read = (held: 'ambiguous' | 'not_done') => async (op: Operation) =>
     fromIntent(rules, op, await namingNoIntent(gateway.retrieveCharge(changePayloadOf(op).payment_intent, accountOf(op))), held);
   return {
-    create: async (op) => {
+    create: async (op, ctx) => {
       try {
         // The PaymentIntent an error names is the charge's, known already, not an object of this change:
         // without it, the next attempt sends the change again rather than only reading it.
-        return fromIntent(rules, op, await namingNoIntent(rules.send(gateway, op, changePayloadOf(op), accountOf(op))), 'ambiguous');
+        return fromIntent(rules, op, await namingNoIntent(rules.send(gateway, op, changePayloadOf(op), accountOf(op), ctx)), 'ambiguous');
       } catch (err) {
         // Refused by the PaymentIntent's state (already captured, cancelled, expired): what it shows decides.
         if (err instanceof Rejected && err.code === 'payment_intent_unexpected_state') return read('ambiguous')(op);

@@ -9,7 +9,7 @@ import { payloadOf, refundMismatch } from './evidence.ts';
 export function refundCalls(gateway: PaymentGateway): EffectCalls {
   return {
     // The refund's id (re_…) comes only from a Refund; a PaymentIntent an error names is the charge's.
-    create: async (op) => {
+    create: async (op, ctx) => {
       const { payment_intent, reason, reverse_transfer, refund_application_fee } = payloadOf(op);
       const refund = await namingNoIntent(
         gateway.createRefund({
@@ -21,6 +21,7 @@ export function refundCalls(gateway: PaymentGateway): EffectCalls {
           account: accountOf(op),
           reverseTransfer: reverse_transfer === true,
           refundApplicationFee: refund_application_fee === true,
+          guard: ctx,
         }),
       );
       return fromRefund(op, refund);
