@@ -10,6 +10,9 @@ const optionalString = z.string().trim().min(1).optional().catch(undefined);
  * at every attempt. A longer SETTLEMENT_HANDLER_TIMEOUT_MS (accepted up to an hour, as by earlier
  * releases, where it worked for handlers that return sooner) is taken as this one (src/outboxd.ts). */
 export const MAX_SETTLEMENT_HANDLER_TIMEOUT_MS = 14 * 60_000;
+/** A call's wait for its Stripe budget tokens can be no shorter: the budget's own round trip to its bucket
+ * must fit in it, or every wait ends before its answer and the call is never sent. */
+const MIN_BUDGET_WAIT_MS = 500;
 
 const intInRange = (min: number, max: number, fallback: number) =>
   z.coerce.number().int().min(min).max(max).default(fallback);
@@ -120,6 +123,10 @@ export interface Config {
     secretKey: string | undefined;
     apiBase: string | undefined;
     timeoutMs: number;
+    /** The longest a call waits for its tokens of the fleet's Stripe budget: half of what the lease has
+     * beyond the Stripe timeout, so that a caller that does not renew its lease (the reconcile sweep)
+     * still holds it when its call ends. */
+    budgetWaitMs: number;
     mode: StripeMode;
     emulatorOptIn: boolean;
     /** Requests/s for the fleet, and Search requests/s; undefined: no budget. */
@@ -173,10 +180,12 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     throw new ConfigError(`invalid environment: ${problems}`);
   }
   const e = parsed.data;
-  if (e.LEASE_TTL_MS <= e.STRIPE_TIMEOUT_MS) {
+  const budgetWaitMs = Math.floor((e.LEASE_TTL_MS - e.STRIPE_TIMEOUT_MS) / 2);
+  if (budgetWaitMs < MIN_BUDGET_WAIT_MS) {
     throw new ConfigError(
-      `LEASE_TTL_MS (${e.LEASE_TTL_MS}) must be longer than STRIPE_TIMEOUT_MS (${e.STRIPE_TIMEOUT_MS}): ` +
-        'a lease that ends before the call it covers lets a second replica call Stripe concurrently',
+      `LEASE_TTL_MS (${e.LEASE_TTL_MS}) must be at least ${2 * MIN_BUDGET_WAIT_MS} ms longer than STRIPE_TIMEOUT_MS (${e.STRIPE_TIMEOUT_MS}): ` +
+        'a lease that ends before the call it covers lets a second replica call Stripe concurrently, and a call waits ' +
+        `for its Stripe budget half the difference, which below ${MIN_BUDGET_WAIT_MS} ms can end before the budget answers, every time`,
     );
   }
   if (e.ADMIN_HTTP_PORT === undefined && e.ADMIN_HTTP_HOST !== undefined) {
@@ -200,6 +209,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       secretKey: e.STRIPE_SECRET_KEY,
       apiBase: e.STRIPE_API_BASE,
       timeoutMs: e.STRIPE_TIMEOUT_MS,
+      budgetWaitMs,
       mode,
       emulatorOptIn: e.OUTBOXD_STRIPE_EMULATOR,
       ...rateLimits(e, mode),

@@ -105,12 +105,10 @@ export async function openGateway(config: Config, log: Logger, db: Database, opt
 
 /**
  * STRIPE_RATE_LIMIT (and the Search limit, and each connected account's) as buckets in this database,
- * shared by every process on it. A call waits at most half of what the lease has beyond the Stripe
- * timeout, so that even a caller that does not renew its lease (the reconcile sweep) still holds it when
- * its call ends.
+ * shared by every process on it. A call waits for its tokens at most config.stripe.budgetWaitMs.
  */
 function withBudget(handle: Omit<GatewayHandle, 'gateway'> & { gateway: PaymentGateway }, config: Config, db: Database, log: Logger): GatewayHandle {
-  const { rateLimit, searchRateLimit, accountRateLimit, timeoutMs } = config.stripe;
+  const { rateLimit, searchRateLimit, accountRateLimit, budgetWaitMs } = config.stripe;
   const budgeted = rateLimit !== undefined || searchRateLimit !== undefined || accountRateLimit !== undefined;
   const own = budgeted && !db.pool ? openPool(db, 'outboxd-budget', 2) : undefined;
   const pool = budgeted ? (db.pool ?? own) : undefined;
@@ -122,7 +120,7 @@ function withBudget(handle: Omit<GatewayHandle, 'gateway'> & { gateway: PaymentG
       search: budget('stripe_search', searchRateLimit),
       accounts: pool && accountRateLimit !== undefined ? new AccountBudgets(pool, { name: 'stripe', rate: accountRateLimit, log, metrics }) : undefined,
     },
-    maxWaitMs: Math.floor((config.worker.leaseTtlMs - timeoutMs) / 2),
+    maxWaitMs: budgetWaitMs,
     metrics: gatewayMetrics(metrics),
   });
   if (pool) {

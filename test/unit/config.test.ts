@@ -63,6 +63,15 @@ describe("Stripe's rate limit: a budget for all replicas together", () => {
     for (const bad of ['0', '-5', 'fast']) expect(() => loadConfig({ STRIPE_RATE_LIMIT: bad })).toThrow(/STRIPE_RATE_LIMIT: a number of requests per second, or off/);
   });
 
+  it('a call waits for its tokens half of what the lease has beyond the Stripe timeout; a lease that leaves it under 500 ms is refused', () => {
+    expect(loadConfig({}).stripe.budgetWaitMs).toBe(5_000);
+    expect(loadConfig({ LEASE_TTL_MS: '3000', STRIPE_TIMEOUT_MS: '2000' }).stripe.budgetWaitMs).toBe(500);
+    // A wait of 0 ms ends before the bucket answers, every time: the operation would be rescheduled for ever, never sent.
+    for (const [lease, timeout] of [['20001', '20000'], ['2999', '2000'], ['20000', '20000'], ['10000', '20000']]) {
+      expect(() => loadConfig({ LEASE_TTL_MS: lease, STRIPE_TIMEOUT_MS: timeout })).toThrow(/LEASE_TTL_MS \(\d+\) must be at least 1000 ms longer than STRIPE_TIMEOUT_MS/);
+    }
+  });
+
   it("gives a connected account a bucket of its own only below the platform's rate (the platform's bounds it otherwise)", () => {
     // Defaults: Stripe's documented limit per account, the platform's own: no bucket of its own.
     expect(loadConfig({ STRIPE_SECRET_KEY: 'sk_live_x' }).stripe.accountRateLimit).toBeUndefined();
