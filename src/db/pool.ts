@@ -1,6 +1,6 @@
 import pg from 'pg';
 import type { Db as IDatabase } from 'pg-boss';
-import { resultTypes, statementsFor, type Statements } from '../sql/statements.ts';
+import { builtInTypes, resultTypes, statementsFor, type Statements } from '../sql/statements.ts';
 
 export type PoolClient = pg.PoolClient;
 /** outboxd's own pool, bound to one schema: `pool.sql` are the statements for it. */
@@ -134,5 +134,5 @@ export async function withClient<T>(
 
 /** pg-boss's database interface over a transaction's client, so its statements join that transaction. */
 export function bossDb(client: Pick<Queryable, 'query'>): IDatabase {
-  return { executeSql: (text, values) => client.query(text, values as unknown[]) };
+  return { executeSql: (text, values) => client.query({ text, values: (values ?? []) as unknown[], types: builtInTypes }) };
 }

@@ -14,7 +14,7 @@ import { bossDb, inTransaction, isPooled, type Pool } from '../db/pool.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
 import { DEAD_LETTER_SUFFIX, LIVE_JOB_STATES as LIVE_JOB_STATE_LIST } from '../types/contracts.ts';
 import { createSettlementQueues, relaySettlements, SETTLED_DEAD_QUEUE, SETTLED_EVENT, SETTLED_QUEUE } from './settlements.ts';
-import { bossSchemaFor } from '../sql/statements.ts';
+import { bossSchemaFor, builtInTypes } from '../sql/statements.ts';
 import { traceContextPropagator, traceRelay, untraced } from '../telemetry/tracing.ts';
 import { createPruneQueue, PRUNE_QUEUE } from './retention.ts';
 
@@ -117,7 +117,8 @@ export function createBoss(
   const application_name = `outboxd-boss-${role}`;
   const pooled = typeof connection === 'string' && isPooled(connection, directUrl);
   // A socket whose peer vanished (a failover) is noticed by the kernel and frees its slot.
-  const database = { connectionString: connection as string, max, application_name, keepAlive: true };
+  // pg-boss reads its rows (a job's data) with pg's built-in parsers, whatever the application set globally.
+  const database = { connectionString: connection as string, max, application_name, keepAlive: true, types: builtInTypes };
   // On an application's pool, with a direct URL: LISTEN on a session of its own there.
   const listener = typeof connection !== 'string' && listens ? directListener(database, directUrl!) : undefined;
   void listener?.open(); // makes the pool it never uses; nothing connects before listen()
@@ -125,7 +126,7 @@ export function createBoss(
     ...(typeof connection !== 'string'
       ? {
           db: {
-            executeSql: (text: string, values?: unknown[]) => connection.query(text, values),
+            executeSql: (text: string, values?: unknown[]) => connection.query({ text, values: values ?? [], types: builtInTypes }),
             beginTransaction: () => beginBossTransaction(connection),
             ...(listener ? { listen: listener.listen.bind(listener) } : {}),
           },

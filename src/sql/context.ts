@@ -4,6 +4,7 @@
 import { createHash } from 'node:crypto';
 import pg from 'pg';
 import type { QueryConfig } from 'pg';
+import textParsers from 'pg-types/lib/textParsers.js';
 
 export const DEFAULT_SCHEMA = 'outboxd';
 /** A lower-case identifier (never needs quoting rules of its own), short enough that the pg-boss schema
@@ -41,12 +42,22 @@ export const briefColumns = (): string =>
       : c,
   ).join(', ');
 
+/** pg's own text parsers as pg-types ships them, apart from its registry, which every connection in the
+ * process reads and an application may change (pg.types.setTypeParser: timestamps kept as text, jsonb
+ * as a string): outboxd's reads, and pg-boss's on its connections, keep to these. */
+const BUILT_IN = new Map<number, (text: string) => unknown>();
+textParsers.init((oid, parse) => BUILT_IN.set(oid, parse));
+export const builtInTypes = {
+  getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
+    format === 'binary' ? pg.types.getTypeParser(oid, format) : (BUILT_IN.get(oid) ?? String)) as typeof pg.types.getTypeParser,
+};
+
 const INT8 = 20;
 /** bigint columns (amount, fence) hold values far below 2^53: read as numbers, on any connection (an
  * application's own pool included) without changing how that connection parses its own columns. */
 export const resultTypes = {
   getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
-    oid === INT8 ? Number : pg.types.getTypeParser(oid, format)) as typeof pg.types.getTypeParser,
+    oid === INT8 ? Number : builtInTypes.getTypeParser(oid, format)) as typeof pg.types.getTypeParser,
 };
 
 /** pg-boss's schema for an outboxd schema: `pgboss` for the default one, its own for any other, so two

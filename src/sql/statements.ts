@@ -32,7 +32,7 @@ import { retentionStatements } from './retention.ts';
 import { sessionsStatements } from './sessions.ts';
 import { webhooksStatements } from './webhooks.ts';
 
-export { bossSchemaFor, DEFAULT_SCHEMA, operationColumns, resultTypes, SCHEMA_NAME } from './context.ts';
+export { bossSchemaFor, builtInTypes, DEFAULT_SCHEMA, operationColumns, resultTypes, SCHEMA_NAME } from './context.ts';
 
 export type Statements = ReturnType<typeof build>;
 

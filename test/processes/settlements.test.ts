@@ -546,6 +546,33 @@ describe('the unnamed handlers’ table', () => {
     }
   });
 
+  it("an application's own type parsers (pg's global ones: timestamps and jsonb left as text) change nothing outboxd reads", { timeout: 60_000 }, async () => {
+    const { TIMESTAMPTZ, JSONB } = pg.types.builtins;
+    const before = [pg.types.getTypeParser(TIMESTAMPTZ), pg.types.getTypeParser(JSONB)] as const;
+    pg.types.setTypeParser(TIMESTAMPTZ, (s: string) => s);
+    pg.types.setTypeParser(JSONB, (s: string) => s);
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    const unnamed: SettlementEvent[] = [];
+    const named: SettlementEvent[] = [];
+    try {
+      await outboxd.onSettled((event) => void unnamed.push(event));
+      await outboxd.onSettled((event) => void named.push(event), { subscriber: 'parsers' });
+      const op = await settle();
+      await waitUntil(() => unnamed.some((e) => e.operationId === op) && named.some((e) => e.operationId === op), 20_000, 'the event, to both handlers');
+      for (const event of [...unnamed, ...named].filter((e) => e.operationId === op)) {
+        expect(event).toMatchObject({ operationId: op, status: 'succeeded', amount: 2599 });
+        expect(event.settledAt).toBeInstanceOf(Date);
+      }
+      const read = await outboxd.getOperation(op);
+      expect(read?.createdAt).toBeInstanceOf(Date);
+      expect(typeof read?.metadata).toBe('object');
+    } finally {
+      await outboxd.stop();
+      pg.types.setTypeParser(TIMESTAMPTZ, before[0]);
+      pg.types.setTypeParser(JSONB, before[1]);
+    }
+  });
+
   it('stop() while onSettled is still starting leaves no delivery running (on the application’s pool, which stop() leaves open)', { timeout: 60_000 }, async () => {
     const appPool = new pg.Pool({ connectionString: t.url, max: 4 });
     const outboxd = new Outboxd({ pool: appPool, onError: () => {} });
