@@ -23,6 +23,7 @@ import type { SettlementSource } from '../engine/operation.ts';
 import type { Statements } from '../sql/statements.ts';
 import { traceDelivery } from '../telemetry/tracing.ts';
 import { withinDeadline } from '../types/deadline.ts';
+import { isStorableText, storableText } from '../types/input.ts';
 
 export const SETTLED_QUEUE = 'settled';
 export const SETTLED_DEAD_QUEUE = 'settled_dead';
@@ -262,7 +263,7 @@ export function deliverSettlements(
       await db.query(db.sql.settlementEventDone(id, attempts));
       return;
     }
-    const lastError = (failure instanceof Error ? failure.message : String(failure)).slice(0, 2000);
+    const lastError = storableText((failure instanceof Error ? failure.message : String(failure)).slice(0, 2000));
     if (attempts > settledQueueOptions.retryLimit!) {
       await inTransaction(pool, async (tx) => {
         const { rowCount } = await tx.query(tx.sql.settlementEventDone(id, attempts));
@@ -572,6 +573,8 @@ async function workSlots(
       if (next) boss.notifyWorker(next);
       try {
         await deliver(jobs[0]!, tx);
+      } catch (err) {
+        throw recordable(err);
       } finally {
         const self = ids[slot];
         if (self) boss.notifyWorker(self);
@@ -579,6 +582,22 @@ async function workSlots(
     };
     ids.push(await boss.work<SettledJob>(queue, { ...options, ...polling, batchSize: 1 } as WorkOptions, handler as WorkHandler<SettledJob>));
   }
+}
+
+/**
+ * A handler's failure as pg-boss can record it: it keeps the error's name, message, stack, own fields and
+ * cause as the job's output (jsonb), which cannot hold U+0000 or half a surrogate pair; with one, the
+ * failure was never recorded and the job stayed active, unseen, until it expired. Such an error is
+ * recorded by its name, message and stack as storable text.
+ */
+function recordable(err: unknown): unknown {
+  const texts = (e: unknown, depth: number): string[] =>
+    e instanceof Error && depth > 0
+      ? [e.name, e.message, e.stack ?? '', ...Object.values(e).filter((v): v is string => typeof v === 'string'), ...texts(e.cause, depth - 1)]
+      : typeof e === 'string' ? [e] : [];
+  if (texts(err, 4).every(isStorableText)) return err;
+  const e = err instanceof Error ? err : new Error(String(err));
+  return Object.assign(new Error(storableText(e.message)), { name: storableText(e.name), stack: storableText(e.stack ?? '') });
 }
 
 /** `fn`'s promise, or a SettlementTimeoutError once `ms` have passed. The handler itself cannot be

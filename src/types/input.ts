@@ -14,6 +14,9 @@ export const MAX_ID_LENGTH = 255;
  */
 export const isStorableText = (s: string): boolean => !s.includes('\0') && s.isWellFormed();
 export const UNSTORABLE = 'must not contain U+0000 or half a surrogate pair';
+/** Text from elsewhere (a handler's error, cut to length) as PostgreSQL can store it: U+0000 and each half
+ * of a surrogate pair become U+FFFD, where refusing it would leave its failure unrecorded. */
+export const storableText = (s: string): string => s.replaceAll('\0', '\ufffd').toWellFormed();
 
 /** Where in a JSON value (keys and strings, nested) the first unstorable text is: 'a.b[2]', or undefined. */
 export function unstorableAt(value: unknown, path: string): string | undefined {

@@ -573,6 +573,38 @@ describe('the unnamed handlers’ table', () => {
     }
   });
 
+  it("a handler's error holding U+0000 or half a surrogate pair is recorded (as U+FFFD): put off with backoff, as any failure", { timeout: 60_000 }, async () => {
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    const calls = { unnamed: 0, named: 0 };
+    const orderId = `ord_nul_${randomUUID()}`;
+    let op = '';
+    let recorded: unknown;
+    const bad = 'bad byte \u0000 in the body, then \ud83d';
+    try {
+      await outboxd.onSettled(async (event) => {
+        if (event.orderId !== orderId) return;
+        if (++calls.unnamed === 1) throw new Error(bad);
+        // Delivered again: what the failure before left on the event.
+        recorded = (await t.pool.query(`select last_error from outboxd.settlement_outbox where operation_id = $1`, [event.operationId])).rows[0];
+      });
+      // A transactional subscriber's failure is pg-boss's to record, as the job's output (jsonb).
+      await outboxd.onSettled(
+        (event) => {
+          if (event.orderId === orderId && ++calls.named === 1) throw Object.assign(new Error(bad), { detail: bad });
+        },
+        { subscriber: 'nul', transactional: true },
+      );
+      op = await settle({ orderId });
+      await waitUntil(async () => (await events(op)).length === 0, 10_000, 'delivered again after its backoff');
+      expect(calls.unnamed).toBe(2);
+      expect(recorded).toEqual({ last_error: 'bad byte \ufffd in the body, then \ufffd' });
+      await waitUntil(async () => (await jobs('settled.nul', op))[0]?.state === 'completed', 20_000, "the subscriber's job, retried after its failure");
+      expect(calls.named).toBe(2);
+    } finally {
+      await outboxd.stop();
+    }
+  });
+
   it('stop() while onSettled is still starting leaves no delivery running (on the application’s pool, which stop() leaves open)', { timeout: 60_000 }, async () => {
     const appPool = new pg.Pool({ connectionString: t.url, max: 4 });
     const outboxd = new Outboxd({ pool: appPool, onError: () => {} });
