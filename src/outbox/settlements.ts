@@ -159,6 +159,12 @@ class SettlementTimeoutError extends Error {
   override name = 'SettlementTimeoutError';
 }
 
+/** A transactional handler that ended its delivery's transaction itself: failed, and retried (a retry of
+ * an event whose consumption that handler committed finds it consumed, and commits nothing more). */
+class SettlementTransactionEnded extends Error {
+  override name = 'SettlementTransactionEnded';
+}
+
 /** The event a job carries, its times as Dates. */
 function eventOf(data: SettledJob): SettlementEvent {
   const { settledAt, hold, traceparent: _traceparent, queue: _queue, lastError: _lastError, ...event } = data;
@@ -542,6 +548,15 @@ export async function workSettlementsInTransaction(
         await withinTimeout(() => handle(event, tx), work.timeoutMs);
       } finally {
         open = false;
+      }
+      // Still the transaction the consumption was recorded in: a handler that ended it (a COMMIT or a
+      // ROLLBACK sent through tx, as a library's own transaction() does) left the job to complete on its
+      // own, with nothing consumed or with its writes committed outside the fenced completion.
+      const now = (await txDb!.executeSql(sql.currentTransactionId().text, [])).rows[0]?.xid;
+      if (now !== rows[0].xid) {
+        throw new SettlementTransactionEnded(
+          'the handler ended the delivery\'s transaction (a COMMIT or ROLLBACK through tx, as a transaction() of a library over it sends): nest with SAVEPOINT; the event comes back',
+        );
       }
     });
   });

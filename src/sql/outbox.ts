@@ -224,12 +224,15 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
     ),
 
     /** Records `subscriber` consuming the operation's settlement, inside the delivery's transaction: no
-     * row back means it consumed it already. */
+     * row back means it consumed it already. `xid`: the transaction's id (the insert gave it one). */
     consumeSettlement: statement<[subscriber: string, operationId: string]>(
       'outboxd_consume_settlement',
       `insert into ${s}.settlement_consumption (subscriber, operation_id) values ($1, $2)
        on conflict (subscriber, operation_id) do nothing
-       returning operation_id`,
+       returning operation_id, pg_current_xact_id()::text as xid`,
     ),
+
+    /** The id of the transaction the statement runs in, if it has one (null: none, or autocommit). */
+    currentTransactionId: statement<[]>('outboxd_current_transaction_id', `select pg_current_xact_id_if_assigned()::text as xid`),
   };
 };

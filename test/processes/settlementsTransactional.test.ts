@@ -5,6 +5,8 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
+import { sql } from 'drizzle-orm';
+import { drizzle } from 'drizzle-orm/node-postgres';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createMetrics } from '../../src/telemetry/metrics.ts';
@@ -73,6 +75,35 @@ describe('transactional subscribers', () => {
       expect(consumed.rows).toHaveLength(6);
       // The redelivered one: its first delivery was rolled back, consumption record included.
       expect((await subscriberJobs('send-receipt', ops)).map((j) => j.retry_count).sort()).toEqual([0, 0, 1]);
+    } finally {
+      await outboxd.stop();
+    }
+  });
+
+  it('a handler that ends its delivery’s transaction (drizzle’s transaction() over tx: its ROLLBACK swallowed, then its COMMIT) still sees the event consumed once, with its writes', { timeout: 180_000 }, async () => {
+    await t.pool.query('create table paid (operation_id uuid not null, attempt int not null)');
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    let calls = 0;
+    try {
+      await outboxd.onSettled(async (event, tx) => {
+        const attempt = ++calls;
+        try {
+          await drizzle({ client: tx as unknown as pg.PoolClient }).transaction(async (d) => {
+            await d.execute(sql`insert into paid values (${event.operationId}, ${attempt})`);
+            if (attempt === 1) throw new Error('a check in the handler failed: try again later');
+          });
+        } catch {
+          // logged by the application, and not thrown: its ROLLBACK ended outboxd's transaction too
+        }
+      }, { transactional: true, subscriber: 'drizzle-app' });
+      const op = await settle();
+      await waitUntil(async () => (await subscriberJobs('drizzle-app', [op]))[0]?.state === 'completed', 60_000, 'the job completed');
+      const consumed = await t.pool.query(`select count(*)::int as n from outboxd.settlement_consumption where subscriber = 'drizzle-app' and operation_id = $1`, [op]);
+      expect(consumed.rows[0].n).toBe(1);
+      // The first attempt's write rolled back; the second's committed (by drizzle's COMMIT, with the
+      // consumption), and the delivery after it found the event consumed and ran nothing.
+      expect((await t.pool.query('select attempt from paid where operation_id = $1', [op])).rows).toEqual([{ attempt: 2 }]);
+      expect(calls).toBe(2);
     } finally {
       await outboxd.stop();
     }
