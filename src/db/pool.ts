@@ -132,7 +132,13 @@ export async function withClient<T>(
   }
 }
 
+/** A statement as pg-boss's database interface is handed it, read with pg's built-in parsers whatever the
+ * application set: pg-boss's own (text and values), or one of outboxd's sent through a pg-boss
+ * transaction (a QueryConfig, with its own parsers), run as it is. */
+export const bossStatement = (text: string | pg.QueryConfig, values?: unknown[]): pg.QueryConfig =>
+  typeof text === 'string' ? { text, values: values ?? [], types: builtInTypes } : text;
+
 /** pg-boss's database interface over a transaction's client, so its statements join that transaction. */
 export function bossDb(client: Pick<Queryable, 'query'>): IDatabase {
-  return { executeSql: (text, values) => client.query({ text, values: (values ?? []) as unknown[], types: builtInTypes }) };
+  return { executeSql: (text, values) => client.query(bossStatement(text, values as unknown[] | undefined)) };
 }

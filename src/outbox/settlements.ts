@@ -15,7 +15,7 @@
 // (docs/runbook.md, "Upgrading").
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
-import type pg from 'pg';
+import pg from 'pg';
 import type { QueryConfig, QueryResult, QueryResultRow } from 'pg';
 import type { Db as IDatabase, Job, PgBoss, Queue, WorkHandler, WorkOptions } from 'pg-boss';
 import { bossDb, inTransaction, type Pool, type Queryable } from '../db/pool.ts';
@@ -533,10 +533,12 @@ export async function workSettlementsInTransaction(
     // pg-boss sends its COMMIT or ROLLBACK: a statement the handler issues later would otherwise queue
     // behind the ROLLBACK on the same connection and run on its own, committed, outside the transaction.
     let open = true;
+    // The handler's statements read as any of the application's connections would (pg's global parsers),
+    // where pg-boss's (its pool's) read with the built-in ones; outboxd's own carry theirs.
     const tx: SettlementTransaction = {
       query: (text, values) =>
         open
-          ? (txDb!.executeSql(text as string, values) as never)
+          ? (txDb!.executeSql({ types: pg.types, ...(typeof text === 'string' ? { text } : text), ...(values !== undefined ? { values } : {}) } as never) as never)
           : Promise.reject(new Error('this settlement delivery is over (returned, threw or timed out): its transaction is settled, nothing more is written')),
     };
     await traceDelivery({ ...event, traceparent: job.data.traceparent }, job.retryCount, async () => {

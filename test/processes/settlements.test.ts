@@ -557,8 +557,15 @@ describe('the unnamed handlers’ table', () => {
     try {
       await outboxd.onSettled((event) => void unnamed.push(event));
       await outboxd.onSettled((event) => void named.push(event), { subscriber: 'parsers' });
+      // A transactional handler's own statements read as the application's connections do: its parsers.
+      const readInTransaction: unknown[] = [];
+      await outboxd.onSettled(async (event, tx) => {
+        readInTransaction.push(event.settledAt, (await tx.query(`select now() as at`)).rows[0].at);
+      }, { subscriber: 'parsers-tx', transactional: true });
       const op = await settle();
-      await waitUntil(() => unnamed.some((e) => e.operationId === op) && named.some((e) => e.operationId === op), 20_000, 'the event, to both handlers');
+      await waitUntil(() => unnamed.some((e) => e.operationId === op) && named.some((e) => e.operationId === op) && readInTransaction.length > 0, 20_000, 'the event, to every handler');
+      expect(readInTransaction[0]).toBeInstanceOf(Date);
+      expect(typeof readInTransaction[1]).toBe('string');
       for (const event of [...unnamed, ...named].filter((e) => e.operationId === op)) {
         expect(event).toMatchObject({ operationId: op, status: 'succeeded', amount: 2599 });
         expect(event.settledAt).toBeInstanceOf(Date);
