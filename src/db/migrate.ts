@@ -3,7 +3,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { createBoss, createQueues } from '../outbox/outbox.ts';
 import { ConfigError } from '../runtime/config.ts';
-import { createPool, withClient, type PoolClient } from './pool.ts';
+import { createPool, sharedSession, withClient, type PoolClient } from './pool.ts';
 
 const MIGRATIONS = fileURLToPath(new URL('../../drizzle', import.meta.url));
 /** drizzle's record of applied migrations, kept in outboxd's own schema (drizzle's default is one
@@ -19,8 +19,6 @@ export const MIGRATION_LOCK = 7_411_001;
 export const MIGRATION_LOCK_TIMEOUT_MS = 5_000;
 /** The same for a `concurrently` statement, which waits for every older transaction without blocking anyone. */
 const CONCURRENT_LOCK_TIMEOUT_MS = 15 * 60_000;
-/** How long the pooler check waits to connect, and for each answer. */
-const PROBE_TIMEOUT_MS = 10_000;
 /** A migration with such a statement cannot run in a transaction (PostgreSQL refuses): see applyMigrations. */
 const CONCURRENTLY = /\b(create|drop)\s+(unique\s+)?index\s+concurrently\b|\breindex\b.*\bconcurrently\b/i;
 
@@ -73,7 +71,7 @@ export async function drizzlePending(client: Pick<PoolClient, 'query'>, schema: 
  * lock that serialises migrators is a session's), or an application's pool. `folder`: the migrations.
  */
 export async function migrate(connection: string | pg.Pool, schema: string, folder = MIGRATIONS): Promise<void> {
-  const shared = await sharedSession(connection);
+  const shared = await sharedSession(connection, 'outboxd-migrate');
   if (shared) {
     throw new ConfigError(
       `the migration's connection reaches PostgreSQL through a transaction pooler (${shared}): a migration needs a session of its own, ` +
@@ -86,37 +84,6 @@ export async function migrate(connection: string | pg.Pool, schema: string, fold
     await withClient(pool, (client) => migrateWith(client, connection, schema, folder));
   } finally {
     await pool.end();
-  }
-}
-
-/**
- * How two connections held open at once showed that they share PostgreSQL sessions, or undefined when
- * each kept its own. Reached directly, or through a pooler in session mode, each is served by one backend
- * of its own throughout; a transaction pooler hands each statement to a free server connection, the one
- * the other connection just used as often as not. Asked in turn three times, so that a pool busy with
- * other clients meanwhile still shows it; never a false alarm on a direct connection. (A pooler that
- * spreads one connection's statements over several servers, as pgpool-II's statement-level load balancing
- * does, is taken for a transaction pooler too.) Two connections beyond the pool's own, for a moment.
- */
-async function sharedSession(connection: string | pg.Pool): Promise<string | undefined> {
-  // A pool keeps its password off its enumerable options (a spread would drop it, or its function).
-  const config = typeof connection === 'string' ? { connectionString: connection } : { ...connection.options, password: connection.options.password };
-  const clients = [0, 1].map(() => new pg.Client({ ...config, application_name: 'outboxd-migrate', connectionTimeoutMillis: PROBE_TIMEOUT_MS, query_timeout: PROBE_TIMEOUT_MS }));
-  // A connection lost between the questions emits 'error': unheard, it would end the application's process.
-  for (const c of clients) c.on('error', () => {});
-  try {
-    await Promise.all(clients.map((c) => c.connect()));
-    const pids: number[][] = [[], []];
-    for (let round = 0; round < 3; round++) {
-      for (const [i, c] of clients.entries()) pids[i]!.push((await c.query('select pg_backend_pid() as pid')).rows[0].pid);
-    }
-    const [a, b] = pids.map((p) => new Set(p)) as [Set<number>, Set<number>];
-    if (a.size > 1 || b.size > 1) return `one connection was served by backends ${[...a, ...b].join(', ')} in turn`;
-    const [pid] = [...a];
-    if (b.has(pid!)) return `two connections were both served by backend ${pid}`;
-    return undefined;
-  } finally {
-    await Promise.all(clients.map((c) => c.end().catch(() => {})));
   }
 }
 

@@ -1,5 +1,6 @@
 import pg from 'pg';
 import type { Db as IDatabase } from 'pg-boss';
+import { ConfigError } from '../runtime/config.ts';
 import { builtInTypes, resultTypes, statementsFor, type Statements } from '../sql/statements.ts';
 
 export type PoolClient = pg.PoolClient;
@@ -32,6 +33,67 @@ const timeouts = (scope: 'local' | 'session') =>
 /** Whether `url` reaches PostgreSQL through a transaction pooler: a direct URL was given beside it. */
 export const isPooled = (url: string, directUrl: string | undefined): boolean => directUrl !== undefined && directUrl !== url;
 
+/** How long the pooler check waits to connect, and for each answer. */
+const PROBE_TIMEOUT_MS = 10_000;
+
+/**
+ * How two connections held open at once showed that they share PostgreSQL sessions, or undefined when
+ * each kept its own. Reached directly, or through a pooler in session mode, each is served by one backend
+ * of its own throughout; a transaction pooler hands each statement to a free server connection, the one
+ * the other connection just used as often as not. Asked in turn three times, so that a pool busy with
+ * other clients meanwhile still shows it; never a false alarm on a direct connection. (A pooler that
+ * spreads one connection's statements over several servers, as pgpool-II's statement-level load balancing
+ * does, is taken for a transaction pooler too.) Two connections beyond the pool's own, for a moment.
+ */
+export async function sharedSession(connection: string | pg.Pool, applicationName: string): Promise<string | undefined> {
+  // A pool keeps its password off its enumerable options (a spread would drop it, or its function).
+  const config = typeof connection === 'string' ? { connectionString: connection } : { ...connection.options, password: connection.options.password };
+  const clients = [0, 1].map(() => new pg.Client({ ...config, application_name: applicationName, connectionTimeoutMillis: PROBE_TIMEOUT_MS, query_timeout: PROBE_TIMEOUT_MS }));
+  // A connection lost between the questions emits 'error': unheard, it would end the application's process.
+  for (const c of clients) c.on('error', () => {});
+  try {
+    await Promise.all(clients.map((c) => c.connect()));
+    const pids: number[][] = [[], []];
+    for (let round = 0; round < 3; round++) {
+      for (const [i, c] of clients.entries()) pids[i]!.push((await c.query('select pg_backend_pid() as pid')).rows[0].pid);
+    }
+    const [a, b] = pids.map((p) => new Set(p)) as [Set<number>, Set<number>];
+    if (a.size > 1 || b.size > 1) return `one connection was served by backends ${[...a, ...b].join(', ')} in turn`;
+    const [pid] = [...a];
+    if (b.has(pid!)) return `two connections were both served by backend ${pid}`;
+    return undefined;
+  } finally {
+    await Promise.all(clients.map((c) => c.end().catch(() => {})));
+  }
+}
+
+/** Each URL a pool of session settings was made for, checked once per process (sharedSession). */
+const sessionChecks = new Map<string, Promise<void>>();
+
+/**
+ * Refuses a URL that reaches PostgreSQL through a transaction pooler when it was not said to (no direct
+ * URL beside it): a pool for it sets its timeouts on each session and names its statements, and there the
+ * settings would stay on the pooler's server connections for its other clients, and the names collide.
+ * A check that could not ask (the database away) is asked again by the next connection.
+ */
+function ownSessions(connectionString: string): Promise<void> {
+  let check = sessionChecks.get(connectionString);
+  if (check) return check;
+  check = sharedSession(connectionString, 'outboxd-session-check').then((shared) => {
+    if (!shared) return;
+    throw new ConfigError(
+      `the database URL reaches PostgreSQL through a transaction pooler (${shared}), and no direct URL was given beside it: ` +
+        "outboxd's session settings and named statements would reach the pooler's other clients. Give the database itself as " +
+        'DATABASE_DIRECT_URL (the library: directConnectionString), keeping the pooler as DATABASE_URL (connectionString)',
+    );
+  });
+  check.catch((err: unknown) => {
+    if (!(err instanceof ConfigError)) sessionChecks.delete(connectionString);
+  });
+  sessionChecks.set(connectionString, check);
+  return check;
+}
+
 export function createPool(
   connectionString: string,
   opts: {
@@ -60,10 +122,18 @@ export function createPool(
     keepAlive: true,
     ...(limited ? { query_timeout: opts.queryTimeoutMs ?? QUERY_TIMEOUT_MS } : {}),
     // A direct session is this pool's alone: its timeouts are set once, before pg-pool hands it out (which
-    // ends a client whose hook fails). Behind a pooler only outboxd's transactions have them (SET LOCAL),
-    // as a session setting would reach the pooler's other clients.
-    ...(limited && !opts.pooled ? { onConnect: async (client: pg.ClientBase) => void (await client.query(timeouts('session'))) } : {}),
-    // Raw queries on our own connections read bigints as numbers too; pg's global parsers stay untouched.
+    // ends a client whose hook fails), once the URL is known not to be a pooler's. Behind a pooler only
+    // outboxd's transactions have them (SET LOCAL), as a session setting would reach its other clients.
+    ...(limited && !opts.pooled
+      ? {
+          onConnect: async (client: pg.ClientBase) => {
+            await ownSessions(connectionString);
+            await client.query(timeouts('session'));
+          },
+        }
+      : {}),
+    // Raw queries on our own connections read bigints as numbers too, and nothing as the application's
+    // global parsers would; those stay untouched.
     types: resultTypes,
   });
   // An idle client losing its server (restart, pg_terminate_backend) emits 'error' on the pool; without

@@ -171,4 +171,26 @@ describe.for(releases)('through PgBouncer $label in transaction mode', ({ releas
     await new Outboxd({ pool: appPool, directConnectionString: t.url, schema: t.schema }).migrate();
     expect(await heldLocks()).toBe(0);
   }, 60_000);
+
+  it("the pooler's URL given alone (no direct URL) is refused, naming it, before outboxd sets anything on the pooler's server connections", async () => {
+    const other = new pg.Client({ connectionString: pooled });
+    await other.connect();
+    const settings = async () => (await other.query(`select current_setting('statement_timeout') as statement, current_setting('lock_timeout') as lock`)).rows[0];
+    const before = await settings();
+    const alone = new Outboxd({ connectionString: pooled, schema: t.schema, onError: () => {} });
+    try {
+      await expect(alone.getOperation('01a250ea-b374-72a1-a09b-47875df2b840')).rejects.toMatchObject({ name: 'ConfigError', message: expect.stringMatching(/through a transaction pooler .*directConnectionString/) });
+      // The pooler's other clients keep their own settings (both of its server connections asked).
+      for (let i = 0; i < 4; i++) expect(await settings()).toEqual(before);
+      const env = { ...process.env, DATABASE_URL: pooled, DATABASE_DIRECT_URL: '', OUTBOXD_SCHEMA: t.schema, LOG_LEVEL: 'warn' };
+      const child = spawn(process.execPath, [BIN, 'ops', 'list'], { env });
+      let stderr = '';
+      child.stderr.on('data', (d) => (stderr += d));
+      expect(await new Promise((resolve) => child.on('exit', resolve))).toBe(2);
+      expect(stderr).toMatch(/through a transaction pooler .*DATABASE_DIRECT_URL/);
+    } finally {
+      await alone.stop();
+      await other.end();
+    }
+  }, 60_000);
 });
