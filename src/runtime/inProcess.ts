@@ -2,15 +2,13 @@
 // kinds and the application's own, with the same leases, fences, retries, review and metrics as an
 // `outboxd worker`. It reads the worker's settings from the environment, as `outboxd worker` does
 // (STRIPE_SECRET_KEY, LEASE_TTL_MS, RECONCILE_CRON, …); it serves no HTTP: metrics() gives their text.
-import { randomBytes } from 'node:crypto';
-import { hostname } from 'node:os';
 import type pg from 'pg';
 import { loadInProcessConfig } from './config.ts';
 import { createPool, isPooled, type Pool } from '../db/pool.ts';
 import type { EffectDefinitions } from '../kinds/application/definition.ts';
 import { createLogger } from '../telemetry/log.ts';
 import type { Statements } from '../sql/statements.ts';
-import { composeReplica } from './replica.ts';
+import { composeReplica, newWorkerId } from './replica.ts';
 
 export interface EffectWorker {
   /** Prometheus text of this worker's metrics, for the application to serve. */
@@ -29,7 +27,7 @@ export async function startInProcessWorker(opts: {
   effects: EffectDefinitions;
 }): Promise<EffectWorker> {
   const config = loadInProcessConfig();
-  const workerId = `${hostname()}:${process.pid}:${randomBytes(2).toString('hex')}`;
+  const workerId = newWorkerId();
   const log = createLogger(config.logLevel, { component: 'outboxd-worker', workerId });
   const { connection, schema, concurrency } = opts;
   const url = typeof connection === 'string' ? connection : undefined;

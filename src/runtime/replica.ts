@@ -2,6 +2,8 @@
 // (src/runtime/worker.ts, which adds its HTTP listeners) and outboxd.startWorker (src/runtime/inProcess.ts,
 // inside the application's process). Stripe as configured, the kinds registered on it (the built-in ones
 // and the application's, alike), pg-boss, the metrics, and the dispatcher that drives them.
+import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
 import type pg from 'pg';
 import type { PgBoss } from 'pg-boss';
 import type { Pool } from '../db/pool.ts';
@@ -15,6 +17,11 @@ import type { Logger } from '../telemetry/log.ts';
 import { createMetrics, registerStripeMode, type Metrics } from '../telemetry/metrics.ts';
 import type { Config } from './config.ts';
 import { openGateway, type Database, type GatewayHandle } from './open.ts';
+
+/** A replica's name as its leases carry it (lease_owner). Its draining releases every lease of that name,
+ * so no two replicas may share one: two containers can have the same host name and pid (1), and their
+ * random part must then differ, beyond a birthday's odds (64 bits). */
+export const newWorkerId = (): string => `${hostname()}:${process.pid}:${randomBytes(8).toString('hex')}`;
 
 export interface Replica {
   gateway: GatewayHandle;

@@ -1,7 +1,5 @@
 // `outboxd worker`: one dispatcher replica, until SIGTERM/SIGINT (invariant 9). With `--effects`, it
 // carries out the application's own kinds of effect too (loadEffects).
-import { randomBytes } from 'node:crypto';
-import { hostname } from 'node:os';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { ConfigError, type Config } from './config.ts';
@@ -15,7 +13,7 @@ import { sendJson, startHttpServer, type HttpServer, type Route } from '../http/
 import { webhookRoutes } from '../http/webhooks.ts';
 import type { Logger } from '../telemetry/log.ts';
 import { openDatabase, openPool } from './open.ts';
-import { composeReplica } from './replica.ts';
+import { composeReplica, newWorkerId } from './replica.ts';
 
 /** What a replica serves for its platform: deploy/ manifests are checked against these (test/processes/deploy.test.ts). */
 export const PROBES = { liveness: '/healthz', readiness: '/readyz', metrics: '/metrics' } as const;
@@ -49,7 +47,7 @@ export async function loadEffects(file: string): Promise<EffectDefinitions> {
 }
 
 export async function runWorker(config: Config, baseLog: Logger, effects?: EffectDefinitions): Promise<void> {
-  const workerId = `${hostname()}:${process.pid}:${randomBytes(2).toString('hex')}`;
+  const workerId = newWorkerId();
   const log = baseLog.child({ workerId });
   const { db, gateway, pool, adminPool, boss, dispatcher, http, adminHttp } = await openReplica(config, log, workerId, effects);
   log.info(

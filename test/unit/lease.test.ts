@@ -4,6 +4,7 @@ import { expect, it } from 'vitest';
 import { keepLease } from '../../src/dispatcher/lease.ts';
 import { CallAbandoned } from '../../src/engine/executor.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
+import { newWorkerId } from '../../src/runtime/replica.ts';
 
 it('confirm() waits for a renewal that hangs no longer than the lease’s deadline, which gives the call up', async () => {
   const call = new AbortController();
@@ -18,4 +19,9 @@ it('confirm() waits for a renewal that hangs no longer than the lease’s deadli
   } finally {
     held.stop();
   }
+});
+
+it('worker ids made on one host by one pid (two containers alike: the same host name, pid 1) do not repeat: draining releases every lease of its id', () => {
+  const ids = Array.from({ length: 10_000 }, () => newWorkerId());
+  expect(new Set(ids).size).toBe(ids.length);
 });
