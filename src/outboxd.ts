@@ -1,7 +1,7 @@
 // The library: what an application embedding outboxd calls. Its requests (charges, refunds, its own
 // kinds of effect) join the application's own transaction; `outboxd worker` replicas, or a worker
 // started in the application's process (startWorker), do the rest.
-import type pg from 'pg';
+import pg from 'pg';
 import type { PgBoss } from 'pg-boss';
 import { MAX_SETTLEMENT_HANDLER_TIMEOUT_MS, schemaFromEnv, settlementHandlerTimeoutFromEnv } from './runtime/config.ts';
 import { callerTransaction } from './db/caller.ts';
@@ -405,7 +405,10 @@ export class Outboxd {
       await subscribeSettlements(boss, name);
       const work = { queue, subscriber: name, timeoutMs: this.#settlementTimeoutMs };
       if (transactional) {
-        await workSettlementsInTransaction(boss, this.#db.sql, { ...work, slots: TRANSACTIONAL_SLOTS }, async (event, tx) => {
+        // On pg-boss's own pool the handler's statements read with pg's global parsers, as the
+        // application's connections do; on the application's pool, with that pool's.
+        const handlerTypes = typeof this.#connection === 'string' ? pg.types : undefined;
+        await workSettlementsInTransaction(boss, this.#db.sql, { ...work, slots: TRANSACTIONAL_SLOTS, handlerTypes }, async (event, tx) => {
           await (handler as TransactionalSettlementHandler)(event, tx);
         });
       } else {

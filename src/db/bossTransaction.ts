@@ -4,7 +4,7 @@
 import type pg from 'pg';
 import type { Db } from 'pg-boss';
 import { withinDeadline } from '../types/deadline.ts';
-import { bossStatement } from './pool.ts';
+import { bossQuery } from './pool.ts';
 
 type TransactionHandle = Awaited<ReturnType<NonNullable<Db['beginTransaction']>>>;
 
@@ -39,7 +39,7 @@ export async function beginBossTransaction(pool: pg.Pool): Promise<TransactionHa
     db: {
       // A statement issued late by a handler abandoned at its timeout must not land on a client the pool
       // has handed to someone else.
-      executeSql: (text: string, values?: unknown[]) => (released ? Promise.reject(settled()) : client.query(bossStatement(text, values))),
+      executeSql: (text: string, values?: unknown[]) => (released ? Promise.reject(settled()) : bossQuery(client, text, values)),
     },
     async commit() {
       if (released) throw settled();

@@ -202,13 +202,15 @@ export async function withClient<T>(
   }
 }
 
-/** A statement as pg-boss's database interface is handed it, read with pg's built-in parsers whatever the
- * application set: pg-boss's own (text and values), or one of outboxd's sent through a pg-boss
- * transaction (a QueryConfig, with its own parsers), run as it is. */
-export const bossStatement = (text: string | pg.QueryConfig, values?: unknown[]): pg.QueryConfig =>
-  typeof text === 'string' ? { text, values: values ?? [], types: builtInTypes } : text;
+/**
+ * Runs a statement handed to pg-boss's database interface: pg-boss's own (text) with pg's built-in
+ * parsers, whatever the application set; any other (a QueryConfig, as outboxd and a transactional
+ * settlement handler send through a delivery's transaction) as it is, its values beside it.
+ */
+export const bossQuery = (client: Pick<pg.ClientBase, 'query'>, text: string | pg.QueryConfig, values?: unknown[]): Promise<pg.QueryResult> =>
+  typeof text === 'string' ? client.query({ text, values: values ?? [], types: builtInTypes }) : client.query(text, values);
 
 /** pg-boss's database interface over a transaction's client, so its statements join that transaction. */
 export function bossDb(client: Pick<Queryable, 'query'>): IDatabase {
-  return { executeSql: (text, values) => client.query(bossStatement(text, values as unknown[] | undefined)) };
+  return { executeSql: (text, values) => bossQuery(client as Pick<pg.ClientBase, 'query'>, text, values as unknown[] | undefined) };
 }

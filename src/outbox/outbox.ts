@@ -10,7 +10,7 @@ import type pg from 'pg';
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
 import { beginBossTransaction } from '../db/bossTransaction.ts';
 import { directListener, PooledBossDb } from '../db/bossDb.ts';
-import { bossDb, bossStatement, inTransaction, isPooled, type Pool } from '../db/pool.ts';
+import { bossDb, bossQuery, inTransaction, isPooled, type Pool } from '../db/pool.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
 import { DEAD_LETTER_SUFFIX, LIVE_JOB_STATES as LIVE_JOB_STATE_LIST } from '../types/contracts.ts';
 import { createSettlementQueues, relaySettlements, SETTLED_DEAD_QUEUE, SETTLED_EVENT, SETTLED_QUEUE } from './settlements.ts';
@@ -126,7 +126,7 @@ export function createBoss(
     ...(typeof connection !== 'string'
       ? {
           db: {
-            executeSql: (text: string, values?: unknown[]) => connection.query(bossStatement(text, values)),
+            executeSql: (text: string, values?: unknown[]) => bossQuery(connection, text, values),
             beginTransaction: () => beginBossTransaction(connection),
             ...(listener ? { listen: listener.listen.bind(listener) } : {}),
           },

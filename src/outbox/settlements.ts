@@ -15,7 +15,7 @@
 // (docs/runbook.md, "Upgrading").
 import { randomUUID } from 'node:crypto';
 import { hostname } from 'node:os';
-import pg from 'pg';
+import type pg from 'pg';
 import type { QueryConfig, QueryResult, QueryResultRow } from 'pg';
 import type { Db as IDatabase, Job, PgBoss, Queue, WorkHandler, WorkOptions } from 'pg-boss';
 import { bossDb, inTransaction, type Pool, type Queryable } from '../db/pool.ts';
@@ -520,7 +520,7 @@ function settlementSleeper(
 export async function workSettlementsInTransaction(
   boss: PgBoss,
   sql: Statements,
-  work: { queue: string; subscriber: string; slots: number; timeoutMs: number },
+  work: { queue: string; subscriber: string; slots: number; timeoutMs: number; handlerTypes: pg.CustomTypesConfig | undefined },
   handle: (event: SettlementEvent, tx: SettlementTransaction) => Promise<void>,
 ): Promise<void> {
   // The database's own bounds on the transaction (pg-boss's transaction_timeout where the server has it,
@@ -533,12 +533,10 @@ export async function workSettlementsInTransaction(
     // pg-boss sends its COMMIT or ROLLBACK: a statement the handler issues later would otherwise queue
     // behind the ROLLBACK on the same connection and run on its own, committed, outside the transaction.
     let open = true;
-    // The handler's statements read as any of the application's connections would (pg's global parsers),
-    // where pg-boss's (its pool's) read with the built-in ones; outboxd's own carry theirs.
     const tx: SettlementTransaction = {
       query: (text, values) =>
         open
-          ? (txDb!.executeSql({ types: pg.types, ...(typeof text === 'string' ? { text } : text), ...(values !== undefined ? { values } : {}) } as never) as never)
+          ? (txDb!.executeSql(asTheApplicationReads(text, work.handlerTypes) as never, values) as never)
           : Promise.reject(new Error('this settlement delivery is over (returned, threw or timed out): its transaction is settled, nothing more is written')),
     };
     await traceDelivery({ ...event, traceparent: job.data.traceparent }, job.retryCount, async () => {
@@ -562,6 +560,19 @@ export async function workSettlementsInTransaction(
       }
     });
   });
+}
+
+/**
+ * A transactional handler's statement, to read as the application's own connections do: on pg-boss's pool
+ * (whose parsers are the built-in ones) with `types`, pg's global parsers; on the application's pool
+ * (`types` undefined) with that pool's. Always a QueryConfig, which pg-boss's interface runs as it is (a
+ * string would be taken for one of pg-boss's own). One that names its parsers (outboxd's, drizzle's)
+ * keeps them; one whose fields are getters (a tagged template's statement) keeps them through its prototype.
+ */
+function asTheApplicationReads(text: string | QueryConfig, types: pg.CustomTypesConfig | undefined): QueryConfig {
+  if (typeof text === 'string') return types ? { text, types } : { text };
+  if (!types || text.types) return text;
+  return Object.assign(Object.create(text) as QueryConfig, { types });
 }
 
 /** How often an idle pg-boss loop of a subscription polls: its first, and each other (NOTIFY wakes them sooner where they listen). */

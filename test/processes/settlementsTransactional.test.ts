@@ -109,6 +109,37 @@ describe('transactional subscribers', () => {
     }
   });
 
+  it("a handler's statements reach PostgreSQL as it sent them: an object whose text is a getter (a tagged template's), read with the application pool's own parsers", { timeout: 180_000 }, async () => {
+    /** As sql-template-tag and sql-template-strings make them: `text` computed on the prototype. */
+    class Tagged {
+      readonly strings: string[];
+      readonly values: unknown[];
+      constructor(strings: string[], values: unknown[]) {
+        this.strings = strings;
+        this.values = values;
+      }
+      get text(): string {
+        return this.strings.reduce((text, part, i) => `${text}$${i}${part}`);
+      }
+    }
+    const TIMESTAMPTZ = pg.types.builtins.TIMESTAMPTZ;
+    const own = (oid: number, format?: 'text' | 'binary') => (oid === TIMESTAMPTZ ? (s: string) => `app:${s}` : pg.types.getTypeParser(oid, format));
+    const appPool = new pg.Pool({ connectionString: t.url, max: 6, types: { getTypeParser: own as typeof pg.types.getTypeParser } });
+    const outboxd = new Outboxd({ pool: appPool, onError: () => {} });
+    const read: unknown[] = [];
+    try {
+      await outboxd.onSettled(async (event, tx) => {
+        read.push((await tx.query(new Tagged(['select ', '::uuid as id, now() as at'], [event.operationId]) as never)).rows[0]);
+      }, { transactional: true, subscriber: 'tagged' });
+      const op = await settle();
+      await waitUntil(() => read.length > 0, 30_000, 'the handler');
+      expect(read[0]).toEqual({ id: op, at: expect.stringMatching(/^app:/) });
+    } finally {
+      await outboxd.stop();
+      await appPool.end();
+    }
+  });
+
   it('its transaction is bounded: statement_timeout is the handler’s timeout, idle_in_transaction_session_timeout a little past it', { timeout: 180_000 }, async () => {
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 1_500 });
     const seen: { statement_timeout: string; idle: string }[] = [];
