@@ -23,6 +23,7 @@ import type { Queryable } from '../db/pool.ts';
 import type { OperationStatus, Policy } from '../types/status.ts';
 import { OperationNotFoundError, StaleFenceError } from '../types/errors.ts';
 import { DISCREPANCY_PREFIX } from '../types/contracts.ts';
+import { storableJson } from '../types/input.ts';
 import { isSettled, type ListedOperation, type LoadedOperation, type Operation, type Outcome, type SettlementSource } from '../types/operation.ts';
 import { ATTR, withSpan } from '../telemetry/tracing.ts';
 
@@ -161,15 +162,6 @@ export async function recordOutcome(
   return recorded;
 }
 
-/** U+0000, or a lone surrogate (JSON.stringify escapes only those: a whole pair is written as is),
- * escaped in JSON text; an escaped backslash before "u0000" is not one. */
-const UNSTORABLE_ESCAPE = /(?<!\\)((?:\\\\)*)\\u(?:0000|d[89a-f][0-9a-f]{2})/g;
-
-/** PostgreSQL's text and jsonb cannot hold U+0000 or half a surrogate pair (a string cut through an
- * emoji), yet an effect's result or an error's message may: it is stored as U+FFFD (what a decoder puts
- * for what it could not keep). Refusing it instead would leave an effect that ran with an outcome that
- * can never be recorded, to be executed again and again. */
-const storableJson = (json: string): string => json.replace(UNSTORABLE_ESCAPE, '$1\\ufffd');
 
 /** One outcome as recordOutcomes writes it (src/sql/statements.ts). */
 interface OutcomeRow {

@@ -18,12 +18,13 @@ import { hostname } from 'node:os';
 import type pg from 'pg';
 import type { QueryConfig, QueryResult, QueryResultRow } from 'pg';
 import type { Db as IDatabase, Job, PgBoss, Queue, WorkHandler, WorkOptions } from 'pg-boss';
+import { serializeError } from 'serialize-error';
 import { bossDb, inTransaction, type Pool, type Queryable } from '../db/pool.ts';
 import type { SettlementSource } from '../engine/operation.ts';
 import type { Statements } from '../sql/statements.ts';
 import { traceDelivery } from '../telemetry/tracing.ts';
 import { withinDeadline } from '../types/deadline.ts';
-import { isStorableText, storableText } from '../types/input.ts';
+import { storableJson, storableText } from '../types/input.ts';
 
 export const SETTLED_QUEUE = 'settled';
 export const SETTLED_DEAD_QUEUE = 'settled_dead';
@@ -613,18 +614,16 @@ async function workSlots(
 }
 
 /**
- * A handler's failure as pg-boss can record it: it keeps the error's name, message, stack, own fields and
- * cause as the job's output (jsonb), which cannot hold U+0000 or half a surrogate pair; with one, the
- * failure was never recorded and the job stayed active, unseen, until it expired. Such an error is
- * recorded by its name, message and stack as storable text.
+ * A handler's failure as pg-boss can record it: what it throws becomes the job's output (jsonb), as
+ * serialize-error renders it (every field, nested ones too; a value that is no object as `{ value }`),
+ * and jsonb cannot hold U+0000 or half a surrogate pair. With one, the failure was never recorded and the
+ * job stayed active, unseen, until it expired. Such a failure is recorded as an Error of its name, message
+ * and stack, as storable text.
  */
 function recordable(err: unknown): unknown {
-  const texts = (e: unknown, depth: number): string[] =>
-    e instanceof Error && depth > 0
-      ? [e.name, e.message, e.stack ?? '', ...Object.values(e).filter((v): v is string => typeof v === 'string'), ...texts(e.cause, depth - 1)]
-      : typeof e === 'string' ? [e] : [];
-  if (texts(err, 4).every(isStorableText)) return err;
-  const e = err instanceof Error ? err : new Error(String(err));
+  const stored = JSON.stringify(serializeError(typeof err === 'object' && err !== null ? err : { value: err }));
+  if (storableJson(stored) === stored) return err;
+  const e = err instanceof Error ? err : new Error(String((err as { message?: unknown } | null)?.message ?? err));
   return Object.assign(new Error(storableText(e.message)), { name: storableText(e.name), stack: storableText(e.stack ?? '') });
 }
 

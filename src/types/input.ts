@@ -18,6 +18,16 @@ export const UNSTORABLE = 'must not contain U+0000 or half a surrogate pair';
  * of a surrogate pair become U+FFFD, where refusing it would leave its failure unrecorded. */
 export const storableText = (s: string): string => s.replaceAll('\0', '\ufffd').toWellFormed();
 
+/** U+0000, or a lone surrogate (JSON.stringify escapes only those: a whole pair is written as is),
+ * escaped in JSON text; an escaped backslash before "u0000" is not one. */
+const UNSTORABLE_ESCAPE = /(?<!\\)((?:\\\\)*)\\u(?:0000|d[89a-f][0-9a-f]{2})/g;
+
+/** PostgreSQL's text and jsonb cannot hold U+0000 or half a surrogate pair (a string cut through an
+ * emoji), yet an effect's result or an error's message may: it is stored as U+FFFD (what a decoder puts
+ * for what it could not keep). Refusing it instead would leave an effect that ran with an outcome that
+ * can never be recorded, to be executed again and again. */
+export const storableJson = (json: string): string => json.replace(UNSTORABLE_ESCAPE, '$1\\ufffd');
+
 /** Where in a JSON value (keys and strings, nested) the first unstorable text is: 'a.b[2]', or undefined. */
 export function unstorableAt(value: unknown, path: string): string | undefined {
   if (typeof value === 'string') return isStorableText(value) ? undefined : path;

@@ -582,7 +582,7 @@ describe('the unnamed handlers’ table', () => {
 
   it("a handler's error holding U+0000 or half a surrogate pair is recorded (as U+FFFD): put off with backoff, as any failure", { timeout: 60_000 }, async () => {
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
-    const calls = { unnamed: 0, named: 0 };
+    const calls = { unnamed: 0, named: 0, thrownObject: 0 };
     const orderId = `ord_nul_${randomUUID()}`;
     let op = '';
     let recorded: unknown;
@@ -594,19 +594,28 @@ describe('the unnamed handlers’ table', () => {
         // Delivered again: what the failure before left on the event.
         recorded = (await t.pool.query(`select last_error from outboxd.settlement_outbox where operation_id = $1`, [event.operationId])).rows[0];
       });
-      // A transactional subscriber's failure is pg-boss's to record, as the job's output (jsonb).
+      // A transactional subscriber's failure is pg-boss's to record, as the job's output (jsonb): all of
+      // it, nested fields too (an HTTP client's error carrying the response), or a thrown value that is no Error.
       await outboxd.onSettled(
         (event) => {
-          if (event.orderId === orderId && ++calls.named === 1) throw Object.assign(new Error(bad), { detail: bad });
+          if (event.orderId === orderId && ++calls.named === 1) throw Object.assign(new Error('upstream failed'), { response: { status: 502, body: bad }, lines: ['ok', bad] });
         },
         { subscriber: 'nul', transactional: true },
+      );
+      await outboxd.onSettled(
+        (event) => {
+          if (event.orderId === orderId && ++calls.thrownObject === 1) throw { message: bad };
+        },
+        { subscriber: 'nul-object', transactional: true },
       );
       op = await settle({ orderId });
       await waitUntil(async () => (await events(op)).length === 0, 10_000, 'delivered again after its backoff');
       expect(calls.unnamed).toBe(2);
       expect(recorded).toEqual({ last_error: 'bad byte \ufffd in the body, then \ufffd' });
-      await waitUntil(async () => (await jobs('settled.nul', op))[0]?.state === 'completed', 20_000, "the subscriber's job, retried after its failure");
-      expect(calls.named).toBe(2);
+      for (const subscriber of ['nul', 'nul-object']) {
+        await waitUntil(async () => (await jobs(`settled.${subscriber}`, op))[0]?.state === 'completed', 20_000, `${subscriber}'s job, retried after its failure`);
+      }
+      expect(calls).toMatchObject({ named: 2, thrownObject: 2 });
     } finally {
       await outboxd.stop();
     }
