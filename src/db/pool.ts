@@ -76,7 +76,7 @@ const sessionChecks = new Map<string, Promise<void>>();
  * settings would stay on the pooler's server connections for its other clients, and the names collide.
  * A check that could not ask (the database away) is asked again by the next connection.
  */
-function ownSessions(connectionString: string): Promise<void> {
+export function ownSessions(connectionString: string): Promise<void> {
   let check = sessionChecks.get(connectionString);
   if (check) return check;
   check = sharedSession(connectionString, 'outboxd-session-check').then((shared) => {

@@ -5,7 +5,7 @@
 import { ConfigError, type Config, type StripeMode } from './config.ts';
 import { startEmbeddedPostgres } from '../db/embedded.ts';
 import { migrate } from '../db/migrate.ts';
-import { createPool, isPooled, type Pool, type Queryable } from '../db/pool.ts';
+import { createPool, isPooled, ownSessions, type Pool, type Queryable } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import type { PaymentGateway } from '../stripe/gateway.ts';
 import { AccountBudgets, Budget, budgetMetrics } from '../stripe/budget.ts';
@@ -30,7 +30,15 @@ export interface Database {
 export async function openDatabase(config: Config, log: Logger): Promise<Database> {
   const { schema } = config;
   if (config.databaseUrl) {
-    return { url: config.databaseUrl, directUrl: config.databaseDirectUrl ?? config.databaseUrl, schema, embedded: false, close: async () => {} };
+    const directUrl = config.databaseDirectUrl ?? config.databaseUrl;
+    // A pooler's URL given alone is refused before any loop starts (a worker's would retry it for ever);
+    // a database not answering yet is left to the pools, which ask again.
+    if (!isPooled(config.databaseUrl, directUrl)) {
+      await ownSessions(config.databaseUrl).catch((err: unknown) => {
+        if (err instanceof ConfigError) throw err;
+      });
+    }
+    return { url: config.databaseUrl, directUrl, schema, embedded: false, close: async () => {} };
   }
   if (config.production) {
     throw new ConfigError('NODE_ENV=production and DATABASE_URL is unset: set DATABASE_URL to your PostgreSQL (the embedded database is for development only)');

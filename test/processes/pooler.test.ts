@@ -183,11 +183,17 @@ describe.for(releases)('through PgBouncer $label in transaction mode', ({ releas
       // The pooler's other clients keep their own settings (both of its server connections asked).
       for (let i = 0; i < 4; i++) expect(await settings()).toEqual(before);
       const env = { ...process.env, DATABASE_URL: pooled, DATABASE_DIRECT_URL: '', OUTBOXD_SCHEMA: t.schema, LOG_LEVEL: 'warn' };
-      const child = spawn(process.execPath, [BIN, 'ops', 'list'], { env });
-      let stderr = '';
-      child.stderr.on('data', (d) => (stderr += d));
-      expect(await new Promise((resolve) => child.on('exit', resolve))).toBe(2);
-      expect(stderr).toMatch(/through a transaction pooler .*DATABASE_DIRECT_URL/);
+      // A command, and a worker, which would otherwise start and retry its loops for ever.
+      for (const args of [['ops', 'list'], ['worker']]) {
+        const child = spawn(process.execPath, [BIN, ...args], { env: { ...env, HTTP_PORT: '0' } });
+        let stderr = '';
+        child.stderr.on('data', (d) => (stderr += d));
+        const exited = new Promise((resolve) => child.on('exit', resolve));
+        const late = setTimeout(() => child.kill('SIGKILL'), 20_000);
+        expect(await exited, args.join(' ')).toBe(2);
+        clearTimeout(late);
+        expect(stderr).toMatch(/through a transaction pooler .*DATABASE_DIRECT_URL/);
+      }
     } finally {
       await alone.stop();
       await other.end();
