@@ -162,7 +162,6 @@ export async function recordOutcome(
   return recorded;
 }
 
-
 /** One outcome as recordOutcomes writes it (src/sql/statements.ts). */
 interface OutcomeRow {
   id: string;
