@@ -4,7 +4,7 @@
 import { SETTLED_DEAD_QUEUE, SETTLED_EVENT, SETTLED_QUEUE } from '../outbox/settlements.ts';
 import type { PgBoss } from 'pg-boss';
 import { listAudit, type AuditRow } from '../admin/audit.ts';
-import type { Pool } from '../db/pool.ts';
+import { inTransaction, type Pool } from '../db/pool.ts';
 import { OPERATION_STATUSES } from '../types/status.ts';
 import { queueFor } from '../outbox/outbox.ts';
 import { isOperationId, type ListedOperation, type Operation } from '../engine/operation.ts';
@@ -198,8 +198,9 @@ export interface OperationRecord {
   /** Every other operation of the same order: a charge's refunds, a refund's charge, earlier charges. */
   related: ListedOperation[];
   /** Its settlement events on their way to the application as pg-boss jobs: the named subscribers'
-   * (`settled.<name>`), the dead letter, and an earlier release's `settled`. */
-  settlements: { id: string; name: string; state: string; retry_count: number; created_on: Date; completed_on: Date | null; source: string | null; output: unknown }[];
+   * (`settled.<name>`), the dead letter, and an earlier release's `settled`; undefined when they could not
+   * be searched in JOB_SEARCH_MS. */
+  settlements: { id: string; name: string; state: string; retry_count: number; created_on: Date; completed_on: Date | null; source: string | null; output: unknown }[] | undefined;
   /** Its settlement event while it waits for the unnamed onSettled handlers (settlement_outbox: gone once handled). */
   waitingEvents: { id: number; created_at: Date; attempts: number; not_before: Date; last_error: string | null }[];
 }
@@ -207,15 +208,35 @@ export interface OperationRecord {
 /** A timeline longer than this is cut (a stuck operation retried for days): its newest part is what matters least. */
 export const HISTORY_LIMIT = 1000;
 
+/** How long an operation's page searches pg-boss's jobs for its settlement events. They are found by
+ * their data (pg-boss indexes no such field), among every job each subscriber's queue keeps (its completed
+ * ones for days): at a high rate, millions, whose scan would hold the page and a database core up to the
+ * statement timeout, on every view. Past this, the page says they were not searched. */
+export const JOB_SEARCH_MS = 2_000;
+
+/** The operation's settlement events among pg-boss's jobs, or undefined when that took longer than JOB_SEARCH_MS. */
+async function settlementJobsOf(pool: Pool, op: Operation): Promise<OperationRecord['settlements']> {
+  const { rows } = await pool.query(pool.sql.settlementSubscriberQueues(SETTLED_EVENT));
+  const queues = [SETTLED_QUEUE, SETTLED_DEAD_QUEUE, ...rows.map((r: { name: string }) => r.name)];
+  try {
+    return await inTransaction(pool, async (tx) => {
+      await tx.query(`select set_config('statement_timeout', $1, true)`, [String(JOB_SEARCH_MS)]);
+      return (await tx.query(tx.sql.settlementEventsOf(op.id, queues, HISTORY_LIMIT))).rows;
+    });
+  } catch (err) {
+    // query_canceled: the statement timeout (or a lock it waited for past it).
+    if ((err as { code?: string } | null)?.code === '57014') return undefined;
+    throw err;
+  }
+}
+
 export async function operationRecord(pool: Pool, op: Operation): Promise<OperationRecord> {
   const [events, webhooks, audit, related, settlements, waiting] = await Promise.all([
     pool.query(pool.sql.operationEvents(op.id, HISTORY_LIMIT)),
     pool.query(pool.sql.webhookEventsOf(op.id, HISTORY_LIMIT)),
     listAudit(pool, { operationId: op.id, limit: HISTORY_LIMIT }),
     op.order_id === null ? { rows: [] } : pool.query(pool.sql.operationsOfOrder(op.order_id, 50)),
-    pool
-      .query(pool.sql.settlementSubscriberQueues(SETTLED_EVENT))
-      .then(({ rows }) => pool.query(pool.sql.settlementEventsOf(op.id, [SETTLED_QUEUE, SETTLED_DEAD_QUEUE, ...rows.map((r: { name: string }) => r.name)], HISTORY_LIMIT))),
+    settlementJobsOf(pool, op),
     pool.query(pool.sql.settlementEventOf(op.id)),
   ]);
   return {
@@ -223,7 +244,7 @@ export async function operationRecord(pool: Pool, op: Operation): Promise<Operat
     webhooks: webhooks.rows,
     audit,
     related: related.rows.filter((r: ListedOperation) => r.id !== op.id),
-    settlements: settlements.rows,
+    settlements,
     waitingEvents: waiting.rows,
   };
 }

@@ -3,7 +3,7 @@
 // and listed in SOURCES.
 import type { Operation } from '../engine/operation.ts';
 import { duration } from './html.ts';
-import type { OperationRecord } from './queries.ts';
+import { JOB_SEARCH_MS, type OperationRecord } from './queries.ts';
 
 export type Tone = 'neutral' | 'good' | 'bad' | 'warn' | 'info';
 
@@ -192,7 +192,7 @@ const audit: Source = (_op, record) =>
 /** Each settlement event's way to the application's onSettled handlers: while it waits for the unnamed
  * ones (its row, gone once one returned), each named subscriber's queue (`settled.<name>`), the dead letter,
  * and the queue `settled` of an earlier release. */
-const settlements: Source = (_op, record) => [
+const settlements: Source = (op, record) => [
   ...record.waitingEvents.map((w): Entry => ({
     at: w.created_at,
     kind: 'settlement',
@@ -201,7 +201,19 @@ const settlements: Source = (_op, record) => [
     facts: [['event', w.id], ['deliveries begun', w.attempts], ['next delivery from', w.not_before.toISOString()]],
     text: w.last_error,
   })),
-  ...record.settlements.flatMap((j): Entry[] => {
+  ...(record.settlements === undefined
+    ? [
+        {
+          at: op.settled_at ?? op.updated_at,
+          kind: 'settlement',
+          title: 'settlement event jobs not searched',
+          tone: 'warn',
+          facts: [],
+          text: `pg-boss's jobs could not be searched for this operation within ${JOB_SEARCH_MS / 1000} s (its subscribers' queues keep many): their deliveries are not shown`,
+        } satisfies Entry,
+      ]
+    : []),
+  ...(record.settlements ?? []).flatMap((j): Entry[] => {
     const dead = j.name === 'settled_dead';
     const to = j.name.startsWith('settled.') ? `subscriber ${j.name.slice('settled.'.length)}` : 'onSettled';
     const facts: Entry['facts'] = [['event job', j.id], ['settled by', j.source], ['handler retries', j.retry_count]];

@@ -13,7 +13,7 @@ import { createKindQueues, relayOutbox } from '../../src/outbox/outbox.ts';
 import { settledQueueFor, subscribeSettlements } from '../../src/outbox/settlements.ts';
 import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
 import { timeline } from '../../src/console/timeline.ts';
-import { operationRecord, overview, overviewCharts } from '../../src/console/queries.ts';
+import { JOB_SEARCH_MS, operationRecord, overview, overviewCharts } from '../../src/console/queries.ts';
 import { overviewPage } from '../../src/console/views/pages.ts';
 import { operationPage } from '../../src/console/views/operation.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
@@ -286,6 +286,27 @@ describe('the operation timeline', () => {
     expect((await shown()).map((x) => [x.title, x.tone, x.text])).toEqual([['settlement event waiting for onSettled, which failed 2 times', 'bad', 'the order service is down']]);
     await t.pool.query(`delete from outboxd.settlement_outbox where operation_id = $1`, [op]);
     expect(await shown()).toEqual([]);
+  });
+
+  it("pg-boss's jobs not searched within JOB_SEARCH_MS (millions kept, a lock): the page says so, and is not held up to the statement timeout", async () => {
+    const op = await confirm(t);
+    await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
+    const locker = await t.pool.connect();
+    try {
+      await locker.query(`begin; lock table pgboss.job in access exclusive mode`);
+      const started = performance.now();
+      const current = await operation(t, op);
+      const record = await operationRecord(t.pool, current);
+      expect(performance.now() - started).toBeLessThan(JOB_SEARCH_MS + 2_000);
+      expect(record.settlements).toBeUndefined();
+      expect(timeline(current, record).filter((x) => x.kind === 'settlement').map((x) => [x.title, x.tone])).toEqual([
+        ['settlement event waiting for onSettled', 'info'],
+        ['settlement event jobs not searched', 'warn'],
+      ]);
+    } finally {
+      await locker.query('rollback');
+      locker.release();
+    }
   });
 
   it("a named subscriber's delivery joins the timeline beside the unnamed handlers'", async () => {
