@@ -5,7 +5,7 @@
 import { inTransaction, type Pool } from '../db/pool.ts';
 import { acknowledgeReview, isSettled, type Operation } from '../engine/operation.ts';
 import { ValidationError } from '../types/errors.ts';
-import { isStorableText } from '../types/input.ts';
+import { isStorableText, UNSTORABLE } from '../types/input.ts';
 import { recordAudit } from './audit.ts';
 import { showOperation } from './operations.ts';
 import { ResolutionRefused, sameReason } from './resolve.ts';
@@ -25,7 +25,7 @@ export async function acknowledgeOperation(
   if (!actor.trim()) throw new ValidationError('actor', 'who acknowledges must be named');
   if (!note.trim() || note.length > 1000) throw new ValidationError('note', 'say what was done about it (1 to 1000 characters)');
   for (const [field, text] of Object.entries({ actor, note })) {
-    if (!isStorableText(text)) throw new ValidationError(field, 'must not contain U+0000 or half a surrogate pair');
+    if (!isStorableText(text)) throw new ValidationError(field, UNSTORABLE);
   }
   const found = await showOperation(pool, id);
   // The reason as it is now, if it is the one read: the statement clears it only while it still is.

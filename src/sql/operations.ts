@@ -5,9 +5,11 @@ import { CALL_FACT_WEIGHT as W, DISCREPANCY_MAX, DISCREPANCY_MORE, DISCREPANCY_P
 import type { SqlContext } from './context.ts';
 
 export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns, s, settlementEvent, statement, unsettledRow }: SqlContext) => {
-  /** The review reason an operation keeps whatever happens to it but a person's word: a discrepancy
-   * (DISCREPANCY_PREFIX), or null. */
-  const discrepancy = (reason: string) => `case when starts_with(${reason}, '${DISCREPANCY_PREFIX}') then ${reason} end`;
+  /** Whether a review reason is one an operation keeps whatever happens to it but a person's word: a
+   * discrepancy with Stripe (DISCREPANCY_PREFIX). */
+  const isDiscrepancy = (reason: string) => `starts_with(${reason}, '${DISCREPANCY_PREFIX}')`;
+  /** The review reason if it is a discrepancy, or null. */
+  const discrepancy = (reason: string) => `case when ${isDiscrepancy(reason)} then ${reason} end`;
   /** A discrepancy's `reason` with `item` listed in it (whole, once; past DISCREPANCY_MAX it says the
    * timeline has more): what a person reads before answering it is all there. */
   const listedIn = (reason: string, item: string) => `case
@@ -45,7 +47,7 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
          -- a review reason stays until the operation settles (a later ambiguous retry does not clear it),
          -- a discrepancy after it too, with any other reason listed in it
          review_reason = case
-           when starts_with(o.review_reason, '${DISCREPANCY_PREFIX}') then
+           when ${isDiscrepancy('o.review_reason')} then
              case when x.review_reason is null then o.review_reason else ${listedIn('o.review_reason', 'x.review_reason')} end
            when x.status in ('succeeded', 'failed') then null
            else coalesce(x.review_reason, o.review_reason) end,
@@ -241,7 +243,7 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
     'outboxd_flag_for_review',
     `with flagged as (
      update ${s}.payment_operations
-     set review_reason = case when starts_with(review_reason, '${DISCREPANCY_PREFIX}') then ${listedIn('review_reason', '$3::text')} else $3 end,
+     set review_reason = case when ${isDiscrepancy('review_reason')} then ${listedIn('review_reason', '$3::text')} else $3 end,
          updated_at = now(), lease_owner = null, lease_expires_at = null
      where id = $1 and fence = $2 and ${UNSETTLED}
      returning ${operationColumns()}
@@ -309,7 +311,7 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
     `with flagged as (
      update ${s}.payment_operations set review_reason = case
          when review_reason is null then $2
-         when starts_with(review_reason, '${DISCREPANCY_PREFIX}') then ${listedIn('review_reason', `substr($2, ${DISCREPANCY_PREFIX.length + 1})`)}
+         when ${isDiscrepancy('review_reason')} then ${listedIn('review_reason', `substr($2, ${DISCREPANCY_PREFIX.length + 1})`)}
          else $2 || '${SEP}' || review_reason end,
        updated_at = now()
      where id = $1

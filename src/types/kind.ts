@@ -71,11 +71,11 @@ export interface Drift {
   detail: string;
 }
 
-/** What the drift report hands each kind: the operations it may need, read once for every kind. */
 /** How many operations the drift report reads at once: a month of a busy account's would not fit in a
  * replica's memory together. */
 export const DRIFT_PAGE = 1000;
 
+/** What the drift report hands each kind: the operations it may need, read a page at a time. */
 export interface DriftContext {
   since: Date;
   /** The listed objects by the operation each names, with that operation when there is one (none for an
