@@ -12,8 +12,10 @@ export async function listOperations(
   db: Queryable,
   filter: { status?: string; needsReview?: boolean; limit?: number; newestFirst?: boolean },
 ): Promise<Operation[]> {
-  const list = filter.newestFirst ? db.sql.listOperationsNewest : db.sql.listOperations;
-  const { rows } = await db.query(list(filter.status ?? null, !!filter.needsReview, filter.limit ?? 1000));
+  const list = filter.needsReview
+    ? filter.newestFirst ? db.sql.listReviewNewest : db.sql.listReview
+    : filter.newestFirst ? db.sql.listOperationsNewest : db.sql.listOperations;
+  const { rows } = await db.query(list(filter.status ?? null, filter.limit ?? 1000));
   return rows;
 }
 

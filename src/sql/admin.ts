@@ -1,7 +1,37 @@
 // The statements of the admin API and the CLI (src/admin/): listings, the audit trail, requeue and resolve.
+import { OPERATION_STATUSES } from '../types/status.ts';
 import type { SqlContext } from './context.ts';
 
-export const adminStatements = ({ UNSETTLED, briefColumns, operationColumns, s, statement }: SqlContext) => ({
+export const adminStatements = ({ UNSETTLED, briefColumns, operationColumns, s, statement }: SqlContext) => {
+  /**
+   * A page of the ledger (the admin API's and `ops list`'s listings), read in pages of indexes however
+   * large the ledger, never the whole table sorted: a range of payment_operations_list_idx per kind and
+   * status, merged, the kinds found by descending that index once each (a loose index scan); the review
+   * queue by its own index. $1 a status, or null for every one; $2 the page's size.
+   */
+  const listPage = (dir: 'asc' | 'desc', review: boolean) =>
+    review
+      ? `select ${briefColumns()} from ${s}.payment_operations
+         where review_reason is not null and ($1::text is null or status = $1)
+         order by created_at ${dir}, id ${dir}
+         limit $2`
+      : `with recursive kinds(kind) as (
+           (select kind from ${s}.payment_operations order by kind limit 1)
+           union all
+           select (select p.kind from ${s}.payment_operations p where p.kind > k.kind order by p.kind limit 1)
+           from kinds k where k.kind is not null
+         )
+         select o.* from kinds k
+         cross join unnest(case when $1::text is null then array[${OPERATION_STATUSES.map((st) => `'${st}'`).join(', ')}] else array[$1::text] end) st(status)
+         cross join lateral (
+           select ${briefColumns('p')} from ${s}.payment_operations p
+           where p.kind = k.kind and p.status = st.status
+           order by p.created_at ${dir}, p.id ${dir}
+           limit $2
+         ) o
+         order by o.created_at ${dir}, o.id ${dir}
+         limit $2`;
+  return {
   /** How long ago the last create that may have executed was sent, by the database clock (null: never). */
   lastAttemptAge: statement<[id: string]>(
     'outboxd_last_attempt_age',
@@ -29,22 +59,13 @@ export const adminStatements = ({ UNSETTLED, briefColumns, operationColumns, s, 
      limit $2`,
   ),
 
-  listOperations: statement<[status: string | null, needsReview: boolean, limit: number]>(
-    'outboxd_list_operations',
-    `select ${briefColumns()} from ${s}.payment_operations
-     where ($1::text is null or status = $1) and (not $2 or needs_review)
-     order by created_at, id
-     limit $3`,
-  ),
-
+  /** A page of the ledger, oldest first, of every status or one (null: every). */
+  listOperations: statement<[status: string | null, limit: number]>('outboxd_list_operations', listPage('asc', false)),
   /** listOperations' newest first: what an operator looking at a busy ledger wants to see. */
-  listOperationsNewest: statement<[status: string | null, needsReview: boolean, limit: number]>(
-    'outboxd_list_operations_newest',
-    `select ${briefColumns()} from ${s}.payment_operations
-     where ($1::text is null or status = $1) and (not $2 or needs_review)
-     order by created_at desc, id desc
-     limit $3`,
-  ),
+  listOperationsNewest: statement<[status: string | null, limit: number]>('outboxd_list_operations_newest', listPage('desc', false)),
+  /** A page of the review queue, oldest first, of every status or one. */
+  listReview: statement<[status: string | null, limit: number]>('outboxd_list_review', listPage('asc', true)),
+  listReviewNewest: statement<[status: string | null, limit: number]>('outboxd_list_review_newest', listPage('desc', true)),
 
   showOperation: statement<[id: string]>(
     'outboxd_show_operation',
@@ -71,4 +92,5 @@ export const adminStatements = ({ UNSETTLED, briefColumns, operationColumns, s, 
      ) newest
      order by at, id`,
   ),
-});
+};
+};

@@ -35,12 +35,13 @@ const LISTED_JSON_BYTES = 4096;
 /** Every column, for the admin API's and the CLI's listings, which give them all: the JSON ones only
  * when short. A thousand rows of 64 KiB payloads and results, the API's default page, took a replica
  * past its heap; the operation itself (`ops show`, GET /admin/operations/{id}) gives them whole. */
-export const briefColumns = (): string =>
-  OPERATION_COLUMNS.map((c) =>
-    c === 'metadata' || c === 'payload' || c === 'result'
-      ? `case when octet_length(${c}::text) > ${LISTED_JSON_BYTES} then jsonb_build_object('omitted_bytes', octet_length(${c}::text)) else ${c} end as ${c}`
-      : c,
-  ).join(', ');
+export const briefColumns = (alias?: string): string =>
+  OPERATION_COLUMNS.map((c) => {
+    const col = alias ? `${alias}.${c}` : c;
+    return c === 'metadata' || c === 'payload' || c === 'result'
+      ? `case when octet_length(${col}::text) > ${LISTED_JSON_BYTES} then jsonb_build_object('omitted_bytes', octet_length(${col}::text)) else ${col} end as ${c}`
+      : col;
+  }).join(', ');
 
 /** pg's own text parsers as pg-types ships them, apart from its registry, which every connection in the
  * process reads and an application may change (pg.types.setTypeParser: timestamps kept as text, jsonb
