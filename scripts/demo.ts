@@ -81,7 +81,7 @@ try {
     emulator.advanceClock(24 * 3600_000);
     emulator.pruneKeys();
     await world.pool.query(`update outboxd.payment_operations set first_attempted_at = first_attempted_at - interval '24 hours' where id = any($1)`, [open]);
-    const report = await reconcileNow(world.pool, world.gateway, world.boss, { actor: 'demo', owner: 'demo', leaseTtlMs: 10_000, log: createLogger('silent') });
+    const report = await reconcileNow(world.pool, world.gateway, { actor: 'demo', owner: 'demo', leaseTtlMs: 10_000, log: createLogger('silent') });
     for (const d of report.decisions) say(`  ${shortOperationId(d.operationId)} ${d.call} → ${d.to} (${d.evidence ?? d.outcome})`);
     say('');
   }

@@ -1,4 +1,3 @@
-import type { PgBoss } from 'pg-boss';
 import type { Pool } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import type { PaymentGateway } from '../stripe/gateway.ts';
@@ -9,11 +8,10 @@ import { recordAudit } from './audit.ts';
 export async function reconcileNow(
   pool: Pool,
   gateway: PaymentGateway,
-  boss: PgBoss,
   opts: { actor: string; owner: string; leaseTtlMs: number; log: Logger; processingReviewDays?: number },
 ): Promise<SweepReport> {
   const { actor: _actor, ...sweep } = opts;
-  const report = await reconcileSweep(pool, gateway, boss, sweep);
+  const report = await reconcileSweep(pool, gateway, sweep);
   const decisions = report.decisions.map((d) => ({ operationId: d.operationId, to: d.to, outcome: d.outcome, evidence: d.evidence }));
   await recordAudit(pool, {
     actor: opts.actor,

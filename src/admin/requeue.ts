@@ -2,7 +2,7 @@
 // is driven with the same idempotency key and cannot create a second effect (invariant 10).
 import type { PgBoss } from 'pg-boss';
 import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
-import { enqueueOperation, LIVE_JOB_STATES, queueFor, type OperationJob } from '../outbox/outbox.ts';
+import { enqueueOperation, liveJobFor, queueFor } from '../outbox/outbox.ts';
 import type { Operation } from '../engine/operation.ts';
 import { traceOperation, withSpan } from '../telemetry/tracing.ts';
 import { recordAudit } from './audit.ts';
@@ -44,8 +44,7 @@ async function requeue(pool: Pool, boss: PgBoss, id: string, opts: { actor: stri
     }
     const { rows: waiting } = await tx.query(tx.sql.outboxRowFor(op.id));
     if (waiting[0]) return { operationId: op.id, result: 'skipped', reason: 'waiting in the outbox to be relayed' };
-    const jobs = await boss.findJobs<OperationJob>(queueFor(current.kind), { data: { operationId: op.id }, db: bossDb(tx) });
-    const live = jobs.find((j) => LIVE_JOB_STATES.has(j.state));
+    const live = await liveJobFor(tx, op.id, [queueFor(current.kind)]);
     if (live) return { operationId: op.id, result: 'skipped', reason: `job ${live.id} is ${live.state}` };
     if (opts.dryRun) return { operationId: op.id, result: 'would_requeue' };
     const jobId = await enqueueOperation(boss, bossDb(tx), current);
@@ -53,7 +52,7 @@ async function requeue(pool: Pool, boss: PgBoss, id: string, opts: { actor: stri
       actor: opts.actor,
       action: 'requeue',
       operationId: op.id,
-      details: { jobId, status: current.status, previousJobs: jobs.map((j) => ({ id: j.id, state: j.state })) },
+      details: { jobId, status: current.status },
     });
     return { operationId: op.id, result: 'requeued', jobId };
   });

@@ -10,8 +10,7 @@
 // operation is not definitively failed (for a charge also while Search may not show its last create yet).
 // An effect of the application's own kind has no provider outboxd could ask: the person's word (any
 // reference of theirs as the external id) is recorded as the evidence, after the same lease and refusals.
-import type { PgBoss } from 'pg-boss';
-import { bossDb, inTransaction, type Pool } from '../db/pool.ts';
+import { inTransaction, type Pool } from '../db/pool.ts';
 import { ValidationError } from '../types/errors.ts';
 import { isStorableText } from '../types/input.ts';
 import { liveJobFor, queueFor } from '../outbox/outbox.ts';
@@ -49,20 +48,18 @@ export class ResolutionRefused extends Error {
 export function resolveOperation(
   pool: Pool,
   gateway: PaymentGateway,
-  boss: PgBoss,
   id: string,
   resolution: Resolution,
   actor: string,
   opts: ResolveOptions,
 ): Promise<Operation> {
   const attributes = { 'outboxd.resolution': resolution.outcome, 'outboxd.actor': actor };
-  return withSpan('outboxd.resolve', attributes, () => resolve(pool, gateway, boss, id, resolution, actor, opts));
+  return withSpan('outboxd.resolve', attributes, () => resolve(pool, gateway, id, resolution, actor, opts));
 }
 
 async function resolve(
   pool: Pool,
   gateway: PaymentGateway,
-  boss: PgBoss,
   id: string,
   resolution: Resolution,
   actor: string,
@@ -80,7 +77,7 @@ async function resolve(
     if (expected && !expected.pattern.test(resolution.externalId)) throw new ValidationError('externalId', `must be ${expected.what}`);
   }
   try {
-    return await resolveFound(pool, gateway, boss, found, resolution, actor, opts);
+    return await resolveFound(pool, gateway, found, resolution, actor, opts);
   } catch (err) {
     // A refusal is audited too: who tried to settle what, how, and what Stripe or the workers said.
     if (err instanceof ResolutionRefused) {
@@ -94,7 +91,6 @@ async function resolve(
 async function resolveFound(
   pool: Pool,
   gateway: PaymentGateway,
-  boss: PgBoss,
   found: Operation,
   resolution: Resolution,
   actor: string,
@@ -112,7 +108,7 @@ async function resolveFound(
     if (opts.reviewReasonSeen !== undefined && !sameReason(op.review_reason, opts.reviewReasonSeen)) {
       throw new ResolutionRefused(`the review reason changed since it was read: read it again: ${op.review_reason ?? 'none'}`);
     }
-    await refuseWhileDriven(pool, boss, op);
+    await refuseWhileDriven(pool, op);
 
     // 2. The evidence, with no transaction open.
     const rules = kindsFor(gateway).get(op.kind)?.evidence;
@@ -150,11 +146,11 @@ async function notClaimable(pool: Pool, id: string): Promise<Error> {
 }
 
 /** A queued or active job (or a row still in the outbox) means the machine is still driving it. */
-async function refuseWhileDriven(pool: Pool, boss: PgBoss, op: Operation): Promise<void> {
+async function refuseWhileDriven(pool: Pool, op: Operation): Promise<void> {
   const { id } = op;
   const { rows } = await pool.query(pool.sql.outboxRowFor(id));
   if (rows[0]) throw new ResolutionRefused(`operation ${id} waits in the outbox to be sent; resolve it only once the workers have given up on it`);
-  const job = await liveJobFor(boss, bossDb(pool), id, queueFor(op.kind));
+  const job = await liveJobFor(pool, id, [queueFor(op.kind)]);
   if (job) {
     throw new ResolutionRefused(
       `job ${job.id} for operation ${id} is ${job.state}: the workers still drive it (same key); try again once it settles or is dead-lettered into review`,

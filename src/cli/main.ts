@@ -336,12 +336,12 @@ ops
     const resolution: Resolution = o.succeeded
       ? { outcome: 'succeeded', externalId: required(o.externalId, '--succeeded needs --external-id: the PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund, your reference for an effect of your own') }
       : { outcome: 'failed', reason: required(o.reason, '--failed needs --reason "…"') };
-    await withDatabase(async ({ url, pool, db }) => {
+    await withDatabase(async ({ pool, db }) => {
       // The console's short id as `ops show` takes it: one operation, or refused as ambiguous, before Stripe is opened.
       const { id: operationId } = await findOperation(pool, id);
       await withGateway(db, async (gateway) => {
         const opts = { leaseTtlMs: config.worker.leaseTtlMs, searchFreshnessSeconds: config.searchFreshnessSeconds };
-        const op = await withBoss(url, (boss) => resolveOperation(pool, gateway, boss, operationId, resolution, o.actor, opts));
+        const op = await resolveOperation(pool, gateway, operationId, resolution, o.actor, opts);
         console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}`);
       });
     });
@@ -395,7 +395,7 @@ program
   .addOption(new Option('--since <duration>', 'report: charges and refunds created since, e.g. 7d').argParser(parseDuration).default(7 * 86400, '7d'))
   .option('--json', 'machine-readable output')
   .action(async (o) => {
-    await withDatabase(({ url, pool, db }) =>
+    await withDatabase(({ pool, db }) =>
       withGateway(db, async (gateway) => {
         if (o.report) {
           const report = await driftReport(pool, gateway, new Date(Date.now() - o.since * 1000));
@@ -407,7 +407,7 @@ program
           if (report.drift.length > 0) process.exitCode = EXIT.drift;
           return;
         }
-        const report = await withBoss(url, (boss) => reconcileNow(pool, gateway, boss, { actor: o.actor, owner: `cli:${process.pid}`, leaseTtlMs: config.worker.leaseTtlMs, log: log!, processingReviewDays: config.processingReviewDays }));
+        const report = await reconcileNow(pool, gateway, { actor: o.actor, owner: `cli:${process.pid}`, leaseTtlMs: config.worker.leaseTtlMs, log: log!, processingReviewDays: config.processingReviewDays });
         console.log(o.json ? JSON.stringify(report) : `${report.examined} examined: ${report.settled} settled, ${report.needsReview} need review, ${report.skipped} skipped`);
       }),
     );

@@ -337,7 +337,7 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
     try {
       // The reason as the page showed it (none: empty): one added since is refused, and shown.
       const seen = form.get('review_reason');
-      await resolveOperation(pool, gateway, boss, id, resolution, actorOf(session), { ...resolveOptions, reviewReasonSeen: seen === null ? undefined : seen || null });
+      await resolveOperation(pool, gateway, id, resolution, actorOf(session), { ...resolveOptions, reviewReasonSeen: seen === null ? undefined : seen || null });
     } catch (err) {
       if (!(err instanceof ResolutionRefused || err instanceof ValidationError)) throw err;
       log.info({ operator: session.operator, operationId: id, outcome, refused: err.message }, 'console resolution refused');
@@ -377,9 +377,8 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
   }
 
   const MAX_MINUTES = 30 * 24 * 60;
-  /** One requeue-stuck list at a time per replica: it looks for each operation's live job by a scan of
-   * pg-boss's jobs, up to 1,000 of them (a minute and more with 200,000 jobs kept), and a read-only
-   * session may ask for it. */
+  /** One requeue-stuck list at a time per replica: it looks for each operation's live job, up to 1,000
+   * of them, a transaction each, and a read-only session may ask for it. */
   let stuckListing = false;
   async function stuckView({ url, res }: Request, session: Session): Promise<void> {
     const raw = url.searchParams.get('older_than_minutes');

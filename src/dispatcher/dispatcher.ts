@@ -231,7 +231,7 @@ export class Dispatcher {
     if (this.opts.reconcileCron) {
       await boss.schedule(RECONCILE_QUEUE, this.opts.reconcileCron);
       await boss.work(RECONCILE_QUEUE, { batchSize: 1, pollingIntervalSeconds: 5 }, async () => {
-        const report = await reconcileSweep(this.deps.pool, this.deps.gateway, this.deps.boss, {
+        const report = await reconcileSweep(this.deps.pool, this.deps.gateway, {
           owner: this.opts.workerId,
           leaseTtlMs: this.opts.leaseTtlMs,
           log: this.log,

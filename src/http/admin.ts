@@ -139,7 +139,7 @@ export function adminRoutes(deps: AdminDeps): Route[] {
       guarded(async ({ req, res, params }) => {
         const body = await jsonBody(req, resolveBody);
         const opts = { leaseTtlMs: deps.config.worker.leaseTtlMs, searchFreshnessSeconds: deps.config.searchFreshnessSeconds };
-        sendJson(res, 200, await resolveOperation(deps.pool, evidence(), deps.boss, params[0]!, body, actor, opts));
+        sendJson(res, 200, await resolveOperation(deps.pool, evidence(), params[0]!, body, actor, opts));
       }),
     ],
     [
@@ -171,7 +171,7 @@ export function adminRoutes(deps: AdminDeps): Route[] {
       'POST',
       '/admin/reconcile',
       guarded(async ({ res }) => {
-        const report = await reconcileNow(deps.pool, evidence(), deps.boss, { actor, owner: deps.workerId, leaseTtlMs: deps.config.worker.leaseTtlMs, log: deps.log, processingReviewDays: deps.config.processingReviewDays });
+        const report = await reconcileNow(deps.pool, evidence(), { actor, owner: deps.workerId, leaseTtlMs: deps.config.worker.leaseTtlMs, log: deps.log, processingReviewDays: deps.config.processingReviewDays });
         sendJson(res, 200, report);
       }),
     ],

@@ -10,9 +10,9 @@ import type pg from 'pg';
 import { PgBoss, type Db as IDatabase, type Queue } from 'pg-boss';
 import { beginBossTransaction } from '../db/bossTransaction.ts';
 import { directListener, PooledBossDb } from '../db/bossDb.ts';
-import { bossDb, bossQuery, inTransaction, isPooled, type Pool } from '../db/pool.ts';
+import { bossDb, bossQuery, inTransaction, isPooled, type Pool, type Queryable } from '../db/pool.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
-import { DEAD_LETTER_SUFFIX, LIVE_JOB_STATES as LIVE_JOB_STATE_LIST } from '../types/contracts.ts';
+import { DEAD_LETTER_SUFFIX } from '../types/contracts.ts';
 import { createSettlementQueues, relaySettlements, SETTLED_DEAD_QUEUE, SETTLED_EVENT, SETTLED_QUEUE } from './settlements.ts';
 import { bossSchemaFor, builtInTypes } from '../sql/statements.ts';
 import { traceContextPropagator, traceRelay, untraced } from '../telemetry/tracing.ts';
@@ -263,19 +263,11 @@ async function relayOperations(db: Pool, boss: PgBoss, limit: number): Promise<n
   });
 }
 
-/** Job states in which pg-boss will still hand the job to a worker (or has). */
-export const LIVE_JOB_STATES: ReadonlySet<string> = new Set(LIVE_JOB_STATE_LIST);
-
-/** A job of `queue` that will still drive (or is driving) the operation: created, waiting to retry, or
- * active. Read through `db`, so it can join the caller's transaction. */
-export async function liveJobFor(
-  boss: PgBoss,
-  db: IDatabase,
-  operationId: string,
-  queue: string,
-): Promise<{ id: string; state: string } | undefined> {
-  const jobs = await boss.findJobs<OperationJob>(queue, { data: { operationId }, db });
-  return jobs.find((j) => LIVE_JOB_STATES.has(j.state));
+/** A job in one of `queues` that will still drive (or is driving) the operation: created, waiting to
+ * retry, or active. Read through `db`, so it can join the caller's transaction. */
+export async function liveJobFor(db: Queryable, operationId: string, queues: string[]): Promise<{ id: string; state: string } | undefined> {
+  const { rows } = await db.query(db.sql.liveJobOf(queues, operationId));
+  return rows[0];
 }
 
 /** Enqueues a job for the operation on its kind's queue directly (admin re-drive, a reschedule), through

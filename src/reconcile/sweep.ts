@@ -8,13 +8,11 @@
 // its capture_before: released), for what the kind records of it (KindEvidence.followUp), in case no
 // webhook told. Last, it flags any unsettled operation of any kind that no job drives any more (a
 // dead-letter handler that kept failing, a job lost by hand): never neither driven nor flagged.
-import type { PgBoss } from 'pg-boss';
-import type { Pool } from '../db/pool.ts';
+import { inTransaction, type Pool } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import type { EffectCall } from '../engine/kinds.ts';
 import { evidenceOf, kindsFor } from '../kinds/index.ts';
 import { deadQueueFor, liveJobFor, queueFor } from '../outbox/outbox.ts';
-import { bossDb, inTransaction } from '../db/pool.ts';
 import { executeOperation, KEY_WINDOW_SECONDS } from '../engine/executor.ts';
 import { accountOf, type PaymentGateway } from '../stripe/gateway.ts';
 import { claimOperation, flagForReview, releaseLease, StaleFenceError, type Operation } from '../engine/operation.ts';
@@ -57,7 +55,7 @@ export interface SweepOptions {
   processingReviewDays?: number;
 }
 
-export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: PgBoss, opts: SweepOptions): Promise<SweepReport> {
+export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, opts: SweepOptions): Promise<SweepReport> {
   const keyWindowSeconds = opts.keyWindowSeconds ?? KEY_WINDOW_SECONDS;
   // Reconciliation yields to the dispatchers in the fleet's Stripe budget. Once the budget (or Stripe's
   // 429) turns a call away, the rest waits for the next sweep instead of each candidate waiting in turn.
@@ -103,7 +101,7 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, boss: 
     else await sweepOne(id);
   }
   if (!rateLimited) report.followedUp = await followUp(pool, inBackground(gateway), opts);
-  report.undriven = await flagUndriven(pool, boss, opts);
+  report.undriven = await flagUndriven(pool, opts);
   return report;
 }
 
@@ -125,7 +123,7 @@ async function followUp(pool: Pool, gateway: PaymentGateway, opts: SweepOptions)
 
 /** Flags unsettled operations that nothing drives. Each is claimed first, so no requeue or dispatcher
  * can start driving it between the check for a live job and the flag. */
-async function flagUndriven(pool: Pool, boss: PgBoss, opts: SweepOptions): Promise<string[]> {
+async function flagUndriven(pool: Pool, opts: SweepOptions): Promise<string[]> {
   const idle = opts.undrivenAfterSeconds ?? UNDRIVEN_AFTER_SECONDS;
   const { rows } = await pool.query(pool.sql.undrivenCandidates(idle, opts.limit ?? 500));
   const flagged: string[] = [];
@@ -133,9 +131,8 @@ async function flagUndriven(pool: Pool, boss: PgBoss, opts: SweepOptions): Promi
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, 0);
     if (!lease) continue;
     try {
-      const db = bossDb(pool);
       const { kind } = lease.operation;
-      if ((await liveJobFor(boss, db, id, queueFor(kind))) || (await liveJobFor(boss, db, id, deadQueueFor(kind)))) continue;
+      if (await liveJobFor(pool, id, [queueFor(kind), deadQueueFor(kind)])) continue;
       const reason = `no job drives this operation (its job ended without settling it, last error: ${lease.operation.last_error ?? 'none'}); requeue it (same key) or resolve it`;
       await flagForReview(pool, id, lease.fence, reason);
       flagged.push(id);

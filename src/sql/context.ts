@@ -5,6 +5,7 @@ import { createHash } from 'node:crypto';
 import pg from 'pg';
 import type { QueryConfig } from 'pg';
 import textParsers from 'pg-types/lib/textParsers.js';
+import { LIVE_JOB_STATES } from '../types/contracts.ts';
 
 export const DEFAULT_SCHEMA = 'outboxd';
 /** A lower-case identifier (never needs quoting rules of its own), short enough that the pg-boss schema
@@ -12,6 +13,9 @@ export const DEFAULT_SCHEMA = 'outboxd';
 export const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,39}$/;
 
 export const UNSETTLED = `status in ('pending', 'unknown')`;
+/** A pg-boss job that will still drive its operation (src/types/contracts.ts: LIVE_JOB_STATES): read
+ * through pg-boss's index on its live jobs, never among the completed ones a queue keeps for days. */
+export const LIVE_JOB = (alias: string) => `${alias}.state in (${LIVE_JOB_STATES.map((st) => `'${st}'`).join(', ')})`;
 
 /** payment_operations' columns (src/db/schema.ts), named in every statement that reads them whole: a
  * statement prepared before a migration adds a column keeps its result type, where `*` would change it

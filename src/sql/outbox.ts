@@ -1,7 +1,7 @@
 // The statements of the outbox, written with the operation and relayed to pg-boss in batches, and of the settlement
 // events, written by the statement that settles, taken from their table by the unnamed handlers and copied by the
 // relay to the named subscribers' queues (src/outbox/).
-import type { SqlContext } from './context.ts';
+import { LIVE_JOB, type SqlContext } from './context.ts';
 
 /** The most rows of an outbox the metrics and the console count (outboxd_outbox_rows,
  * outboxd_settlement_events and _outbox_rows saturate there): a count of a backlog of millions, at every
@@ -41,6 +41,14 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
   const oldest = (where: string) =>
     `id = any(array(select id from ${s}.settlement_outbox where ${where} order by id limit $1 for update skip locked))`;
   return {
+    /** A job of the operation's in one of these queues that still drives it (created, waiting to retry,
+     * or active), among the queues' live jobs: not pg-boss's findJobs, which reads every job the queues
+     * keep (the completed ones for 3 days, millions on a busy ledger) for each operation asked about. */
+    liveJobOf: statement<[queues: string[], operationId: string]>(
+      'outboxd_live_job_of',
+      `select j.id, j.state from ${boss}.job j where j.name = any($1::text[]) and ${LIVE_JOB('j')} and j.data->>'operationId' = $2 limit 1`,
+    ),
+
     /** The channel the outboxes' triggers NOTIFY while a relay sleeps (drizzle/0022_outbox_wake.sql): the
      * relay LISTENs on it instead of waiting out its poll. */
     relayChannel: `outboxd_relay_${schema}`,

@@ -1,6 +1,6 @@
 // The statements of reconciliation (src/reconcile/): the sweep's candidates and the drift report's reads.
-import { DEAD_LETTER_SUFFIX, LIVE_JOB_STATES } from '../types/contracts.ts';
-import type { SqlContext } from './context.ts';
+import { DEAD_LETTER_SUFFIX } from '../types/contracts.ts';
+import { LIVE_JOB, type SqlContext } from './context.ts';
 
 export const reconcileStatements = ({ UNSETTLED, boss, operationColumns, s, statement }: SqlContext) => ({
   /** What the reconcile sweep may decide, of the kinds it reconciles through the provider ($3): a known
@@ -35,7 +35,7 @@ export const reconcileStatements = ({ UNSETTLED, boss, operationColumns, s, stat
        and not exists (select 1 from ${s}.charge_outbox o where o.operation_id = op.id)
        and not exists (
          select 1 from ${boss}.job j
-         where j.name in (op.kind, op.kind || '${DEAD_LETTER_SUFFIX}') and j.state in (${LIVE_JOB_STATES.map((st) => `'${st}'`).join(', ')}) and j.data->>'operationId' = op.id::text)
+         where j.name in (op.kind, op.kind || '${DEAD_LETTER_SUFFIX}') and ${LIVE_JOB('j')} and j.data->>'operationId' = op.id::text)
      order by updated_at
      limit $2`,
   ),

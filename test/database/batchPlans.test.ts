@@ -6,9 +6,11 @@
 // nothing of its size, and joined on it alone the outcomes hashed against every unsettled operation, or
 // read the whole ledger, and the relay against its whole outbox, at each batch (src/sql/context.ts, byIds).
 // The retention's batches read the rows they take too, not the rows inside the window, nor the ledger.
+import { randomUUID } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KEY_WINDOW_SECONDS, callTable } from '../../src/engine/executor.ts';
-import { statementsFor } from '../../src/sql/statements.ts';
+import { createKindQueues, deadQueueFor, queueFor } from '../../src/outbox/outbox.ts';
+import { bossSchemaFor, statementsFor } from '../../src/sql/statements.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 
 let t: TestDb;
@@ -193,6 +195,27 @@ describe('the admin listings read pages of indexes, not the ledger', () => {
           }
         }
       }
+    }
+  });
+});
+
+describe("an operation's live job is looked for among its queues' live jobs, not their history", () => {
+  it('in a queue keeping 20,000 completed jobs (requeue, resolve and the sweep ask per operation)', async () => {
+    const boss = bossSchemaFor(t.schema);
+    const queue = queueFor('charge');
+    await createKindQueues(t.boss, 'charge');
+    const live = randomUUID();
+    await t.pool.query(
+      `insert into ${boss}.job (name, data, state, completed_on)
+       select $1, jsonb_build_object('operationId', gen_random_uuid()), 'completed', now() from generate_series(1, 20000)`,
+      [queue],
+    );
+    const jobId = await t.boss.send(queue, { operationId: live });
+    await t.pool.query(`vacuum analyze ${boss}.job`);
+    const st = statementsFor(t.schema, true);
+    expect((await t.pool.query(st.liveJobOf([queue, deadQueueFor('charge')], live))).rows).toEqual([{ id: jobId, state: 'created' }]);
+    for (const generic of [true, false]) {
+      expect.soft(await pagesTouched(st.liveJobOf([queue, deadQueueFor('charge')], live), generic), generic ? 'generic plan' : 'custom plan').toBeLessThanOrEqual(LIST_PAGES);
     }
   });
 });

@@ -428,7 +428,7 @@ describe('waiting for a token holds the operation safely', () => {
     // that stepped back, not a shortage).
     await t.pool.query(`insert into outboxd.rate_budgets (name, tokens, refilled_at, short_at) values ($1, 0, now(), now() + interval '30 seconds'), ($2, 0, now(), now() + interval '30 seconds')`, [name, `${name}_search`]);
 
-    const sweep = () => reconcileSweep(t.pool, g, t.boss, { owner: 'sweeper', leaseTtlMs: 10_000, log });
+    const sweep = () => reconcileSweep(t.pool, g, { owner: 'sweeper', leaseTtlMs: 10_000, log });
     const refused = await sweep();
     expect(refused).toMatchObject({ examined: 2, settled: 0, skipped: 1 });
     expect(refused.decisions).toEqual([expect.objectContaining({ outcome: 'rate_limited', from: 'unknown', to: 'unknown' })]);

@@ -299,7 +299,7 @@ describe('an authorization released in Stripe', () => {
     expect((await run((await capture({ chargeOperationId: captured.charge, key: 'c' })).operationId)).operation.status).toBe('succeeded');
     for (const h of [released, lateInStripe, captured]) await pastExpiry(h.charge);
     e.emulator.expire(released.pi);
-    const sweep = () => reconcileSweep(t.pool, e.gateway(), t.boss, { owner: 'sweeper', leaseTtlMs: 10_000, log: createLogger('silent') });
+    const sweep = () => reconcileSweep(t.pool, e.gateway(), { owner: 'sweeper', leaseTtlMs: 10_000, log: createLogger('silent') });
     expect((await sweep()).followedUp).toEqual([released.charge]);
     expect((await sweep()).followedUp).toEqual([]);
     const { rows } = await t.pool.query(`select kind, status, effect_key from outboxd.payment_operations where parent_operation_id = any($1::uuid[]) order by kind`, [[released.charge, lateInStripe.charge]]);
@@ -410,8 +410,8 @@ describe('Connect', () => {
 });
 
 describe('what Stripe shows outside outboxd', () => {
-  const resolve = (op: string, resolution: Parameters<typeof resolveOperation>[4]) =>
-    resolveOperation(t.pool, e.gateway(), t.boss, op, resolution, 'alice', { leaseTtlMs: 10_000, searchFreshnessSeconds: 0 });
+  const resolve = (op: string, resolution: Parameters<typeof resolveOperation>[3]) =>
+    resolveOperation(t.pool, e.gateway(), op, resolution, 'alice', { leaseTtlMs: 10_000, searchFreshnessSeconds: 0 });
   const outOfOutbox = (op: string) => t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
 
   it('an authorization first seen captured (the dashboard) holds nothing: capture and cancel are refused, the caller’s transaction goes on, its event is no hold', async () => {

@@ -438,7 +438,7 @@ describe('every kind keeps the lease, the fence and the review queue', () => {
     await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [orphan]);
     await relay(t); // `queued` gets a job in the receipt queue (created by the relay: no receipt worker runs)
     await t.pool.query(`update outboxd.payment_operations set updated_at = now() - interval '1 hour', first_attempted_at = now() - interval '2 days' where id = any($1)`, [[orphan, queued]]);
-    const report = await reconcileSweep(t.pool, new FakeStripe(), t.boss, { owner: 'sweeper', leaseTtlMs: 10_000, log });
+    const report = await reconcileSweep(t.pool, new FakeStripe(), { owner: 'sweeper', leaseTtlMs: 10_000, log });
     expect(report.decisions.map((d) => d.operationId)).not.toContain(orphan);
     expect(report.decisions.map((d) => d.operationId)).not.toContain(queued);
     expect(report.undriven).toContain(orphan);
@@ -453,7 +453,7 @@ describe('a person’s resolution of an effect of the application’s', () => {
   it('is refused while its job drives it; then recorded on the person’s word, audited', async () => {
     const r = reservations();
     const op = await request(app({ manual_reservation: r.def }), 'manual_reservation', { sku: 'sku-9' });
-    const resolve = (resolution: Resolution) => resolveOperation(t.pool, new FakeStripe(), t.boss, op, resolution, 'carol', { leaseTtlMs: 10_000, searchFreshnessSeconds: 3_600 });
+    const resolve = (resolution: Resolution) => resolveOperation(t.pool, new FakeStripe(), op, resolution, 'carol', { leaseTtlMs: 10_000, searchFreshnessSeconds: 3_600 });
     await expect(resolve({ outcome: 'succeeded', externalId: 'res-ticket-1' })).rejects.toThrow(/waits in the outbox/);
     await relay(t);
     await expect(resolve({ outcome: 'succeeded', externalId: 'res-ticket-1' })).rejects.toThrow(/the workers still drive it/);

@@ -180,7 +180,7 @@ describe('held for a person only after the review age', () => {
 describe('the sweep and a lost job', () => {
   it('the sweep leaves a waiting payment to its scheduled job; a lost job is flagged, never dropped, and the sweep then retrieves it', async () => {
     const { op, pi } = await waiting();
-    const sweep = () => reconcileSweep(t.pool, e.gateway(), t.boss, { owner: 'sweep', leaseTtlMs: 10_000, log });
+    const sweep = () => reconcileSweep(t.pool, e.gateway(), { owner: 'sweep', leaseTtlMs: 10_000, log });
     expect((await sweep()).decisions.map((d) => d.operationId)).not.toContain(op);
     expect(retrievesOf(pi)).toHaveLength(0);
 

@@ -29,10 +29,10 @@ beforeEach(async () => {
   await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
 });
 
-const sweep = () => reconcileSweep(t.pool, e.gateway(), t.boss, { owner: 'sweeper', leaseTtlMs: 10_000, log });
+const sweep = () => reconcileSweep(t.pool, e.gateway(), { owner: 'sweeper', leaseTtlMs: 10_000, log });
 const RESOLVE = { leaseTtlMs: 10_000, searchFreshnessSeconds: 3_600 };
 const resolve = (op: string, resolution: Resolution, actor = 'alice', gw = e.gateway()) =>
-  resolveOperation(t.pool, gw, t.boss, op, resolution, actor, RESOLVE);
+  resolveOperation(t.pool, gw, op, resolution, actor, RESOLVE);
 const stripe = () => e.client();
 const charges = (op: string) => e.emulator.ledger().filter((l) => l.paymentIntent.metadata.operation_id === op);
 /** An operation whose call went out, lost its answer, and whose key window has since passed; its job is
@@ -344,7 +344,7 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
     const pi = await chargeFor(op);
     await flagDiscrepancy(t.pool, op, 'webhook payment_intent.succeeded: pi_new is not the operation\'s charge');
     const seen = { ...RESOLVE, reviewReasonSeen: 'retries exhausted' };
-    await expect(resolveOperation(t.pool, e.gateway(), t.boss, op, { outcome: 'succeeded', externalId: pi!.id }, 'alice', seen)).rejects.toThrow(
+    await expect(resolveOperation(t.pool, e.gateway(), op, { outcome: 'succeeded', externalId: pi!.id }, 'alice', seen)).rejects.toThrow(
       /the review reason changed since it was read: read it again: discrepancy with Stripe: .*pi_new/,
     );
     expect(await operation(t, op)).toMatchObject({ status: 'unknown', lease_owner: null });
@@ -353,7 +353,7 @@ describe('a resolution never contradicts Stripe (issue 10)', () => {
     await t.pool.query(`update outboxd.payment_operations set review_reason = E'checked by hand\\nsee the ticket' where id = $1`, [multiline]);
     const asSent = { ...RESOLVE, reviewReasonSeen: 'checked by hand\r\nsee the ticket' };
     const paid = await chargeFor(multiline);
-    expect(await resolveOperation(t.pool, e.gateway(), t.boss, multiline, { outcome: 'succeeded', externalId: paid!.id }, 'alice', asSent)).toMatchObject({ status: 'succeeded' });
+    expect(await resolveOperation(t.pool, e.gateway(), multiline, { outcome: 'succeeded', externalId: paid!.id }, 'alice', asSent)).toMatchObject({ status: 'succeeded' });
   });
 
   it('--failed waits out the search-freshness horizon after the last attempt, and says when to try again', async () => {

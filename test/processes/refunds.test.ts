@@ -330,7 +330,7 @@ describe('carrying a refund out (POST /v1/refunds under refund-op:<id>)', () => 
       await t.pool.query(`update outboxd.payment_operations set status = 'unknown', settled_at = null, external_id = null, first_attempted_at = now() - interval '2 days' where id = $1`, [op]);
       await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown') and id <> $1`, [op]);
       const creates = refundCreates(op).length;
-      const report = await reconcileSweep(t.pool, e.gateway(), t.boss, { owner: 'sweeper', leaseTtlMs: 10_000, log });
+      const report = await reconcileSweep(t.pool, e.gateway(), { owner: 'sweeper', leaseTtlMs: 10_000, log });
       expect(report.decisions).toContainEqual(expect.objectContaining({ operationId: op, call: 'search', to: 'succeeded' }));
       expect(refundCreates(op)).toHaveLength(creates);
     });
@@ -375,7 +375,7 @@ describe('a person’s resolution, webhooks and the drift report', () => {
     const op = await heldRefund(charge, 400);
     const other = await e.client().refunds.create({ payment_intent: pi, amount: 400, metadata: { operation_id: '00000000-0000-4000-8000-000000000001' } });
     const gw = e.gateway();
-    const resolve = (resolution: Parameters<typeof resolveOperation>[4]) => resolveOperation(t.pool, gw, t.boss, op, resolution, 'alice', RESOLVE);
+    const resolve = (resolution: Parameters<typeof resolveOperation>[3]) => resolveOperation(t.pool, gw, op, resolution, 'alice', RESOLVE);
     await expect(resolve({ outcome: 'succeeded', externalId: charge })).rejects.toThrow(/Refund id \(re_…\)/);
     await expect(resolve({ outcome: 'succeeded', externalId: other.id })).rejects.toThrow(/belongs to operation 00000000/);
     const pending = await e.client().refunds.create({ payment_intent: pi, amount: 400, metadata: { operation_id: op } });
@@ -388,16 +388,16 @@ describe('a person’s resolution, webhooks and the drift report', () => {
     const failed = await heldRefund(charge, 100);
     const gone = await e.client().refunds.create({ payment_intent: pi, amount: 100, metadata: { operation_id: failed } });
     e.emulator.settleRefund(gone.id, 'failed');
-    const resolved = await resolveOperation(t.pool, gw, t.boss, failed, { outcome: 'failed', reason: 'the bank returned it' }, 'bob', RESOLVE);
+    const resolved = await resolveOperation(t.pool, gw, failed, { outcome: 'failed', reason: 'the bank returned it' }, 'bob', RESOLVE);
     expect(resolved).toMatchObject({ status: 'failed' });
-    await expect(resolveOperation(t.pool, gw, t.boss, failed, { outcome: 'failed', reason: 'again' }, 'bob', RESOLVE)).rejects.toBeInstanceOf(ResolutionRefused);
+    await expect(resolveOperation(t.pool, gw, failed, { outcome: 'failed', reason: 'again' }, 'bob', RESOLVE)).rejects.toBeInstanceOf(ResolutionRefused);
   });
 
   it('--failed waits out a recent create: a refund request Stripe is still running shows in no list, and would be paid again', async () => {
     const { charge, pi } = await paidCharge(1000);
     const op = await heldRefund(charge, 400);
     await t.pool.query(`update outboxd.payment_operations set last_attempted_at = now() - interval '1 second' where id = $1`, [op]);
-    const resolve = () => resolveOperation(t.pool, e.gateway(), t.boss, op, { outcome: 'failed', reason: 'nothing in the dashboard' }, 'alice', RESOLVE);
+    const resolve = () => resolveOperation(t.pool, e.gateway(), op, { outcome: 'failed', reason: 'nothing in the dashboard' }, 'alice', RESOLVE);
     await expect(resolve()).rejects.toThrow(/the last attempt to refund was \d s ago: .*try again in 3\d{3} s/);
     expect(await operation(t, op)).toMatchObject({ status: 'unknown', lease_owner: null });
     // The request that was still running lands: the application was not told the refund failed, so it

@@ -58,7 +58,7 @@ describe('every settlement writes its event with the status change', () => {
     const swept = await confirm(t);
     const charge = stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: swept });
     await t.pool.query(`update outboxd.payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '25 hours' where id = $1`, [swept]);
-    await reconcileSweep(t.pool, stripe, t.boss, { owner: 'sweep', leaseTtlMs: 10_000, log });
+    await reconcileSweep(t.pool, stripe, { owner: 'sweep', leaseTtlMs: 10_000, log });
     expect(await events(swept)).toEqual([{ source: 'reconcile' }]);
 
     const hooked = await confirm(t);
@@ -70,7 +70,7 @@ describe('every settlement writes its event with the status change', () => {
     const resolved = await confirm(t);
     await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [resolved]);
     const found = stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: resolved });
-    await resolveOperation(t.pool, stripe, t.boss, resolved, { outcome: 'succeeded', externalId: found.id }, 'cli:ops', { leaseTtlMs: 10_000, searchFreshnessSeconds: 3_600 });
+    await resolveOperation(t.pool, stripe, resolved, { outcome: 'succeeded', externalId: found.id }, 'cli:ops', { leaseTtlMs: 10_000, searchFreshnessSeconds: 3_600 });
     expect(await events(resolved)).toEqual([{ source: 'admin' }]);
     expect(charge.id).not.toBe(found.id);
   });

@@ -265,7 +265,7 @@ describe('with an SDK registered', () => {
     await t.pool.query('delete from outboxd.charge_outbox where operation_id = $1', [operationId]); // no worker drives it
     const pi = await e.client().paymentIntents.create({ amount: order.amount, currency: order.currency, payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: operationId } });
     const opts = { leaseTtlMs: 10_000, searchFreshnessSeconds: 0 };
-    await resolveOperation(t.pool, e.gateway(), t.boss, operationId, { outcome: 'succeeded', externalId: pi.id }, 'tester', opts);
+    await resolveOperation(t.pool, e.gateway(), operationId, { outcome: 'succeeded', externalId: pi.id }, 'tester', opts);
     const resolve = one(exporter.getFinishedSpans(), 'outboxd.resolve');
     expect(resolve.spanContext().traceId).not.toBe(traceId);
     expect(resolve.links.map((l) => l.context.traceId)).toEqual([traceId]);
