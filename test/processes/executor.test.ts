@@ -1,10 +1,13 @@
 // The seed's table, with the in-process fake Stripe over a real PostgreSQL.
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
+import type Stripe from 'stripe';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
 import { AmbiguousOutcome, idempotencyKeyFor, IdempotencyKeyMisuse, type PaymentGateway } from '../../src/stripe/gateway.ts';
+import { createLogger } from '../../src/telemetry/log.ts';
+import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
 import { claimAttempt, recordOutcome, StaleFenceError, type Lease, type BegunAttempt } from '../../src/engine/operation.ts';
 import { counting } from '../support/counting.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
@@ -203,6 +206,20 @@ describe('executeOperation (a charge)', () => {
       const run = await executeOperation(t.pool, kindsFor(stripe), id, fence);
       expect(run.operation).toMatchObject({ status: 'unknown', needs_review: true, external_id: null });
       expect(run.operation.review_reason).toMatch(/2 charges/);
+    });
+
+    it("two charges found stay for a person when a webhook then settles the operation by one of them: it answers neither charge", async () => {
+      const stripe = new FakeStripe();
+      const id = await confirm(t);
+      const fence = await claim(t, id);
+      await t.pool.query(`update outboxd.payment_operations set status = 'unknown', first_attempted_at = now() - interval '25 hours' where id = $1`, [id]);
+      const first = stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: id });
+      stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: id });
+      const held = (await executeOperation(t.pool, kindsFor(stripe), id, fence)).operation.review_reason;
+      expect(held).toMatch(/2 charges/);
+      const event = { id: `evt_${id}`, type: 'payment_intent.succeeded', data: { object: { id: first.id } } } as unknown as Stripe.Event;
+      expect(await receiveStripeEvent({ pool: t.pool, gateway: stripe, log: createLogger('silent') }, event)).toBe('settled');
+      expect(await operation(t, id)).toMatchObject({ status: 'succeeded', external_id: first.id, needs_review: true, review_reason: held });
     });
 
     it('a match with another amount is not accepted as this operation’s charge', async () => {

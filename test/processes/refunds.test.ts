@@ -306,7 +306,7 @@ describe('carrying a refund out (POST /v1/refunds under refund-op:<id>)', () => 
       expect(e.emulator.requests().filter((r) => r.endpoint === 'list_refunds')).not.toHaveLength(0);
     });
 
-    it('none → review, not failed and not created; two → review naming both', async () => {
+    it('none → review, not failed and not created; two → review naming both, kept when one of them settles it', async () => {
       const { charge, pi } = await paidCharge();
       const none = await requested(charge, 300);
       await t.pool.query(`update outboxd.payment_operations set status = 'unknown', attempts = 1 where id = $1`, [none]);
@@ -321,6 +321,10 @@ describe('carrying a refund out (POST /v1/refunds under refund-op:<id>)', () => 
       const held = (await run(two)).operation;
       expect(held).toMatchObject({ status: 'unknown', needs_review: true, external_id: null });
       for (const r of made) expect(held.review_reason).toContain(r.id);
+      // One of them settling the operation later (its webhook) answers neither: the person still has both.
+      const event = { id: `evt_${two}`, type: 'refund.updated', data: { object: { id: made[0]!.id } } } as unknown as Stripe.Event;
+      expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log }, event)).toBe('settled');
+      expect(await operation(t, two)).toMatchObject({ status: 'succeeded', external_id: made[0]!.id, needs_review: true, review_reason: held.review_reason });
     });
 
     it('the reconcile sweep settles a refund past its window, read-only', async () => {

@@ -2,6 +2,7 @@
 // (on the operation's connected account, if any; an authorization for a manual capture), read back by id,
 // or found through Search once the key may be gone. What each answer means for the
 // operation is decided here; errors are the executor's.
+import { DISCREPANCY_PREFIX } from '../../types/contracts.ts';
 import type { EffectCalls } from '../../types/kind.ts';
 import type { LoadedOperation, Operation, Outcome } from '../../types/operation.ts';
 import { accountOf, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
@@ -59,12 +60,12 @@ function fromCharge(op: Operation, charge: Charge): Outcome {
 
 /** Zero or several matches (one is retrieved and settles by its status): search is not read-after-write,
  * so zero never means "not charged" — it waits, searched again later; several is a double charge for a
- * person. */
+ * person, a discrepancy: one of them settling the operation later (its webhook) answers neither. */
 function fromSearch(op: LoadedOperation, matches: Charge[]): Outcome {
   if (matches.length === 0) {
     const when = op.key_window_passed ? 'key window passed and search' : 'search';
     return { kind: 'needs_review', externalId: null, retry: true, reason: `${when} found no charge for this operation (search may lag; not proof of no charge)` };
   }
-  const reason = `search found ${matches.length} charges for this operation: ${matches.map((m) => m.id).join(', ')}`;
+  const reason = `${DISCREPANCY_PREFIX}search found ${matches.length} charges for this operation: ${matches.map((m) => m.id).join(', ')}`;
   return { kind: 'needs_review', externalId: null, reason, retry: false };
 }

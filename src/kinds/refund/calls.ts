@@ -1,6 +1,7 @@
 // The refund's calls (policy idempotent-key): `POST /v1/refunds` under `refund-op:<refund operation id>`,
 // read back by id, and past the key window found in the PaymentIntent's list of refunds by its operation
 // id, never created again.
+import { DISCREPANCY_PREFIX } from '../../types/contracts.ts';
 import type { EffectCalls } from '../../types/kind.ts';
 import type { LoadedOperation, Operation, Outcome } from '../../types/operation.ts';
 import { accountOf, FAILED_REFUND_STATUSES, namingNoIntent, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
@@ -49,11 +50,12 @@ function fromRefund(op: Operation, refund: Refund): Outcome {
 }
 
 /** Zero or several refunds carry this operation's id. The list is read-after-write, so waiting will not
- * change it: a person decides. */
+ * change it: a person decides. Several is money refunded twice, a discrepancy: one of them settling the
+ * operation later (its webhook) answers neither. */
 function fromList(op: LoadedOperation, mine: Refund[]): Outcome {
   const when = op.key_window_passed ? 'key window passed and ' : '';
   const reason = mine.length === 0
     ? `${when}the PaymentIntent's refunds list none for this operation`
-    : `the PaymentIntent's refunds list ${mine.length} for this operation: ${mine.map((r) => r.id).join(', ')}`;
+    : `${DISCREPANCY_PREFIX}the PaymentIntent's refunds list ${mine.length} for this operation: ${mine.map((r) => r.id).join(', ')}`;
   return { kind: 'needs_review', externalId: null, reason, retry: false };
 }
