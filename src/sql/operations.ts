@@ -10,13 +10,17 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
   const isDiscrepancy = (reason: string) => `starts_with(${reason}, '${DISCREPANCY_PREFIX}')`;
   /** The review reason if it is a discrepancy, or null. */
   const discrepancy = (reason: string) => `case when ${isDiscrepancy(reason)} then ${reason} end`;
-  /** A discrepancy's `reason` with `item` listed in it (whole, once; past DISCREPANCY_MAX it says the
-   * timeline has more): what a person reads before answering it is all there. */
-  const listedIn = (reason: string, item: string) => `case
+  /** A discrepancy's `reason` with `given` listed in it (whole, once; past DISCREPANCY_MAX it says the
+   * timeline has more): what a person reads before answering it is all there. `given`, a discrepancy
+   * itself (several charges found, again at each search), is listed without its prefix. */
+  const listedIn = (reason: string, given: string) => {
+    const item = `case when ${isDiscrepancy(given)} then substr(${given}, ${DISCREPANCY_PREFIX.length + 1}) else ${given} end`;
+    return `case
          when ${item} = any(string_to_array(substr(${reason}, ${DISCREPANCY_PREFIX.length + 1}), '${SEP}'))
            or right(${reason}, ${DISCREPANCY_MORE.length}) = '${DISCREPANCY_MORE}' then ${reason}
          when length(${reason}) > ${DISCREPANCY_MAX} then ${reason} || '${DISCREPANCY_MORE}'
          else ${reason} || '${SEP}' || ${item} end`;
+  };
   /** recordOutcomes' ids, for byIds. */
   const OUTCOME_IDS = 'array(select id from input)';
   /** A claim's timeline row: the fence, the owner, and of a takeover the owner whose expired lease it took
@@ -311,7 +315,7 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
     `with flagged as (
      update ${s}.payment_operations set review_reason = case
          when review_reason is null then $2
-         when ${isDiscrepancy('review_reason')} then ${listedIn('review_reason', `substr($2, ${DISCREPANCY_PREFIX.length + 1})`)}
+         when ${isDiscrepancy('review_reason')} then ${listedIn('review_reason', '$2')}
          else $2 || '${SEP}' || review_reason end,
        updated_at = now()
      where id = $1

@@ -217,6 +217,8 @@ describe('executeOperation (a charge)', () => {
       stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: id });
       const held = (await executeOperation(t.pool, kindsFor(stripe), id, fence)).operation.review_reason;
       expect(held).toMatch(/2 charges/);
+      // The sweep searches it again on each run: the same finding is not listed twice.
+      expect((await executeOperation(t.pool, kindsFor(stripe), id, await claim(t, id))).operation.review_reason).toBe(held);
       const event = { id: `evt_${id}`, type: 'payment_intent.succeeded', data: { object: { id: first.id } } } as unknown as Stripe.Event;
       expect(await receiveStripeEvent({ pool: t.pool, gateway: stripe, log: createLogger('silent') }, event)).toBe('settled');
       expect(await operation(t, id)).toMatchObject({ status: 'succeeded', external_id: first.id, needs_review: true, review_reason: held });
