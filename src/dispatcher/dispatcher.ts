@@ -203,6 +203,31 @@ export class Dispatcher {
         return results;
       });
     };
+    // The schedules first: a cron pg-boss cannot read then stops the start before any work loop claims.
+    if (this.opts.reconcileCron) {
+      await boss.schedule(RECONCILE_QUEUE, this.opts.reconcileCron);
+      await boss.work(RECONCILE_QUEUE, { batchSize: 1, pollingIntervalSeconds: 5 }, async () => {
+        const report = await reconcileSweep(this.deps.pool, this.deps.gateway, {
+          owner: this.opts.workerId,
+          leaseTtlMs: this.opts.leaseTtlMs,
+          log: this.log,
+          ...(this.opts.keyWindowSeconds !== undefined ? { keyWindowSeconds: this.opts.keyWindowSeconds } : {}),
+          ...(this.opts.processingReviewDays !== undefined ? { processingReviewDays: this.opts.processingReviewDays } : {}),
+        });
+        const summary = { examined: report.examined, settled: report.settled, needsReview: report.needsReview, undriven: report.undriven.length };
+        this.log.info(summary, 'reconcile sweep');
+        return summary;
+      });
+    }
+    if (this.opts.pruneCron) {
+      await createPruneQueue(boss);
+      await boss.schedule(PRUNE_QUEUE, this.opts.pruneCron);
+      await boss.work(PRUNE_QUEUE, { batchSize: 1, pollingIntervalSeconds: 30 }, async () => {
+        const pruned = await pruneHistory(this.deps.pool, this.opts.retentionDays ?? DEFAULT_RETENTION_DAYS);
+        this.log.info({ pruned }, 'history past its retention pruned');
+        return pruned;
+      });
+    }
     // Calls in flight at once, and claims made ahead of them: a job claims its operation while the slots
     // are busy, so that a slot given back starts its next call at once, without a claim's round trip in
     // it, and the claims of a fetched batch go out together in one statement (measured with npm run
@@ -227,30 +252,6 @@ export class Dispatcher {
       });
       for (let i = 0; i < this.opts.concurrency; i++) await register(queueFor(kind), handle, batch);
       await register(deadQueueFor(kind), (job) => this.handleDeadLetter(job, kind));
-    }
-    if (this.opts.reconcileCron) {
-      await boss.schedule(RECONCILE_QUEUE, this.opts.reconcileCron);
-      await boss.work(RECONCILE_QUEUE, { batchSize: 1, pollingIntervalSeconds: 5 }, async () => {
-        const report = await reconcileSweep(this.deps.pool, this.deps.gateway, {
-          owner: this.opts.workerId,
-          leaseTtlMs: this.opts.leaseTtlMs,
-          log: this.log,
-          ...(this.opts.keyWindowSeconds !== undefined ? { keyWindowSeconds: this.opts.keyWindowSeconds } : {}),
-          ...(this.opts.processingReviewDays !== undefined ? { processingReviewDays: this.opts.processingReviewDays } : {}),
-        });
-        const summary = { examined: report.examined, settled: report.settled, needsReview: report.needsReview, undriven: report.undriven.length };
-        this.log.info(summary, 'reconcile sweep');
-        return summary;
-      });
-    }
-    if (this.opts.pruneCron) {
-      await createPruneQueue(boss);
-      await boss.schedule(PRUNE_QUEUE, this.opts.pruneCron);
-      await boss.work(PRUNE_QUEUE, { batchSize: 1, pollingIntervalSeconds: 30 }, async () => {
-        const pruned = await pruneHistory(this.deps.pool, this.opts.retentionDays ?? DEFAULT_RETENTION_DAYS);
-        this.log.info({ pruned }, 'history past its retention pruned');
-        return pruned;
-      });
     }
     await this.listenForOutboxRows();
     this.relaying = this.relay();

@@ -1,5 +1,6 @@
 // Configuration is read from the environment once, at the edge, and validated here. Everything below
 // receives a typed Config; nothing else reads process.env.
+import { CronExpressionParser } from 'cron-parser';
 import { z } from 'zod';
 import { DEFAULT_SCHEMA, SCHEMA_NAME } from '../sql/statements.ts';
 
@@ -17,6 +18,17 @@ const MIN_BUDGET_WAIT_MS = 500;
 const intInRange = (min: number, max: number, fallback: number) =>
   z.coerce.number().int().min(min).max(max).default(fallback);
 const port = z.coerce.number().int().min(0).max(65_535);
+/** A cron expression pg-boss's schedule() takes (it parses with cron-parser so, in UTC): refused here,
+ * where the variable is named, not by the dispatcher's start, once work loops have begun claiming. */
+const isCron = (text: string): boolean => {
+  if (!text.trim()) return false;
+  try {
+    CronExpressionParser.parse(text, { tz: 'UTC', strict: false });
+    return true;
+  } catch {
+    return false;
+  }
+};
 /** A bind address: an IP (0.0.0.0 and :: mean every interface) or a host name. */
 const bindAddress = z.union([z.ipv4(), z.ipv6(), z.hostname()], { error: 'an IP address or a host name' });
 const httpUrl = z.url({ protocol: /^https?$/, error: 'an http(s) URL' });
@@ -63,7 +75,10 @@ export const envSchema = z.object({
   /** The admin listener's address: loopback unless told, as it is meant for operators, not the world. */
   ADMIN_HTTP_HOST: bindAddress.optional(),
   /** cron of the reconcile sweep every worker schedules (pg-boss runs one at a time). */
-  RECONCILE_CRON: z.string().min(9).default('*/5 * * * *'),
+  RECONCILE_CRON: z
+    .string()
+    .refine(isCron, 'RECONCILE_CRON must be a cron expression of 5 fields (6 with seconds), as pg-boss reads it: */5 * * * *, say')
+    .default('*/5 * * * *'),
   /** Admin HTTP API bearer token; unset: the admin routes are off. */
   ADMIN_TOKEN: z.string().min(16, 'ADMIN_TOKEN must be at least 16 characters').optional(),
   /** Who the admin token acts as in the audit trail. */

@@ -5,6 +5,11 @@ import { queryObjects } from 'node:v8';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { inTransaction } from '../../src/db/pool.ts';
+import { Dispatcher } from '../../src/dispatcher/dispatcher.ts';
+import { kindsFor } from '../../src/kinds/index.ts';
+import { createBoss } from '../../src/outbox/outbox.ts';
+import { createLogger } from '../../src/telemetry/log.ts';
+import { createMetrics } from '../../src/telemetry/metrics.ts';
 import { idempotencyKeyFor, refundIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
 import { acquireLease, releaseLease, settleFromOutside } from '../../src/engine/operation.ts';
 import { KEY_WINDOW_SECONDS } from '../../src/engine/executor.ts';
@@ -277,6 +282,34 @@ describe('dispatcher (in-process)', () => {
       await waitUntil(async () => (await jobOf(ok))[0]?.state === 'completed', 10_000, "ok's job completed");
       // Its job completed at its first delivery: no retry spent for the other's failure.
       expect(await jobOf(ok)).toEqual([{ state: 'completed', retry_count: 0 }]);
+    } finally {
+      await replica.stop();
+    }
+  });
+
+  it('a reconcile cron pg-boss refuses stops the start before any work loop claims an operation', async () => {
+    const ops = [await confirm(t), await confirm(t), await confirm(t)];
+    await relay(t);
+    const gateway = e.gateway({ timeoutMs: 10_000 });
+    const boss = createBoss(t.url, 'worker', 3, t.schema, t.url);
+    boss.on('error', () => {});
+    await boss.start();
+    const refused = new Dispatcher(
+      { boss, pool: t.pool, gateway, log: createLogger('silent'), metrics: createMetrics({ db: t.pool, boss }), kinds: kindsFor(gateway) },
+      { workerId: 'bad-cron', concurrency: 2, leaseTtlMs: 12_000, reconcileCron: '*/5 * * * * * *' },
+    );
+    try {
+      await expect(refused.start()).rejects.toThrow(/cron/i);
+      // A work loop begun fetches at once, then every half second: it would have claimed by now.
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      for (const op of ops) expect(await operation(t, op)).toMatchObject({ status: 'pending', attempts: 0, lease_owner: null });
+    } finally {
+      await refused.drain(0);
+      await boss.stop({ graceful: false });
+    }
+    const replica = await dispatcher('good-cron');
+    try {
+      await waitUntil(async () => (await Promise.all(ops.map((op) => operation(t, op)))).every((o) => o.status === 'succeeded'), 30_000, 'settled by a replica started right');
     } finally {
       await replica.stop();
     }

@@ -34,6 +34,17 @@ describe('loadConfig', () => {
   });
 });
 
+describe('RECONCILE_CRON', () => {
+  it("is refused at the edge, naming the variable, when pg-boss's schedule would refuse it: after the work loops began to claim", () => {
+    for (const cron of ['*/5 * * * * * *', 'every five minutes', '61 * * * *', '* * * * 8']) {
+      expect(() => loadConfig({ RECONCILE_CRON: cron }), cron).toThrow(/RECONCILE_CRON must be a cron expression/);
+    }
+    expect(loadConfig({}).worker.reconcileCron).toBe('*/5 * * * *');
+    expect(loadConfig({ RECONCILE_CRON: '0 0 1 1 *' }).worker.reconcileCron).toBe('0 0 1 1 *');
+    expect(loadConfig({ RECONCILE_CRON: '*/30 * * * * *' }).worker.reconcileCron).toBe('*/30 * * * * *');
+  });
+});
+
 describe('SETTLEMENT_HANDLER_TIMEOUT_MS', () => {
   it("is taken at most as a delivery that ends before pg-boss fails a subscriber's job, whatever its heartbeat, and retries it", () => {
     expect(MAX_SETTLEMENT_HANDLER_TIMEOUT_MS + 60_000).toBeLessThanOrEqual(settledQueueOptions.expireInSeconds! * 1000);
