@@ -71,6 +71,11 @@ export async function drizzlePending(client: Pick<PoolClient, 'query'>, schema: 
  * lock that serialises migrators is a session's), or an application's pool. `folder`: the migrations.
  */
 export async function migrate(connection: string | pg.Pool, schema: string, folder = MIGRATIONS): Promise<void> {
+  // One connection holds the migrators' lock while pg-boss installs its schema on another: a pool of one
+  // would wait for itself for ever, its lock held, every other migrator polling for it meanwhile.
+  if (typeof connection !== 'string' && (connection.options.max ?? 10) < 2) {
+    throw new ConfigError(`a migration needs two of the pool's connections at once (its lock's session, and pg-boss's), and this pool has max ${connection.options.max}: give it a larger pool, or a connection string`);
+  }
   const shared = await sharedSession(connection, 'outboxd-migrate');
   if (shared) {
     throw new ConfigError(

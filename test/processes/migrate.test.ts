@@ -5,7 +5,7 @@ import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
-import { drizzlePending, migrate, readJournal } from '../../src/db/migrate.ts';
+import { drizzlePending, migrate, MIGRATION_LOCK, readJournal } from '../../src/db/migrate.ts';
 import { createPool, type Pool } from '../../src/db/pool.ts';
 import { confirmOrder } from '../../src/exampleApp/confirm.ts';
 import { createBoss, relayOutbox } from '../../src/outbox/outbox.ts';
@@ -95,6 +95,21 @@ describe('a new database', () => {
     expect((await client.query(`select total, note from public.orders`)).rows).toEqual([{ total: '12.5', note: "the app's own order" }]);
     expect((await client.query(`select provider from public.payment_operations`)).rows).toEqual([{ provider: 'paypal' }]);
     expect((await client.query(`select to_regclass('drizzle.__drizzle_migrations') as t`)).rows[0].t).toBeNull();
+  });
+});
+
+describe("an application's pool", () => {
+  it('of one connection is refused before anything is taken: the lock and pg-boss would each wait for the other', async () => {
+    const { url, client } = await database('poolofone');
+    const one = new pg.Pool({ connectionString: url, max: 1 });
+    cleanups.push(() => one.end());
+    await expect(migrate(one, 'outboxd')).rejects.toThrow(/needs two of the pool's connections at once .* max 1/);
+    expect((await client.query(`select count(*)::int as n from pg_locks where locktype = 'advisory' and objid = $1`, [MIGRATION_LOCK])).rows[0].n).toBe(0);
+    // Another migrator is not kept waiting.
+    await migrate(url, 'outboxd');
+    const two = new pg.Pool({ connectionString: url, max: 2 });
+    cleanups.push(() => two.end());
+    await migrate(two, 'outboxd');
   });
 });
 
