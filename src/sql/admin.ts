@@ -1,8 +1,8 @@
 // The statements of the admin API and the CLI (src/admin/): listings, the audit trail, requeue and resolve.
 import { OPERATION_STATUSES } from '../types/status.ts';
-import type { SqlContext } from './context.ts';
+import { LIVE_JOB, type SqlContext } from './context.ts';
 
-export const adminStatements = ({ UNSETTLED, briefColumns, operationColumns, s, statement }: SqlContext) => {
+export const adminStatements = ({ UNSETTLED, boss, briefColumns, operationColumns, s, statement }: SqlContext) => {
   /**
    * A page of the ledger (the admin API's and `ops list`'s listings), read in pages of indexes however
    * large the ledger, never the whole table sorted: a range of payment_operations_list_idx per kind and
@@ -50,11 +50,17 @@ export const adminStatements = ({ UNSETTLED, briefColumns, operationColumns, s, 
     `select pg_advisory_xact_lock(hashtextextended('outboxd-requeue:' || $1, 0))`,
   ),
 
-  /** Unsettled operations untouched for a while: candidates for `requeue --stuck`. */
+  /** Unsettled operations untouched for a while that nothing drives (no live lease, nothing in the
+   * outbox, no live job in their kind's queue): candidates for `requeue --stuck`, which checks each
+   * again under its lock. Those driven are left out here, not after the limit: a thousand waiting quietly
+   * (payments processing for days, their next check hours away) hid every stuck one behind them. */
   stuckOperations: statement<[olderThanSeconds: number, limit: number]>(
     'outboxd_stuck_operations',
-    `select ${operationColumns()} from ${s}.payment_operations
+    `select ${operationColumns('op')} from ${s}.payment_operations op
      where ${UNSETTLED} and updated_at < now() - make_interval(secs => $1)
+       and (lease_expires_at is null or lease_expires_at < now())
+       and not exists (select 1 from ${s}.charge_outbox o where o.operation_id = op.id)
+       and not exists (select 1 from ${boss}.job j where j.name = op.kind and ${LIVE_JOB('j')} and j.data->>'operationId' = op.id::text)
      order by updated_at
      limit $2`,
   ),

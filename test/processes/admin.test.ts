@@ -83,6 +83,19 @@ describe('requeue (invariant 10)', () => {
     expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'refused', reason: 'operation is succeeded' });
   });
 
+  it('--stuck: operations driven quietly (their jobs hours away) do not hide a stuck one behind the limit', async () => {
+    const waiting = [await confirm(t), await confirm(t), await confirm(t)];
+    await relay(t);
+    await t.pool.query(`update pgboss.job set start_after = now() + interval '20 hours' where name = 'charge' and data->>'operationId' = any($1)`, [waiting]);
+    await t.pool.query(`update outboxd.payment_operations set status = 'unknown', updated_at = now() - interval '4 hours' where id = any($1::uuid[])`, [waiting]);
+    const stuck = await confirm(t);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [stuck]);
+    await t.pool.query(`update outboxd.payment_operations set status = 'unknown', updated_at = now() - interval '1 hour' where id = $1`, [stuck]);
+    const results = await requeueStuck(t.pool, t.boss, { actor: 'ops', olderThanSeconds: 600, limit: waiting.length, dryRun: true });
+    expect(results.find((r) => r.operationId === stuck)).toEqual({ operationId: stuck, result: 'would_requeue' });
+    expect(results.filter((r) => waiting.includes(r.operationId))).toEqual([]);
+  });
+
   it('--stuck: an operation that settles after it was listed is skipped, not refused (which exits 2)', async () => {
     const op = await confirm(t);
     await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
