@@ -146,7 +146,9 @@ export async function recordOutcome(
     review_reason: review,
     undo,
     first_attempted_at: createAttempt?.prev_first_attempted_at ?? null,
-    last_attempted_at: createAttempt?.prev_last_attempted_at ?? null,
+    // A check that found nothing done restarts the key window, but keeps the last send on record: Stripe
+    // may still be running it, and a person's --failed waits out the search-freshness horizon from it.
+    last_attempted_at: createAttempt ? createAttempt.prev_last_attempted_at : (op.last_attempted_at ?? op.first_attempted_at),
     source,
     event,
     result,

@@ -231,7 +231,8 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
    * settled, and then, in the same statement, its settlement event (`source`: what settled it). `undo`:
    * the call provably executed nothing (a 429, 401/403, a connection never opened), so the attempt stamps
    * go back to first_attempted_at/last_attempted_at: a window that only such calls opened is not open (or
-   * a check found that no earlier execution happened: they go back to null). `event`: what the timeline
+   * a check found that no earlier execution happened: first_attempted_at goes back to null, and
+   * last_attempted_at stays the last send's). `event`: what the timeline
    * keeps of the call (its outcome, duration, Stripe's request id), written by the same statement.
    * `result`: an application effect's (JSON). A `processing` outcome stamps processing_since once (when
    * it first waited); `recheck_seconds` sets next_check_at (every other outcome clears it). One row per outcome, in order: `id` is null when the fence

@@ -245,6 +245,23 @@ describe('carrying out a capture or a cancel', () => {
     expect(intentOf(pi).paymentIntent.amount_received).toBe(2599);
   });
 
+  it('a read that finds the hold still held leaves --failed refused for an hour after the capture was last sent: Stripe may still be running it', async () => {
+    const { charge } = await held();
+    const { operationId } = await capture({ chargeOperationId: charge, key: 'horizon' });
+    e.emulator.addFault({ endpoint: 'capture', match: { operationId: charge }, fault: { kind: 'error_before_commit', status: 500 } });
+    expect((await run(operationId)).operation.status).toBe('unknown');
+    // Held for a person (its job dead-lettered), nothing drives it.
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'retries exhausted (dead-lettered)' where id = $1`, [operationId]);
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [operationId]);
+    const resolve = () =>
+      resolveOperation(t.pool, e.gateway(), operationId, { outcome: 'failed', reason: 'not in the dashboard' }, 'alice', { leaseTtlMs: 10_000, searchFreshnessSeconds: 3_600 });
+    await expect(resolve()).rejects.toThrow(/try again in/);
+    const report = await reconcileSweep(t.pool, e.gateway(), { owner: 'sweeper', leaseTtlMs: 10_000, log: createLogger('silent') });
+    expect(report.decisions.find((d) => d.operationId === operationId)).toMatchObject({ to: 'pending' });
+    expect(await operation(t, operationId)).toMatchObject({ status: 'pending', first_attempted_at: null });
+    await expect(resolve()).rejects.toThrow(/try again in/);
+  });
+
   it('a capture after the authorization expired fails, definitively and without a person', async () => {
     const { charge, pi } = await held();
     const { operationId } = await capture({ chargeOperationId: charge, key: 'too-late' });
