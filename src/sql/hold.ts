@@ -53,29 +53,33 @@ export const holdStatements = ({ event, operationColumns, s, settlementEvent, st
   ),
 
   /**
-   * An authorization Stripe released by itself (expired: cancellation_reason automatic) or that was
-   * cancelled outside outboxd (the dashboard): recorded as a cancel operation of the charge under the
-   * key $2, settled succeeded from what Stripe showed ($3: the cancel's reason, $4: what it showed; $5:
-   * what told, its webhook or the reconcile sweep), with its settlement event, so that the application hears of it. Nothing when a cancel of the charge
-   * that has not failed exists already (its own outcome tells), or when the key was recorded before.
+   * What Stripe did to an authorization outside outboxd: released it by itself (expired:
+   * cancellation_reason automatic) or cancelled it (the dashboard), recorded as a cancel of the charge;
+   * or captured it (the dashboard), recorded as a capture of what Stripe took ($7; null: the charge's
+   * amount), so that its money can be refunded. Recorded under the key $3, settled succeeded from what
+   * Stripe showed ($4: the reason, $5: what it showed; $6: what told, its webhook or the reconcile sweep),
+   * with its settlement event, so that the application hears of it. Nothing when a change of that kind
+   * that has not failed exists already (its own outcome tells), when one of the other kind is live (the
+   * change index: it settles by itself from what Stripe shows), or when the key was recorded before.
    */
-  recordRelease: statement<[chargeOperationId: string, key: string, reason: string | null, result: string, source: 'webhook' | 'reconcile']>(
-    'outboxd_record_release',
+  recordChangeInStripe: statement<
+    [chargeOperationId: string, kind: 'capture' | 'cancel', key: string, reason: string | null, result: string, source: 'webhook' | 'reconcile', amount: number | null]
+  >(
+    'outboxd_record_change_in_stripe',
     `with op as (
        insert into ${s}.payment_operations (kind, order_id, amount, currency, parent_operation_id, effect_key, payload,
          status, external_id, last_outcome, last_error, result, settled_at, traceparent)
-       select 'cancel', c.order_id, c.amount, c.currency, c.id, c.id::text || '/' || $2,
-              jsonb_strip_nulls(jsonb_build_object('payment_intent', c.external_id, 'stripe_account', c.payload->>'stripe_account', 'key', $2::text, 'reason', $3::text)),
-              'succeeded', c.external_id, 'succeeded', null, $4::jsonb, now(), c.traceparent
+       select $2::text, c.order_id, coalesce($7::bigint, c.amount), c.currency, c.id, c.id::text || '/' || $3,
+              jsonb_strip_nulls(jsonb_build_object('payment_intent', c.external_id, 'stripe_account', c.payload->>'stripe_account', 'key', $3::text, 'reason', $4::text)),
+              'succeeded', c.external_id, 'succeeded', null, $5::jsonb, now(), c.traceparent
        from ${s}.payment_operations c
        where c.id = $1 and c.kind = 'charge' and c.status = 'succeeded'
          and not exists (select 1 from ${s}.payment_operations x
-                         where x.order_id = c.order_id and x.kind = 'cancel' and x.parent_operation_id = c.id and x.status <> 'failed')
-       -- a live capture of the charge: it fails by itself (the PaymentIntent is cancelled), with its event
+                         where x.order_id = c.order_id and x.kind = $2::text and x.parent_operation_id = c.id and x.status <> 'failed')
        on conflict do nothing
        returning id, status, fence, external_id, last_outcome, last_error
-     ), ${settlementEvent('$5')},
-     ${event('op', `id, 'settled', fence, $5::text, jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', $3::text))`)}
+     ), ${settlementEvent('$6')},
+     ${event('op', `id, 'settled', fence, $6::text, jsonb_strip_nulls(jsonb_build_object('status', status, 'external_id', external_id, 'reason', $4::text))`)}
      select id from op`,
   ),
 

@@ -30,9 +30,12 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
     'outboxd_insert_refund_operation',
     `with charge as (
        select p.id, p.order_id, p.currency, p.external_id, p.payload,
-              -- An authorization's refundable money is what its capture took (through the order's index);
-              -- an automatic charge's, all of it.
-              case when p.payload->>'capture_method' = 'manual'
+              -- An authorization's refundable money is what its capture took (through the order's index),
+              -- or, first seen captured already (the dashboard), what Stripe took then; an automatic
+              -- charge's, all of it.
+              case when p.payload->>'capture_method' = 'manual' and p.result->>'status' = 'succeeded'
+                then coalesce((p.result->>'amount_received')::bigint, p.amount)
+                when p.payload->>'capture_method' = 'manual'
                 then (select coalesce(sum(c.amount), 0)::bigint from ${s}.payment_operations c
                       where c.order_id = p.order_id and c.kind = 'capture' and c.parent_operation_id = $1 and c.status = 'succeeded')
                 else p.amount end as amount

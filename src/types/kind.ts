@@ -110,10 +110,14 @@ export interface KindEvidence<Tx = unknown> {
    * (resolve itself first waits out a recent create, whatever the kind). */
   noneSucceeded(op: Operation, reason: string, refuse: Refuse): Promise<Record<string, unknown>>;
   /** What Stripe did since to the object of `op`, a settled operation of this kind, that the application
-   * must hear of (an authorization released in Stripe: expired, or cancelled from the dashboard), recorded
+   * must hear of (an authorization released in Stripe, expired or cancelled, or captured there), recorded
    * in `tx` as an operation of its own with its settlement event (from `source`: what told); false when
    * there is nothing to record. */
   followUp?(tx: Tx, op: Operation, object: ProviderObject, source: 'webhook' | 'reconcile'): Promise<boolean>;
+  /** Whether an event showing the object of `op`, a settled operation, in `status` may bring something
+   * for followUp (an authorization kept as held, shown captured): such an event is retrieved and acted
+   * on, not taken as confirming the settlement. */
+  changed?(op: Operation, status: string): boolean;
   /** Settled operations of this kind whose object Stripe changes by itself by now (an authorization past
    * its capture_before), at most `limit`: the reconcile sweep retrieves each and hands it to followUp, for
    * a deployment whose webhooks never told. */

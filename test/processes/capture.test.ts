@@ -325,6 +325,30 @@ describe('an authorization released in Stripe', () => {
     expect(events.filter((r) => r.kind === 'cancel' && r.effect_key === 'outboxd:expired').map((r) => r.source)).toContain('reconcile');
   });
 
+  it('captured in the dashboard: its webhook records a capture of what Stripe took, which can be refunded; no second capture or cancel is taken', async () => {
+    const { charge, pi } = await held();
+    await e.client().paymentIntents.capture(pi, { amount_to_capture: 1000 });
+    // As Stripe signs it: the PaymentIntent, succeeded, naming the operation that settled as a hold.
+    const succeeded = (id: string) =>
+      ({ id, type: 'payment_intent.succeeded', data: { object: { id: pi, status: 'succeeded', metadata: { operation_id: charge } } } }) as unknown as Stripe.Event;
+    expect(await receiveStripeEvent(inbox(), succeeded(`evt_${charge}_1`))).toBe('recorded');
+    const changes = async () =>
+      (await t.pool.query(`select kind, status, amount::int, effect_key, result from outboxd.payment_operations where parent_operation_id = $1 order by created_at`, [charge])).rows;
+    expect(await changes()).toEqual([
+      { kind: 'capture', status: 'succeeded', amount: 1000, effect_key: `${charge}/outboxd:captured-in-stripe`, result: { status: 'succeeded', amount_received: 1000 } },
+    ]);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
+    expect(events.find((r) => r.kind === 'capture' && r.effect_key === 'outboxd:captured-in-stripe')).toMatchObject({ status: 'succeeded', source: 'webhook' });
+    // The event again: nothing more.
+    expect(await receiveStripeEvent(inbox(), succeeded(`evt_${charge}_2`))).toBe('already_settled');
+    expect(await changes()).toHaveLength(1);
+    await expect(capture({ chargeOperationId: charge, key: 'ship' })).rejects.toMatchObject({ code: 'already_captured' });
+    await expect(cancel({ chargeOperationId: charge, key: 'oops' })).rejects.toMatchObject({ code: 'already_captured' });
+    await expect(refund({ chargeOperationId: charge, amount: 1001, key: 'r-too-much' })).rejects.toMatchObject({ code: 'exceeds_remaining' });
+    const { operationId } = await refund({ chargeOperationId: charge, amount: 1000, key: 'r' });
+    expect((await run(operationId)).operation.status).toBe('succeeded');
+  });
+
   it('a hold settled from its webhook keeps what it holds and until when, as one the worker settled', async () => {
     const charge = await confirm(t, { captureMethod: 'manual' });
     e.emulator.addFault({ match: { operationId: charge }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });
@@ -431,14 +455,17 @@ describe('what Stripe shows outside outboxd', () => {
     resolveOperation(t.pool, e.gateway(), op, resolution, 'alice', { leaseTtlMs: 10_000, searchFreshnessSeconds: 0 });
   const outOfOutbox = (op: string) => t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
 
-  it('an authorization first seen captured (the dashboard) holds nothing: capture and cancel are refused, the caller’s transaction goes on, its event is no hold', async () => {
+  it('an authorization first seen captured (the dashboard) holds nothing: capture and cancel are refused, the caller’s transaction goes on, what Stripe took can be refunded, its event is no hold', async () => {
     const charge = await confirm(t, { captureMethod: 'manual' });
     e.emulator.addFault({ match: { operationId: charge }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });
     expect((await run(charge)).operation.status).toBe('unknown');
     const pi = e.emulator.ledger().find((l) => l.paymentIntent.metadata.operation_id === charge)!.paymentIntent.id;
-    await e.client().paymentIntents.capture(pi);
+    await e.client().paymentIntents.capture(pi, { amount_to_capture: 2000 });
     await t.pool.query(`update outboxd.payment_operations set first_attempted_at = now() - interval '24 hours' where id = $1`, [charge]);
-    expect((await run(charge)).operation).toMatchObject({ status: 'succeeded', result: { status: 'succeeded', amount_capturable: 0 } });
+    expect((await run(charge)).operation).toMatchObject({ status: 'succeeded', result: { status: 'succeeded', amount_capturable: 0, amount_received: 2000 } });
+    // What Stripe took can be refunded, and no more.
+    await expect(refund({ chargeOperationId: charge, amount: 2001, key: 'r-too-much' })).rejects.toMatchObject({ code: 'exceeds_remaining' });
+    expect((await run((await refund({ chargeOperationId: charge, amount: 2000, key: 'r' })).operationId)).operation.status).toBe('succeeded');
     const after = await inTransaction(t.pool, async (tx) => {
       await expect(requestCapture(tx, { chargeOperationId: charge, key: 'k' })).rejects.toMatchObject({ code: 'already_captured' });
       await expect(requestCancel(tx, { chargeOperationId: charge, key: 'k' })).rejects.toMatchObject({ code: 'already_captured' });

@@ -54,19 +54,25 @@ export function chargeSettles(op: Pick<Operation, 'payload'>, charge: Pick<Provi
 }
 
 /** What an authorization keeps as the charge operation's result: the PaymentIntent's status when it
- * settled (requires_capture: held; succeeded: captured outside outboxd already), what it holds, and until
- * when Stripe keeps it. */
+ * settled (requires_capture: held; succeeded: captured outside outboxd already, and then what Stripe
+ * took, which a refund may return), what it holds, and until when Stripe keeps it. */
 export interface Hold {
   status: string;
   amount_capturable: number;
   capture_before: string | null;
+  amount_received?: number;
 }
 
 /** What a charge operation keeps of the PaymentIntent that settled it, however it settled (its own call, a
  * webhook, a person): an authorization's hold (JSON), nothing for an automatic charge. */
 export function chargeResultOf(op: Pick<Operation, 'payload'>, charge: Charge): string | null {
   if (!isAuthorization(op)) return null;
-  const hold: Hold = { status: charge.status, amount_capturable: charge.amountCapturable, capture_before: charge.captureBefore?.toISOString() ?? null };
+  const hold: Hold = {
+    status: charge.status,
+    amount_capturable: charge.amountCapturable,
+    capture_before: charge.captureBefore?.toISOString() ?? null,
+    ...(charge.status === 'succeeded' ? { amount_received: charge.amountReceived } : {}),
+  };
   return JSON.stringify(hold);
 }
 
@@ -82,7 +88,9 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable>
     resultOf: (op, object) => chargeResultOf(op, object as Charge),
     noneSucceeded: (op, reason, refuse) => noCharge(gateway, op, reason, refuse),
     drift: (ctx) => chargeDrift(gateway, ctx),
-    followUp: recordRelease,
+    followUp: recordChangeInStripe,
+    // An authorization kept as held that the event shows otherwise: retrieved, for followUp.
+    changed: (op, status) => isAuthorization(op) && (op.result as Partial<Hold> | null)?.status !== status,
     overdue: async (db, limit) => {
       const now = new Date();
       const since = new Date(now.getTime() - OVERDUE_FOR_MS).toISOString();
@@ -95,16 +103,27 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable>
  * time, give or take, and the drift report lists one it never did. */
 const OVERDUE_FOR_MS = 30 * 86_400_000;
 
-/** A succeeded authorization whose PaymentIntent Stripe shows cancelled (it expired: cancellation_reason
- * automatic; or someone cancelled it in the dashboard) holds nothing any more: recorded as a cancel of the
- * charge, settled, whose settlement event tells the application. */
-async function recordRelease(tx: Queryable, op: Operation, pi: ProviderObject, source: 'webhook' | 'reconcile'): Promise<boolean> {
-  if (!isAuthorization(op) || op.status !== 'succeeded' || pi.status !== 'canceled') return false;
-  const reason = (pi as Partial<Charge>).cancellationReason ?? null;
-  const key = `${RELEASE_KEY_PREFIX}${reason === 'automatic' ? 'expired' : 'canceled-in-stripe'}`;
-  const shown = JSON.stringify({ status: pi.status, cancellation_reason: reason });
-  const { rows } = await tx.query(tx.sql.recordRelease(op.id, key, reason === 'automatic' ? 'the authorization expired' : reason, shown, source));
-  return rows.length > 0;
+/** A succeeded authorization changed in Stripe, which the application must hear of: cancelled (it expired:
+ * cancellation_reason automatic; or someone cancelled it in the dashboard), it holds nothing any more,
+ * recorded as a cancel of the charge; captured in the dashboard, it took the money, recorded as a capture
+ * of what Stripe took (what a refund of it may return). Each settled, its settlement event telling the
+ * application. */
+async function recordChangeInStripe(tx: Queryable, op: Operation, pi: ProviderObject, source: 'webhook' | 'reconcile'): Promise<boolean> {
+  if (!isAuthorization(op) || op.status !== 'succeeded') return false;
+  const shown = pi as Partial<Charge>;
+  const record = async (kind: 'capture' | 'cancel', key: string, reason: string | null, kept: Record<string, unknown>, amount: number | null) => {
+    const shownAs = JSON.stringify({ status: pi.status, ...kept });
+    return (await tx.query(tx.sql.recordChangeInStripe(op.id, kind, `${RELEASE_KEY_PREFIX}${key}`, reason, shownAs, source, amount))).rows.length > 0;
+  };
+  if (pi.status === 'canceled') {
+    const reason = shown.cancellationReason ?? null;
+    const expired = reason === 'automatic';
+    return record('cancel', expired ? 'expired' : 'canceled-in-stripe', expired ? 'the authorization expired' : reason, { cancellation_reason: reason }, null);
+  }
+  if (pi.status === 'succeeded' && shown.amountReceived) {
+    return record('capture', 'captured-in-stripe', 'captured in Stripe', { amount_received: shown.amountReceived }, shown.amountReceived);
+  }
+  return false;
 }
 
 /** --failed is refused while any charge Stripe shows for the operation has not failed (resolve first
