@@ -147,6 +147,9 @@ describe('the read-only token', () => {
   it('one list of stuck operations at a time per replica: another asked meanwhile is answered 429', async () => {
     const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
     await waitUntil(async () => (await operation(t, op)).status === 'unknown', 20_000, 'the operation to wait on Stripe');
+    // Its job lost: stuck, so the list looks at it.
+    await waitUntil(async () => (await operation(t, op)).lease_owner === null, 20_000, 'its lease released');
+    await t.pool.query(`delete from pgboss.job where data->>'operationId' = $1`, [op]);
     const reader = await session('rhea', READONLY);
     const holder = await t.pool.connect();
     try {
