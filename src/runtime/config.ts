@@ -18,10 +18,12 @@ const MIN_BUDGET_WAIT_MS = 500;
 const intInRange = (min: number, max: number, fallback: number) =>
   z.coerce.number().int().min(min).max(max).default(fallback);
 const port = z.coerce.number().int().min(0).max(65_535);
-/** A cron expression pg-boss's schedule() takes (it parses with cron-parser so, in UTC): refused here,
- * where the variable is named, not by the dispatcher's start, once work loops have begun claiming. */
+/** A cron expression pg-boss's schedule() takes (it parses with cron-parser so, in UTC), refused here
+ * where the variable is named; or a recurrence rule (FREQ=…), which pg-boss takes too and checks itself
+ * when the dispatcher schedules it, before any work loop. */
 const isCron = (text: string): boolean => {
   if (!text.trim()) return false;
+  if (/(?:^|[\s;])FREQ=/im.test(text)) return true;
   try {
     CronExpressionParser.parse(text, { tz: 'UTC', strict: false });
     return true;
@@ -77,7 +79,7 @@ export const envSchema = z.object({
   /** cron of the reconcile sweep every worker schedules (pg-boss runs one at a time). */
   RECONCILE_CRON: z
     .string()
-    .refine(isCron, 'RECONCILE_CRON must be a cron expression of 5 fields (6 with seconds), as pg-boss reads it: */5 * * * *, say')
+    .refine(isCron, 'RECONCILE_CRON must be a cron expression of 5 fields (6 with seconds), as pg-boss reads it (*/5 * * * *, say), or a recurrence rule (FREQ=MINUTELY;INTERVAL=5)')
     .default('*/5 * * * *'),
   /** Admin HTTP API bearer token; unset: the admin routes are off. */
   ADMIN_TOKEN: z.string().min(16, 'ADMIN_TOKEN must be at least 16 characters').optional(),

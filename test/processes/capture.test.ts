@@ -349,6 +349,23 @@ describe('an authorization released in Stripe', () => {
     expect((await run(operationId)).operation.status).toBe('succeeded');
   });
 
+  it("a declined authorization's webhook confirms its failure without a retrieve, as an automatic charge's", async () => {
+    const retrieves = () => e.emulator.requests().filter((r) => r.endpoint === 'retrieve').length;
+    for (const captureMethod of ['manual', 'automatic'] as const) {
+      const charge = await confirm(t, { captureMethod, paymentMethod: 'pm_card_chargeDeclined' });
+      const { operation: declined } = await run(charge);
+      expect(declined).toMatchObject({ status: 'failed', external_id: expect.stringMatching(/^pi_/) });
+      const before = retrieves();
+      const event = {
+        id: `evt_${charge}`,
+        type: 'payment_intent.payment_failed',
+        data: { object: { id: declined.external_id, status: 'requires_payment_method', metadata: { operation_id: charge } } },
+      } as unknown as Stripe.Event;
+      expect(await receiveStripeEvent(inbox(), event)).toBe('already_settled');
+      expect(retrieves(), captureMethod).toBe(before);
+    }
+  });
+
   it('a hold settled from its webhook keeps what it holds and until when, as one the worker settled', async () => {
     const charge = await confirm(t, { captureMethod: 'manual' });
     e.emulator.addFault({ match: { operationId: charge }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });

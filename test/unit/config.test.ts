@@ -42,6 +42,8 @@ describe('RECONCILE_CRON', () => {
     expect(loadConfig({}).worker.reconcileCron).toBe('*/5 * * * *');
     expect(loadConfig({ RECONCILE_CRON: '0 0 1 1 *' }).worker.reconcileCron).toBe('0 0 1 1 *');
     expect(loadConfig({ RECONCILE_CRON: '*/30 * * * * *' }).worker.reconcileCron).toBe('*/30 * * * * *');
+    // pg-boss takes recurrence rules too, and checks them when the dispatcher schedules, before its loops.
+    expect(loadConfig({ RECONCILE_CRON: 'FREQ=MINUTELY;INTERVAL=5' }).worker.reconcileCron).toBe('FREQ=MINUTELY;INTERVAL=5');
   });
 });
 

@@ -89,8 +89,9 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable>
     noneSucceeded: (op, reason, refuse) => noCharge(gateway, op, reason, refuse),
     drift: (ctx) => chargeDrift(gateway, ctx),
     followUp: recordChangeInStripe,
-    // An authorization kept as held that the event shows otherwise: retrieved, for followUp.
-    changed: (op, status) => isAuthorization(op) && (op.result as Partial<Hold> | null)?.status !== status,
+    // A succeeded authorization kept as held that the event shows otherwise: retrieved, for followUp (a
+    // failed one keeps no hold, and nothing follows it up).
+    changed: (op, status) => isAuthorization(op) && op.status === 'succeeded' && (op.result as Partial<Hold> | null)?.status !== status,
     overdue: async (db, limit) => {
       const now = new Date();
       const since = new Date(now.getTime() - OVERDUE_FOR_MS).toISOString();
