@@ -156,7 +156,7 @@ export const paymentOperations = outboxd.table(
       .on(t.externalId)
       .where(sql`${t.externalId} is not null`),
     // Held authorizations by their expiry (capture_before, ISO-8601 text): the reconcile sweep finds those
-    // Stripe has released by now (src/sql/hold.ts overdueAuthorizations).
+    // Stripe has released by now (src/sql/hold.ts authorizationsToFollowUp).
     index('payment_operations_hold_expiry_idx')
       .on(sql`(${t.result}->>'capture_before')`)
       .where(sql`${t.kind} = 'charge' and ${t.status} = 'succeeded' and ${t.payload}->>'capture_method' = 'manual'`),

@@ -4,9 +4,9 @@
 // pages, a single match is then retrieved); operations with a known external object are retrieved;
 // other operations inside the window are left to the dispatcher. It never creates, and it claims each
 // operation with a lease and fence like any worker, so it can run beside the dispatchers.
-// Then it looks again at settled operations whose object Stripe changes by itself (an authorization past
-// its capture_before: released), for what the kind records of it (KindEvidence.followUp), in case no
-// webhook told. Last, it flags any unsettled operation of any kind that no job drives any more (a
+// Then it looks again at settled operations whose object Stripe changed by now (an authorization past
+// its capture_before: released; or one whose capture or cancel failed: changed in the dashboard), for
+// what the kind records of it (KindEvidence.followUp), in case no webhook told. Last, it flags any unsettled operation of any kind that no job drives any more (a
 // dead-letter handler that kept failing, a job lost by hand): never neither driven nor flagged.
 import { inTransaction, type Pool } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
@@ -105,14 +105,14 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, opts: 
   return report;
 }
 
-/** Each kind's overdue settled operations, their objects retrieved (no transaction open) and handed to the
+/** Each kind's settled operations to follow up, their objects retrieved (no transaction open) and handed to the
  * kind's followUp, each in a transaction of its own. A failed retrieve waits for the next sweep. */
 async function followUp(pool: Pool, gateway: PaymentGateway, opts: SweepOptions): Promise<string[]> {
   const recorded: string[] = [];
   for (const { evidence } of evidenceOf(gateway)) {
-    if (!evidence.overdue || !evidence.followUp) continue;
-    for (const op of await evidence.overdue(pool, opts.limit ?? 500)) {
-      const object = await evidence.retrieve(op.external_id!, accountOf(op)).catch((err: unknown) => opts.log.warn({ err, operationId: op.id }, 'retrieving an overdue operation failed'));
+    if (!evidence.toFollowUp || !evidence.followUp) continue;
+    for (const op of await evidence.toFollowUp(pool, opts.limit ?? 500)) {
+      const object = await evidence.retrieve(op.external_id!, accountOf(op)).catch((err: unknown) => opts.log.warn({ err, operationId: op.id }, 'retrieving an operation to follow up failed'));
       if (!object || evidence.mismatch(op, object)) continue;
       if (await inTransaction(pool, (tx) => evidence.followUp!(tx, op, object, 'reconcile'))) recorded.push(op.id);
     }

@@ -84,15 +84,26 @@ export const holdStatements = ({ event, operationColumns, s, settlementEvent, st
   ),
 
   /**
-   * Held authorizations past their capture_before ($1, an ISO-8601 UTC time, as the result keeps it: such
-   * strings sort as the times do) and after $2 (older ones were swept for long enough), that no capture or
-   * cancel has changed or is changing: Stripe has released them by now. Through the expiry index.
+   * Held authorizations that no capture or cancel has changed or is changing, whose PaymentIntent Stripe
+   * has changed by now, as far as outboxd can tell: past their capture_before ($1, an ISO-8601 UTC time,
+   * as the result keeps it: such strings sort as the times do; Stripe released them) and after $2 (older
+   * ones were swept for long enough), through the expiry index; or whose capture or cancel failed since
+   * $2 (through the kind and status index), as one does on a PaymentIntent changed in the dashboard while
+   * it was live: then no webhook of that change recorded it (the live change stood in its way).
    */
-  overdueAuthorizations: statement<[now: string, since: string, limit: number]>(
-    'outboxd_overdue_authorizations',
-    `select ${operationColumns('c')} from ${s}.payment_operations c
-     where c.kind = 'charge' and c.status = 'succeeded' and c.payload->>'capture_method' = 'manual'
-       and c.result->>'capture_before' < $1 and c.result->>'capture_before' > $2
+  authorizationsToFollowUp: statement<[now: string, since: string, limit: number]>(
+    'outboxd_authorizations_to_follow_up',
+    `with candidates as (
+       select c.id from ${s}.payment_operations c
+       where c.kind = 'charge' and c.status = 'succeeded' and c.payload->>'capture_method' = 'manual'
+         and c.result->>'capture_before' < $1 and c.result->>'capture_before' > $2
+       union
+       select x.parent_operation_id from ${s}.payment_operations x
+       where x.kind in ('capture', 'cancel') and x.status = 'failed' and x.created_at > $2::timestamptz
+     )
+     select ${operationColumns('c')} from ${s}.payment_operations c
+     where c.id in (select id from candidates)
+       and c.kind = 'charge' and c.status = 'succeeded' and c.payload->>'capture_method' = 'manual'
        and not exists (select 1 from ${s}.payment_operations x
                        where x.order_id = c.order_id and x.kind in ('capture', 'cancel') and x.parent_operation_id = c.id and x.status <> 'failed')
      order by c.result->>'capture_before'

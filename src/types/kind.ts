@@ -118,10 +118,11 @@ export interface KindEvidence<Tx = unknown> {
    * for followUp (an authorization kept as held, shown captured): such an event is retrieved and acted
    * on, not taken as confirming the settlement. */
   changed?(op: Operation, status: string): boolean;
-  /** Settled operations of this kind whose object Stripe changes by itself by now (an authorization past
-   * its capture_before), at most `limit`: the reconcile sweep retrieves each and hands it to followUp, for
-   * a deployment whose webhooks never told. */
-  overdue?(db: Tx, limit: number): Promise<Operation[]>;
+  /** Settled operations of this kind whose object Stripe changed by now, as far as outboxd can tell (an
+   * authorization past its capture_before, or one whose capture or cancel failed), at most `limit`: the
+   * reconcile sweep retrieves each and hands it to followUp, for a deployment whose webhooks never told,
+   * or told while a change stood in the way. */
+  toFollowUp?(db: Tx, limit: number): Promise<Operation[]>;
   /** The drift report's part for this kind: what it listed since, and what does not add up. */
   drift(ctx: DriftContext): Promise<{ listed: number; label: string; drift: Drift[] }>;
 }

@@ -92,17 +92,17 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable>
     // A succeeded authorization kept as held that the event shows otherwise: retrieved, for followUp (a
     // failed one keeps no hold, and nothing follows it up).
     changed: (op, status) => isAuthorization(op) && op.status === 'succeeded' && (op.result as Partial<Hold> | null)?.status !== status,
-    overdue: async (db, limit) => {
+    toFollowUp: async (db, limit) => {
       const now = new Date();
-      const since = new Date(now.getTime() - OVERDUE_FOR_MS).toISOString();
-      return (await db.query(db.sql.overdueAuthorizations(now.toISOString(), since, limit))).rows;
+      const since = new Date(now.getTime() - FOLLOW_UP_FOR_MS).toISOString();
+      return (await db.query(db.sql.authorizationsToFollowUp(now.toISOString(), since, limit))).rows;
     },
   };
 }
 
-/** How long after its capture_before a held authorization is still looked at: Stripe releases it at that
- * time, give or take, and the drift report lists one it never did. */
-const OVERDUE_FOR_MS = 30 * 86_400_000;
+/** How long after its capture_before a held authorization is still looked at (Stripe releases it at that
+ * time, give or take, and the drift report lists one it never did), and after a change of it failed. */
+const FOLLOW_UP_FOR_MS = 30 * 86_400_000;
 
 /** A succeeded authorization changed in Stripe, which the application must hear of: cancelled (it expired:
  * cancellation_reason automatic; or someone cancelled it in the dashboard), it holds nothing any more,
