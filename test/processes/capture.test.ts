@@ -526,14 +526,20 @@ describe('what Stripe shows outside outboxd', () => {
     }
   });
 
-  it('a person cannot call failed a capture whose PaymentIntent was captured for another amount; a hold resolved as succeeded keeps what it holds', async () => {
+  it('a capture whose PaymentIntent was captured for another amount (the dashboard) did not happen: a person fails it, and the sweep records what Stripe took, which can be refunded; a hold resolved as succeeded keeps what it holds', async () => {
     const { charge, pi } = await held();
     const { operationId } = await capture({ chargeOperationId: charge, key: 'all' });
     await e.client().paymentIntents.capture(pi, { amount_to_capture: 1000 });
     const done = await run(operationId);
     expect(done.operation).toMatchObject({ status: 'unknown', needs_review: true });
     await outOfOutbox(operationId);
-    await expect(resolve(operationId, { outcome: 'failed', reason: 'nothing captured?' })).rejects.toMatchObject({ name: 'ResolutionRefused', message: expect.stringMatching(/happened, or another change did/) });
+    await expect(resolve(operationId, { outcome: 'succeeded', externalId: pi })).rejects.toMatchObject({ name: 'ResolutionRefused' });
+    expect(await resolve(operationId, { outcome: 'failed', reason: 'captured for 1000 in the dashboard' })).toMatchObject({ status: 'failed' });
+    const { rows: audit } = await t.pool.query(`select details->'evidence' as evidence from outboxd.admin_audit where operation_id = $1 and action = 'resolve'`, [operationId]);
+    expect(audit[0].evidence).toMatchObject({ paymentIntent: { id: pi, status: 'succeeded', amount_received: 1000 }, changedOtherwise: expect.stringMatching(/captured for 1000/) });
+    const report = await reconcileSweep(t.pool, e.gateway(), { owner: 'sweeper', leaseTtlMs: 10_000, log: createLogger('silent') });
+    expect(report.followedUp).toContain(charge);
+    expect((await run((await refund({ chargeOperationId: charge, amount: 1000, key: 'r' })).operationId)).operation.status).toBe('succeeded');
 
     const unknown = await confirm(t, { captureMethod: 'manual' });
     e.emulator.addFault({ match: { operationId: unknown }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });

@@ -93,9 +93,12 @@ export function changeEvidence(rules: ChangeRules, gateway: PaymentGateway): Kin
     noneSucceeded: async (op, reason, refuse: Refuse) => {
       const pi = await gateway.retrieveCharge(changePayloadOf(op).payment_intent, accountOf(op));
       const settled = rules.settles(op, pi);
-      // Changed, though not as this operation asked (another amount): money moved, so not "failed".
-      if (settled && ('mismatch' in settled || settled.status === 'succeeded')) throw refuse(`${pi.id} is ${pi.status}: the ${rules.kind} happened, or another change did`);
-      return { reason, paymentIntent: { id: pi.id, status: pi.status, amount_received: pi.amountReceived } };
+      if (settled && 'status' in settled && settled.status === 'succeeded') throw refuse(`${pi.id} is ${pi.status}: the ${rules.kind} happened`);
+      // Changed, though not as this operation asked (captured for another amount, outside outboxd): this
+      // one did not happen. What did is the charge's to record (the sweep follows up an authorization
+      // whose change failed: a capture of what Stripe took), and the evidence says it.
+      const otherwise = settled && 'mismatch' in settled ? { changedOtherwise: settled.mismatch } : {};
+      return { reason, paymentIntent: { id: pi.id, status: pi.status, amount_received: pi.amountReceived }, ...otherwise };
     },
     drift: async ({ succeeded }) => {
       // Each succeeded change against what its PaymentIntent shows now, retrieved one by one (the charges'
