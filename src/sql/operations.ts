@@ -12,11 +12,13 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
   const discrepancy = (reason: string) => `case when ${isDiscrepancy(reason)} then ${reason} end`;
   /** A discrepancy's `reason` with `given` listed in it (whole, once; past DISCREPANCY_MAX it says the
    * timeline has more): what a person reads before answering it is all there. `given`, a discrepancy
-   * itself (several charges found, again at each search), is listed without its prefix. */
+   * itself (several charges found, again at each search), is listed without its prefix; the reason
+   * itself (the dead-letter handler flags with the one it read) adds nothing. */
   const listedIn = (reason: string, given: string) => {
     const item = `case when ${isDiscrepancy(given)} then substr(${given}, ${DISCREPANCY_PREFIX.length + 1}) else ${given} end`;
     return `case
-         when ${item} = any(string_to_array(substr(${reason}, ${DISCREPANCY_PREFIX.length + 1}), '${SEP}'))
+         when ${given} = ${reason}
+           or ${item} = any(string_to_array(substr(${reason}, ${DISCREPANCY_PREFIX.length + 1}), '${SEP}'))
            or right(${reason}, ${DISCREPANCY_MORE.length}) = '${DISCREPANCY_MORE}' then ${reason}
          when length(${reason}) > ${DISCREPANCY_MAX} then ${reason} || '${DISCREPANCY_MORE}'
          else ${reason} || '${SEP}' || ${item} end`;

@@ -246,6 +246,10 @@ describe('the operation timeline', () => {
     const again = await claim(t, op);
     await flagForReview(t.pool, op, again, 'retries exhausted');
     expect(await reason()).toBe(`discrepancy with Stripe: ${mismatch} | search found 2 charges for this operation: pi_a, pi_b | retries exhausted`);
+    // Flagged with the reason it holds (the dead-letter handler gives the one it read): as it was.
+    const held = await reason();
+    await flagForReview(t.pool, op, await claim(t, op), held);
+    expect(await reason()).toBe(held);
   });
 
   it('the same flag again counts on its row; another reason is a row of its own; ambiguous creates are never merged', async () => {
