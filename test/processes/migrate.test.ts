@@ -104,7 +104,7 @@ describe("an application's pool", () => {
     const one = new pg.Pool({ connectionString: url, max: 1 });
     cleanups.push(() => one.end());
     await expect(migrate(one, 'outboxd')).rejects.toThrow(/needs two of the pool's connections at once .* max 1/);
-    expect((await client.query(`select count(*)::int as n from pg_locks where locktype = 'advisory' and objid = $1`, [MIGRATION_LOCK])).rows[0].n).toBe(0);
+    expect((await client.query(`select count(*)::int as n from pg_locks where locktype = 'advisory' and objid = $1 and database = (select oid from pg_database where datname = current_database())`, [MIGRATION_LOCK])).rows[0].n).toBe(0);
     // Another migrator is not kept waiting.
     await migrate(url, 'outboxd');
     const two = new pg.Pool({ connectionString: url, max: 2 });
