@@ -115,9 +115,9 @@ export interface KindEvidence<Tx = unknown> {
    * there is nothing to record. */
   followUp?(tx: Tx, op: Operation, object: ProviderObject, source: 'webhook' | 'reconcile'): Promise<boolean>;
   /** Whether an event showing the object of `op`, a settled operation, in `status` may bring something
-   * for followUp (an authorization kept as held, shown captured): such an event is retrieved and acted
-   * on, not taken as confirming the settlement. */
-  changed?(op: Operation, status: string): boolean;
+   * for followUp (an authorization kept as held, shown captured, that no change of outboxd's accounts
+   * for): such an event is retrieved and acted on, not taken as confirming the settlement. */
+  changed?(db: Tx, op: Operation, status: string): Promise<boolean>;
   /** Settled operations of this kind whose object Stripe changed by now, as far as outboxd can tell (an
    * authorization past its capture_before, or one whose capture or cancel failed), at most `limit`: the
    * reconcile sweep retrieves each and hands it to followUp, for a deployment whose webhooks never told,

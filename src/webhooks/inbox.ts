@@ -125,7 +125,7 @@ async function confirmsSettled(pool: Pool, hint: Hint, event: Stripe.Event): Pro
   if (typeof named !== 'string' || !isOperationId(named) || typeof signed.status !== 'string') return undefined;
   const op: Operation | undefined = (await pool.query(pool.sql.showOperation(named.toLowerCase()))).rows[0];
   if (!op || !isSettled(op.status) || op.kind !== hint.kind || op.external_id !== hint.id || accountOf(op) !== hint.account) return undefined;
-  if (hint.rules.changed?.(op, signed.status)) return undefined;
+  if (await hint.rules.changed?.(pool, op, signed.status)) return undefined;
   const object = { id: hint.id, status: signed.status, operationId: op.id } as ProviderObject;
   return hint.rules.settles(op, object) === op.status ? { kind: hint.kind, rules: hint.rules, object } : undefined;
 }

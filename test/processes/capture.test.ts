@@ -371,8 +371,14 @@ describe('an authorization released in Stripe', () => {
     expect((await run((await refund({ chargeOperationId: charge, amount: 1000, key: 'r' })).operationId)).operation.status).toBe('succeeded');
   });
 
-  it("a declined authorization's webhook confirms its failure without a retrieve, as an automatic charge's", async () => {
+  it("a declined authorization's webhook confirms its failure without a retrieve, as an automatic charge's; so does the webhook of outboxd's own capture", async () => {
     const retrieves = () => e.emulator.requests().filter((r) => r.endpoint === 'retrieve').length;
+    const { charge: heldCharge, pi } = await held();
+    expect((await run((await capture({ chargeOperationId: heldCharge, key: 'own' })).operationId)).operation.status).toBe('succeeded');
+    const captured = retrieves();
+    const own = { id: `evt_${heldCharge}`, type: 'payment_intent.succeeded', data: { object: { id: pi, status: 'succeeded', metadata: { operation_id: heldCharge } } } } as unknown as Stripe.Event;
+    expect(await receiveStripeEvent(inbox(), own)).toBe('already_settled');
+    expect(retrieves(), 'own capture').toBe(captured);
     for (const captureMethod of ['manual', 'automatic'] as const) {
       const charge = await confirm(t, { captureMethod, paymentMethod: 'pm_card_chargeDeclined' });
       const { operation: declined } = await run(charge);

@@ -90,8 +90,13 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable>
     drift: (ctx) => chargeDrift(gateway, ctx),
     followUp: recordChangeInStripe,
     // A succeeded authorization kept as held that the event shows otherwise: retrieved, for followUp (a
-    // failed one keeps no hold, and nothing follows it up).
-    changed: (op, status) => isAuthorization(op) && op.status === 'succeeded' && (op.result as Partial<Hold> | null)?.status !== status,
+    // failed one keeps no hold, and nothing follows it up); unless a capture or cancel of its own that has
+    // not failed says what became of it (outboxd's own capture, whose event this is, as a rule).
+    changed: async (db, op, status) =>
+      isAuthorization(op) &&
+      op.status === 'succeeded' &&
+      (op.result as Partial<Hold> | null)?.status !== status &&
+      !(await db.query(db.sql.changesOfCharge(op.id, op.order_id!))).rows.some((change: { status: string }) => change.status !== 'failed'),
     toFollowUp: async (db, limit) => {
       const now = new Date();
       const since = new Date(now.getTime() - FOLLOW_UP_FOR_MS).toISOString();
