@@ -88,8 +88,10 @@ export const holdStatements = ({ event, operationColumns, s, settlementEvent, st
    * has changed by now, as far as outboxd can tell: past their capture_before ($1, an ISO-8601 UTC time,
    * as the result keeps it: such strings sort as the times do; Stripe released them) and after $2 (older
    * ones were swept for long enough), through the expiry index; or whose capture or cancel failed since
-   * $2 (through the kind and status index), as one does on a PaymentIntent changed in the dashboard while
-   * it was live: then no webhook of that change recorded it (the live change stood in its way).
+   * $2 (found among the failed ones through the kind and status index; settled then, however long it sat
+   * in review), as one does on a PaymentIntent changed in the dashboard while it was live: then no webhook
+   * of that change recorded it (the live change stood in its way). Not one first seen captured: it held
+   * nothing, and its own settlement told what Stripe took.
    */
   authorizationsToFollowUp: statement<[now: string, since: string, limit: number]>(
     'outboxd_authorizations_to_follow_up',
@@ -99,11 +101,12 @@ export const holdStatements = ({ event, operationColumns, s, settlementEvent, st
          and c.result->>'capture_before' < $1 and c.result->>'capture_before' > $2
        union
        select x.parent_operation_id from ${s}.payment_operations x
-       where x.kind in ('capture', 'cancel') and x.status = 'failed' and x.created_at > $2::timestamptz
+       where x.kind in ('capture', 'cancel') and x.status = 'failed' and x.settled_at > $2::timestamptz
      )
      select ${operationColumns('c')} from ${s}.payment_operations c
      where c.id in (select id from candidates)
        and c.kind = 'charge' and c.status = 'succeeded' and c.payload->>'capture_method' = 'manual'
+       and c.result->>'status' is distinct from 'succeeded'
        and not exists (select 1 from ${s}.payment_operations x
                        where x.order_id = c.order_id and x.kind in ('capture', 'cancel') and x.parent_operation_id = c.id and x.status <> 'failed')
      order by c.result->>'capture_before'

@@ -511,6 +511,16 @@ describe('what Stripe shows outside outboxd', () => {
     // What Stripe took can be refunded, and no more.
     await expect(refund({ chargeOperationId: charge, amount: 2001, key: 'r-too-much' })).rejects.toMatchObject({ code: 'exceeds_remaining' });
     expect((await run((await refund({ chargeOperationId: charge, amount: 2000, key: 'r' })).operationId)).operation.status).toBe('succeeded');
+    // Its settlement told what Stripe took: nothing records that capture again, past its capture_before either.
+    await t.pool.query(
+      `update outboxd.payment_operations set result = jsonb_set(result, '{capture_before}', to_jsonb(to_char((now() - interval '1 minute') at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))) where id = $1`,
+      [charge],
+    );
+    const succeeded = { id: `evt_${charge}`, type: 'payment_intent.succeeded', data: { object: { id: pi, status: 'succeeded', metadata: { operation_id: charge } } } } as unknown as Stripe.Event;
+    expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') }, succeeded)).toBe('already_settled');
+    expect((await reconcileSweep(t.pool, e.gateway(), { owner: 'sweeper', leaseTtlMs: 10_000, log: createLogger('silent') })).followedUp).not.toContain(charge);
+    const { rows: changes } = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where parent_operation_id = $1 and kind in ('capture', 'cancel')`, [charge]);
+    expect(changes[0].n).toBe(0);
     const after = await inTransaction(t.pool, async (tx) => {
       await expect(requestCapture(tx, { chargeOperationId: charge, key: 'k' })).rejects.toMatchObject({ code: 'already_captured' });
       await expect(requestCancel(tx, { chargeOperationId: charge, key: 'k' })).rejects.toMatchObject({ code: 'already_captured' });
@@ -540,6 +550,8 @@ describe('what Stripe shows outside outboxd', () => {
     expect(done.operation).toMatchObject({ status: 'unknown', needs_review: true });
     await outOfOutbox(operationId);
     await expect(resolve(operationId, { outcome: 'succeeded', externalId: pi })).rejects.toMatchObject({ name: 'ResolutionRefused' });
+    // Resolved weeks after it was requested: it waited in the review queue.
+    await t.pool.query(`update outboxd.payment_operations set created_at = now() - interval '40 days' where id = $1`, [operationId]);
     expect(await resolve(operationId, { outcome: 'failed', reason: 'captured for 1000 in the dashboard' })).toMatchObject({ status: 'failed' });
     const { rows: audit } = await t.pool.query(`select details->'evidence' as evidence from outboxd.admin_audit where operation_id = $1 and action = 'resolve'`, [operationId]);
     expect(audit[0].evidence).toMatchObject({ paymentIntent: { id: pi, status: 'succeeded', amount_received: 1000 }, changedOtherwise: expect.stringMatching(/captured for 1000/) });

@@ -115,7 +115,8 @@ const FOLLOW_UP_FOR_MS = 30 * 86_400_000;
  * of what Stripe took (what a refund of it may return). Each settled, its settlement event telling the
  * application. */
 async function recordChangeInStripe(tx: Queryable, op: Operation, pi: ProviderObject, source: 'webhook' | 'reconcile'): Promise<boolean> {
-  if (!isAuthorization(op) || op.status !== 'succeeded') return false;
+  // One first seen captured held nothing: its own settlement told what Stripe took.
+  if (!isAuthorization(op) || op.status !== 'succeeded' || (op.result as Partial<Hold> | null)?.status === 'succeeded') return false;
   const shown = pi as Partial<Charge>;
   const record = async (kind: 'capture' | 'cancel', key: string, reason: string | null, kept: Record<string, unknown>, amount: number | null) => {
     const shownAs = JSON.stringify({ status: pi.status, ...kept });
