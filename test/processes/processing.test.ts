@@ -196,13 +196,13 @@ describe('the sweep and a lost job', () => {
   });
 });
 
-describe('a pending refund waits the same way', () => {
-  it('scheduled a minute later with its re_, settled by retrieve, one refund create', async () => {
+describe('a pending refund waits the same way, and one waiting for the customer (requires_action)', () => {
+  it.each(['pending', 'requires_action'] as const)('%s: scheduled a minute later with its re_, settled by retrieve, one refund create', async (status) => {
     const charge = await confirm(t);
     await dispatcher();
     await waitUntil(async () => (await operation(t, charge)).status === 'succeeded', 20_000, 'the charge');
     const { operationId: op } = await inTransaction(t.pool, (tx) => requestRefund(tx, { chargeOperationId: charge, amount: 500, key: 'sepa-refund' }));
-    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'refund_status', status: 'pending' } });
+    e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'refund_status', status } });
     const row = await waitUntil(async () => {
       const o = await operation(t, op);
       return o.next_check_at && (await scheduledJob(op, 'refund')) ? o : undefined;

@@ -44,8 +44,10 @@ function fromRefund(op: Operation, refund: Refund): Outcome {
   if (mismatch) return { kind: 'needs_review', externalId: null, reason: mismatch, retry: false, requestId };
   if (refund.status === 'succeeded') return { kind: 'succeeded', externalId: refund.id, requestId };
   if (FAILED_REFUND_STATUSES.has(refund.status)) return { kind: 'failed', externalId: refund.id, reason: `refund ${refund.status}`, requestId };
-  // A refund to a bank account may take days: waiting, not unknown (src/engine/processing.ts).
-  if (refund.status === 'pending') return { kind: 'processing', externalId: refund.id, reason: 'refund pending', requestId };
+  // A refund to a bank account may take days, and one waiting for the customer (requires_action: their
+  // bank details, say) as long: waiting, not unknown (src/engine/processing.ts), which would resend it
+  // until its job is dead-lettered, hours later, into review.
+  if (refund.status === 'pending' || refund.status === 'requires_action') return { kind: 'processing', externalId: refund.id, reason: `refund ${refund.status}`, requestId };
   return { kind: 'ambiguous', externalId: refund.id, reason: `refund ${refund.status}`, requestId };
 }
 
