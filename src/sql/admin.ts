@@ -1,8 +1,8 @@
 // The statements of the admin API and the CLI (src/admin/): listings, the audit trail, requeue and resolve.
 import { OPERATION_STATUSES } from '../types/status.ts';
-import { LIVE_JOB, type SqlContext } from './context.ts';
+import type { SqlContext } from './context.ts';
 
-export const adminStatements = ({ UNSETTLED, boss, briefColumns, operationColumns, s, statement }: SqlContext) => {
+export const adminStatements = ({ UNSETTLED, briefColumns, operationColumns, s, statement, undriven }: SqlContext) => {
   /**
    * A page of the ledger (the admin API's and `ops list`'s listings), read in pages of indexes however
    * large the ledger, never the whole table sorted: a range of payment_operations_list_idx per kind and
@@ -57,10 +57,7 @@ export const adminStatements = ({ UNSETTLED, boss, briefColumns, operationColumn
   stuckOperations: statement<[olderThanSeconds: number, limit: number]>(
     'outboxd_stuck_operations',
     `select ${operationColumns('op')} from ${s}.payment_operations op
-     where ${UNSETTLED} and updated_at < now() - make_interval(secs => $1)
-       and (lease_expires_at is null or lease_expires_at < now())
-       and not exists (select 1 from ${s}.charge_outbox o where o.operation_id = op.id)
-       and not exists (select 1 from ${boss}.job j where j.name = op.kind and ${LIVE_JOB('j')} and j.data->>'operationId' = op.id::text)
+     where ${UNSETTLED} and updated_at < now() - make_interval(secs => $1) and ${undriven('op', 'op.kind')}
      order by updated_at
      limit $2`,
   ),

@@ -96,6 +96,13 @@ export function sqlContext(schema: string, prepared: boolean) {
          insert into ${s}.settlement_outbox (operation_id, source)
          select id, ${source}::text from op where status in ('succeeded', 'failed')
        )`;
+  /** The operation `op` (an alias of payment_operations) is driven by nothing: no live lease, no row
+   * waiting in the outbox, no live job carrying its id on one of `queues` (SQL of queue names, from
+   * `op`). One anti-join over pg-boss's live jobs, so a large backlog of queued jobs costs one scan. */
+  const undriven = (op: string, queues: string) =>
+    `(${op}.lease_expires_at is null or ${op}.lease_expires_at < now())
+       and not exists (select 1 from ${s}.charge_outbox o where o.operation_id = ${op}.id)
+       and not exists (select 1 from ${boss}.job j where j.name in (${queues}) and ${LIVE_JOB('j')} and j.data->>'operationId' = ${op}.id::text)`;
   const statement =
     <A extends unknown[]>(name: string, text: string) =>
     (...values: A): QueryConfig => ({ ...(prepared ? { name: `${name}_${tag}` } : {}), text, values, types: resultTypes });
@@ -155,5 +162,5 @@ export function sqlContext(schema: string, prepared: boolean) {
        and (o.created_at, o.id) ${cmp} ($3::timestamptz, $4::uuid)
      order by o.created_at ${dir}, o.id ${dir}
      limit $5`;
-  return { schema, s, boss, statement, settlementEvent, event, CURSOR, operationsPage, reviewPage, UNSETTLED, operationColumns, listedColumns, briefColumns, byIds, unsettledRow };
+  return { schema, s, boss, statement, settlementEvent, event, CURSOR, operationsPage, reviewPage, UNSETTLED, operationColumns, listedColumns, briefColumns, byIds, unsettledRow, undriven };
 }

@@ -1,8 +1,8 @@
 // The statements of reconciliation (src/reconcile/): the sweep's candidates and the drift report's reads.
 import { DEAD_LETTER_SUFFIX } from '../types/contracts.ts';
-import { LIVE_JOB, type SqlContext } from './context.ts';
+import type { SqlContext } from './context.ts';
 
-export const reconcileStatements = ({ UNSETTLED, boss, operationColumns, s, statement }: SqlContext) => ({
+export const reconcileStatements = ({ UNSETTLED, operationColumns, s, statement, undriven }: SqlContext) => ({
   /** What the reconcile sweep may decide, of the kinds it reconciles through the provider ($3): a known
    * object to retrieve, a key window that has passed, or an operation held for review after an attempt
    * that may have acted (searched read-only inside the window too: a dead-lettered job drives it no
@@ -22,20 +22,15 @@ export const reconcileStatements = ({ UNSETTLED, boss, operationColumns, s, stat
      limit $2`,
   ),
 
-  /** Unsettled, unflagged operations of any kind untouched for a while with no lease, nothing in the
-   * outbox and no live job in their kind's queue or its dead letter (src/types/contracts.ts: DEAD_LETTER_SUFFIX,
-   * LIVE_JOB_STATES; one anti-join over pg-boss's job table, so a large backlog of queued jobs costs one
-   * scan): the sweep claims each, checks again for a live job, and flags one that nothing drives. */
+  /** Unsettled, unflagged operations of any kind untouched for a while that nothing drives, not even a job
+   * in their kind's dead letter (src/types/contracts.ts: DEAD_LETTER_SUFFIX): the sweep claims each,
+   * checks again for a live job, and flags one that nothing drives. */
   undrivenCandidates: statement<[idleSeconds: number, limit: number]>(
     'outboxd_undriven_candidates',
     `select id from ${s}.payment_operations op
      where ${UNSETTLED} and review_reason is null
-       and (lease_expires_at is null or lease_expires_at < now())
        and updated_at < now() - make_interval(secs => $1)
-       and not exists (select 1 from ${s}.charge_outbox o where o.operation_id = op.id)
-       and not exists (
-         select 1 from ${boss}.job j
-         where j.name in (op.kind, op.kind || '${DEAD_LETTER_SUFFIX}') and ${LIVE_JOB('j')} and j.data->>'operationId' = op.id::text)
+       and ${undriven('op', `op.kind, op.kind || '${DEAD_LETTER_SUFFIX}'`)}
      order by updated_at
      limit $2`,
   ),
