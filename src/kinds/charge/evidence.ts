@@ -63,6 +63,11 @@ export interface Hold {
   amount_received?: number;
 }
 
+/** The hold an authorization settled succeeded kept (its status requires_capture: held; succeeded: first
+ * seen captured), or null for any other charge operation. */
+const keptHold = (op: Operation): Partial<Hold> | null =>
+  isAuthorization(op) && op.status === 'succeeded' ? ((op.result as Partial<Hold> | null) ?? {}) : null;
+
 /** What a charge operation keeps of the PaymentIntent that settled it, however it settled (its own call, a
  * webhook, a person): an authorization's hold (JSON), nothing for an automatic charge. */
 export function chargeResultOf(op: Pick<Operation, 'payload'>, charge: Charge): string | null {
@@ -92,11 +97,14 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable>
     // A succeeded authorization kept as held that the event shows otherwise: retrieved, for followUp (a
     // failed one keeps no hold, and nothing follows it up); unless a capture or cancel of its own that has
     // not failed says what became of it (outboxd's own capture, whose event this is, as a rule).
-    changed: async (db, op, status) =>
-      isAuthorization(op) &&
-      op.status === 'succeeded' &&
-      (op.result as Partial<Hold> | null)?.status !== status &&
-      !(await db.query(db.sql.changesOfCharge(op.id, op.order_id!))).rows.some((change: { status: string }) => change.status !== 'failed'),
+    changed: async (db, op, status) => {
+      const hold = keptHold(op);
+      return (
+        hold !== null &&
+        hold.status !== status &&
+        !(await db.query(db.sql.changesOfCharge(op.id, op.order_id!))).rows.some((change: { status: string }) => change.status !== 'failed')
+      );
+    },
     toFollowUp: async (db, limit) => {
       const now = new Date();
       const since = new Date(now.getTime() - FOLLOW_UP_FOR_MS).toISOString();
@@ -116,7 +124,8 @@ const FOLLOW_UP_FOR_MS = 30 * 86_400_000;
  * application. */
 async function recordChangeInStripe(tx: Queryable, op: Operation, pi: ProviderObject, source: 'webhook' | 'reconcile'): Promise<boolean> {
   // One first seen captured held nothing: its own settlement told what Stripe took.
-  if (!isAuthorization(op) || op.status !== 'succeeded' || (op.result as Partial<Hold> | null)?.status === 'succeeded') return false;
+  const hold = keptHold(op);
+  if (!hold || hold.status === 'succeeded') return false;
   const shown = pi as Partial<Charge>;
   const record = async (kind: 'capture' | 'cancel', key: string, reason: string | null, kept: Record<string, unknown>, amount: number | null) => {
     const shownAs = JSON.stringify({ status: pi.status, ...kept });
