@@ -41,7 +41,8 @@ export interface SettlementEvent {
   status: 'succeeded' | 'failed';
   /** The PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund; null when Stripe made none. */
   externalId: string | null;
-  /** A charge's or a refund's (null for an application's own kind). */
+  /** A charge's or a refund's (null for an application's own kind); of an authorization found captured
+   * already when it settled, what Stripe took. */
   amount: number | null;
   currency: string | null;
   settledAt: Date;

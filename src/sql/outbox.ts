@@ -17,7 +17,12 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
             -- the caller's in its payload) is the caller's.
             case when op.effect_key = op.parent_operation_id::text || '/' || (op.payload->>'key')
               then op.payload->>'key' else op.effect_key end as effect_key,
-            op.status, op.external_id, op.amount, op.currency, op.settled_at, taken.source, op.traceparent,
+            op.status, op.external_id,
+            -- An authorization found captured already (in the dashboard) when it settled charged what Stripe
+            -- took, which a capture there may have made less than it asked for.
+            case when op.payload->>'capture_method' = 'manual' and op.result->>'status' = 'succeeded'
+              then coalesce((op.result->>'amount_received')::bigint, op.amount) else op.amount end as amount,
+            op.currency, op.settled_at, taken.source, op.traceparent,
             -- An authorization (a built-in kind's, requested with capture_method manual) that succeeded on a
             -- PaymentIntent that held the funds (not one found captured already): a hold.
             case when op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual' and op.status = 'succeeded'

@@ -500,7 +500,7 @@ describe('what Stripe shows outside outboxd', () => {
     resolveOperation(t.pool, e.gateway(), op, resolution, 'alice', { leaseTtlMs: 10_000, searchFreshnessSeconds: 0 });
   const outOfOutbox = (op: string) => t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
 
-  it('an authorization first seen captured (the dashboard) holds nothing: capture and cancel are refused, the caller’s transaction goes on, what Stripe took can be refunded, its event is no hold', async () => {
+  it('an authorization first seen captured (the dashboard) holds nothing: capture and cancel are refused, the caller’s transaction goes on, what Stripe took can be refunded, its event is no hold and tells what Stripe took', async () => {
     const charge = await confirm(t, { captureMethod: 'manual' });
     e.emulator.addFault({ match: { operationId: charge }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });
     expect((await run(charge)).operation.status).toBe('unknown');
@@ -528,7 +528,8 @@ describe('what Stripe shows outside outboxd', () => {
     });
     expect(after).toBe(1);
     const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
-    expect(events.find((r) => r.operation_id === charge)).toMatchObject({ status: 'succeeded', hold: null });
+    // It charged what Stripe took, not what the hold asked for.
+    expect(events.find((r) => r.operation_id === charge)).toMatchObject({ status: 'succeeded', hold: null, amount: 2000 });
   });
 
   it('outside one transaction (a client in autocommit), two captures racing: the one-live-change index refuses the second', async () => {
