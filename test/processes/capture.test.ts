@@ -580,7 +580,7 @@ describe('what Stripe shows outside outboxd', () => {
 });
 
 describe('the drift report', () => {
-  it('a hold, a capture, a cancel and a connected account’s charge add up; a hold released with nothing to record it is drift', async () => {
+  it('a hold, a capture, a cancel and a connected account’s charge add up; a hold released or captured in Stripe with nothing to record it is drift', async () => {
     const since = new Date(Date.now() - 60_000);
     await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '1 hour' where settled_at is not null`);
     const kept = await held();
@@ -591,10 +591,19 @@ describe('the drift report', () => {
     const connected = await held({ stripeAccount: 'acct_1DriftShop' });
     const lost = await held();
     e.emulator.expire(lost.pi); // its webhook never arrived
+    // Captured in the dashboard: one whose webhook recorded it, one whose webhook never arrived (refunds
+    // of it are refused until the sweep looks at it past its capture_before, days later).
+    const recorded = await held();
+    await e.client().paymentIntents.capture(recorded.pi, { amount_to_capture: 1500 });
+    const succeeded = { id: `evt_${recorded.charge}`, type: 'payment_intent.succeeded', data: { object: { id: recorded.pi } } } as unknown as Stripe.Event;
+    expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') }, succeeded)).toBe('recorded');
+    const unrecorded = await held();
+    await e.client().paymentIntents.capture(unrecorded.pi, { amount_to_capture: 1500 });
     const report = await driftReport(t.pool, e.gateway(), since);
-    const ours = new Set([kept, captured, canceled, connected, lost].map((h) => h.charge));
+    const ours = new Set([kept, captured, canceled, connected, lost, recorded, unrecorded].map((h) => h.charge));
     expect(report.drift.filter((d) => d.operationId !== null && ours.has(d.operationId))).toEqual([
       expect.objectContaining({ kind: 'released_hold', operationId: lost.charge, chargeIds: [lost.pi] }),
+      expect.objectContaining({ kind: 'captured_hold', operationId: unrecorded.charge, chargeIds: [unrecorded.pi] }),
     ]);
   });
 

@@ -7,6 +7,7 @@ import { accountOf, FAILED_CHARGE_STATUSES, idempotencyKeyFor, unlessRejected, t
 import type { ChargePayload } from './input.ts';
 import type { Queryable } from '../../db/pool.ts';
 import { CANCEL } from '../cancel/index.ts';
+import { CAPTURE } from '../capture/index.ts';
 import { RELEASE_KEY_PREFIX } from '../hold/change.ts';
 
 /** The kind's name: its queue's, and the operations' `kind`. */
@@ -177,7 +178,9 @@ async function noCharge(gateway: PaymentGateway, op: Operation, reason: string, 
  * - amount_mismatch: the operation's charge has another amount or currency;
  * - missing_charge: a succeeded operation whose charge is not among Stripe's charges, or does not show
  *   it charged (an authorization: held or captured);
- * - released_hold: a succeeded authorization released in Stripe that no succeeded cancel records.
+ * - released_hold: a succeeded authorization released in Stripe that no succeeded cancel records;
+ * - captured_hold: a succeeded authorization held when it settled, captured in Stripe, that no capture
+ *   records.
  * Stripe lists the platform's PaymentIntents: a connected account's charge is checked by retrieve.
  */
 async function chargeDrift(gateway: PaymentGateway, { since, named, byExternalIds, succeeded }: DriftContext) {
@@ -206,12 +209,16 @@ async function chargeDrift(gateway: PaymentGateway, { since, named, byExternalId
   }
   const listed = new Map(charges.map((c) => [c.id, c]));
   const released: Operation[] = [];
+  const captured: Operation[] = [];
   for await (const page of succeeded()) {
     for (const op of page) {
       // It may predate `since`, or be on a connected account (the listing is the platform's): retrieve it
       // there before calling it missing.
       const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveCharge(op.external_id, accountOf(op)).catch(unlessRejected))) : undefined;
-      if (found && chargeSettles(op, found) === 'succeeded') continue;
+      if (found && chargeSettles(op, found) === 'succeeded') {
+        if (found.status === 'succeeded' && keptHold(op)?.status === 'requires_capture') captured.push(op);
+        continue;
+      }
       if (found && isAuthorization(op) && found.status === 'canceled') released.push(op);
       else drift.push({ kind: 'missing_charge', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `charge is ${found.status}` : 'charge not found' });
     }
@@ -222,6 +229,14 @@ async function chargeDrift(gateway: PaymentGateway, { since, named, byExternalId
   for (const op of released) {
     if (!cancels.some((c) => c.parent_operation_id === op.id && c.status === 'succeeded')) {
       drift.push({ kind: 'released_hold', operationId: op.id, chargeIds: [op.external_id!], detail: 'the authorization was released in Stripe (expired or cancelled), and no cancel operation records it' });
+    }
+  }
+  // One captured in Stripe, by a succeeded capture of it (outboxd's, or the one its webhook recorded);
+  // without one, the application believes the funds are held and every refund of the charge is refused.
+  const captures = captured.length ? await byExternalIds(CAPTURE, captured.map((o) => o.external_id!)) : [];
+  for (const op of captured) {
+    if (!captures.some((c) => c.parent_operation_id === op.id && c.status === 'succeeded')) {
+      drift.push({ kind: 'captured_hold', operationId: op.id, chargeIds: [op.external_id!], detail: 'the authorization was captured in Stripe, and no capture operation records it: refunds of the charge are refused until one does' });
     }
   }
   return { listed: charges.length, label: 'charges', drift };
