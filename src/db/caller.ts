@@ -33,9 +33,34 @@ export function callerTransaction(tx: unknown, sql: Statements): Queryable {
     throw new TransactionTypeError('a pool runs each statement in a transaction of its own: pass a client inside BEGIN (await pool.connect(), then BEGIN)');
   }
   if (isPgClient(t)) return fromPgClient(t, sql);
-  const query = (t.query as QueryFn).bind(t);
-  return { sql, query: ((config: QueryConfig) => query(config.text, config.values)) as unknown as Queryable['query'] };
+  return fromQueryFunction((t.query as QueryFn).bind(t), sql);
 }
+
+/** Any other query(text, values) must resolve to a result with rows, as pg's does: one that resolves to
+ * something else (the rows alone, as pg-promise's and TypeORM's do) is refused before anything is
+ * written, by a first statement that writes nothing; afterwards, it would be refused after its write,
+ * which the caller might then commit. */
+function fromQueryFunction(query: QueryFn, sql: Statements): Queryable {
+  const withRows = async (text: string, values?: unknown[]) => {
+    const result = await query(text, values);
+    if (!Array.isArray(result?.rows)) {
+      throw new TransactionTypeError(
+        `query(text, values) resolved to ${Array.isArray(result) ? 'an array' : typeof result}, not a result with rows (as pg's): pass a pg client inside BEGIN or a drizzle transaction, or wrap yours to resolve to { rows }`,
+      );
+    }
+    return result;
+  };
+  let checked: Promise<unknown> | undefined;
+  const run = async (config: QueryConfig) => {
+    await (checked ??= withRows('select 1'));
+    return withRows(config.text, config.values);
+  };
+  return { sql, query: run as unknown as Queryable['query'] };
+}
+
+/** A jsonb column holding an object, of a row read on the caller's transaction: parsed by its driver
+ * (pg's default), or its text where the driver (or a type parser of the application's) keeps JSON as text. */
+export const jsonObjectOf = <T extends object>(value: unknown): T | null => (typeof value === 'string' ? JSON.parse(value) : value) as T | null;
 
 /** node-postgres' Client or PoolClient, from whichever copy of pg the application uses. */
 function isPgClient(c: unknown): c is PgClient {

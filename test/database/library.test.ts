@@ -99,6 +99,50 @@ describe('requestCharge joins the caller’s transaction', () => {
     expect(again).toEqual({ operationId: first.operationId, created: false });
   });
 
+  it('anything with query(text, values) reading JSON as its text: a manual or Connect order asked again is the same operation; its capture and cancel are decided as on a pg client', async () => {
+    const JSON_TYPES = new Set([pg.types.builtins.JSON, pg.types.builtins.JSONB]);
+    const textPool = new pg.Pool({
+      connectionString: t.url,
+      max: 2,
+      types: { getTypeParser: ((oid: number, format?: 'text' | 'binary') => (JSON_TYPES.has(oid) ? (v: string) => v : pg.types.getTypeParser(oid, format))) as typeof pg.types.getTypeParser },
+    });
+    try {
+      const bare = <T>(fn: (tx: { query: (text: string, values?: unknown[]) => Promise<pg.QueryResult> }) => Promise<T>) =>
+        inAppTransaction(textPool, (client) => fn({ query: (text, values) => client.query(text, values) }));
+      for (const over of [{ captureMethod: 'manual' }, { stripeAccount: 'acct_1LibraryShop', applicationFeeAmount: 100 }] as const) {
+        const req = charge(over);
+        const first = await bare((tx) => outboxd.requestCharge(tx, req));
+        expect(await bare((tx) => outboxd.requestCharge(tx, req))).toEqual({ operationId: first.operationId, created: false });
+      }
+      const held = async () => {
+        const { operationId } = await bare((tx) => outboxd.requestCharge(tx, charge({ captureMethod: 'manual' })));
+        expect((await executeOperation(t.pool, kindsFor(emu.gateway()), operationId, await claim(t, operationId))).operation.status).toBe('succeeded');
+        return operationId;
+      };
+      const captured = await held();
+      const capture = { chargeOperationId: captured, key: 'ship-1', amount: 1000 };
+      const firstCapture = await bare((tx) => outboxd.requestCapture(tx, capture));
+      expect(firstCapture.created).toBe(true);
+      expect(await bare((tx) => outboxd.requestCapture(tx, capture))).toEqual({ operationId: firstCapture.operationId, created: false });
+      const cancel = { chargeOperationId: await held(), key: 'abandon', reason: 'abandoned' } as const;
+      const firstCancel = await bare((tx) => outboxd.requestCancel(tx, cancel));
+      expect(await bare((tx) => outboxd.requestCancel(tx, cancel))).toEqual({ operationId: firstCancel.operationId, created: false });
+    } finally {
+      await textPool.end();
+    }
+  });
+
+  it('a query(text, values) resolving to the rows alone (as pg-promise’s and TypeORM’s do) is refused before anything is written', async () => {
+    const before = await counts(t);
+    // An application that logs the error and commits its order anyway commits nothing of outboxd's.
+    const err = await inPgTransaction((client) =>
+      outboxd.requestCharge({ query: async (text: string, values?: unknown[]) => (await client.query(text, values)).rows }, charge()).catch((e: unknown) => e),
+    );
+    expect(err).toBeInstanceOf(TransactionTypeError);
+    expect((err as Error).message).toMatch(/resolved to an array/);
+    expect(await counts(t)).toEqual(before);
+  });
+
   it('the caller’s search_path does not matter: an app schema with its own payment_operations stays untouched', async () => {
     await appPool.query(`create schema shop; create table shop.payment_operations (id serial primary key, order_id text); create table shop.charge_outbox (id serial primary key)`);
     const req = charge();
@@ -162,6 +206,8 @@ describe('input and conflicts: refused with a typed error, nothing written', () 
     ['zero amount', { amount: 0 }, 'amount'],
     ['unknown currency', { currency: 'xyz' }, 'currency'],
     ['empty order id', { orderId: '' }, 'orderId'],
+    // Kept as given, it is the application's key: trimmed, ' A-1' and 'A-1' would share one charge.
+    ['an order id with spaces around it', { orderId: ' A-1 ' }, 'orderId'],
     ['missing customer', { customer: undefined }, 'customer'],
     ['unknown field', { card: '4242' }, 'card'],
     ['retry not a boolean', { retry: 'yes' }, 'retry'],

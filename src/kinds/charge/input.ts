@@ -7,8 +7,9 @@ import { STRIPE_CURRENCIES } from './currencies.ts';
 const id = (what: string) =>
   z
     .string({ error: `${what} must be a string` })
-    .trim()
     .min(1, `${what} must not be empty`)
+    // Not trimmed: an order id is the application's key, and ' A-1' is not 'A-1'.
+    .refine((s) => s.trim() === s, `${what} must not begin or end with whitespace`)
     .max(MAX_ID_LENGTH, `${what} must be at most ${MAX_ID_LENGTH} characters`)
     // eslint-disable-next-line no-control-regex
     .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), `${what} must not contain control characters`)

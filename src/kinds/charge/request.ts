@@ -8,6 +8,7 @@
 // method, or the same one and `retry: true`. The same details as a failed one, without `retry`,
 // return that failed operation, so re-running an import charges nobody anew.
 import type { Queryable } from '../../db/pool.ts';
+import { jsonObjectOf } from '../../db/caller.ts';
 import { chargePayloadFor, parseOrderInput, type ChargePayload, type OrderInput } from './input.ts';
 import { activeTraceparent, ATTR, withSpan } from '../../telemetry/tracing.ts';
 import type { Operation } from '../../engine/operation.ts';
@@ -55,18 +56,20 @@ export function decideCharge(prior: Operation[], req: OrderInput): Decision {
   return same ? { kind: 'existing', op: same } : { kind: 'new_attempt' };
 }
 
-/** What belongs to the order itself and never changes between its charges. Any connection's rows:
- * a bigint may come back as a string where the caller's driver parses it so. */
+/** What belongs to the order itself and never changes between its charges. Any connection's rows: a
+ * bigint may come back as a string, and JSON as its text (its numbers as strings or bigints), where the
+ * caller's driver parses them so. */
 function differingField(op: Operation, req: OrderInput): string | undefined {
   if (Number(op.amount) !== req.amount) return 'amount';
   if (op.currency !== req.currency) return 'currency';
   if (op.customer_id !== req.customer) return 'customer';
-  const had = (op.payload ?? {}) as ChargePayload;
+  const had = jsonObjectOf<ChargePayload>(op.payload) ?? {};
   const asks = chargePayloadFor(req) ?? {};
+  const fee = (p: ChargePayload) => (p.application_fee_amount == null ? undefined : Number(p.application_fee_amount));
   if (had.capture_method !== asks.capture_method) return 'captureMethod';
   if (had.stripe_account !== asks.stripe_account) return 'stripeAccount';
   if (had.transfer_destination !== asks.transfer_destination) return 'transferData';
-  if (had.application_fee_amount !== asks.application_fee_amount) return 'applicationFeeAmount';
+  if (fee(had) !== fee(asks)) return 'applicationFeeAmount';
   return undefined;
 }
 

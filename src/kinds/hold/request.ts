@@ -4,6 +4,7 @@
 // expired) or a capture asks for more than is held.
 import { z } from 'zod';
 import type { Queryable } from '../../db/pool.ts';
+import { jsonObjectOf } from '../../db/caller.ts';
 import { MAX_AMOUNT, parseWith } from '../../types/input.ts';
 import { activeTraceparent, ATTR, withSpan } from '../../telemetry/tracing.ts';
 import { CANCELLATION_REASONS } from '../../stripe/gateway.ts';
@@ -82,6 +83,21 @@ function requested(db: Queryable, kind: 'capture' | 'cancel', charge: string, ke
   });
 }
 
+/** The charge a capture or a cancel is decided from (CHARGE_COLUMNS in src/sql/hold.ts). */
+interface ChargeRow {
+  id: string;
+  kind: string;
+  status: string;
+  order_id: string;
+  amount: number | string;
+  currency: string;
+  /** Known once it succeeded. */
+  external_id: string | null;
+  payload: { capture_method?: string; stripe_account?: string } | null;
+  result: Hold | null;
+  now: Date;
+}
+
 interface ChangeRow {
   id: string;
   kind: 'capture' | 'cancel';
@@ -102,10 +118,14 @@ async function requestInTransaction(
   const refuse = (code: AuthorizationRefused['code'], message: string) => new AuthorizationRefused(kind, chargeId, code, message);
   // Concurrent changes of one charge wait here for each other until the caller commits; anything but a
   // succeeded charge is read unlocked, to be refused below (locked after all if it succeeded meanwhile).
-  const locked = async () => (await db.query(db.sql.lockChargeForChange(chargeId))).rows[0];
+  // Any connection's rows: a bigint may come back as a string, and JSON as its text, where the caller's
+  // driver parses them so.
+  const read = (row: ChargeRow | undefined): ChargeRow | undefined =>
+    row && { ...row, payload: jsonObjectOf<ChargeRow['payload'] & object>(row.payload), result: jsonObjectOf<Hold>(row.result) };
+  const locked = async () => read((await db.query(db.sql.lockChargeForChange(chargeId))).rows[0]);
   let charge = await locked();
   if (!charge) {
-    charge = (await db.query(db.sql.chargeForChange(chargeId))).rows[0];
+    charge = read((await db.query(db.sql.chargeForChange(chargeId))).rows[0]);
     if (charge?.kind === CHARGE && charge.status === 'succeeded') charge = (await locked()) ?? charge;
   }
   if (!charge) throw new OperationNotFoundError(chargeId);
@@ -113,7 +133,6 @@ async function requestInTransaction(
   if (!isAuthorization(charge)) {
     throw refuse('not_an_authorization', `charge ${chargeId} was captured automatically: it holds nothing to ${kind}${kind === 'cancel' ? '; refund it instead' : ''}`);
   }
-  // Any connection's rows: a bigint may come back as a string where the caller's driver parses it so.
   const hold = charge.result as Hold | null;
   const held = hold ? Number(hold.amount_capturable) : Number(charge.amount);
   const amount = amountOf(held);
@@ -134,7 +153,8 @@ async function requestInTransaction(
     }
     return undefined;
   };
-  const changesNow = async (): Promise<ChangeRow[]> => (await db.query(db.sql.changesOfCharge(chargeId, charge.order_id))).rows;
+  const changesNow = async (): Promise<ChangeRow[]> =>
+    (await db.query(db.sql.changesOfCharge(chargeId, charge.order_id))).rows.map((c: ChangeRow) => ({ ...c, payload: jsonObjectOf<ChangePayload>(c.payload)! }));
   const earlier = decided(await changesNow());
   if (earlier) return earlier;
   if (charge.status !== 'succeeded') throw refuse('no_funds_held', `charge ${chargeId} is ${charge.status}: it holds no funds (only a succeeded authorization does)`);
@@ -147,7 +167,7 @@ async function requestInTransaction(
   }
   if (amount > held) throw refuse('exceeds_capturable', `a capture of ${amount} exceeds what charge ${chargeId} holds: ${held} ${charge.currency}`);
   const payload: ChangePayload = {
-    payment_intent: charge.external_id,
+    payment_intent: charge.external_id!, // a succeeded charge's
     ...(charge.payload?.stripe_account ? { stripe_account: charge.payload.stripe_account } : {}),
     key,
     ...(reason ? { reason } : {}),
