@@ -82,13 +82,17 @@ async function receive(deps: InboxDeps, event: Stripe.Event): Promise<InboxResul
   const hint = hintOf(deps.gateway, event);
   if ((await pool.query(pool.sql.webhookEventSeen(event.id))).rows[0]) return 'duplicate';
 
+  const signed = hint ? await signedOperation(pool, event) : undefined;
   // An event that only confirms a settled operation (most: the dispatcher settled it first) is acted on
   // without a retrieve, which would spend one of the fleet's Stripe tokens per settlement for nothing.
-  const confirmed = hint ? await confirmsSettled(pool, hint, event) : undefined;
+  const confirmed = hint && signed ? await confirmsSettled(pool, hint, event, signed) : undefined;
   // The evidence, fetched before any transaction opens (invariant 3). An object Stripe refuses to show
   // (another account's, say) is no evidence of anything; any other failure answers 5xx and Stripe
-  // delivers the event again later.
-  const evidence = confirmed ?? (hint ? await retrieve(hint) : undefined);
+  // delivers the event again later. One whose signed metadata names no operation of ours is not
+  // retrieved: every object outboxd makes names its operation from its creation, whose row committed
+  // before; the application's other payments and a connected account's own would each spend a token
+  // the dispatcher's charges wait on, for nothing.
+  const evidence = confirmed ?? (hint && signed !== null ? await retrieve(hint) : undefined);
   const named = evidence?.object.operationId;
   const opId = named && isOperationId(named) ? named : null;
   const status = evidence?.object.status;
@@ -114,17 +118,28 @@ async function receive(deps: InboxDeps, event: Stripe.Event): Promise<InboxResul
 }
 
 /**
+ * The operation the object names as Stripe signed it into the event (its metadata's operation_id); null
+ * when the object shows its metadata and it names none of ours; undefined when it shows none (an event
+ * that carries the object's id alone), and only a retrieve can tell.
+ */
+async function signedOperation(pool: Pool, event: Stripe.Event): Promise<Operation | null | undefined> {
+  const { metadata } = event.data.object as { metadata?: { operation_id?: unknown } | null };
+  if (metadata === undefined) return undefined;
+  const named = metadata?.operation_id;
+  if (typeof named !== 'string' || !isOperationId(named)) return null;
+  return (await pool.query(pool.sql.showOperation(named.toLowerCase()))).rows[0] ?? null;
+}
+
+/**
  * The object as Stripe signed it into the event, when it names a settled operation whose own object it is
  * (same id, same account) and whose status it settles to: nothing to do, and nothing a retrieve could
  * change, since what Stripe does to the object later comes with events of its own (a refund failed after
  * it succeeded, an authorization released), whose status disagrees, and which are retrieved.
  */
-async function confirmsSettled(pool: Pool, hint: Hint, event: Stripe.Event): Promise<Evidence | undefined> {
-  const signed = event.data.object as { status?: unknown; metadata?: { operation_id?: unknown } | null };
-  const named = signed.metadata?.operation_id;
-  if (typeof named !== 'string' || !isOperationId(named) || typeof signed.status !== 'string') return undefined;
-  const op: Operation | undefined = (await pool.query(pool.sql.showOperation(named.toLowerCase()))).rows[0];
-  if (!op || !isSettled(op.status) || op.kind !== hint.kind || op.external_id !== hint.id || accountOf(op) !== hint.account) return undefined;
+async function confirmsSettled(pool: Pool, hint: Hint, event: Stripe.Event, op: Operation): Promise<Evidence | undefined> {
+  const signed = event.data.object as { status?: unknown };
+  if (typeof signed.status !== 'string') return undefined;
+  if (!isSettled(op.status) || op.kind !== hint.kind || op.external_id !== hint.id || accountOf(op) !== hint.account) return undefined;
   if (await hint.rules.changed?.(pool, op, signed.status)) return undefined;
   const object = { id: hint.id, status: signed.status, operationId: op.id } as ProviderObject;
   return hint.rules.settles(op, object) === op.status ? { kind: hint.kind, rules: hint.rules, object } : undefined;

@@ -1,4 +1,5 @@
 // Admin re-enqueue (invariant 10), the admin HTTP API and the Stripe webhook inbox.
+import { randomUUID } from 'node:crypto';
 import Stripe from 'stripe';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { requeueOperation, requeueStuck } from '../../src/admin/requeue.ts';
@@ -388,6 +389,18 @@ describe('Stripe webhook inbox', () => {
     await t.pool.query(`update outboxd.payment_operations set lease_expires_at = null where id = $1`, [other]);
     await executeOperation(t.pool, kindsFor(e.gateway()), other, await claim(t, other));
     expect(await operation(t, other)).toMatchObject({ status: 'succeeded', needs_review: true, review_reason: expect.stringMatching(/^discrepancy with Stripe: /) });
+  });
+
+  it('an event whose object names no operation of ours (the application’s other payments, a connected account’s own) is recorded without a retrieve: it spends none of the fleet’s Stripe budget, which the dispatcher’s charges wait on', async () => {
+    const unnamed = await e.client().paymentIntents.create({ amount: 900, currency: 'eur', payment_method: 'pm_card_visa', confirm: true });
+    const unknownOp = await createPi(randomUUID());
+    const notAnId = await createPi('order-17');
+    const retrieves = () => e.emulator.requests().filter((r) => r.endpoint === 'retrieve').length;
+    const before = retrieves();
+    for (const [i, pi] of [unnamed, unknownOp, notAnId].entries()) {
+      expect(await (await fetch(`${base}/webhooks/stripe`, signed(eventFor(`evt_not_ours_${i}`, pi as unknown as Record<string, unknown>)))).json()).toEqual({ received: true, result: 'no_operation' });
+    }
+    expect(retrieves()).toBe(before);
   });
 
   it('an event naming a PaymentIntent Stripe does not show (404) is acknowledged, not retried forever', async () => {
