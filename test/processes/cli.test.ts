@@ -224,7 +224,7 @@ describe('usage errors: said on stderr, exit 2, in flags', () => {
   it('invalid values name the flag, not the field', async () => {
     const res = await outboxd('order', 'confirm', '--order-id', ' ', '--amount', '5', '--currency', 'eur', '--customer', 'c', '--payment-method', 'pm_card_visa');
     expect(res.code).toBe(2);
-    expect(res.stderr).toBe('outboxd: --order-id: order id must not be empty\n');
+    expect(res.stderr).toBe('outboxd: --order-id: order id must not begin or end with whitespace\n');
     const pm = await outboxd('order', 'confirm', '--order-id', 'u-2', '--amount', '5', '--currency', 'eur', '--customer', 'c', '--payment-method', 'x'.repeat(300));
     expect(pm.stderr).toMatch(/^outboxd: --payment-method: payment method must be at most 255 characters/);
   });
