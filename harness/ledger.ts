@@ -27,6 +27,7 @@ export interface Violation {
     | 'capture_mismatch'
     | 'cancel_mismatch'
     | 'double_change'
+    | 'unrecorded_change'
     | 'change_without_our_key'
     | 'wrong_account';
   operationId: string | null;
@@ -101,12 +102,20 @@ const changed = (r: RequestLogEntry): boolean =>
  * or cancelled, by outboxd or from outside), never captured for more than it held, under a key that
  * names one of its charge's operations (or the outside's); a succeeded capture ⇔ its PaymentIntent
  * captured for exactly that amount, a failed one ⇔ cancelled or expired, captured from outside for
- * another amount ⇔ in review; a succeeded cancel ⇔ cancelled, a failed one ⇔ captured; and at most one
- * change of a charge is not failed.
+ * another amount ⇔ in review; a succeeded cancel ⇔ cancelled, a failed one ⇔ captured; at most one
+ * change of a charge is not failed; and once its changes settled, a hold captured or released (by anyone)
+ * is recorded by a succeeded capture or cancel of its charge (the webhook's or the reconcile sweep's
+ * record of one made outside), or a capture a person decides: the application hears of it, and a refund
+ * may return what a capture took.
  */
 function changeViolations(ledger: LedgerEntry[], requests: RequestLogEntry[], operations: Operation[]): Violation[] {
   const violations: Violation[] = [];
   const changes = operations.filter((o) => o.kind === 'capture' || o.kind === 'cancel');
+  /** The charge operation of a PaymentIntent that settled as a hold (not one found captured already). */
+  const chargeOp = (id: string | null) => {
+    const op = operations.find((o) => o.id === id && o.kind === 'charge' && o.status === 'succeeded');
+    return op && ((op.result as { status?: string } | null)?.status ?? 'requires_capture') === 'requires_capture' ? op : undefined;
+  };
   const intentOf = (op: Operation) => (op.payload as { payment_intent: string }).payment_intent;
   const changeRequests = new Map<string, RequestLogEntry[]>();
   for (const r of requests) {
@@ -131,6 +140,18 @@ function changeViolations(ledger: LedgerEntry[], requests: RequestLogEntry[], op
     }
     if (pi.amount_received > pi.amount) violations.push({ kind: 'over_capture', operationId: charge, detail: `${pi.id} captured ${pi.amount_received} of the ${pi.amount} it held` });
     const by = done.length === 1 ? done[0]!.idempotencyKey : null;
+    const held = chargeOp(charge);
+    const open = mine.some((c) => (c.status === 'pending' || c.status === 'unknown') && !c.review_reason);
+    if (held && !open && (pi.status === 'succeeded' || pi.status === 'canceled')) {
+      const recorded = mine.some((c) =>
+        pi.status === 'succeeded'
+          ? c.kind === 'capture' && ((c.status === 'succeeded' && c.amount === pi.amount_received) || (c.review_reason !== null && c.status !== 'failed'))
+          : c.kind === 'cancel' && c.status === 'succeeded',
+      );
+      if (!recorded) {
+        violations.push({ kind: 'unrecorded_change', operationId: charge, detail: `${pi.id} is ${pi.status} (received ${pi.amount_received}, ${pi.cancellation_reason ?? 'not cancelled'}, changed by ${by ?? 'Stripe'}); the charge's changes: ${mine.map((c) => `${c.kind} ${c.status}`).join(', ') || 'none'}` });
+      }
+    }
     const live = mine.filter((c) => c.status !== 'failed');
     if (live.length > 1) violations.push({ kind: 'double_change', operationId: charge, detail: `${live.length} changes not failed: ${live.map((c) => `${c.kind} ${c.id} ${c.status}`).join(', ')}` });
     for (const op of mine) {
