@@ -22,7 +22,7 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
    * key and the amount fits in what remains unrefunded, counting every refund that has not failed
    * (pending and unknown ones may still succeed); of an authorization, what remains of what its capture
    * took. The payload carries the charge's account and, for a destination charge, what the refund takes
-   * back. Always one row: what it decided from.
+   * back. Always one row: what it decided from (of a refund the key names already, what it was asked).
    */
   insertRefundOperation: statement<
     [chargeOperationId: string, amount: number, key: string, reason: string | null, traceparent: string | null, reverseTransfer: boolean, refundApplicationFee: boolean]
@@ -42,7 +42,10 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
        from ${s}.payment_operations p
        where p.id = $1 and p.kind = 'charge' and p.status = 'succeeded'
      ), existing as (
-       select id, amount, payload->>'reason' as reason from ${s}.payment_operations
+       select id, amount, payload->>'reason' as reason,
+              coalesce((payload->>'reverse_transfer')::boolean, false) as reverse_transfer,
+              coalesce((payload->>'refund_application_fee')::boolean, false) as refund_application_fee
+       from ${s}.payment_operations
        where kind = 'refund' and parent_operation_id = $1 and effect_key = $3
      ), spent as (
        select coalesce(sum(amount), 0)::bigint as spent from ${s}.payment_operations
@@ -63,7 +66,8 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
        insert into ${s}.charge_outbox (operation_id, kind, traceparent) select id, 'refund', traceparent from op
      )
      select (select id from op) as created_id, existing.id as existing_id, existing.amount as existing_amount,
-            existing.reason as existing_reason, spent.spent, charge.amount as charge_amount,
+            existing.reason as existing_reason, existing.reverse_transfer as existing_reverse_transfer,
+            existing.refund_application_fee as existing_refund_application_fee, spent.spent, charge.amount as charge_amount,
             charge.payload->>'capture_method' = 'manual' as authorization
      from spent left join charge on true left join existing on true`,
   ),

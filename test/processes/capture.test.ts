@@ -432,15 +432,21 @@ describe('Connect', () => {
     for (const q of mine) expect(q.account, `${q.method} ${q.path}`).toBe(account);
   });
 
-  it('a destination charge is made on the platform with transfer_data; its refund can reverse the transfer', async () => {
+  it('a destination charge is made on the platform with transfer_data; its refund can reverse the transfer, and its key asked again without doing so is refused', async () => {
     const charge = await confirm(t, { transferData: { destination: account }, applicationFeeAmount: 200 });
     const done = await run(charge);
     expect(done.operation.status).toBe('succeeded');
     const entry = intentOf(done.operation.external_id!);
     expect(entry.account).toBeNull();
     expect(entry.paymentIntent).toMatchObject({ transfer_data: { destination: account }, application_fee_amount: 200 });
-    const r = await refund({ chargeOperationId: charge, amount: 2599, key: 'all', reverseTransfer: true, refundApplicationFee: true });
+    const asked = { chargeOperationId: charge, amount: 2599, key: 'all', reverseTransfer: true, refundApplicationFee: true } as const;
+    const r = await refund(asked);
     expect((await operation(t, r.operationId)).payload).toMatchObject({ reverse_transfer: true, refund_application_fee: true });
+    // The key asked again is the same refund only if it takes back the same: not another one quietly.
+    expect(await refund(asked)).toEqual({ operationId: r.operationId, created: false });
+    for (const other of [{ reverseTransfer: false }, { refundApplicationFee: false }, { reverseTransfer: undefined, refundApplicationFee: undefined }]) {
+      await expect(refund({ ...asked, ...other })).rejects.toMatchObject({ code: 'key_conflict', message: expect.stringMatching(/reverses the transfer and refunds the application fee/) });
+    }
     expect((await run(r.operationId)).operation.status).toBe('succeeded');
   });
 

@@ -107,9 +107,15 @@ async function requestInTransaction(db: Queryable, req: RefundInput): Promise<Re
   if (d.created_id) return { operationId: d.created_id, created: true };
   if (d.existing_id) {
     // Any connection's rows: a bigint may come back as a string where the caller's driver parses it so.
-    if (Number(d.existing_amount) === req.amount && d.existing_reason === reason) return { operationId: d.existing_id, created: false };
+    const same =
+      Number(d.existing_amount) === req.amount &&
+      d.existing_reason === reason &&
+      d.existing_reverse_transfer === (req.reverseTransfer ?? false) &&
+      d.existing_refund_application_fee === (req.refundApplicationFee ?? false);
+    if (same) return { operationId: d.existing_id, created: false };
+    const takesBack = [d.existing_reverse_transfer && 'reverses the transfer', d.existing_refund_application_fee && 'refunds the application fee'].filter(Boolean);
     throw new RefundRefused(charge, 'key_conflict',
-      `key ${JSON.stringify(req.key)} is refund operation ${d.existing_id} of charge ${charge} (${d.existing_amount}, reason ${d.existing_reason ?? 'none'}): another amount or reason needs another key`);
+      `key ${JSON.stringify(req.key)} is refund operation ${d.existing_id} of charge ${charge} (${d.existing_amount}, reason ${d.existing_reason ?? 'none'}${takesBack.length ? `, ${takesBack.join(' and ')}` : ''}): another amount, reason, reverseTransfer or refundApplicationFee needs another key`);
   }
   if (d.authorization && Number(d.charge_amount) === 0) {
     throw new RefundRefused(charge, 'charge_not_captured', `charge ${charge} is an authorization with nothing captured: capture it first, or cancel it to release the funds`);
