@@ -29,6 +29,7 @@ import { bossDb, inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import type { EffectCall, KindRegistry, Policy } from '../engine/kinds.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
+import { storableText } from '../types/input.ts';
 import { KIND_QUEUE_OPTIONS, createKindQueues, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type OperationJob, type RelayPass } from '../outbox/outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
 import { createPruneQueue, DEFAULT_RETENTION_DAYS, PRUNE_QUEUE, pruneHistory, type RetentionDays } from '../outbox/retention.ts';
@@ -124,7 +125,10 @@ function notAnAttemptDelaySeconds(outcome: Outcome): number {
   return outcome.kind === 'rate_limited' ? 1 + Math.floor(Math.random() * 5) : 30;
 }
 const completed: Disposition = { status: 'completed' };
-const retryLater = (reason: string): Disposition => ({ status: 'failed', output: { reason } });
+/** A job's output is jsonb: a reason carrying U+0000 or half an emoji made pg-boss refuse the whole
+ * disposition (a dead letter became a retry, and another check or call). */
+const retryLater = (reason: string): Disposition => ({ status: 'failed', output: { reason: storableText(reason) } });
+const deadLetter = (reason: string): Disposition => ({ status: 'deadletter', output: { reason: storableText(reason) } });
 /** The operation a job drives, when its payload names one: anything else is a malformed job. */
 const operationIdOf = (job: Job<OperationJob>): string | undefined => {
   const id: unknown = job.data?.operationId;
@@ -404,7 +408,7 @@ export class Dispatcher {
     const log = this.log.child({ jobId: job.id, operationId, kind, jobRetry: job.retryCount });
     if (operationId === undefined) {
       log.error({ data: job.data }, 'malformed job');
-      return { status: 'deadletter', output: { reason: 'malformed job' } };
+      return deadLetter('malformed job');
     }
 
     // SIGTERM: no new claims. A job that waited until now is left to another replica.
@@ -520,7 +524,7 @@ export class Dispatcher {
       }
       if (outcome?.kind === 'needs_review' && !outcome.retry) {
         metrics.jobs.inc({ result: 'review' });
-        return { status: 'deadletter', output: { reason: outcome.reason } };
+        return deadLetter(outcome.reason);
       }
       metrics.jobs.inc({ result: 'retry' });
       return retryLater(`${op.status}: ${op.last_error ?? outcome?.kind}`);
@@ -668,7 +672,7 @@ export class Dispatcher {
   private notClaimed(now: (Pick<OperationState, 'status' | 'lease_owner'> & { locked?: boolean }) | undefined, log: Logger): Disposition {
     if (!now) {
       log.error('job for an operation that does not exist');
-      return { status: 'deadletter', output: { reason: 'no such operation' } };
+      return deadLetter('no such operation');
     }
     if (isSettled(now.status)) return completed;
     if (now.locked) {
