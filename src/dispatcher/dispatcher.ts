@@ -42,6 +42,8 @@ import {
   isOperationId,
   isSettled,
   peekOperation,
+  clearCreateMayStillAct,
+  markCreateMayStillAct,
   releaseLease,
   releaseUnsentClaim,
   renewLease,
@@ -163,6 +165,9 @@ export class Dispatcher {
    * gives up (whose leases it then keeps). A call given up past its timeout that keeps its lease
    * (keepUntilReturned) stays here until it returns. */
   private readonly calls = new Map<AbortController, string>();
+  /** Of those, the reconcile-before-retry creates, with their claims' fences: one given up, past its
+   * timeout or by the drain, may still act after any check (markCreateMayStillAct). */
+  private readonly creates = new Map<AbortController, { operationId: string; fence: number }>();
 
   constructor(deps: DispatcherDeps, opts: DispatcherOptions) {
     this.deps = deps;
@@ -391,6 +396,9 @@ export class Dispatcher {
     // leases are kept, to expire as after kill -9: the request may still be on its way, and a claim made
     // before it lands would resend it, or check an effect not done yet and execute it again.
     const inFlight = [...this.calls.values(), ...this.givingBack];
+    // A create still running may act after this process has let go of it (an application's own worker
+    // goes on running after stop()): its operation is held for a person first.
+    await Promise.all([...this.creates.values()].map(({ operationId, fence }) => this.markMayStillAct(operationId, fence, this.log.child({ operationId, fence }))));
     for (const call of this.calls.keys()) call.abort(new CallAbandoned('the worker is shutting down'));
     const released = await pool.query(pool.sql.releaseLeasesOf(this.opts.workerId, inFlight)).then(
       ({ rows }) => rows.length,
@@ -481,6 +489,7 @@ export class Dispatcher {
     metrics.inFlight.inc();
     const started = performance.now();
     this.calls.set(call, operationId);
+    const checkedBeforeRetry = policy === 'reconcile-before-retry';
     let released = false;
     let kept = false; // the lease outlives this job: keepUntilReturned ends it
     try {
@@ -491,6 +500,9 @@ export class Dispatcher {
         log: opLog,
         signal: call.signal,
         checkLease: held.check,
+        onCallStarted: (made) => {
+          if (made === 'create' && checkedBeforeRetry) this.creates.set(call, { operationId, fence });
+        },
         onCallEnded: endCall,
         onGivenUp: (running) => {
           metrics.callsOverdue.inc();
@@ -531,12 +543,14 @@ export class Dispatcher {
     } catch (err) {
       if (err instanceof CallTimedOut) {
         released = kept = true;
-        this.keepUntilReturned(err.running, call, held, operationId, fence, opLog);
+        await this.keepUntilReturned(err.running, call, held, operationId, fence, opLog);
         metrics.jobs.inc({ result: 'abandoned' });
         return retryLater(err.message);
       }
       if (err instanceof CallAbandoned) {
         released = true; // kept, to expire
+        // A create that ignores its signal may act after its lease lapsed and another claim checked.
+        if (this.creates.has(call)) await this.markMayStillAct(operationId, fence, opLog);
         opLog.warn({ reason: err.message }, 'call abandoned: no outcome recorded; its lease expires before another claim');
         metrics.jobs.inc({ result: 'abandoned' });
         return retryLater(err.message);
@@ -562,6 +576,7 @@ export class Dispatcher {
       if (!kept) {
         held.stop();
         this.calls.delete(call);
+        this.creates.delete(call);
       }
       if (!released) await releaseLease(pool, operationId, fence).catch(() => {});
     }
@@ -576,21 +591,34 @@ export class Dispatcher {
 
   /**
    * A create given up past its kind's timeout under reconcile-before-retry may still act, after any check
-   * found it not done: until it returns, its lease is renewed, so that no claim, requeue or resolution
-   * acts on the operation; its slot and its job go on. Once it returns (its result is only logged: the
-   * next claim's check establishes what happened) the lease is released. One that never returns holds
-   * its operation until this process stops, when the lease is kept to expire as after kill -9.
+   * found it not done: until it returns, its lease is renewed past any deadline (LocalLease.keep), so
+   * that no claim, requeue or resolution acts on the operation; its slot and its job go on. It is marked
+   * too (markCreateMayStillAct), for what no renewal covers: the lease lapsing all the same (the database
+   * away longer than the lease), or this process stopping while the call goes on (an application's own
+   * worker): a claim after that holds the operation for a person instead of trusting its check. Once it
+   * returns (its result is only logged: the next claim's check establishes what happened) the mark and
+   * the lease go, if they are still this claim's.
    */
-  private keepUntilReturned(running: Promise<void>, call: AbortController, held: LocalLease, operationId: string, fence: number, log: Logger): void {
+  private async keepUntilReturned(running: Promise<void>, call: AbortController, held: LocalLease, operationId: string, fence: number, log: Logger): Promise<void> {
     const { pool } = this.deps;
     const since = performance.now();
+    held.keep();
     log.warn('call given up past its timeout: it may still act, so its lease is kept until it returns; its slot goes on');
     void running.then(async () => {
       held.stop();
       this.calls.delete(call);
+      this.creates.delete(call);
       log.warn({ overdueMs: Math.round(performance.now() - since) }, 'call given up past its timeout returned: its lease is released, and the next claim checks what it did');
-      if (!(call.signal.reason instanceof CallAbandoned)) await releaseLease(pool, operationId, fence).catch(() => {});
+      await clearCreateMayStillAct(pool, operationId, fence).catch((err: Error) => log.warn({ err }, 'could not clear the mark of a create that returned: a person resolves it'));
     });
+    if (this.creates.has(call)) await this.markMayStillAct(operationId, fence, log);
+  }
+
+  /** Holds the operation of a create that may still act for a person (fenced; the lease is kept). */
+  private async markMayStillAct(operationId: string, fence: number, log: Logger): Promise<void> {
+    await markCreateMayStillAct(this.deps.pool, operationId, fence).catch((err: Error) =>
+      log.error({ err }, 'could not mark a create that may still act: a claim after its lease checks it, and may execute it again'),
+    );
   }
 
   /**

@@ -16,6 +16,10 @@ export interface LocalLease {
    * `maxAgeMs`, renews it now: the call is aborted if it was lost (`renew` says false) or, the database
    * not answering, with CallAbandoned, since nobody could say it is still ours. */
   confirm(maxAgeMs: number): Promise<void>;
+  /** The call was given up while it may still act (keepUntilReturned): renewed until stop(), past any
+   * deadline, a renewal held up (an application's lock on the row, a failover) included; only a lease
+   * found lost, or the call's abort by a drain, ends the renewals. */
+  keep(): void;
   /** The call is over: no more renewals. */
   stop(): void;
   /** Resolves once no renewal is in flight (one holds the operation's row lock until it ends). */
@@ -42,9 +46,10 @@ export function keepLease(
   let timer: NodeJS.Timeout | undefined;
   let renewing: Promise<boolean | undefined> | undefined;
   let stopped = false;
+  let kept = false;
 
   const check = () => {
-    if (call.signal.aborted || stopped) return;
+    if (call.signal.aborted || stopped || kept) return;
     const left = deadline - performance.now();
     if (left > 0) return;
     log.warn({ leaseTtlMs: ttlMs, overdueMs: Math.round(-left) }, 'lease deadline passed without a renewal: the call is given up before another claim can take it');
@@ -84,6 +89,10 @@ export function keepLease(
 
   return {
     check,
+    keep() {
+      kept = true;
+      clearTimeout(timer);
+    },
     async confirm(maxAgeMs) {
       const asked = performance.now();
       // A renewal that hangs is waited for no longer than the lease's deadline, which aborts the call.

@@ -14,6 +14,7 @@ import { ATTR, operationAttributes, outcomeOn, withSpan } from '../telemetry/tra
 import { GatewayError } from '../stripe/gateway.ts';
 import { judgeProcessing, PROCESSING_REVIEW_DAYS } from './processing.ts';
 import {
+  CREATE_MAY_STILL_ACT,
   flagForReview,
   isSettled,
   loadOperation,
@@ -43,6 +44,8 @@ export interface ExecuteOptions {
   allowCreate?: boolean;
   /** Who runs it, for the settlement event: the dispatcher (the default) or the reconcile sweep. */
   source?: 'dispatcher' | 'reconcile';
+  /** The call is about to start (every check before it passed): from here it may act. */
+  onCallStarted?: (call: EffectCall) => void;
   /** The call has returned: the dispatcher gives its slot to the next operation while this outcome is
    * recorded. */
   onCallEnded?: () => void;
@@ -170,6 +173,7 @@ export async function executeOperation(
     const signal = opts.signal ?? new AbortController().signal;
     opts.checkLease?.();
     if (signal.reason instanceof CallAbandoned) throw signal.reason;
+    opts.onCallStarted?.(call);
     const carryOut = (callSignal: AbortSignal) => {
       const beforeSend = () => {
         opts.checkLease?.();
@@ -193,7 +197,13 @@ export async function executeOperation(
   // Still processing (days, for SEPA Debit or ACH): waiting, checked again later, or held for a person
   // past the review age.
   const judged = answered.kind === 'processing' ? judgeProcessing(op, answered, opts.processingReviewDays ?? PROCESSING_REVIEW_DAYS) : undefined;
-  const outcome = judged?.outcome ?? answered;
+  // A check that finds nothing done cannot rule out a create given up while it may still act: were it
+  // trusted, the effect would run again and then, late, the given-up one too. A person finds out.
+  const distrusted: Outcome | undefined =
+    answered.kind === 'not_done' && op.review_reason?.includes(CREATE_MAY_STILL_ACT)
+      ? { kind: 'needs_review', externalId: null, reason: `${CREATE_MAY_STILL_ACT}; its check found nothing done yet`, retry: false }
+      : undefined;
+  const outcome = distrusted ?? judged?.outcome ?? answered;
   // The caller's logger names the operation and its kind; this line says what the call did.
   log?.info({ orderId: op.order_id, policy: effect.policy, call, attempt: attempts, outcome: outcome.kind, durationMs }, 'gateway call finished');
   if (outcome.kind === 'needs_review') log?.error({ reason: outcome.reason }, 'operation needs review');

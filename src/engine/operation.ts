@@ -339,6 +339,20 @@ export async function releaseLease(db: Queryable, id: string, fence: number): Pr
   await db.query(db.sql.releaseLease(id, fence));
 }
 
+/** The review reason of a reconcile-before-retry operation whose create was given up while it may still
+ * act (its check cannot rule out a create that acts after it). */
+export const CREATE_MAY_STILL_ACT = 'a create given up (past its timeoutMs, or at a worker\'s stop) may still act: no check can tell whether it will; find out what it did before resolving';
+
+/** Fenced, the lease kept: holds the operation for a person while its given-up create may still act. */
+export async function markCreateMayStillAct(db: Queryable, id: string, fence: number): Promise<void> {
+  await db.query(db.sql.markCreateMayStillAct(id, fence, CREATE_MAY_STILL_ACT));
+}
+
+/** Fenced: the given-up create returned: the mark and the lease go. */
+export async function clearCreateMayStillAct(db: Queryable, id: string, fence: number): Promise<void> {
+  await db.query(db.sql.clearCreateMayStillAct(id, fence, CREATE_MAY_STILL_ACT));
+}
+
 /** Fenced: ends a claim that sent nothing, and uncounts the attempt it began (`begun`, as claimAttempt
  * returned it; a create's stamps go back to what they were, and so does a possible duplicate it counted
  * under the at-least-once policy). */

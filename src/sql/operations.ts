@@ -180,6 +180,37 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
      where id = $1 and fence = $2 and lease_owner is not null`,
   ),
 
+  /**
+   * Fenced, the lease kept: a reconcile-before-retry create given up (past its timeout, or at a drain)
+   * may still act, so its operation is held for a person with reason $3 until the call is known to have
+   * returned (clearCreateMayStillAct); a claim that finds it after the lease lapsed trusts no check that
+   * finds nothing done (src/engine/executor.ts). A reason held already is kept beside it, as flagDiscrepancy keeps one.
+   */
+  markCreateMayStillAct: statement<[id: string, fence: number, reason: string]>(
+    'outboxd_mark_create_may_still_act',
+    `with marked as (
+     update ${s}.payment_operations set review_reason = case
+         when review_reason is null then $3
+         when strpos(review_reason, $3) > 0 then review_reason
+         when ${isDiscrepancy('review_reason')} then ${listedIn('review_reason', '$3')}
+         else $3 || '${SEP}' || review_reason end,
+       updated_at = now()
+     where id = $1 and fence = $2 and ${UNSETTLED}
+     returning id
+     ), ${event('marked', `id, 'flagged', $2, null, jsonb_build_object('reason', $3::text)`)}
+     select id from marked`,
+  ),
+
+  /** Fenced: the create markCreateMayStillAct marked returned; its reason goes (one another reason joined
+   * stays for a person) and so does its lease: the next claim's check can be trusted. */
+  clearCreateMayStillAct: statement<[id: string, fence: number, reason: string]>(
+    'outboxd_clear_create_may_still_act',
+    `update ${s}.payment_operations
+     set review_reason = case when review_reason = $3 then null else review_reason end,
+         lease_owner = null, lease_expires_at = null, updated_at = now()
+     where id = $1 and fence = $2 and lease_owner is not null`,
+  ),
+
   /** Gives a claim back that sent nothing (one claimed ahead of a free slot that got none: the replica
    * began to drain, the wait ran out, or the claim's lease deadline passed): its lease ends, and the attempt it counted is uncounted, with the stamps it replaced ($3: the call it
    * counted, or null; $4, $5: first_attempted_at and last_attempted_at before it; $6: 1 when it counted

@@ -535,6 +535,80 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
     }
   });
 
+  /** A reservation whose first execute answers only when told to (`finish`), whatever its signal says. */
+  function lateReservation() {
+    let finish!: () => void;
+    const returned = new Promise<void>((resolve) => (finish = resolve));
+    const executions: number[] = [];
+    const reserved = new Set<string>();
+    const def: EffectDefinition = {
+      policy: 'reconcile-before-retry',
+      timeoutMs: 300,
+      execute: async (ctx) => {
+        executions.push(ctx.attempt);
+        if (executions.length === 1) await returned;
+        reserved.add(ctx.operationId);
+        return { reserved: true };
+      },
+      check: async ({ operationId }) => (reserved.has(operationId) ? { status: 'done', result: { found: true } } : { status: 'not_done' }),
+    };
+    return { def, executions, finish };
+  }
+
+  it('reconcile-before-retry: a renewal held up past the lease’s deadline (the application holds the row) does not let the lease lapse under a call that may still act', async () => {
+    const late = lateReservation();
+    const op = await request(app({ stalled_hold: late.def }), 'stalled_hold', {});
+    const replica = await startDispatcher(t, new FakeStripe(), 'stalled-holds', { concurrency: 1, leaseTtlMs: 3_000, effects: new Map([['stalled_hold', late.def]]) });
+    try {
+      await waitUntil(async () => (await replica.metrics.callsOverdue.get()).values[0]!.value === 1, 20_000, 'given up, still running');
+      // The application holds the operation's row for most of a lease term: a renewal waits on it.
+      await inTx(async (client) => {
+        await client.query(`select id from outboxd.payment_operations where id = $1 for update`, [op]);
+        await new Promise((resolve) => setTimeout(resolve, 2_500));
+      });
+      // Several lease terms on, still this replica's, and live: nothing has checked it, nor executed it again.
+      await new Promise((resolve) => setTimeout(resolve, 7_000));
+      expect(await operation(t, op)).toMatchObject({ status: 'pending', lease_owner: 'stalled-holds' });
+      expect((await t.pool.query(`select lease_expires_at > now() as live from outboxd.payment_operations where id = $1`, [op])).rows[0].live).toBe(true);
+      late.finish();
+      await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 30_000, 'checked and settled');
+      expect(late.executions).toHaveLength(1);
+      expect((await operation(t, op)).review_reason).toBeNull();
+    } finally {
+      late.finish();
+      await replica.stop();
+    }
+  });
+
+  it('reconcile-before-retry: a worker stopped under a call that may still act (given up, or still running) leaves it to a person, never executed again by another', async () => {
+    const overdue = lateReservation();
+    const running = lateReservation();
+    const slow: EffectDefinition = { ...running.def, timeoutMs: 60_000 };
+    const defs = { overdue_hold: overdue.def, running_hold: slow };
+    const o = app(defs);
+    const ops = [await request(o, 'overdue_hold', {}), await request(o, 'running_hold', {})];
+    const effects = new Map(Object.entries(defs));
+    const a = await startDispatcher(t, new FakeStripe(), 'stopped-holds', { concurrency: 2, leaseTtlMs: 3_000, effects });
+    await waitUntil(async () => (await a.metrics.callsOverdue.get()).values[0]!.value === 1 && running.executions.length === 1, 20_000, 'one given up, one running');
+    await a.stop(); // the application's process goes on, and so do both calls
+    const b = await startDispatcher(t, new FakeStripe(), 'other-holds', { concurrency: 2, leaseTtlMs: 3_000, effects });
+    try {
+      // The other replica claims each once its lease lapsed, and its check, finding nothing done, is not trusted.
+      for (const op of ops) {
+        await waitUntil(async () => { const now = await operation(t, op); return now.last_outcome === 'needs_review' && now.lease_owner === null; }, 60_000, 'checked, and held for a person');
+        expect((await operation(t, op)).review_reason).toMatch(/may still act/);
+      }
+      overdue.finish();
+      running.finish();
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      expect([overdue.executions, running.executions]).toEqual([[1], [1]]);
+    } finally {
+      overdue.finish();
+      running.finish();
+      await b.stop();
+    }
+  });
+
   it('a check that outlives it acted on nothing: ambiguous, and checked again', async () => {
     const seen: EffectContext[] = [];
     const r = reservations({ loseAnswer: 1 });
