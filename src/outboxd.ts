@@ -184,6 +184,14 @@ export interface PaymentOperation {
   updatedAt: Date;
 }
 
+/** The transactional subscribers one Outboxd on its own connections takes (#roomForTransactionalSubscriber). */
+const MAX_TRANSACTIONAL_SUBSCRIBERS = 4;
+/** Connections of the pool pg-boss works on that transactional deliveries never take. */
+const SPARE_CONNECTIONS = 2;
+/** The subscribers' pg-boss pool on outboxd's own connections: a few for fetching and settling, and one
+ * for each transactional delivery in hand. Opened as they are needed. */
+const SUBSCRIBER_CONNECTIONS = 4 + TRANSACTIONAL_SLOTS * MAX_TRANSACTIONAL_SUBSCRIBERS;
+
 export class Outboxd {
   readonly schema: string;
   readonly #connection: string | pg.Pool;
@@ -196,6 +204,9 @@ export class Outboxd {
   readonly #settlementTimeoutMs: number;
   /** The pg-boss queues this instance works: one per named subscriber, and `settled` (a previous release's, for the unnamed handlers). */
   readonly #subscribedQueues = new Set<string>();
+  /** The transactional subscribers of this instance: each holds up to TRANSACTIONAL_SLOTS connections of
+   * the pool pg-boss works on while its handlers run. */
+  #transactionalSubscribers = 0;
   #boss: Promise<PgBoss> | undefined;
   #subscription: Promise<void> | undefined;
   /** The unnamed handlers' delivery from settlement_outbox. */
@@ -399,7 +410,9 @@ export class Outboxd {
     }
     const queue = settledQueueFor(name);
     if (this.#subscribedQueues.has(queue)) throw new TypeError(`onSettled: this instance already has the subscriber ${JSON.stringify(name)}`);
+    if (transactional) this.#roomForTransactionalSubscriber();
     this.#subscribedQueues.add(queue);
+    if (transactional) this.#transactionalSubscribers++;
     try {
       const boss = await this.#startBoss();
       await subscribeSettlements(boss, name);
@@ -419,7 +432,21 @@ export class Outboxd {
     } catch (err) {
       // Not subscribed: the same name may be tried again.
       this.#subscribedQueues.delete(queue);
+      if (transactional) this.#transactionalSubscribers--;
       throw err;
+    }
+  }
+
+  /** Refuses a transactional subscriber whose deliveries could take all but SPARE_CONNECTIONS of the pool
+   * pg-boss works on: its heartbeats and fetches would wait out their connect timeout, every delivery
+   * whose handler outlived the heartbeat would be retried, and none would ever commit. */
+  #roomForTransactionalSubscriber(): void {
+    const [max, pool] = typeof this.#connection === 'string' ? [SUBSCRIBER_CONNECTIONS, "outboxd's own pool"] : [this.#connection.options.max ?? 10, "the application's pool"];
+    const held = TRANSACTIONAL_SLOTS * (this.#transactionalSubscribers + 1);
+    if (held + SPARE_CONNECTIONS > max) {
+      throw new TypeError(
+        `onSettled: a transactional subscriber holds a connection for each of its ${TRANSACTIONAL_SLOTS} deliveries in hand; one more would hold ${held} of the ${max} connections of ${pool}, leaving fewer than ${SPARE_CONNECTIONS} for pg-boss's fetches and heartbeats, and no delivery would commit: subscribe it on another Outboxd${typeof this.#connection === 'string' ? '' : ', or give the pool more connections (max)'}`,
+      );
     }
   }
 
@@ -439,11 +466,10 @@ export class Outboxd {
     await workSettlements(boss, { queue: SETTLED_QUEUE, slots: SETTLED_SLOTS, timeoutMs: this.#settlementTimeoutMs, idlePollSeconds: LEGACY_POLL_SECONDS }, handle);
   }
 
-  /** The pg-boss every subscription of this instance works on: a few connections for fetching and
-   * settling, and one for each transactional delivery in hand. */
+  /** The pg-boss every subscription of this instance works on (SUBSCRIBER_CONNECTIONS). */
   #startBoss(): Promise<PgBoss> {
     this.#boss ??= (async () => {
-      const boss = createBoss(this.#connection, 'subscriber', 4 + 2 * TRANSACTIONAL_SLOTS, this.schema, this.#direct);
+      const boss = createBoss(this.#connection, 'subscriber', SUBSCRIBER_CONNECTIONS, this.schema, this.#direct);
       boss.on('error', this.#onError);
       onBossWarnings(boss, (message) => this.#onError(new Error(`pg-boss: ${message}`)));
       try {

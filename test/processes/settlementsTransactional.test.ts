@@ -215,6 +215,40 @@ describe('transactional subscribers', () => {
     }
   });
 
+  it('as many as the pool holds with connections to spare, each handler outliving the heartbeat, all commit at their first delivery; one more is refused, naming the pool', { timeout: 240_000 }, async () => {
+    // Each holds a connection for each of its deliveries in hand: with none left, pg-boss's heartbeats and
+    // fetches waited out its connect timeout, every delivery was retried and none ever committed.
+    await t.pool.query('create table slow_receipts (subscriber text not null, operation_id uuid not null)');
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 60_000 });
+    const subscribers = ['slow-a', 'slow-b', 'slow-c', 'slow-d'];
+    try {
+      for (const subscriber of subscribers) {
+        await outboxd.onSettled(async (event, tx) => {
+          await tx.query('insert into slow_receipts values ($1, $2)', [subscriber, event.operationId]);
+          await tx.query('select pg_sleep(35)'); // past the subscriber queues' 30 s heartbeat
+        }, { transactional: true, subscriber });
+      }
+      await expect(outboxd.onSettled(async () => {}, { transactional: true, subscriber: 'one-more' })).rejects.toThrow(/would hold 20 of the 20 connections of outboxd's own pool/);
+      const ops = [await settle(), await settle(), await settle(), await settle()];
+      for (const subscriber of subscribers) await waitUntil(() => allCompleted(subscriber, ops), 150_000, `${subscriber} consumed every event`);
+      for (const subscriber of subscribers) expect((await subscriberJobs(subscriber, ops)).map((j) => j.retry_count)).toEqual([0, 0, 0, 0]);
+      const { rows } = await t.pool.query('select subscriber, count(*)::int as n from slow_receipts where operation_id = any($1) group by subscriber order by subscriber', [ops]);
+      expect(rows).toEqual(subscribers.map((subscriber) => ({ subscriber, n: 4 })));
+    } finally {
+      await outboxd.stop();
+    }
+    // On the application's pool: what it has, less the spare ones.
+    const appPool = new pg.Pool({ connectionString: t.url, max: 10 });
+    const onAppPool = new Outboxd({ pool: appPool, onError: () => {} });
+    try {
+      for (const subscriber of ['app-a', 'app-b']) await onAppPool.onSettled(async () => {}, { transactional: true, subscriber });
+      await expect(onAppPool.onSettled(async () => {}, { transactional: true, subscriber: 'app-c' })).rejects.toThrow(/would hold 12 of the 10 connections of the application's pool/);
+    } finally {
+      await onAppPool.stop();
+      await appPool.end();
+    }
+  });
+
   it("a handler's timeout is taken as at most 14 minutes, said once: pg-boss retries a subscriber's job 15 minutes after its delivery began", { timeout: 60_000 }, async () => {
     const notices: string[] = [];
     const outboxd = new Outboxd({ connectionString: t.url, onError: (err) => notices.push(err.message), settlementHandlerTimeoutMs: 3_600_000 });
