@@ -219,6 +219,10 @@ describe('transactional subscribers', () => {
     // Each holds a connection for each of its deliveries in hand: with none left, pg-boss's heartbeats and
     // fetches waited out its connect timeout, every delivery was retried and none ever committed.
     await t.pool.query('create table slow_receipts (subscriber text not null, operation_id uuid not null)');
+    // The workers' pg-boss supervises the queues: it fails a job whose heartbeat lapsed, for a retry.
+    const supervisor = createBoss(t.url, 'worker', 2, t.schema);
+    supervisor.on('error', () => {});
+    await supervisor.start();
     const outboxd = new Outboxd({ connectionString: t.url, onError: () => {}, settlementHandlerTimeoutMs: 60_000 });
     const subscribers = ['slow-a', 'slow-b', 'slow-c', 'slow-d'];
     try {
@@ -236,6 +240,7 @@ describe('transactional subscribers', () => {
       expect(rows).toEqual(subscribers.map((subscriber) => ({ subscriber, n: 4 })));
     } finally {
       await outboxd.stop();
+      await supervisor.stop({ graceful: false });
     }
     // On the application's pool: what it has, less the spare ones.
     const appPool = new pg.Pool({ connectionString: t.url, max: 10 });
