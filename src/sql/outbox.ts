@@ -20,8 +20,11 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
             op.status, op.external_id,
             -- An authorization found captured already (in the dashboard) when it settled charged what Stripe
             -- took, which a capture there may have made less than it asked for.
-            case when op.payload->>'capture_method' = 'manual' and op.result->>'status' = 'succeeded'
-              then coalesce((op.result->>'amount_received')::bigint, op.amount) else op.amount end as amount,
+            -- A built-in charge's only: an application's own kind has no amount, whatever its payload and
+            -- result hold (a cast failing on one would stop every event's delivery behind it).
+            case when op.kind = 'charge' and op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual'
+                   and op.result->>'status' = 'succeeded' and jsonb_typeof(op.result->'amount_received') = 'number'
+              then (op.result->>'amount_received')::bigint else op.amount end as amount,
             op.currency, op.settled_at, taken.source, op.traceparent,
             -- An authorization (a built-in kind's, requested with capture_method manual) that succeeded on a
             -- PaymentIntent that held the funds (not one found captured already): a hold.

@@ -10,6 +10,7 @@ import { executeOperation } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
 import { requestCancel, requestCapture } from '../../src/kinds/hold/request.ts';
 import { requestRefund } from '../../src/kinds/refund/request.ts';
+import { requestEffect } from '../../src/kinds/application/request.ts';
 import { cancelIdempotencyKeyFor, captureIdempotencyKeyFor } from '../../src/stripe/gateway.ts';
 import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
 import { SETTLED_EVENT } from '../../src/outbox/settlements.ts';
@@ -536,6 +537,21 @@ describe('what Stripe shows outside outboxd', () => {
     const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
     // It charged what Stripe took, not what the hold asked for.
     expect(events.find((r) => r.operation_id === charge)).toMatchObject({ status: 'succeeded', hold: null, amount: 2000 });
+  });
+
+  it('an application’s effect whose payload and result read like an authorization found captured has no amount in its event, and holds up no event behind it', async () => {
+    const effects = new Map([['lookalike', { policy: 'at-least-once' as const, execute: (ctx: { payload: unknown }) => ({ status: 'succeeded', amount_received: (ctx.payload as { n: number }).n }) }]]);
+    const ops: string[] = [];
+    for (const n of [12.5, 1234]) {
+      const { operationId } = await inTransaction(t.pool, (tx) => requestEffect(tx, effects, 'lookalike', { key: `lookalike-${n}`, payload: { capture_method: 'manual', n } }));
+      expect((await executeOperation(t.pool, kindsFor(e.gateway(), effects), operationId, await claim(t, operationId))).operation.status).toBe('succeeded');
+      ops.push(operationId);
+    }
+    const charge = await confirm(t);
+    await run(charge);
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
+    expect(ops.map((op) => events.find((r) => r.operation_id === op)?.amount)).toEqual([null, null]);
+    expect(events.find((r) => r.operation_id === charge)).toMatchObject({ amount: 2599 });
   });
 
   it('outside one transaction (a client in autocommit), two captures racing: the one-live-change index refuses the second', async () => {
