@@ -126,6 +126,14 @@ function notAnAttemptDelaySeconds(outcome: Outcome): number {
   if (outcome.kind === 'not_done') return 0;
   return outcome.kind === 'rate_limited' ? 1 + Math.floor(Math.random() * 5) : 30;
 }
+/** A reconcile-before-retry create under way: `running` settles when the call returns (`returned`). */
+interface RunningCreate {
+  operationId: string;
+  fence: number;
+  running: Promise<void>;
+  returned: boolean;
+}
+
 const completed: Disposition = { status: 'completed' };
 /** A job's output is jsonb: a reason carrying U+0000 or half an emoji made pg-boss refuse the whole
  * disposition (a dead letter became a retry, and another check or call). */
@@ -166,8 +174,8 @@ export class Dispatcher {
    * (keepUntilReturned) stays here until it returns. */
   private readonly calls = new Map<AbortController, string>();
   /** Of those, the reconcile-before-retry creates, with their claims' fences: one given up, past its
-   * timeout or by the drain, may still act after any check (markCreateMayStillAct). */
-  private readonly creates = new Map<AbortController, { operationId: string; fence: number }>();
+   * timeout or by the drain, may still act after any check until it returns (holdWhileRunning). */
+  private readonly creates = new Map<AbortController, RunningCreate>();
 
   constructor(deps: DispatcherDeps, opts: DispatcherOptions) {
     this.deps = deps;
@@ -397,8 +405,8 @@ export class Dispatcher {
     // before it lands would resend it, or check an effect not done yet and execute it again.
     const inFlight = [...this.calls.values(), ...this.givingBack];
     // A create still running may act after this process has let go of it (an application's own worker
-    // goes on running after stop()): its operation is held for a person first.
-    await Promise.all([...this.creates.values()].map(({ operationId, fence }) => this.markMayStillAct(operationId, fence, this.log.child({ operationId, fence }))));
+    // goes on running after stop()): its operation is held for a person until it returns.
+    await Promise.all([...this.creates.values()].map((create) => this.holdWhileRunning(create, this.log.child({ operationId: create.operationId, fence: create.fence }))));
     for (const call of this.calls.keys()) call.abort(new CallAbandoned('the worker is shutting down'));
     const released = await pool.query(pool.sql.releaseLeasesOf(this.opts.workerId, inFlight)).then(
       ({ rows }) => rows.length,
@@ -500,8 +508,11 @@ export class Dispatcher {
         log: opLog,
         signal: call.signal,
         checkLease: held.check,
-        onCallStarted: (made) => {
-          if (made === 'create' && checkedBeforeRetry) this.creates.set(call, { operationId, fence });
+        onCallStarted: (made, running) => {
+          if (made !== 'create' || !checkedBeforeRetry) return;
+          const create: RunningCreate = { operationId, fence, running, returned: false };
+          void running.then(() => (create.returned = true));
+          this.creates.set(call, create);
         },
         onCallEnded: endCall,
         onGivenUp: (running) => {
@@ -549,8 +560,9 @@ export class Dispatcher {
       }
       if (err instanceof CallAbandoned) {
         released = true; // kept, to expire
-        // A create that ignores its signal may act after its lease lapsed and another claim checked.
-        if (this.creates.has(call)) await this.markMayStillAct(operationId, fence, opLog);
+        // A create that ignored its signal and outlived its time may act after its lease lapsed.
+        const create = this.creates.get(call);
+        if (create && err.running) await this.holdWhileRunning(create, opLog);
         opLog.warn({ reason: err.message }, 'call abandoned: no outcome recorded; its lease expires before another claim');
         metrics.jobs.inc({ result: 'abandoned' });
         return retryLater(err.message);
@@ -604,20 +616,31 @@ export class Dispatcher {
     const since = performance.now();
     held.keep();
     log.warn('call given up past its timeout: it may still act, so its lease is kept until it returns; its slot goes on');
+    const create = this.creates.get(call);
+    if (create) await this.holdWhileRunning(create, log);
     void running.then(async () => {
       held.stop();
       this.calls.delete(call);
       this.creates.delete(call);
       log.warn({ overdueMs: Math.round(performance.now() - since) }, 'call given up past its timeout returned: its lease is released, and the next claim checks what it did');
-      await clearCreateMayStillAct(pool, operationId, fence).catch((err: Error) => log.warn({ err }, 'could not clear the mark of a create that returned: a person resolves it'));
+      if (!(call.signal.reason instanceof CallAbandoned)) await releaseLease(pool, operationId, fence).catch(() => {});
     });
-    if (this.creates.has(call)) await this.markMayStillAct(operationId, fence, log);
   }
 
-  /** Holds the operation of a create that may still act for a person (fenced; the lease is kept). */
-  private async markMayStillAct(operationId: string, fence: number, log: Logger): Promise<void> {
-    await markCreateMayStillAct(this.deps.pool, operationId, fence).catch((err: Error) =>
+  /**
+   * Holds the operation of a create that has not returned for a person (markCreateMayStillAct: fenced,
+   * its lease kept), until it returns, when the mark goes (if still this claim's): a claim meanwhile, its
+   * lease lapsed, trusts no check that finds nothing done. Marked first, so that no clear comes before it.
+   */
+  private async holdWhileRunning(create: RunningCreate, log: Logger): Promise<void> {
+    const { pool } = this.deps;
+    const { operationId, fence } = create;
+    if (create.returned) return;
+    await markCreateMayStillAct(pool, operationId, fence).catch((err: Error) =>
       log.error({ err }, 'could not mark a create that may still act: a claim after its lease checks it, and may execute it again'),
+    );
+    void create.running.then(() =>
+      clearCreateMayStillAct(pool, operationId, fence).catch((err: Error) => log.warn({ err }, 'could not clear the mark of a create that returned: a person resolves it')),
     );
   }
 

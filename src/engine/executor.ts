@@ -14,6 +14,7 @@ import { ATTR, operationAttributes, outcomeOn, withSpan } from '../telemetry/tra
 import { GatewayError } from '../stripe/gateway.ts';
 import { judgeProcessing, PROCESSING_REVIEW_DAYS } from './processing.ts';
 import {
+  CHECK_AFTER_CREATE_GIVEN_UP,
   CREATE_MAY_STILL_ACT,
   flagForReview,
   isSettled,
@@ -44,8 +45,9 @@ export interface ExecuteOptions {
   allowCreate?: boolean;
   /** Who runs it, for the settlement event: the dispatcher (the default) or the reconcile sweep. */
   source?: 'dispatcher' | 'reconcile';
-  /** The call is about to start (every check before it passed): from here it may act. */
-  onCallStarted?: (call: EffectCall) => void;
+  /** The call has started (every check before it passed): from here it may act, until `returned`
+   * settles, which it does when the call itself returns, whether or not it was given up meanwhile. */
+  onCallStarted?: (call: EffectCall, returned: Promise<void>) => void;
   /** The call has returned: the dispatcher gives its slot to the next operation while this outcome is
    * recorded. */
   onCallEnded?: () => void;
@@ -89,6 +91,8 @@ export class UnknownKindError extends Error {
  * claim made before it does would resend it, or check an effect not yet done and execute it again. */
 export class CallAbandoned extends Error {
   override name = 'CallAbandoned';
+  /** Set when the call ignored its signal and outlived its time too: it may still act, until this settles. */
+  running?: Promise<void>;
 }
 
 /** A call outlived its kind's callTimeoutMs: its signal aborted with this, and it was given up.
@@ -173,17 +177,19 @@ export async function executeOperation(
     const signal = opts.signal ?? new AbortController().signal;
     opts.checkLease?.();
     if (signal.reason instanceof CallAbandoned) throw signal.reason;
-    opts.onCallStarted?.(call);
     const carryOut = (callSignal: AbortSignal) => {
       const beforeSend = () => {
         opts.checkLease?.();
         callSignal.throwIfAborted();
       };
-      return made(op, { attempt: attempts, signal: callSignal, beforeSend });
+      const work = made(op, { attempt: attempts, signal: callSignal, beforeSend });
+      opts.onCallStarted?.(call, work.then(() => {}, () => {}));
+      return work;
     };
     return withinCallTimeout(effect.callTimeoutMs, signal, carryOut)
       .catch((err: unknown) => {
-        if (signal.reason instanceof CallAbandoned) throw signal.reason;
+        // Abandoned, and still running past its time: it may still act (`running` tells when it returns).
+        if (signal.reason instanceof CallAbandoned) throw err instanceof CallTimedOut ? Object.assign(new CallAbandoned(signal.reason.message), { running: err.running }) : signal.reason;
         if (err instanceof CallTimedOut) {
           opts.onGivenUp?.(err.running);
           return timedOut(err, call, effect.policy);
@@ -201,7 +207,7 @@ export async function executeOperation(
   // trusted, the effect would run again and then, late, the given-up one too. A person finds out.
   const distrusted: Outcome | undefined =
     answered.kind === 'not_done' && op.review_reason?.includes(CREATE_MAY_STILL_ACT)
-      ? { kind: 'needs_review', externalId: null, reason: `${CREATE_MAY_STILL_ACT}; its check found nothing done yet`, retry: false }
+      ? { kind: 'needs_review', externalId: null, reason: CHECK_AFTER_CREATE_GIVEN_UP, retry: false }
       : undefined;
   const outcome = distrusted ?? judged?.outcome ?? answered;
   // The caller's logger names the operation and its kind; this line says what the call did.

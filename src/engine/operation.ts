@@ -341,14 +341,19 @@ export async function releaseLease(db: Queryable, id: string, fence: number): Pr
 
 /** The review reason of a reconcile-before-retry operation whose create was given up while it may still
  * act (its check cannot rule out a create that acts after it). */
-export const CREATE_MAY_STILL_ACT = 'a create given up (past its timeoutMs, or at a worker\'s stop) may still act: no check can tell whether it will; find out what it did before resolving';
+export const CREATE_MAY_STILL_ACT = 'a create given up (past its timeoutMs, or at a worker\'s stop) may still act: until it returns, no check can tell whether it will';
+
+/** The review reason of one whose claim found that mark (the create never said it returned: its process
+ * died or stopped) and whose check found nothing done. Not the mark's words: once a person requeues it,
+ * its next check is trusted. */
+export const CHECK_AFTER_CREATE_GIVEN_UP = 'its create, given up while it could still act, never said it returned, and its check found nothing done: find out in the other system whether it acted';
 
 /** Fenced, the lease kept: holds the operation for a person while its given-up create may still act. */
 export async function markCreateMayStillAct(db: Queryable, id: string, fence: number): Promise<void> {
   await db.query(db.sql.markCreateMayStillAct(id, fence, CREATE_MAY_STILL_ACT));
 }
 
-/** Fenced: the given-up create returned: the mark and the lease go. */
+/** Fenced: the given-up create returned: its mark goes (its lease is the caller's to release). */
 export async function clearCreateMayStillAct(db: Queryable, id: string, fence: number): Promise<void> {
   await db.query(db.sql.clearCreateMayStillAct(id, fence, CREATE_MAY_STILL_ACT));
 }

@@ -195,20 +195,18 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
          when ${isDiscrepancy('review_reason')} then ${listedIn('review_reason', '$3')}
          else $3 || '${SEP}' || review_reason end,
        updated_at = now()
-     where id = $1 and fence = $2 and ${UNSETTLED}
+     where id = $1 and fence = $2 and lease_owner is not null and ${UNSETTLED}
      returning id
      ), ${event('marked', `id, 'flagged', $2, null, jsonb_build_object('reason', $3::text)`)}
      select id from marked`,
   ),
 
   /** Fenced: the create markCreateMayStillAct marked returned; its reason goes (one another reason joined
-   * stays for a person) and so does its lease: the next claim's check can be trusted. */
+   * stays for a person): the next claim's check can be trusted. */
   clearCreateMayStillAct: statement<[id: string, fence: number, reason: string]>(
     'outboxd_clear_create_may_still_act',
-    `update ${s}.payment_operations
-     set review_reason = case when review_reason = $3 then null else review_reason end,
-         lease_owner = null, lease_expires_at = null, updated_at = now()
-     where id = $1 and fence = $2 and lease_owner is not null`,
+    `update ${s}.payment_operations set review_reason = null, updated_at = now()
+     where id = $1 and fence = $2 and review_reason = $3`,
   ),
 
   /** Gives a claim back that sent nothing (one claimed ahead of a free slot that got none: the replica

@@ -11,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EffectFailed, type CheckResult, type EffectContext, type EffectDefinition } from '../../src/kinds/application/definition.ts';
 import { EffectConflictError } from '../../src/kinds/application/request.ts';
 import { resolveOperation, type Resolution } from '../../src/admin/resolve.ts';
+import { requeueOperation } from '../../src/admin/requeue.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
 import { executeOperation } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
@@ -580,28 +581,47 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
     }
   });
 
-  it('reconcile-before-retry: a worker stopped under a call that may still act (given up, or still running) leaves it to a person, never executed again by another', async () => {
+  it('reconcile-before-retry: a worker stopped under a call that may still act (given up, or still running) leaves it to a person, never executed again by another; one that stops on its signal is checked and run again', async () => {
     const overdue = lateReservation();
     const running = lateReservation();
     const slow: EffectDefinition = { ...running.def, timeoutMs: 60_000 };
-    const defs = { overdue_hold: overdue.def, running_hold: slow };
+    // Its first execute stops when its signal says so, having done nothing.
+    const heeding: number[] = [];
+    const heeds: EffectDefinition = {
+      ...slow,
+      execute: async (ctx) => {
+        heeding.push(ctx.attempt);
+        if (heeding.length === 1) await new Promise((_resolve, reject) => ctx.signal.addEventListener('abort', () => reject(new Error('stopped'))));
+        return { reserved: true };
+      },
+      check: async () => ({ status: 'not_done' }),
+    };
+    const defs = { overdue_hold: overdue.def, running_hold: slow, stop_heeding_hold: heeds };
     const o = app(defs);
     const ops = [await request(o, 'overdue_hold', {}), await request(o, 'running_hold', {})];
+    const stopped = await request(o, 'stop_heeding_hold', {});
     const effects = new Map(Object.entries(defs));
-    const a = await startDispatcher(t, new FakeStripe(), 'stopped-holds', { concurrency: 2, leaseTtlMs: 3_000, effects });
-    await waitUntil(async () => (await a.metrics.callsOverdue.get()).values[0]!.value === 1 && running.executions.length === 1, 20_000, 'one given up, one running');
-    await a.stop(); // the application's process goes on, and so do both calls
-    const b = await startDispatcher(t, new FakeStripe(), 'other-holds', { concurrency: 2, leaseTtlMs: 3_000, effects });
+    const a = await startDispatcher(t, new FakeStripe(), 'stopped-holds', { concurrency: 3, leaseTtlMs: 3_000, effects });
+    await waitUntil(async () => (await a.metrics.callsOverdue.get()).values[0]!.value === 1 && running.executions.length === 1 && heeding.length === 1, 20_000, 'one given up, two running');
+    await a.stop(); // the application's process goes on, and so do the calls that ignore their signal
+    const b = await startDispatcher(t, new FakeStripe(), 'other-holds', { concurrency: 3, leaseTtlMs: 3_000, effects });
     try {
       // The other replica claims each once its lease lapsed, and its check, finding nothing done, is not trusted.
       for (const op of ops) {
         await waitUntil(async () => { const now = await operation(t, op); return now.last_outcome === 'needs_review' && now.lease_owner === null; }, 60_000, 'checked, and held for a person');
-        expect((await operation(t, op)).review_reason).toMatch(/may still act/);
+        expect((await operation(t, op)).review_reason).toMatch(/given up while it could still act, never said it returned/);
       }
+      // The one that returned on its signal is no one's to decide: checked, and run again.
+      await waitUntil(async () => (await operation(t, stopped)).status === 'succeeded', 60_000, 'run again');
+      expect((await operation(t, stopped)).review_reason).toBeNull();
+      expect(heeding).toEqual([1, 3]); // executed, checked (2), executed again
       overdue.finish();
       running.finish();
       await new Promise((resolve) => setTimeout(resolve, 1_500));
       expect([overdue.executions, running.executions]).toEqual([[1], [1]]);
+      // A person who found they did not act requeues one: its next check is trusted.
+      expect(await requeueOperation(t.pool, b.boss, ops[1]!, { actor: 'alice' })).toMatchObject({ result: 'requeued' });
+      await waitUntil(async () => (await operation(t, ops[1]!)).status === 'succeeded', 30_000, 'checked after the requeue');
     } finally {
       overdue.finish();
       running.finish();
