@@ -20,9 +20,10 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
             op.status, op.external_id,
             -- An authorization found captured already (in the dashboard) when it settled charged what Stripe
             -- took, which a capture there may have made less than it asked for.
-            -- A built-in charge's only: an application's own kind has no amount, whatever its payload and
-            -- result hold (a cast failing on one would stop every event's delivery behind it).
-            case when op.kind = 'charge' and op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual'
+            -- A built-in charge's only (idempotent-key is the built-in kinds' policy, capture_method a
+            -- charge's): an application's own kind has no amount, whatever its payload and result hold (a
+            -- cast failing on one would stop every event's delivery behind it).
+            case when op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual'
                    and op.result->>'status' = 'succeeded' and jsonb_typeof(op.result->'amount_received') = 'number'
               then (op.result->>'amount_received')::bigint else op.amount end as amount,
             op.currency, op.settled_at, taken.source, op.traceparent,
