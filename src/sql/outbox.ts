@@ -11,6 +11,9 @@ export const DEPTH_CAP = 100_000;
 export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlContext) => {
   /** Whether anyone subscribed by name to pg-boss's event $n (`settled`): the relay copies events only then. */
   const subscribed = (n: number) => `exists (select 1 from ${boss}.subscription where event = $${n})`;
+  /** `op` is an authorization: a built-in charge (idempotent-key is the built-in kinds' policy, an
+   * application's kind has none) requested with capture_method manual. */
+  const AUTHORIZATION = `op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual'`;
   /** What a settlement event says, from the settled operation `op` and its settlement_outbox row `taken`. */
   const EVENT = `op.id as operation_id, op.order_id, op.kind,
             -- A key qualified by its parent (a capture's or a cancel's effect_key: <charge operation id>/<key>,
@@ -19,17 +22,15 @@ export const outboxStatements = ({ boss, byIds, s, schema, statement }: SqlConte
               then op.payload->>'key' else op.effect_key end as effect_key,
             op.status, op.external_id,
             -- An authorization found captured already (in the dashboard) when it settled charged what Stripe
-            -- took, which a capture there may have made less than it asked for.
-            -- A built-in charge's only (idempotent-key is the built-in kinds' policy, capture_method a
-            -- charge's): an application's own kind has no amount, whatever its payload and result hold (a
-            -- cast failing on one would stop every event's delivery behind it).
-            case when op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual'
-                   and op.result->>'status' = 'succeeded' and jsonb_typeof(op.result->'amount_received') = 'number'
+            -- took, which a capture there may have made less than it asked for. An application's own kind
+            -- has no amount, whatever its payload and result hold (a cast failing on one would stop every
+            -- event's delivery behind it).
+            case when ${AUTHORIZATION} and op.result->>'status' = 'succeeded' and jsonb_typeof(op.result->'amount_received') = 'number'
               then (op.result->>'amount_received')::bigint else op.amount end as amount,
             op.currency, op.settled_at, taken.source, op.traceparent,
-            -- An authorization (a built-in kind's, requested with capture_method manual) that succeeded on a
-            -- PaymentIntent that held the funds (not one found captured already): a hold.
-            case when op.policy = 'idempotent-key' and op.payload->>'capture_method' = 'manual' and op.status = 'succeeded'
+            -- An authorization that succeeded on a PaymentIntent that held the funds (not one found captured
+            -- already): a hold.
+            case when ${AUTHORIZATION} and op.status = 'succeeded'
                    and coalesce(op.result->>'status', 'requires_capture') = 'requires_capture'
               then jsonb_build_object('captureBefore', op.result->>'capture_before') end as hold`;
   /** The events of the rows `taken` (a CTE returning id, operation_id, source, created_at, fanned_out)
