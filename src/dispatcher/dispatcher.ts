@@ -508,10 +508,10 @@ export class Dispatcher {
         log: opLog,
         signal: call.signal,
         checkLease: held.check,
-        onCallStarted: (made, running) => {
+        onCallStarted: (made, work) => {
           if (made !== 'create' || !checkedBeforeRetry) return;
-          const create: RunningCreate = { operationId, fence, running, returned: false };
-          void running.then(() => (create.returned = true));
+          const create: RunningCreate = { operationId, fence, running: work.then(() => {}, () => {}), returned: false };
+          void create.running.then(() => (create.returned = true));
           this.creates.set(call, create);
         },
         onCallEnded: endCall,

@@ -45,9 +45,9 @@ export interface ExecuteOptions {
   allowCreate?: boolean;
   /** Who runs it, for the settlement event: the dispatcher (the default) or the reconcile sweep. */
   source?: 'dispatcher' | 'reconcile';
-  /** The call has started (every check before it passed): from here it may act, until `returned`
-   * settles, which it does when the call itself returns, whether or not it was given up meanwhile. */
-  onCallStarted?: (call: EffectCall, returned: Promise<void>) => void;
+  /** The call has started (every check before it passed): from here it may act, until `work`, the call
+   * itself, settles, whether or not it was given up meanwhile. */
+  onCallStarted?: (call: EffectCall, work: Promise<unknown>) => void;
   /** The call has returned: the dispatcher gives its slot to the next operation while this outcome is
    * recorded. */
   onCallEnded?: () => void;
@@ -183,7 +183,7 @@ export async function executeOperation(
         callSignal.throwIfAborted();
       };
       const work = made(op, { attempt: attempts, signal: callSignal, beforeSend });
-      opts.onCallStarted?.(call, work.then(() => {}, () => {}));
+      opts.onCallStarted?.(call, work);
       return work;
     };
     return withinCallTimeout(effect.callTimeoutMs, signal, carryOut)
