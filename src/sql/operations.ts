@@ -23,6 +23,12 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
          when length(${reason}) > ${DISCREPANCY_MAX} then ${reason} || '${DISCREPANCY_MORE}'
          else ${reason} || '${SEP}' || ${item} end`;
   };
+  /** review_reason with `given` added: `given` when none is held, listed in a discrepancy (listedIn),
+   * else before the reason held, which is kept so that none is cleared unseen. */
+  const withReason = (given: string) => `case
+         when review_reason is null then ${given}
+         when ${isDiscrepancy('review_reason')} then ${listedIn('review_reason', given)}
+         else ${given} || '${SEP}' || review_reason end`;
   /** recordOutcomes' ids, for byIds. */
   const OUTCOME_IDS = 'array(select id from input)';
   /** A claim's timeline row: the fence, the owner, and of a takeover the owner whose expired lease it took
@@ -184,16 +190,14 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
    * Fenced, the lease kept: a reconcile-before-retry create given up (past its timeout, or at a drain)
    * may still act, so its operation is held for a person with reason $3 until the call is known to have
    * returned (clearCreateMayStillAct); a claim that finds it after the lease lapsed trusts no check that
-   * finds nothing done (src/engine/executor.ts). A reason held already is kept beside it, as flagDiscrepancy keeps one.
+   * finds nothing done (src/engine/executor.ts). A reason held already is kept beside it (withReason),
+   * and the mark is set once.
    */
   markCreateMayStillAct: statement<[id: string, fence: number, reason: string]>(
     'outboxd_mark_create_may_still_act',
     `with marked as (
-     update ${s}.payment_operations set review_reason = case
-         when review_reason is null then $3
-         when strpos(review_reason, $3) > 0 then review_reason
-         when ${isDiscrepancy('review_reason')} then ${listedIn('review_reason', '$3')}
-         else $3 || '${SEP}' || review_reason end,
+     update ${s}.payment_operations
+     set review_reason = case when strpos(review_reason, $3) > 0 then review_reason else ${withReason('$3')} end,
        updated_at = now()
      where id = $1 and fence = $2 and lease_owner is not null and ${UNSETTLED}
      returning id
@@ -345,10 +349,7 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
   flagDiscrepancy: statement<[id: string, reason: string]>(
     'outboxd_flag_discrepancy',
     `with flagged as (
-     update ${s}.payment_operations set review_reason = case
-         when review_reason is null then $2
-         when ${isDiscrepancy('review_reason')} then ${listedIn('review_reason', '$2')}
-         else $2 || '${SEP}' || review_reason end,
+     update ${s}.payment_operations set review_reason = ${withReason('$2')},
        updated_at = now()
      where id = $1
      returning id
