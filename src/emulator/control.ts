@@ -51,6 +51,8 @@ export async function control(core: Core, method: string, path: string, body: st
     if (route === 'GET /_emulator/events') return ok(await state.events());
     const settle = /^POST \/_emulator\/payment_intents\/(pi_\w+)\/settle$/.exec(route);
     if (settle) return ok(await settleIntent(core, settle[1]!, input.status as SettleStatus));
+    const access = /^POST \/_emulator\/accounts\/(acct_\w+)\/(revoke|restore)$/.exec(route);
+    if (access) return ok(await state.revokeAccess(access[1]!, access[2] === 'revoke'));
     const expire = /^POST \/_emulator\/payment_intents\/(pi_\w+)\/expire$/.exec(route);
     if (expire) return ok(await expireIntent(core, expire[1]!));
     const settleRefundRoute = /^POST \/_emulator\/refunds\/(re_\w+)\/settle$/.exec(route);

@@ -90,6 +90,12 @@ export class StripeEmulator extends EmulatorServer<MemoryState> {
     this.state.configureRateLimit(requestsPerSecond, accountRequestsPerSecond);
   }
 
+  /** A connected account disconnects the platform (`revoked`), or connects it again: while revoked, every
+   * request on it is answered 403 account_invalid. */
+  revokeAccess(account: string, revoked = true): void {
+    this.state.revokeAccess(account, revoked);
+  }
+
   /** Every event emitted, oldest first. */
   emittedEvents(): EmulatedEvent[] {
     return this.state.events();

@@ -41,6 +41,7 @@ alter table stripe_emulator.settings add column if not exists rate_limit double 
 alter table stripe_emulator.settings add column if not exists rate_tokens double precision not null default 0;
 alter table stripe_emulator.settings add column if not exists rate_refilled_at timestamptz not null default now();
 alter table stripe_emulator.settings add column if not exists account_rate_limit double precision; -- each connected account's, null: rate_limit
+alter table stripe_emulator.settings add column if not exists revoked_accounts text[] not null default '{}'; -- refuse the platform
 create table if not exists stripe_emulator.account_rates (
   account text primary key,
   tokens double precision not null,
@@ -171,6 +172,17 @@ export class PgState implements EmulatorState {
         accountRequestsPerSecond,
       ]);
     });
+  }
+
+  async revokeAccess(account: string, revoked: boolean): Promise<void> {
+    await this.pool.query(
+      `update stripe_emulator.settings set revoked_accounts = array_remove(revoked_accounts, $1) || case when $2 then array[$1] else '{}'::text[] end`,
+      [account, revoked],
+    );
+  }
+
+  async accessRevoked(account: string): Promise<boolean> {
+    return (await this.pool.query('select $1 = any(revoked_accounts) as revoked from stripe_emulator.settings', [account])).rows[0].revoked;
   }
 
   /** The platform's bucket and the connected account's, refilled by the database clock: one limit for
@@ -383,7 +395,7 @@ export class PgState implements EmulatorState {
   async reset(): Promise<void> {
     await inTransaction(this.pool, async (tx) => {
       await tx.query('truncate stripe_emulator.faults, stripe_emulator.idempotency_keys, stripe_emulator.payment_intents, stripe_emulator.refunds, stripe_emulator.events, stripe_emulator.account_rates');
-      await tx.query('update stripe_emulator.settings set clock_offset_ms = 0, search_lag_ms = 0, search_frozen_at_ms = null, webhooks = null, rate_limit = null, account_rate_limit = null');
+      await tx.query('update stripe_emulator.settings set clock_offset_ms = 0, search_lag_ms = 0, search_frozen_at_ms = null, webhooks = null, rate_limit = null, account_rate_limit = null, revoked_accounts = \'{}\'');
     });
   }
 }

@@ -62,7 +62,8 @@ export async function serveStripe(core: Core, req: IncomingMessage, url: URL, bo
   if (!apiKey) {
     return respond(res, entry, 401, error('invalid_request_error', 'Invalid API Key provided.'));
   }
-  if (!validAccount(entry.account)) {
+  // A connected account that disconnected the platform refuses it as one that never existed.
+  if (!validAccount(entry.account) || (entry.account !== null && (await core.state.accessRevoked(entry.account)))) {
     return respond(res, entry, 403, error('invalid_request_error',
       `The provided key does not have access to account '${entry.account}' (or that account does not exist). Application access may have been revoked.`, { code: 'account_invalid' }));
   }

@@ -183,6 +183,10 @@ export interface EmulatorState {
   /** Takes one request from the platform's limit, and from the connected account's when it is on one
    * (Stripe-Account): false, with neither taken, means answer 429 rate_limit. */
   admitRequest(account: string | null): Awaitable<boolean>;
+  /** A connected account that no longer grants the platform access (it disconnected the platform, or was
+   * deleted): every request on it is 403 account_invalid, until restored. */
+  revokeAccess(account: string, revoked: boolean): Awaitable<void>;
+  accessRevoked(account: string): Awaitable<boolean>;
 
   addFault(rule: FaultRule): Awaitable<string>;
   clearFaults(): Awaitable<void>;
@@ -270,6 +274,7 @@ export class MemoryState implements EmulatorState {
   private readonly emitted: EmulatedEvent[] = [];
   private readonly initial: { searchLagMs?: number; webhooks?: WebhookTarget; rateLimit?: number };
   private limit: { perSecond: number; tokens: number; at: number; accountPerSecond: number; accounts: Map<string, { tokens: number; at: number }> } | null = null;
+  private readonly revoked = new Set<string>();
 
   constructor(initial: { searchLagMs?: number; webhooks?: WebhookTarget; rateLimit?: number } = {}) {
     this.initial = initial;
@@ -307,6 +312,15 @@ export class MemoryState implements EmulatorState {
       requestsPerSecond === null
         ? null
         : { perSecond: requestsPerSecond, tokens: requestsPerSecond, at: performance.now(), accountPerSecond: accountRequestsPerSecond ?? requestsPerSecond, accounts: new Map() };
+  }
+
+  revokeAccess(account: string, revoked: boolean): void {
+    if (revoked) this.revoked.add(account);
+    else this.revoked.delete(account);
+  }
+
+  accessRevoked(account: string): boolean {
+    return this.revoked.has(account);
   }
 
   admitRequest(account: string | null): boolean {
@@ -448,5 +462,6 @@ export class MemoryState implements EmulatorState {
     this.entries.clear();
     this.refundEntries.clear();
     this.emitted.length = 0;
+    this.revoked.clear();
   }
 }

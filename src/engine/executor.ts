@@ -194,7 +194,7 @@ export async function executeOperation(
           opts.onGivenUp?.(err.running);
           return timedOut(err, call, effect.policy);
         }
-        return fromError(err, call);
+        return fromError(err, call, attempt.prev_first_attempted_at !== null);
       })
       .then(outcomeOn(span));
   });
@@ -282,17 +282,18 @@ function chooseCall(op: CallFacts, policy: Policy, readOnly: boolean): EffectCal
  * module may load another copy of outboxd than the worker's. */
 const isEffectFailed = (err: unknown): err is Error => err instanceof Error && err.name === 'EffectFailed';
 
-function fromError(err: unknown, call: EffectCall): Outcome {
+/** `actedBefore`: an earlier create of this operation may have executed. */
+function fromError(err: unknown, call: EffectCall, actedBefore: boolean): Outcome {
   if (isEffectFailed(err)) return { kind: 'failed', externalId: null, reason: `${err.name}: ${err.message}` };
   if (!(err instanceof GatewayError)) {
     // Whatever failed, we cannot tell whether the request reached the provider: ambiguous.
     return { kind: 'ambiguous', externalId: null, reason: `unexpected ${call} error: ${String(err)}` };
   }
   const reason = `${err.name}${err.httpStatus ? ` ${err.httpStatus}` : ''}: ${err.message}`;
-  return { ...fromGatewayError(err, call, reason), requestId: err.requestId };
+  return { ...fromGatewayError(err, call, reason, actedBefore), requestId: err.requestId };
 }
 
-function fromGatewayError(err: GatewayError, call: EffectCall, reason: string): Outcome {
+function fromGatewayError(err: GatewayError, call: EffectCall, reason: string, actedBefore: boolean): Outcome {
   switch (err.outcome) {
     case 'declined':
       return { kind: 'failed', externalId: err.externalId ?? null, reason };
@@ -300,6 +301,12 @@ function fromGatewayError(err: GatewayError, call: EffectCall, reason: string): 
       return { kind: 'rate_limited', reason };
     case 'not_executed':
       return { kind: 'not_executed', reason };
+    case 'access_revoked':
+      // Nothing ran, and nothing will on that account: a first create failed. After a send that may have
+      // acted, what it did cannot be read there any more: a person asks the account.
+      return call === 'create' && !actedBefore
+        ? { kind: 'failed', externalId: null, reason }
+        : { kind: 'needs_review', externalId: null, reason: `${call} refused by the connected account: ${reason}; whether an earlier send executed cannot be read from the platform`, retry: false };
     case 'ambiguous':
       return { kind: 'ambiguous', externalId: err.externalId ?? null, reason };
     case 'idempotency_bug':

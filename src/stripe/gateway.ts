@@ -165,7 +165,7 @@ export interface PaymentGateway {
 }
 
 export abstract class GatewayError extends Error {
-  abstract readonly outcome: 'declined' | 'rate_limited' | 'not_executed' | 'ambiguous' | 'idempotency_bug' | 'rejected';
+  abstract readonly outcome: 'declined' | 'rate_limited' | 'not_executed' | 'access_revoked' | 'ambiguous' | 'idempotency_bug' | 'rejected';
   readonly httpStatus: number | undefined;
   /** The PaymentIntent (or Refund) the error names, when the provider returned one. */
   readonly externalId: string | undefined;
@@ -203,6 +203,15 @@ export class RetryLater extends GatewayError {
 export class NotExecuted extends GatewayError {
   override name = 'NotExecuted';
   readonly outcome = 'not_executed';
+}
+
+/** 403 account_invalid: the connected account (Stripe-Account) no longer grants this platform access (it
+ * disconnected the platform, or was deleted). Refused before anything ran, like any 403, but no change of
+ * ours ends it: retried, it would be refused for ever. Not a Rejected: a read it refuses found nothing
+ * out, and must not be taken for an absence. */
+export class AccessRevoked extends GatewayError {
+  override name = 'AccessRevoked';
+  readonly outcome = 'access_revoked';
 }
 
 /** Nobody knows whether the charge happened: timeouts, resets, cut-off bodies, 5xx, 409. */

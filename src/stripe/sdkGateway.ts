@@ -3,6 +3,7 @@
 // means "the same key is still executing"; a cut-off body is a StripeConnectionError.
 import Stripe from 'stripe';
 import {
+  AccessRevoked,
   AmbiguousOutcome,
   Declined,
   GatewayError,
@@ -138,7 +139,7 @@ export class StripeGateway implements PaymentGateway {
     } catch (err) {
       const classified = classify(err);
       const sends = this.sends.get(key) ?? 0;
-      if ((classified instanceof RetryLater || classified instanceof NotExecuted) && sends !== 1) {
+      if ((classified instanceof RetryLater || classified instanceof NotExecuted || classified instanceof AccessRevoked) && sends !== 1) {
         throw new AmbiguousOutcome(`sent ${sends} times; an earlier send may have executed: ${classified.message}`, classified.httpStatus, undefined, { cause: err, requestId: classified.requestId });
       }
       throw classified;
@@ -278,6 +279,7 @@ function classify(err: unknown): GatewayError {
   if (status === 400 && err.rawType === 'idempotency_error') return new IdempotencyKeyMisuse(message, status, pi, opts);
   // 424: a dependency outside Stripe failed (a payment method's provider), maybe after the request acted.
   if (status === 409 || status === 424 || status >= 500) return new AmbiguousOutcome(`${err.code ?? err.type}: ${message}`, status, pi, opts);
+  if (status === 403 && err.code === 'account_invalid') return new AccessRevoked(`${err.code}: ${message}`, status, pi, opts);
   // Bad key or missing permission: nothing executed; an operator must fix the configuration.
   if (status === 401 || status === 403) return new NotExecuted(`${err.type}: ${message}`, status, pi, opts);
   return new Rejected(`${err.code ?? err.type}: ${message}`, status, pi, { ...opts, code: err.code });

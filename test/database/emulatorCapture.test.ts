@@ -214,6 +214,24 @@ describe('Connect', () => {
     expect((await stripe.paymentIntents.capture(held.id, {}, { stripeAccount: 'acct_A' })).status).toBe('succeeded');
   });
 
+  it('an account that disconnected the platform answers 403 account_invalid to everything, until restored; the platform and other accounts go on', async () => {
+    const before = await stripe.paymentIntents.create(params(), { stripeAccount: 'acct_Gone' });
+    expect(await control('accounts/acct_Gone/revoke')).toEqual({ status: 200, body: { ok: true } });
+    for (const refused of [
+      stripe.paymentIntents.create(params(), { stripeAccount: 'acct_Gone', idempotencyKey: 'payment-op:gone' }),
+      stripe.paymentIntents.retrieve(before.id, {}, { stripeAccount: 'acct_Gone' }),
+      stripe.paymentIntents.search({ query: `metadata['operation_id']:'${before.metadata.operation_id}'` }, { stripeAccount: 'acct_Gone' }),
+    ]) {
+      expect(await failure(refused)).toMatchObject({ statusCode: 403, code: 'account_invalid', type: 'StripePermissionError' });
+    }
+    expect((await stripe.paymentIntents.create(params(), { stripeAccount: 'acct_Other' })).status).toBe('succeeded');
+    expect((await stripe.paymentIntents.create(params())).status).toBe('succeeded');
+    expect(await control('accounts/acct_Gone/restore')).toEqual({ status: 200, body: { ok: true } });
+    // Nothing ran while it was refused: the key is free, and the account's objects are there again.
+    expect((await stripe.paymentIntents.create(params(), { stripeAccount: 'acct_Gone', idempotencyKey: 'payment-op:gone' })).lastResponse.headers['idempotent-replayed']).toBeUndefined();
+    expect((await stripe.paymentIntents.retrieve(before.id, {}, { stripeAccount: 'acct_Gone' })).id).toBe(before.id);
+  });
+
   it("Stripe-Account scopes idempotency keys: the same key on the platform and on an account are two requests", async () => {
     const p = params();
     const a = await stripe.paymentIntents.create(p, { idempotencyKey: 'payment-op:1', stripeAccount: 'acct_A' });
@@ -360,6 +378,20 @@ describe('in PostgreSQL', () => {
       expect(loser.code).toBe('payment_intent_unexpected_state');
       expect((await b.paymentIntents.retrieve(pi.id)).status).toBe(capture.status === 'fulfilled' ? 'succeeded' : 'canceled');
     }
+  });
+
+  it('an account revoked through one process is refused by another, until a reset', async () => {
+    const [a, b] = [await serve(), await serve()];
+    const { state } = servers.at(-1)!;
+    await state.revokeAccess('acct_pgGone', true);
+    expect(await failure(a.paymentIntents.create(params(), { stripeAccount: 'acct_pgGone' }))).toMatchObject({ statusCode: 403, code: 'account_invalid' });
+    expect((await b.paymentIntents.create(params(), { stripeAccount: 'acct_pgOther' })).status).toBe('succeeded');
+    await state.revokeAccess('acct_pgOther', true);
+    await state.revokeAccess('acct_pgGone', false);
+    expect((await b.paymentIntents.create(params(), { stripeAccount: 'acct_pgGone' })).status).toBe('succeeded');
+    expect(await failure(a.paymentIntents.create(params(), { stripeAccount: 'acct_pgOther' }))).toMatchObject({ statusCode: 403 });
+    await state.reset();
+    expect((await a.paymentIntents.create(params(), { stripeAccount: 'acct_pgOther' })).status).toBe('succeeded');
   });
 
   it('an authorization expires on the shared clock, with its event', async () => {

@@ -474,6 +474,35 @@ describe('Connect', () => {
     expect(await operation(t, viaWebhook)).toMatchObject({ status: 'succeeded', external_id: pi });
   });
 
+  it('an account that disconnected the platform: a first charge or refund on it fails; one whose earlier send may have charged goes to a person, not round a loop of refusals', async () => {
+    const gone = 'acct_1DisconnectedShop';
+    const paid = await confirm(t, { stripeAccount: gone });
+    expect((await run(paid)).operation.status).toBe('succeeded');
+    const r = await refund({ chargeOperationId: paid, amount: 100, key: 'r' });
+    const first = await confirm(t, { stripeAccount: gone });
+    const unsure = await confirm(t, { stripeAccount: gone });
+    e.emulator.addFault({ match: { operationId: unsure }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });
+    expect((await run(unsure)).operation.status).toBe('unknown');
+    e.emulator.revokeAccess(gone);
+    try {
+      // Nothing ran: failed, with the refusal as its reason, and settled (no job is retried).
+      for (const id of [first, r.operationId]) {
+        const done = (await run(id)).operation;
+        expect(done).toMatchObject({ status: 'failed', needs_review: false, last_error: expect.stringMatching(/AccessRevoked 403: account_invalid/) });
+      }
+      // Its earlier send charged; the retry under its key is refused before Stripe's idempotency layer,
+      // so it says nothing of that send: held for a person, the job dead-lettered, nothing failed.
+      const held = await run(unsure);
+      expect(held.outcome).toMatchObject({ kind: 'needs_review', retry: false });
+      expect(held.operation).toMatchObject({ status: 'unknown', needs_review: true, review_reason: expect.stringMatching(/create refused by the connected account: .*account_invalid/) });
+    } finally {
+      e.emulator.revokeAccess(gone, false);
+    }
+    // Connected again (the person's requeue): the same key replays the charge it made, once.
+    expect((await run(unsure)).operation).toMatchObject({ status: 'succeeded', external_id: e.emulator.ledger().find((l) => l.paymentIntent.metadata.operation_id === unsure)!.paymentIntent.id });
+    expect(e.emulator.ledger().filter((l) => l.paymentIntent.metadata.operation_id === unsure)).toHaveLength(1);
+  });
+
   it('an event from another account naming our operation settles nothing: the account decides, not the metadata', async () => {
     const charge = await confirm(t, { stripeAccount: account });
     // Another connected account writes its own PaymentIntent's metadata: here, our operation's id.
