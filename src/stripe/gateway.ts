@@ -264,6 +264,13 @@ export function unlessRejected(err: unknown): undefined {
   throw err;
 }
 
+/** The drift report's read of one operation's object on its account: undefined when Stripe refused it (no
+ * such object: missing), the AccessRevoked when the connected account no longer lets the platform read it
+ * (unknown, not missing: one account must not fail the whole report), thrown otherwise (no answer). */
+export function driftRead<T>(read: Promise<T>): Promise<T | undefined | AccessRevoked> {
+  return read.catch((err: unknown) => (err instanceof AccessRevoked ? err : unlessRejected(err)));
+}
+
 export const idempotencyKeyFor = (operationId: string): string => `payment-op:${operationId}`;
 export const refundIdempotencyKeyFor = (operationId: string): string => `refund-op:${operationId}`;
 export const captureIdempotencyKeyFor = (operationId: string): string => `capture-op:${operationId}`;

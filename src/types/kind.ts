@@ -71,6 +71,14 @@ export interface Drift {
   detail: string;
 }
 
+/** The drift line of an operation whose object its connected account no longer lets the platform read. */
+export const unreadableDrift = (operationId: string, objectId: string, refusal: Error): Drift => ({
+  kind: 'unreadable_account',
+  operationId,
+  chargeIds: [objectId],
+  detail: `not checked: ${refusal.message}`,
+});
+
 /** How many operations the drift report reads at once: a month of a busy account's would not fit in a
  * replica's memory together. */
 export const DRIFT_PAGE = 1000;

@@ -658,6 +658,32 @@ describe('the drift report', () => {
     ]);
   });
 
+  it('a connected account that disconnected the platform: its charge, capture and refund are listed unreadable, and the rest of the report is made', async () => {
+    const since = new Date(Date.now() - 1_000);
+    await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '1 hour' where settled_at is not null`);
+    const gone = 'acct_1DriftGone';
+    const captured = await held({ stripeAccount: gone });
+    const { operationId: captureId } = await capture({ chargeOperationId: captured.charge, key: 'd' });
+    expect((await run(captureId)).operation.status).toBe('succeeded');
+    const r = await refund({ chargeOperationId: captured.charge, amount: 100, key: 'd' });
+    const refunded = (await run(r.operationId)).operation;
+    const lost = await held();
+    e.emulator.expire(lost.pi);
+    e.emulator.revokeAccess(gone);
+    try {
+      const report = await driftReport(t.pool, e.gateway(), since);
+      const ours = new Set([captured.charge, captureId, r.operationId, lost.charge]);
+      expect(report.drift.filter((d) => d.operationId !== null && ours.has(d.operationId))).toEqual([
+        { kind: 'unreadable_account', operationId: captured.charge, chargeIds: [captured.pi], detail: expect.stringMatching(/^not checked: account_invalid: .*acct_1DriftGone/) },
+        { kind: 'released_hold', operationId: lost.charge, chargeIds: [lost.pi], detail: expect.any(String) },
+        { kind: 'unreadable_account', operationId: r.operationId, chargeIds: [refunded.external_id], detail: expect.stringMatching(/account_invalid/) },
+        { kind: 'unreadable_account', operationId: captureId, chargeIds: [captured.pi], detail: expect.stringMatching(/account_invalid/) },
+      ]);
+    } finally {
+      e.emulator.revokeAccess(gone, false);
+    }
+  });
+
   it("a capture's PaymentIntent Stripe does not answer for (a 5xx) fails the report instead of calling the capture missing", async () => {
     await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '1 hour' where settled_at is not null`);
     const since = new Date(Date.now() - 1_000);

@@ -2,8 +2,8 @@
 // the webhooks, a person's resolution and the drift report.
 import type { Operation } from '../../types/operation.ts';
 import { isSettled } from '../../types/operation.ts';
-import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
-import { accountOf, FAILED_CHARGE_STATUSES, idempotencyKeyFor, unlessRejected, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
+import { unreadableDrift, type Drift, type DriftContext, type KindEvidence, type KindNaming, type ProviderObject, type Refuse } from '../../types/kind.ts';
+import { AccessRevoked, accountOf, driftRead, FAILED_CHARGE_STATUSES, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
 import type { ChargePayload } from './input.ts';
 import type { Queryable } from '../../db/pool.ts';
 import { CANCEL } from '../cancel/index.ts';
@@ -214,7 +214,11 @@ async function chargeDrift(gateway: PaymentGateway, { since, named, byExternalId
     for (const op of page) {
       // It may predate `since`, or be on a connected account (the listing is the platform's): retrieve it
       // there before calling it missing.
-      const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveCharge(op.external_id, accountOf(op)).catch(unlessRejected))) : undefined;
+      const found = op.external_id ? (listed.get(op.external_id) ?? (await driftRead(gateway.retrieveCharge(op.external_id, accountOf(op))))) : undefined;
+      if (found instanceof AccessRevoked) {
+        drift.push(unreadableDrift(op.id, op.external_id!, found));
+        continue;
+      }
       if (found && chargeSettles(op, found) === 'succeeded') {
         if (found.status === 'succeeded' && keptHold(op)?.status === 'requires_capture') captured.push(op);
         continue;

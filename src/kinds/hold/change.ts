@@ -3,9 +3,9 @@
 // what the PaymentIntent shows afterwards. Stripe captures or cancels an authorization at most once and
 // refuses the second (payment_intent_unexpected_state), so sending the change again cannot move money
 // twice, even once its key is forgotten: the key only replays the first answer.
-import type { EffectCalls, KindEvidence, KindNaming, Refuse } from '../../types/kind.ts';
+import { unreadableDrift, type EffectCalls, type KindEvidence, type KindNaming, type Refuse } from '../../types/kind.ts';
 import type { Operation, Outcome } from '../../types/operation.ts';
-import { accountOf, namingNoIntent, Rejected, unlessRejected, type Charge, type PaymentGateway, type SendGuard, type StripeAccount } from '../../stripe/gateway.ts';
+import { AccessRevoked, accountOf, driftRead, namingNoIntent, Rejected, type Charge, type PaymentGateway, type SendGuard, type StripeAccount } from '../../stripe/gateway.ts';
 
 /** What a capture or a cancel keeps in its payload: the charge's PaymentIntent and account, the
  * caller's key as given (effect_key is `<charge operation id>/<key>`), and a cancel's reason. */
@@ -109,7 +109,11 @@ export function changeEvidence(rules: ChangeRules, gateway: PaymentGateway): Kin
         for (const op of page) {
           listed++;
           // Only Stripe's refusal makes it missing: any other failure fails the report (as the charges').
-          const pi = await gateway.retrieveCharge(changePayloadOf(op).payment_intent, accountOf(op)).catch(unlessRejected);
+          const pi = await driftRead(gateway.retrieveCharge(changePayloadOf(op).payment_intent, accountOf(op)));
+          if (pi instanceof AccessRevoked) {
+            drift.push(unreadableDrift(op.id, changePayloadOf(op).payment_intent, pi));
+            continue;
+          }
           const settled = pi && rules.settles(op, pi);
           if (!settled || !('status' in settled) || settled.status !== 'succeeded') {
             drift.push({ kind: `missing_${rules.kind}`, operationId: op.id, chargeIds: pi ? [pi.id] : [], detail: pi ? `payment intent is ${pi.status}` : 'payment intent not found' });

@@ -1,8 +1,8 @@
 // How a Refund matches and settles a refund operation: one rule, used by the refund's own calls, the
 // webhooks, a person's resolution and the drift report.
-import type { Drift, DriftContext, KindEvidence, KindNaming, ProviderObject, Refuse } from '../../types/kind.ts';
+import { unreadableDrift, type Drift, type DriftContext, type KindEvidence, type KindNaming, type ProviderObject, type Refuse } from '../../types/kind.ts';
 import type { Operation } from '../../types/operation.ts';
-import { accountOf, FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, unlessRejected, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
+import { AccessRevoked, accountOf, driftRead, FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
 import { CHARGE } from '../charge/evidence.ts';
 import type { RefundPayload } from './request.ts';
 
@@ -114,7 +114,11 @@ async function refundDrift(gateway: PaymentGateway, { since, named, byExternalId
   for await (const page of succeeded()) {
     for (const op of page) {
       // It may predate `since`: retrieve it before calling it missing.
-      const found = op.external_id ? (listed.get(op.external_id) ?? (await gateway.retrieveRefund(op.external_id, accountOf(op)).catch(unlessRejected))) : undefined;
+      const found = op.external_id ? (listed.get(op.external_id) ?? (await driftRead(gateway.retrieveRefund(op.external_id, accountOf(op))))) : undefined;
+      if (found instanceof AccessRevoked) {
+        drift.push(unreadableDrift(op.id, op.external_id!, found));
+        continue;
+      }
       if (!found || found.status !== 'succeeded') {
         drift.push({ kind: 'missing_refund', operationId: op.id, chargeIds: op.external_id ? [op.external_id] : [], detail: found ? `refund is ${found.status}` : 'refund not found' });
       }
