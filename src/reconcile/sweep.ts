@@ -101,7 +101,10 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, opts: 
     else await sweepOne(id);
   }
   if (!rateLimited) report.followedUp = await followUp(pool, inBackground(gateway), opts);
-  report.undriven = await flagUndriven(pool, opts);
+  // An operation the sweep read and left unsettled counts as untouched: the sweep's own write of what it
+  // read (a PaymentIntent still requires_action, say) must not keep one whose job was lost from the flag.
+  const read = report.decisions.filter((d) => d.to !== 'succeeded' && d.to !== 'failed').map((d) => d.operationId);
+  report.undriven = await flagUndriven(pool, opts, read);
   return report;
 }
 
@@ -123,9 +126,9 @@ async function followUp(pool: Pool, gateway: PaymentGateway, opts: SweepOptions)
 
 /** Flags unsettled operations that nothing drives. Each is claimed first, so no requeue or dispatcher
  * can start driving it between the check for a live job and the flag. */
-async function flagUndriven(pool: Pool, opts: SweepOptions): Promise<string[]> {
+async function flagUndriven(pool: Pool, opts: SweepOptions, readBySweep: string[]): Promise<string[]> {
   const idle = opts.undrivenAfterSeconds ?? UNDRIVEN_AFTER_SECONDS;
-  const { rows } = await pool.query(pool.sql.undrivenCandidates(idle, opts.limit ?? 500));
+  const { rows } = await pool.query(pool.sql.undrivenCandidates(idle, opts.limit ?? 500, readBySweep));
   const flagged: string[] = [];
   for (const { id } of rows as { id: string }[]) {
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, 0);

@@ -22,14 +22,15 @@ export const reconcileStatements = ({ UNSETTLED, operationColumns, s, statement,
      limit $2`,
   ),
 
-  /** Unsettled, unflagged operations of any kind untouched for a while that nothing drives, not even a job
-   * in their kind's dead letter (src/types/contracts.ts: DEAD_LETTER_SUFFIX): the sweep claims each,
-   * checks again for a live job, and flags one that nothing drives. */
-  undrivenCandidates: statement<[idleSeconds: number, limit: number]>(
+  /** Unsettled, unflagged operations of any kind untouched for a while, or read by this sweep ($3: its own
+   * writes touch them, every sweep), that nothing drives, not even a job in their kind's dead letter
+   * (src/types/contracts.ts: DEAD_LETTER_SUFFIX): the sweep claims each, checks again for a live job, and
+   * flags one that nothing drives. */
+  undrivenCandidates: statement<[idleSeconds: number, limit: number, readBySweep: string[]]>(
     'outboxd_undriven_candidates',
     `select id from ${s}.payment_operations op
      where ${UNSETTLED} and review_reason is null
-       and updated_at < now() - make_interval(secs => $1)
+       and (updated_at < now() - make_interval(secs => $1) or id = any($3::uuid[]))
        and ${undriven('op', `op.kind, op.kind || '${DEAD_LETTER_SUFFIX}'`)}
      order by updated_at
      limit $2`,

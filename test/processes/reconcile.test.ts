@@ -413,4 +413,23 @@ describe('the sweep drives what no job drives (issue 10)', () => {
     expect((await operation(t, orphan)).review_reason).toMatch(/no job drives this operation/);
     expect(await operation(t, driven)).toMatchObject({ needs_review: false, lease_owner: null });
   });
+
+  it('one the sweep itself reads every run (its PaymentIntent not final) is flagged once its job is lost, though each read touches it; one with a job is not', async () => {
+    const [lost, driven] = [await confirm(t), await confirm(t)];
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [lost]);
+    await relay(t); // `driven` gets a job
+    for (const op of [lost, driven]) {
+      const pi = await stripe().paymentIntents.create({ amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', metadata: { operation_id: op } });
+      await t.pool.query(
+        `update outboxd.payment_operations set status = 'unknown', external_id = $2, attempts = 1, first_attempted_at = now() - interval '2 hours', last_attempted_at = now() - interval '2 hours' where id = $1`,
+        [op, pi.id],
+      );
+    }
+    const report = await sweep();
+    // Both read (requires_confirmation: not final, still unknown), only the lost one flagged.
+    for (const op of [lost, driven]) expect(report.decisions).toContainEqual(expect.objectContaining({ operationId: op, call: 'retrieve', to: 'unknown' }));
+    expect(report.undriven).toEqual([lost]);
+    expect((await operation(t, lost)).review_reason).toMatch(/no job drives this operation/);
+    expect(await operation(t, driven)).toMatchObject({ needs_review: false, lease_owner: null });
+  });
 });
