@@ -7,13 +7,15 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
    * locked by an update (of nothing) until the caller commits, so that concurrent refund requests of
    * one charge are decided one after the other. An update, not only a lock: under REPEATABLE READ a
    * request that waited on a mere lock would go on reading the refunds committed before it began;
-   * an updated row makes it fail instead. No row: no such charge, or it has not succeeded.
+   * an updated row makes it fail instead. No row: no such charge, or it has not succeeded. `xact`: the
+   * transaction that holds the lock, which the insert must run in (see there).
    */
   lockChargeForRefund: statement<[chargeOperationId: string]>(
     'outboxd_lock_charge_for_refund',
     `update ${s}.payment_operations set updated_at = updated_at
      where id = $1 and kind = 'charge' and status = 'succeeded'
-     returning id, payload->>'transfer_destination' is not null as transfers, payload->>'application_fee_amount' is not null as takes_fee`,
+     returning id, payload->>'transfer_destination' is not null as transfers, payload->>'application_fee_amount' is not null as takes_fee,
+       pg_current_xact_id()::text as xact`,
   ),
 
   /**
@@ -23,9 +25,11 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
    * (pending and unknown ones may still succeed); of an authorization, what remains of what its capture
    * took. The payload carries the charge's account and, for a destination charge, what the refund takes
    * back. Always one row: what it decided from (of a refund the key names already, what it was asked).
+   * Nothing is inserted outside the lock's transaction ($8): a caller in autocommit (a bare query function
+   * outboxd cannot ask) held the lock for its statement only, and two such requests could both fit.
    */
   insertRefundOperation: statement<
-    [chargeOperationId: string, amount: number, key: string, reason: string | null, traceparent: string | null, reverseTransfer: boolean, refundApplicationFee: boolean]
+    [chargeOperationId: string, amount: number, key: string, reason: string | null, traceparent: string | null, reverseTransfer: boolean, refundApplicationFee: boolean, lockXact: string]
   >(
     'outboxd_insert_refund_operation',
     `with charge as (
@@ -59,7 +63,7 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
               || jsonb_build_object('reason', $4::text),
               $5::text
        from charge, spent
-       where not exists (select 1 from existing) and spent.spent + $2::bigint <= charge.amount
+       where not exists (select 1 from existing) and spent.spent + $2::bigint <= charge.amount and pg_current_xact_id()::text = $8::text
        on conflict (parent_operation_id, effect_key) where kind = 'refund' do nothing
        returning id, traceparent
      ), outbox as (
@@ -68,7 +72,7 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
      select (select id from op) as created_id, existing.id as existing_id, existing.amount as existing_amount,
             existing.reason as existing_reason, existing.reverse_transfer as existing_reverse_transfer,
             existing.refund_application_fee as existing_refund_application_fee, spent.spent, charge.amount as charge_amount,
-            charge.payload->>'capture_method' = 'manual' as authorization
+            charge.payload->>'capture_method' = 'manual' as authorization, pg_current_xact_id()::text = $8::text as under_lock
      from spent left join charge on true left join existing on true`,
   ),
 });

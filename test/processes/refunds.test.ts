@@ -28,6 +28,7 @@ import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
 import { startDispatcher } from '../support/dispatcher.ts';
 import { claim, confirm, operation } from '../support/fixtures.ts';
 import { waitUntil } from '../../harness/replica.ts';
+import { Outboxd } from '../../src/outboxd.ts';
 
 let t: TestDb;
 let e: RunningEmulator;
@@ -190,6 +191,31 @@ describe('requesting a refund: refused before anything is written', () => {
     const { second, made } = await raceTwoRefunds(charge, 'repeatable read');
     expect(second).toMatchObject({ code: '40001' }); // could not serialize: the application retries
     expect(made).toBe(1);
+  });
+
+  it('a bare query function in autocommit is refused before it writes: its lock on the charge ends with each statement, so two refunds that fit only apart could both be made', async () => {
+    const { charge } = await paidCharge(2000);
+    const o = new Outboxd({ connectionString: t.url, schema: t.schema });
+    const before = await counts();
+    try {
+      // Each statement on the pool is a transaction of its own, as a driver's query without BEGIN.
+      const autocommit = { query: (text: string, values?: unknown[]) => t.pool.query(text, values) };
+      const asked = ['k0', 'k1'].map((key) => o.requestRefund(autocommit, { chargeOperationId: charge, amount: 1500, key }).catch((err: unknown) => err));
+      for (const refused of await Promise.all(asked)) expect(refused).toMatchObject({ name: 'TransactionTypeError', message: expect.stringMatching(/autocommit.*BEGIN first/) });
+      expect(await counts()).toEqual(before);
+      // Inside BEGIN, the same function is the caller's transaction.
+      const client = await t.pool.connect();
+      try {
+        await client.query('begin');
+        const inTx = { query: (text: string, values?: unknown[]) => client.query(text, values) };
+        expect(await o.requestRefund(inTx, { chargeOperationId: charge, amount: 1500, key: 'k0' })).toMatchObject({ created: true });
+        await client.query('commit');
+      } finally {
+        client.release();
+      }
+    } finally {
+      await o.stop();
+    }
   });
 
   it('rolled back with the caller’s transaction', async () => {

@@ -5,6 +5,7 @@ import type { Queryable } from '../../db/pool.ts';
 import { isStorableText, MAX_AMOUNT, MAX_ID_LENGTH, parseWith } from '../../types/input.ts';
 import { activeTraceparent, ATTR, withSpan } from '../../telemetry/tracing.ts';
 import { REFUND_REASONS, type RefundReason } from '../../stripe/gateway.ts';
+import { TransactionTypeError } from '../../db/caller.ts';
 import { OperationNotFoundError } from '../../types/errors.ts';
 import { isOperationId, type Operation } from '../../types/operation.ts';
 import { CHARGE } from '../charge/evidence.ts';
@@ -101,9 +102,12 @@ async function requestInTransaction(db: Queryable, req: RefundInput): Promise<Re
   }
   const reason = req.reason ?? null;
   const { rows } = await db.query(
-    db.sql.insertRefundOperation(charge, req.amount, req.key, reason, activeTraceparent(), req.reverseTransfer ?? false, req.refundApplicationFee ?? false),
+    db.sql.insertRefundOperation(charge, req.amount, req.key, reason, activeTraceparent(), req.reverseTransfer ?? false, req.refundApplicationFee ?? false, locked[0].xact),
   );
   const d = rows[0];
+  if (!d.under_lock) {
+    throw new TransactionTypeError('this query function runs each statement in a transaction of its own (autocommit), so the refund could not be checked against the others of its charge: BEGIN first');
+  }
   if (d.created_id) return { operationId: d.created_id, created: true };
   if (d.existing_id) {
     // Any connection's rows: a bigint may come back as a string where the caller's driver parses it so.
