@@ -326,7 +326,7 @@ ops
   .description('settle an operation held for review, after checking Stripe (verified again, audited)')
   .argument('<op-id>', 'its id, or its short id (a unique prefix of 8 or more hex digits)', operationRef)
   .option('--succeeded', 'the effect happened: name it with --external-id')
-  .addOption(new Option('--external-id <id>', 'what settles it: the PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund, your reference for an effect of your own').conflicts('failed'))
+  .addOption(new Option('--external-id <id>', 'what settles it: the PaymentIntent (pi_…) of a charge, the Refund (re_…, pyr_… for a bank debit) of a refund, your reference for an effect of your own').conflicts('failed'))
   .option('--failed', 'the effect did not happen: say why with --reason')
   .addOption(new Option('--reason <text>').conflicts('succeeded'))
   .option('--actor <name>', 'who resolves (audit trail)', defaultActor())
@@ -334,7 +334,7 @@ ops
   .action(async (id: string, o) => {
     if (!!o.succeeded === !!o.failed) throw new InvalidArgumentError('give exactly one of --succeeded or --failed');
     const resolution: Resolution = o.succeeded
-      ? { outcome: 'succeeded', externalId: required(o.externalId, '--succeeded needs --external-id: the PaymentIntent (pi_…) of a charge, the Refund (re_…) of a refund, your reference for an effect of your own') }
+      ? { outcome: 'succeeded', externalId: required(o.externalId, '--succeeded needs --external-id: the PaymentIntent (pi_…) of a charge, the Refund (re_…, pyr_… for a bank debit) of a refund, your reference for an effect of your own') }
       : { outcome: 'failed', reason: required(o.reason, '--failed needs --reason "…"') };
     await withDatabase(async ({ pool, db }) => {
       // The console's short id as `ops show` takes it: one operation, or refused as ambiguous, before Stripe is opened.

@@ -322,7 +322,7 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
       // What it must name depends on the kind (a pi_, a re_, or an application's own reference):
       // resolveOperation checks it and its refusal is shown like any other.
       if (!externalId || externalId.length > 255) {
-        return renderOperation(r.res, session, id, 422, { ...kept, notice: { kind: 'refused', text: 'Name what carried it out: pi_… for a charge, re_… for a refund, your own reference for an effect of your application.' } });
+        return renderOperation(r.res, session, id, 422, { ...kept, notice: { kind: 'refused', text: 'Name what carried it out: pi_… for a charge, re_… (or pyr_…) for a refund, your own reference for an effect of your application.' } });
       }
       resolution = { outcome, externalId };
     } else if (outcome === 'failed') {

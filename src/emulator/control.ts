@@ -55,7 +55,7 @@ export async function control(core: Core, method: string, path: string, body: st
     if (access) return ok(await state.revokeAccess(access[1]!, access[2] === 'revoke'));
     const expire = /^POST \/_emulator\/payment_intents\/(pi_\w+)\/expire$/.exec(route);
     if (expire) return ok(await expireIntent(core, expire[1]!));
-    const settleRefundRoute = /^POST \/_emulator\/refunds\/(re_\w+)\/settle$/.exec(route);
+    const settleRefundRoute = /^POST \/_emulator\/refunds\/((?:re|pyr)_\w+)\/settle$/.exec(route);
     if (settleRefundRoute) return ok(await settleRefund(core, settleRefundRoute[1]!, input.status as RefundStatus));
     return sendRaw(res, 404, { error: `no control route ${route}` });
   } catch (err) {

@@ -114,7 +114,8 @@ export const validAccount = (account: string | null): boolean => account === nul
 export function newRefund(params: Record<string, FormValue>, pi: PaymentIntent, metadata: Record<string, string>, status: RefundStatus, remaining: number, now: number): Refund {
   const reverses = params.reverse_transfer === 'true' && pi.transfer_data != null;
   return {
-    id: newId('re'),
+    // A bank debit's refund (pm_card_processing stands for one) is a pyr_, as Stripe names those.
+    id: newId(pi.payment_method === PROCESSING ? 'pyr' : 're'),
     object: 'refund',
     // Without an amount, Stripe refunds what remains.
     amount: params.amount === undefined ? remaining : Number(params.amount),

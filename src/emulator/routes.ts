@@ -73,7 +73,7 @@ export async function serveStripe(core: Core, req: IncomingMessage, url: URL, bo
   if (!(await core.state.admitRequest(call.account))) return respond(res, entry, 429, tooManyRequests('rate_limit'));
   const retrieveIntent = /^\/v1\/payment_intents\/(pi_[A-Za-z0-9]+)$/.exec(url.pathname);
   const changeIntent = /^\/v1\/payment_intents\/(pi_[A-Za-z0-9]+)\/(capture|cancel)$/.exec(url.pathname);
-  const refund = /^\/v1\/refunds\/(re_[A-Za-z0-9]+)$/.exec(url.pathname);
+  const refund = /^\/v1\/refunds\/((?:re|pyr)_[A-Za-z0-9]+)$/.exec(url.pathname);
   if (req.method === 'POST' && url.pathname === '/v1/payment_intents') {
     entry.endpoint = 'create';
     return create(core, call, parseForm(body));

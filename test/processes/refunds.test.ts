@@ -406,7 +406,7 @@ describe('a person’s resolution, webhooks and the drift report', () => {
     const other = await e.client().refunds.create({ payment_intent: pi, amount: 400, metadata: { operation_id: '00000000-0000-4000-8000-000000000001' } });
     const gw = e.gateway();
     const resolve = (resolution: Parameters<typeof resolveOperation>[3]) => resolveOperation(t.pool, gw, op, resolution, 'alice', RESOLVE);
-    await expect(resolve({ outcome: 'succeeded', externalId: charge })).rejects.toThrow(/Refund id \(re_…\)/);
+    await expect(resolve({ outcome: 'succeeded', externalId: charge })).rejects.toThrow(/Refund id \(re_… or pyr_…\)/);
     await expect(resolve({ outcome: 'succeeded', externalId: other.id })).rejects.toThrow(/belongs to operation 00000000/);
     const pending = await e.client().refunds.create({ payment_intent: pi, amount: 400, metadata: { operation_id: op } });
     e.emulator.settleRefund(pending.id, 'pending');
@@ -477,6 +477,37 @@ describe('a person’s resolution, webhooks and the drift report', () => {
     expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log, onMismatch: (r) => told.push(r) }, event)).toBe('contradiction');
     expect(told).toEqual(['contradiction']);
     expect(await operation(t, op)).toMatchObject({ status: 'succeeded', external_id: done.external_id });
+  });
+
+  it('a bank debit’s refund is a pyr_: its webhooks are heard (a pending one settles, a failure after success contradicts) and a person may resolve with it', async () => {
+    const charge = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    expect((await run(charge)).operation.status).toBe('unknown'); // processing
+    const pi = (await operation(t, charge)).external_id!;
+    e.emulator.settle(pi, 'succeeded');
+    expect((await run(charge)).operation.status).toBe('succeeded');
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [charge]);
+    const event = (type: string, id: string) => ({ id: `evt_${Math.random().toString(36).slice(2)}`, type, data: { object: { id } } }) as unknown as Stripe.Event;
+    const receive = (ev: Stripe.Event) => receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log }, ev);
+
+    const returned = await requested(charge, 300);
+    const done = (await run(returned)).operation;
+    expect(done).toMatchObject({ status: 'succeeded', external_id: expect.stringMatching(/^pyr_/) });
+    e.emulator.settleRefund(done.external_id!, 'failed'); // the bank sent it back
+    expect(await receive(event('refund.failed', done.external_id!))).toBe('contradiction');
+
+    const slow = await requested(charge, 200);
+    e.emulator.addFault({ match: { operationId: slow }, fault: { kind: 'refund_status', status: 'pending' } });
+    const pending = (await run(slow)).operation;
+    expect(pending).toMatchObject({ status: 'unknown', external_id: expect.stringMatching(/^pyr_/) });
+    e.emulator.settleRefund(pending.external_id!, 'succeeded');
+    expect(await receive(event('refund.updated', pending.external_id!))).toBe('settled');
+
+    const byHand = await requested(charge, 100);
+    e.emulator.addFault({ match: { operationId: byHand }, fault: { kind: 'refund_status', status: 'pending' } });
+    const held = (await run(byHand)).operation;
+    e.emulator.settleRefund(held.external_id!, 'succeeded');
+    const resolved = await resolveOperation(t.pool, e.gateway(), byHand, { outcome: 'succeeded', externalId: held.external_id! }, 'alice', { leaseTtlMs: 10_000, searchFreshnessSeconds: 3_600 });
+    expect(resolved).toMatchObject({ status: 'succeeded', external_id: held.external_id });
   });
 
   it('drift: a refund without an operation, an operation with two refunds, a succeeded refund operation without its refund', async () => {

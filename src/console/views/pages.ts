@@ -223,7 +223,7 @@ export function searchPage(result: SearchResult, now: Date, dashboard: string | 
 ${result.query
   ? html`<p class="lede">“${result.query}” read as ${result.readAs.join(', ')}: ${result.matches.length === 0 ? 'nothing found.' : `${result.matches.length} operation${result.matches.length === 1 ? '' : 's'}.`}</p>
   ${operationsTable(result.matches, { empty: 'No operation has this id, order id or Stripe id.', now, dashboard })}`
-  : html`<p class="lede">Type an operation id (whole, or its short id: a prefix of 8 or more hex digits), an order id, or a Stripe id (pi_…, re_…) in the search box.</p>`}`;
+  : html`<p class="lede">Type an operation id (whole, or its short id: a prefix of 8 or more hex digits), an order id, or a Stripe id (pi_…, re_…, pyr_…) in the search box.</p>`}`;
 }
 
 export function stuckPage(opts: {

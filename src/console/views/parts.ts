@@ -30,6 +30,7 @@ export function opLink(id: string, cls = 'row-link'): Safe {
 const DASHBOARD_PATHS: [prefix: string, path: string][] = [
   ['pi_', 'payments'],
   ['re_', 'refunds'],
+  ['pyr_', 'refunds'],
   ['cus_', 'customers'],
   ['acct_', 'connect/accounts'],
 ];

@@ -10,7 +10,8 @@ import type { RefundPayload } from './request.ts';
 export const REFUND = 'refund';
 
 export const REFUND_NAMING: KindNaming = {
-  externalId: { pattern: /^re_\w+$/, what: 'a Refund id (re_…)' },
+  // pyr_: Stripe's refund of a payment by bank debit (SEPA Debit, ACH: a py_ charge).
+  externalId: { pattern: /^(re|pyr)_\w+$/, what: 'a Refund id (re_… or pyr_…)' },
   settledBy: 'Refund that returned the money',
   object: 'refund',
   idempotencyKey: refundIdempotencyKeyFor,
