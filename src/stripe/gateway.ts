@@ -69,6 +69,9 @@ export interface Charge {
   /** The platform's fee on it (Connect's application_fee_amount), null for none; absent when the gateway
    * does not say. Only the platform can set one. */
   applicationFeeAmount?: number | null;
+  /** A create's answer Stripe replayed for its key (Idempotent-Replayed): the PaymentIntent as it was when
+   * the key was first used, not as it is now. */
+  replayed?: boolean;
 }
 
 /** PaymentIntent statuses that are final and charged nothing (an off-session confirm that was declined

@@ -234,7 +234,7 @@ const onAccount = (account: StripeAccount, idempotencyKey?: string): Stripe.Requ
 });
 
 /** `lastResponse` is set on a PaymentIntent the SDK returned itself, not on one inside a list. */
-function toCharge(pi: Stripe.PaymentIntent & { lastResponse?: { requestId?: string } }, account: StripeAccount): Charge {
+function toCharge(pi: Stripe.PaymentIntent & { lastResponse?: { requestId?: string; headers?: Record<string, string> } }, account: StripeAccount): Charge {
   const latest = typeof pi.latest_charge === 'object' ? pi.latest_charge : null;
   const captureBefore = latest?.payment_method_details?.card?.capture_before;
   return {
@@ -251,6 +251,7 @@ function toCharge(pi: Stripe.PaymentIntent & { lastResponse?: { requestId?: stri
     cancellationReason: pi.cancellation_reason ?? null,
     account,
     applicationFeeAmount: pi.application_fee_amount ?? null,
+    replayed: pi.lastResponse?.headers?.['idempotent-replayed'] === 'true',
   };
 }
 

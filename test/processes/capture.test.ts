@@ -221,6 +221,26 @@ describe('carrying out a capture or a cancel', () => {
     expect(intentOf(pi).paymentIntent.amount_received).toBe(2599);
   });
 
+  it('a resend’s replayed answer is how the key was first answered: a hold released since, or a payment settled since, is read again before it settles', async () => {
+    const charge = await confirm(t, { captureMethod: 'manual' });
+    const slow = await confirm(t, { paymentMethod: 'pm_card_processing' });
+    for (const op of [charge, slow]) {
+      e.emulator.addFault({ match: { operationId: op }, fault: { kind: 'lose_response_after_commit', mode: 'reset' }, count: 2 });
+      expect((await run(op)).operation.status).toBe('unknown');
+    }
+    const piOf = (op: string) => e.emulator.ledger().find((l) => l.paymentIntent.metadata.operation_id === op)!.paymentIntent.id;
+    await e.client().paymentIntents.cancel(piOf(charge), { cancellation_reason: 'fraudulent' }); // Radar, or the dashboard
+    e.emulator.settle(piOf(slow), 'requires_payment_method'); // the bank said no
+    for (const op of [charge, slow]) {
+      const done = await run(op);
+      expect(done.call).toBe('create');
+      expect(e.emulator.requests().filter((r) => r.operationId === op && r.endpoint === 'create').at(-1)!.replayed).toBe(true);
+      expect(done.operation).toMatchObject({ status: 'failed', external_id: piOf(op), last_error: expect.stringMatching(/payment intent (canceled|requires_payment_method)/) });
+    }
+    const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
+    expect(events.find((r) => r.operation_id === charge)).toMatchObject({ status: 'failed', hold: null });
+  });
+
   it("a 500 whose error names the charge's PaymentIntent → unknown with no external id: the capture is sent again under its key", async () => {
     const { charge, pi } = await held();
     const { operationId } = await capture({ chargeOperationId: charge, key: 'named' });

@@ -12,24 +12,27 @@ export function chargeCalls(gateway: PaymentGateway): EffectCalls {
   return {
     create: async (op, ctx) => {
       const options = chargePayloadOf(op);
-      return fromCharge(
-        op,
-        await gateway.createCharge({
-          operationId: op.id,
-          // A charge has them all (payment_operations_money_check, payment_operations_charge_check).
-          amount: op.amount!,
-          currency: op.currency!,
-          customer: op.customer_id!,
-          paymentMethod: op.payment_method!,
-          metadata: op.metadata,
-          idempotencyKey: idempotencyKeyFor(op.id),
-          captureMethod: options.capture_method ?? 'automatic',
-          account: accountOf(op),
-          transferDestination: options.transfer_destination ?? null,
-          applicationFeeAmount: options.application_fee_amount ?? null,
-          guard: ctx,
-        }),
-      );
+      const charge = await gateway.createCharge({
+        operationId: op.id,
+        // A charge has them all (payment_operations_money_check, payment_operations_charge_check).
+        amount: op.amount!,
+        currency: op.currency!,
+        customer: op.customer_id!,
+        paymentMethod: op.payment_method!,
+        metadata: op.metadata,
+        idempotencyKey: idempotencyKeyFor(op.id),
+        captureMethod: options.capture_method ?? 'automatic',
+        account: accountOf(op),
+        transferDestination: options.transfer_destination ?? null,
+        applicationFeeAmount: options.application_fee_amount ?? null,
+        guard: ctx,
+      });
+      // A resend's answer is Stripe's first one, replayed: an authorization held then may have been released
+      // since (the dashboard, Radar, its expiry), a processing payment settled. Only succeeded stays true.
+      if (!charge.replayed || charge.status === 'succeeded') return fromCharge(op, charge);
+      // Read as the charge's: a failed read is no refusal of the create (which a create's 4xx would be).
+      const now = await gateway.retrieveCharge(charge.id, accountOf(op)).catch(() => undefined);
+      return now ? fromCharge(op, now) : { kind: 'ambiguous', externalId: charge.id, reason: `payment intent ${charge.status} when its key was first used; reading it now failed` };
     },
     retrieve: async (op) => fromCharge(op, await gateway.retrieveCharge(op.external_id!, accountOf(op))),
     search: async (op) => {
