@@ -10,7 +10,7 @@
 import { resetProcess, type RequestLogEntry, type ServerOptions, type WebhookDelivery } from './core.ts';
 import { EVENT_FOR_STATUS, newEvent, scheduleDelivery } from './webhooks.ts';
 import { EmulatorServer } from './server.ts';
-import { captureBeforeMs, expire, type SettleStatus } from './resources.ts';
+import { captureBeforeMs, expire, processed, type SettleStatus } from './resources.ts';
 import { MemoryState, REFUND_STATUSES, type EmulatedEvent, type FaultRule, type LedgerEntry, type PaymentIntent, type Refund, type RefundEntry, type RefundStatus, type WebhookTarget } from './state.ts';
 
 export interface EmulatorOptions extends Omit<ServerOptions, 'requestLogLimit'> {
@@ -144,7 +144,7 @@ export class StripeEmulator extends EmulatorServer<MemoryState> {
       const pi = e.paymentIntent;
       const due = pi.status === 'processing' && settleMs !== undefined && this.now() - e.createdAtMs >= settleMs;
       const expired = pi.status === 'requires_capture' && this.now() >= captureBeforeMs(pi);
-      return { ...e, paymentIntent: due ? this.settle(pi.id, 'succeeded') : expired ? this.expire(pi.id) : pi };
+      return { ...e, paymentIntent: due ? this.settle(pi.id, processed(pi)) : expired ? this.expire(pi.id) : pi };
     });
   }
 

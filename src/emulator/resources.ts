@@ -266,13 +266,16 @@ export async function expireIntent(core: Core, paymentIntentId: string): Promise
   return result.paymentIntent;
 }
 
+/** What a payment that was processing becomes once its bank says yes: an authorization holds the funds. */
+export const processed = (pi: PaymentIntent): SettleStatus => (pi.capture_method === 'manual' ? 'requires_capture' : 'succeeded');
+
 /** The PaymentIntent as of now: a processing one may have finished (processingSettleMs), an
  * authorization may have expired (capture_before, on the emulator clock). */
 export async function currentIntent(core: Core, entry: LedgerEntry): Promise<PaymentIntent> {
   const pi = entry.paymentIntent;
   const settleMs = core.opts.processingSettleMs;
   if (pi.status === 'processing' && settleMs !== undefined && (await clock(core)) - entry.createdAtMs >= settleMs) {
-    return settleIntent(core, pi.id, 'succeeded');
+    return settleIntent(core, pi.id, processed(pi));
   }
   if (pi.status === 'requires_capture' && (await clock(core)) >= captureBeforeMs(pi)) {
     return expireIntent(core, pi.id).catch(async () => (await core.state.intent(pi.id))!.paymentIntent);

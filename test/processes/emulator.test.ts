@@ -341,6 +341,21 @@ describe('refunds', () => {
     }
   });
 
+  it('a processing payment finishes by itself after processingSettleMs: succeeded, or held when it is an authorization', async () => {
+    const own = await startEmulator({ processingSettleMs: 200 });
+    try {
+      const client = own.client();
+      const automatic = await client.paymentIntents.create(params({ payment_method: 'pm_card_processing' }));
+      const manual = await client.paymentIntents.create(params({ payment_method: 'pm_card_processing', capture_method: 'manual' }));
+      expect([automatic.status, manual.status]).toEqual(['processing', 'processing']);
+      own.emulator.advanceClock(200);
+      expect(await client.paymentIntents.retrieve(automatic.id)).toMatchObject({ status: 'succeeded', amount_received: automatic.amount });
+      expect(await client.paymentIntents.retrieve(manual.id)).toMatchObject({ status: 'requires_capture', amount_received: 0, amount_capturable: manual.amount });
+    } finally {
+      await own.close();
+    }
+  });
+
   it('the control API: GET /_emulator/refunds, settle a refund, and refund.* events to the webhook target', async () => {
     const pi = await paid();
     const r = await refund(pi.id);
