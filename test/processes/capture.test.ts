@@ -678,6 +678,22 @@ describe('the drift report', () => {
     ]);
   });
 
+  it('a second hold for one authorization (a resend whose key Stripe forgot) is a duplicate charge; a hold for an operation recorded failed is money taken', async () => {
+    const since = new Date(Date.now() - 1_000);
+    const hold = (op: string) =>
+      e.client().paymentIntents.create({ amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', confirm: true, off_session: true, capture_method: 'manual', metadata: { operation_id: op } });
+    const twice = await held();
+    const second = await hold(twice.charge);
+    const failed = await confirm(t, { captureMethod: 'manual' });
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where id = $1`, [failed]);
+    const stray = await hold(failed);
+    const report = await driftReport(t.pool, e.gateway(), since);
+    const ours = report.drift.filter((d) => d.operationId === twice.charge || d.operationId === failed);
+    expect(ours).toHaveLength(2);
+    expect(ours).toContainEqual({ kind: 'duplicate_charge', operationId: twice.charge, chargeIds: expect.arrayContaining([twice.pi, second.id]), detail: '2 charges that took or hold money for one operation' });
+    expect(ours).toContainEqual({ kind: 'charged_not_succeeded', operationId: failed, chargeIds: [stray.id], detail: 'operation is failed' });
+  });
+
   it('a connected account that disconnected the platform: its charge, capture and refund are listed unreadable, and the rest of the report is made', async () => {
     const since = new Date(Date.now() - 1_000);
     await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '1 hour' where settled_at is not null`);

@@ -173,8 +173,9 @@ async function noCharge(gateway: PaymentGateway, op: Operation, reason: string, 
 /**
  * The charges' side of the drift report:
  * - orphan_charge: a charge whose metadata names no operation of ours;
- * - duplicate_charge: more than one succeeded charge carries the same operation id;
- * - charged_not_succeeded: a succeeded charge for an operation that is not succeeded;
+ * - duplicate_charge: more than one charge that took money (or, of an authorization, holds it) carries the
+ *   same operation id;
+ * - charged_not_succeeded: such a charge for an operation that is not succeeded;
  * - amount_mismatch: the operation's charge has another amount or currency;
  * - missing_charge: a succeeded operation whose charge is not among Stripe's charges, or does not show
  *   it charged (an authorization: held or captured);
@@ -189,13 +190,14 @@ async function chargeDrift(gateway: PaymentGateway, { since, named, byExternalId
   for await (const page of named(charges)) {
     for (const [operationId, list, found] of page) {
       const op = found?.kind === CHARGE ? found : undefined;
-      const paid = list.filter((c) => c.status === 'succeeded');
       if (!op) {
         drift.push({ kind: 'orphan_charge', operationId, chargeIds: list.map((c) => c.id), detail: 'no operation with this id' });
         continue;
       }
+      // An authorization's second hold is money taken from the customer's card too, until it expires.
+      const paid = list.filter((c) => chargeSettles(op, c) === 'succeeded');
       if (paid.length > 1) {
-        drift.push({ kind: 'duplicate_charge', operationId, chargeIds: paid.map((c) => c.id), detail: `${paid.length} succeeded charges for one operation` });
+        drift.push({ kind: 'duplicate_charge', operationId, chargeIds: paid.map((c) => c.id), detail: `${paid.length} charges that took or hold money for one operation` });
       }
       if (paid.length > 0 && op.status !== 'succeeded') {
         drift.push({ kind: 'charged_not_succeeded', operationId, chargeIds: paid.map((c) => c.id), detail: `operation is ${op.status}` });
