@@ -30,7 +30,7 @@ export async function acknowledgeOperation(
   const found = await showOperation(pool, id);
   // The reason as it is now, if it is the one read: the statement clears it only while it still is.
   const current = reasonSeen === undefined || sameReason(found.review_reason, reasonSeen) ? found.review_reason : null;
-  return inTransaction(pool, async (tx) => {
+  const acknowledged = inTransaction(pool, async (tx) => {
     const acked = current === null ? undefined : await acknowledgeReview(tx, found.id, actor, note, current);
     if (!acked) {
       const now = await showOperation(tx, found.id);
@@ -45,5 +45,12 @@ export async function acknowledgeOperation(
     const { acknowledged_reason: acknowledgedReason, ...op } = acked;
     await recordAudit(tx, { actor, action: 'acknowledge', operationId: op.id, details: { note, reviewReason: acknowledgedReason, status: op.status } });
     return { ...op, acknowledgedReason };
+  });
+  // A refusal is on the record too: who tried to clear what, and why it stood.
+  return acknowledged.catch(async (err: unknown) => {
+    if (err instanceof ResolutionRefused) {
+      await recordAudit(pool, { actor, action: 'acknowledge_refused', operationId: found.id, details: { note, refused: err.message } }).catch(() => {});
+    }
+    throw err;
   });
 }

@@ -2,7 +2,7 @@ import type { Queryable } from '../db/pool.ts';
 
 export interface AuditEntry {
   actor: string;
-  action: 'resolve' | 'resolve_refused' | 'acknowledge' | 'requeue' | 'reconcile' | 'sign-out-everywhere';
+  action: 'resolve' | 'resolve_refused' | 'acknowledge' | 'acknowledge_refused' | 'requeue' | 'requeue_refused' | 'reconcile' | 'sign-out-everywhere';
   operationId: string | null;
   details: Record<string, unknown>;
 }

@@ -11,13 +11,27 @@ export async function reconcileNow(
   opts: { actor: string; owner: string; leaseTtlMs: number; log: Logger; processingReviewDays?: number },
 ): Promise<SweepReport> {
   const { actor: _actor, ...sweep } = opts;
-  const report = await reconcileSweep(pool, gateway, sweep);
-  const decisions = report.decisions.map((d) => ({ operationId: d.operationId, to: d.to, outcome: d.outcome, evidence: d.evidence }));
-  await recordAudit(pool, {
-    actor: opts.actor,
-    action: 'reconcile',
-    operationId: null,
-    details: { examined: report.examined, settled: report.settled, needsReview: report.needsReview, undriven: report.undriven, decisions },
-  });
-  return report;
+  let report: SweepReport | undefined;
+  let failure: string | undefined;
+  try {
+    report = await reconcileSweep(pool, gateway, sweep);
+    return report;
+  } catch (err) {
+    failure = (err as Error).message;
+    throw err;
+  } finally {
+    // Whatever it did, recorded once it ends, a sweep that failed part way too (what it settled before is
+    // on each operation's timeline).
+    const details = report
+      ? {
+          examined: report.examined,
+          settled: report.settled,
+          needsReview: report.needsReview,
+          undriven: report.undriven,
+          followedUp: report.followedUp,
+          decisions: report.decisions.map((d) => ({ operationId: d.operationId, to: d.to, outcome: d.outcome, evidence: d.evidence })),
+        }
+      : { failed: failure };
+    await recordAudit(pool, { actor: opts.actor, action: 'reconcile', operationId: null, details });
+  }
 }

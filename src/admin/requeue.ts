@@ -29,6 +29,15 @@ export function requeueOperation(
 }
 
 async function requeue(pool: Pool, boss: PgBoss, id: string, opts: { actor: string; dryRun?: boolean }): Promise<RequeueResult> {
+  const result = await decide(pool, boss, id, opts);
+  // A person's requeue that did nothing is on the record too, with why.
+  if (!opts.dryRun && (result.result === 'skipped' || result.result === 'refused')) {
+    await recordAudit(pool, { actor: opts.actor, action: 'requeue_refused', operationId: result.operationId, details: { result: result.result, reason: result.reason } });
+  }
+  return result;
+}
+
+async function decide(pool: Pool, boss: PgBoss, id: string, opts: { actor: string; dryRun?: boolean }): Promise<RequeueResult> {
   const op = await showOperation(pool, id);
   traceOperation(op);
   return inTransaction(pool, async (tx) => {

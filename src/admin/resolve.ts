@@ -14,7 +14,7 @@ import { inTransaction, type Pool } from '../db/pool.ts';
 import { ValidationError } from '../types/errors.ts';
 import { isStorableText } from '../types/input.ts';
 import { liveJobFor, queueFor } from '../outbox/outbox.ts';
-import { accountOf, type PaymentGateway } from '../stripe/gateway.ts';
+import { accountOf, GatewayError, Rejected, type PaymentGateway } from '../stripe/gateway.ts';
 import { kindsFor, namingOf } from '../kinds/index.ts';
 import type { KindEvidence } from '../types/kind.ts';
 import { claimOperation, isSettled, releaseLease, renewLease, settleUnderLease, type Operation } from '../engine/operation.ts';
@@ -72,18 +72,17 @@ async function resolve(
   }
   if (resolution.outcome === 'failed' && !resolution.reason.trim()) throw new ValidationError('reason', 'a failed resolution needs the reason');
   const found = await showOperation(pool, id);
-  if (resolution.outcome === 'succeeded') {
-    const expected = namingOf(found.kind)?.externalId;
-    if (expected && !expected.pattern.test(resolution.externalId)) throw new ValidationError('externalId', `must be ${expected.what}`);
-  }
   try {
+    if (resolution.outcome === 'succeeded') {
+      const expected = namingOf(found.kind)?.externalId;
+      if (expected && !expected.pattern.test(resolution.externalId)) throw new ValidationError('externalId', `must be ${expected.what}`);
+    }
     return await resolveFound(pool, gateway, found, resolution, actor, opts);
   } catch (err) {
-    // A refusal is audited too: who tried to settle what, how, and what Stripe or the workers said.
-    if (err instanceof ResolutionRefused) {
-      const tried = resolution.outcome === 'succeeded' ? { externalId: resolution.externalId } : { givenReason: resolution.reason };
-      await recordAudit(pool, { actor, action: 'resolve_refused', operationId: found.id, details: { outcome: resolution.outcome, ...tried, refused: err.message } }).catch(() => {});
-    }
+    // Anything that stopped it once the operation was found is audited too: who tried to settle what, how,
+    // and what Stripe, the workers or the check said.
+    const tried = resolution.outcome === 'succeeded' ? { externalId: resolution.externalId } : { givenReason: resolution.reason };
+    await recordAudit(pool, { actor, action: 'resolve_refused', operationId: found.id, details: { outcome: resolution.outcome, ...tried, refused: (err as Error).message } }).catch(() => {});
     throw err;
   }
 }
@@ -112,9 +111,10 @@ async function resolveFound(
 
     // 2. The evidence, with no transaction open.
     const rules = kindsFor(gateway).get(op.kind)?.evidence;
-    const { evidence, kept } = resolution.outcome === 'succeeded'
-      ? await evidenceOfSuccess(rules, op, resolution.externalId)
-      : { evidence: await evidenceOfFailure(pool, rules, op, resolution.reason, opts.searchFreshnessSeconds), kept: null };
+    const { evidence, kept } = await (resolution.outcome === 'succeeded'
+      ? evidenceOfSuccess(rules, op, resolution.externalId)
+      : evidenceOfFailure(pool, rules, op, resolution.reason, opts.searchFreshnessSeconds).then((evidence) => ({ evidence, kept: null }))
+    ).catch(unlessStripeSaid);
 
     // 3. Settle under the lease, audited in the same transaction.
     return await inTransaction(pool, async (tx) => {
@@ -159,6 +159,14 @@ async function refuseWhileDriven(pool: Pool, op: Operation): Promise<void> {
 }
 
 const refuse = (message: string) => new ResolutionRefused(message);
+
+/** Stripe's answer to the check, when it was no evidence (no such object, or no answer): a refusal that says
+ * so, settling nothing, not a fault of outboxd's. */
+function unlessStripeSaid(err: unknown): never {
+  if (err instanceof Rejected) throw refuse(`Stripe refused to show it (${err.message}): check the id and the account`);
+  if (err instanceof GatewayError) throw refuse(`Stripe could not be asked (${err.name}: ${err.message}); nothing was settled: try again`);
+  throw err;
+}
 
 /** The object must match the operation by its kind's one rule (src/kinds/<kind>/evidence.ts) and have
  * succeeded. An application's kind has no provider to ask: the person's word is the evidence. `kept`:

@@ -2,7 +2,9 @@
 import { randomUUID } from 'node:crypto';
 import Stripe from 'stripe';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { reconcileNow } from '../../src/admin/reconcile.ts';
 import { requeueOperation, requeueStuck } from '../../src/admin/requeue.ts';
+import { createPool } from '../../src/db/pool.ts';
 import { loadConfig } from '../../src/runtime/config.ts';
 import { adminRoutes } from '../../src/http/admin.ts';
 import { startHttpServer, type HttpServer } from '../../src/http/server.ts';
@@ -82,6 +84,15 @@ describe('requeue (invariant 10)', () => {
     await executeOperation(t.pool, kindsFor(e.gateway()), queued, fence);
     await releaseLease(t.pool, queued, fence);
     expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a' })).toMatchObject({ result: 'refused', reason: 'operation is succeeded' });
+    // Each requeue that did nothing is on the record with why; a dry run is no action, and is not.
+    expect(await requeueOperation(t.pool, t.boss, queued, { actor: 'a', dryRun: true })).toMatchObject({ result: 'refused' });
+    const { rows } = await t.pool.query(`select actor, action, details from outboxd.admin_audit where operation_id = $1 order by id`, [queued]);
+    expect(rows).toEqual([
+      { actor: 'a', action: 'requeue_refused', details: { result: 'skipped', reason: expect.stringMatching(/outbox/) } },
+      { actor: 'a', action: 'requeue_refused', details: { result: 'skipped', reason: expect.stringMatching(/is created/) } },
+      { actor: 'a', action: 'requeue_refused', details: { result: 'skipped', reason: expect.stringMatching(/leased/) } },
+      { actor: 'a', action: 'requeue_refused', details: { result: 'refused', reason: 'operation is succeeded' } },
+    ]);
   });
 
   it('--stuck: operations driven quietly (their jobs hours away) do not hide a stuck one behind the limit', async () => {
@@ -181,6 +192,23 @@ describe('admin HTTP API', () => {
     }
   });
 
+  it('a sweep a person asked for that fails part way is on the record too, saying why', async () => {
+    // Its database stops answering in time, after it read its candidates: another session holds pg-boss's jobs.
+    const impatient = createPool(t.url, { schema: t.schema, max: 2, queryTimeoutMs: 500 });
+    const holder = await t.pool.connect();
+    try {
+      await holder.query('begin');
+      await holder.query('lock table pgboss.job in access exclusive mode');
+      await expect(reconcileNow(impatient, e.gateway(), { actor: 'carol', owner: 'admin:carol', leaseTtlMs: 10_000, log: createLogger('silent') })).rejects.toThrow(/timeout/);
+    } finally {
+      await holder.query('rollback');
+      holder.release();
+      await impatient.end();
+    }
+    const { rows } = await t.pool.query(`select details from outboxd.admin_audit where action = 'reconcile' and actor = 'carol'`);
+    expect(rows).toEqual([{ details: { failed: expect.stringMatching(/timeout/) } }]);
+  });
+
   it('404 for an unknown operation, 422 for bad input', async () => {
     expect((await api('/admin/operations/3f2504e0-4f89-41d3-9a0c-0305e82c3301')).status).toBe(404);
     expect((await api('/admin/operations/not-a-uuid')).status).toBe(422);
@@ -190,6 +218,16 @@ describe('admin HTTP API', () => {
     expect(bad.status).toBe(422);
     expect(await bad.json()).toMatchObject({ error: 'invalid_input', message: expect.stringMatching(/externalId/) });
     expect((await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: '{' })).status).toBe(422);
+    // A pi_ Stripe does not have (a typo) is a refusal that says so, not a fault of outboxd's.
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
+    const typo = await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: 'pi_typo123' }) });
+    expect(typo.status).toBe(422);
+    expect(await typo.json()).toMatchObject({ error: 'refused', message: expect.stringMatching(/Stripe refused to show it .*No such payment_intent/) });
+    const { rows } = await t.pool.query(`select action, details->>'externalId' as tried, details->>'refused' as refused from outboxd.admin_audit where operation_id = $1 order by id`, [op]);
+    expect(rows).toEqual([
+      { action: 'resolve_refused', tried: 'ch_1', refused: expect.stringMatching(/externalId: must be/) },
+      { action: 'resolve_refused', tried: 'pi_typo123', refused: expect.stringMatching(/No such payment_intent/) },
+    ]);
   });
 
   it('lists every column, a long JSON value as its size (the operation itself gives it whole), up to 1000 a page', async () => {
@@ -224,6 +262,9 @@ describe('admin HTTP API', () => {
     const sweep = await api('/admin/reconcile', { method: 'POST' });
     expect(sweep.status).toBe(200);
     expect(await sweep.json()).toHaveProperty('examined');
+    // The captures and cancels it recorded (each with its settlement event) are on the record too.
+    const audited = await t.pool.query(`select details from outboxd.admin_audit where action = 'reconcile' order by id desc limit 1`);
+    expect(audited.rows[0].details).toMatchObject({ examined: expect.any(Number), followedUp: [] });
   });
 });
 
@@ -368,6 +409,13 @@ describe('Stripe webhook inbox', () => {
     await t.pool.query(`update outboxd.payment_operations set review_reason = 'checked by hand' where id = $1`, [unsettled]);
     const refused = await api(`/admin/operations/${unsettled}/acknowledge`, { method: 'POST', body: '{"note":"x","reviewReason":"checked by hand"}' });
     expect(await refused.json()).toMatchObject({ error: 'refused', message: expect.stringMatching(/is pending: an unsettled operation is resolved/) });
+    // Each refusal is on the record, with who tried and why it stood.
+    const refusals = await t.pool.query(`select operation_id, details->>'note' as note, details->>'refused' as refused from outboxd.admin_audit where action = 'acknowledge_refused' and operation_id = any($1::uuid[]) order by id`, [[op, unsettled]]);
+    expect(refusals.rows).toEqual([
+      { operation_id: op, note: `refunded ${pi.id}`, refused: expect.stringMatching(/changed since it was read/) },
+      { operation_id: op, note: 'twice', refused: expect.stringMatching(/not held for review/) },
+      { operation_id: unsettled, note: 'x', refused: expect.stringMatching(/is pending/) },
+    ]);
   });
 
   it('a second PaymentIntent carrying the operation\'s id keeps it held for review when its own charge settles it', async () => {
