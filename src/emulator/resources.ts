@@ -22,12 +22,14 @@ export const DECLINES: Record<string, { code: string; decline_code?: string; mes
   },
 };
 const PROCESSING = 'pm_card_processing';
+/** A wallet (PayPal, say): it succeeds, and an authorization on it says no capture_before (only a card's does). */
+const WALLET = 'pm_paypal';
 /** Stripe's test cards that succeed; any other payment method is unknown, as at Stripe. */
 const SUCCEEDING = [
   'pm_card_visa', 'pm_card_visa_debit', 'pm_card_mastercard', 'pm_card_mastercard_debit', 'pm_card_mastercard_prepaid',
   'pm_card_amex', 'pm_card_discover', 'pm_card_diners', 'pm_card_jcb', 'pm_card_unionpay',
 ];
-const PAYMENT_METHODS = new Set([...SUCCEEDING, ...Object.keys(DECLINES), PROCESSING]);
+const PAYMENT_METHODS = new Set([...SUCCEEDING, ...Object.keys(DECLINES), PROCESSING, WALLET]);
 
 export const SETTLE_STATUSES = ['succeeded', 'canceled', 'requires_payment_method', 'requires_capture'] as const;
 export type SettleStatus = (typeof SETTLE_STATUSES)[number];
@@ -90,10 +92,10 @@ export function chargeOf(pi: PaymentIntent) {
     metadata: pi.metadata,
     payment_intent: pi.id,
     payment_method: pi.payment_method,
-    payment_method_details: {
-      type: 'card',
-      card: { capture_before: pi.capture_method === 'manual' ? Math.floor(captureBeforeMs(pi) / 1000) : null },
-    },
+    payment_method_details:
+      pi.payment_method === WALLET
+        ? { type: 'paypal', paypal: {} }
+        : { type: 'card', card: { capture_before: pi.capture_method === 'manual' ? Math.floor(captureBeforeMs(pi) / 1000) : null } },
     status: pi.status === 'requires_payment_method' ? 'failed' : pi.status === 'processing' ? 'pending' : 'succeeded',
     transfer_data: pi.transfer_data ?? null,
     application_fee_amount: pi.application_fee_amount ?? null,

@@ -90,15 +90,21 @@ export const holdStatements = ({ event, operationColumns, s, settlementEvent, st
    * ones were swept for long enough), through the expiry index; or whose capture or cancel failed since
    * $2 (found among the failed ones through the kind and status index; settled then, however long it sat
    * in review), as one does on a PaymentIntent changed in the dashboard while it was live: then no webhook
-   * of that change recorded it (the live change stood in its way). Not one first seen captured: it held
-   * nothing, and its own settlement told what Stripe took.
+   * of that change recorded it (the live change stood in its way). One Stripe gave no capture_before (a
+   * wallet's: only a card's says) from the shortest card window ($4) after it settled. Not one first seen
+   * captured: it held nothing, and its own settlement told what Stripe took.
    */
-  authorizationsToFollowUp: statement<[now: string, since: string, limit: number]>(
+  authorizationsToFollowUp: statement<[now: string, since: string, limit: number, windowSeconds: number]>(
     'outboxd_authorizations_to_follow_up',
     `with candidates as (
        select c.id from ${s}.payment_operations c
        where c.kind = 'charge' and c.status = 'succeeded' and c.payload->>'capture_method' = 'manual'
          and c.result->>'capture_before' < $1 and c.result->>'capture_before' > $2
+       union
+       select c.id from ${s}.payment_operations c
+       where c.kind = 'charge' and c.status = 'succeeded' and c.payload->>'capture_method' = 'manual'
+         and c.result->>'capture_before' is null
+         and c.settled_at < $1::timestamptz - make_interval(secs => $4) and c.settled_at > $2::timestamptz - make_interval(secs => $4)
        union
        select x.parent_operation_id from ${s}.payment_operations x
        where x.kind in ('capture', 'cancel') and x.status = 'failed' and x.settled_at > $2::timestamptz

@@ -349,6 +349,19 @@ describe('an authorization released in Stripe', () => {
     expect(events.filter((r) => r.kind === 'cancel' && r.effect_key === 'outboxd:expired').map((r) => r.source)).toContain('reconcile');
   });
 
+  it('a wallet’s hold, which Stripe gives no capture_before, is followed up once the shortest card window since it settled has passed: its release is recorded without a webhook', async () => {
+    const wallet = await held({ paymentMethod: 'pm_paypal' });
+    expect((await operation(t, wallet.charge)).result).toMatchObject({ status: 'requires_capture', capture_before: null });
+    e.emulator.expire(wallet.pi); // released in Stripe; its webhook never arrives
+    const sweep = () => reconcileSweep(t.pool, e.gateway(), { owner: 'sweeper', leaseTtlMs: 10_000, log: createLogger('silent') });
+    expect((await sweep()).followedUp).not.toContain(wallet.charge); // settled just now: not looked at yet
+    await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '5 days' where id = $1`, [wallet.charge]);
+    expect((await sweep()).followedUp).toContain(wallet.charge);
+    const { rows } = await t.pool.query(`select kind, status, effect_key from outboxd.payment_operations where parent_operation_id = $1`, [wallet.charge]);
+    expect(rows).toEqual([{ kind: 'cancel', status: 'succeeded', effect_key: `${wallet.charge}/outboxd:expired` }]);
+    expect((await sweep()).followedUp).not.toContain(wallet.charge);
+  });
+
   it('captured in the dashboard: its webhook records a capture of what Stripe took, which can be refunded; no second capture or cancel is taken', async () => {
     const { charge, pi } = await held();
     await e.client().paymentIntents.capture(pi, { amount_to_capture: 1000 });

@@ -109,7 +109,7 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable>
     toFollowUp: async (db, limit) => {
       const now = new Date();
       const since = new Date(now.getTime() - FOLLOW_UP_FOR_MS).toISOString();
-      return (await db.query(db.sql.authorizationsToFollowUp(now.toISOString(), since, limit))).rows;
+      return (await db.query(db.sql.authorizationsToFollowUp(now.toISOString(), since, limit, UNDATED_HOLD_SECONDS))).rows;
     },
   };
 }
@@ -117,6 +117,9 @@ export function chargeEvidence(gateway: PaymentGateway): KindEvidence<Queryable>
 /** How long after its capture_before a held authorization is still looked at (Stripe releases it at that
  * time, give or take, and the drift report lists one it never did), and after a change of it failed. */
 const FOLLOW_UP_FOR_MS = 30 * 86_400_000;
+/** A hold Stripe gave no capture_before (a wallet's) is looked at once the shortest card window since it
+ * settled has passed (then every sweep, until it changes or FOLLOW_UP_FOR_MS more have passed). */
+const UNDATED_HOLD_SECONDS = 4 * 86_400;
 
 /** A succeeded authorization changed in Stripe, which the application must hear of: cancelled (it expired:
  * cancellation_reason automatic; or someone cancelled it in the dashboard), it holds nothing any more,
