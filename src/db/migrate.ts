@@ -3,7 +3,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { createBoss, createQueues } from '../outbox/outbox.ts';
 import { ConfigError } from '../runtime/config.ts';
-import { createPool, sharedSession, withClient, type PoolClient } from './pool.ts';
+import { connectionConfig, createPool, sharedSession, withClient, type PoolClient } from './pool.ts';
 
 const MIGRATIONS = fileURLToPath(new URL('../../drizzle', import.meta.url));
 /** drizzle's record of applied migrations, kept in outboxd's own schema (drizzle's default is one
@@ -71,11 +71,6 @@ export async function drizzlePending(client: Pick<PoolClient, 'query'>, schema: 
  * lock that serialises migrators is a session's), or an application's pool. `folder`: the migrations.
  */
 export async function migrate(connection: string | pg.Pool, schema: string, folder = MIGRATIONS): Promise<void> {
-  // One connection holds the migrators' lock while pg-boss installs its schema on another: a pool of one
-  // would wait for itself for ever, its lock held, every other migrator polling for it meanwhile.
-  if (typeof connection !== 'string' && (connection.options.max ?? 10) < 2) {
-    throw new ConfigError(`a migration needs two of the pool's connections at once (its lock's session, and pg-boss's), and this pool has max ${connection.options.max}: give it a larger pool, or a connection string`);
-  }
   const shared = await sharedSession(connection, 'outboxd-migrate');
   if (shared) {
     throw new ConfigError(
@@ -83,8 +78,13 @@ export async function migrate(connection: string | pg.Pool, schema: string, fold
         'or its lock and settings stay behind on the pooler\'s server connections. Give it the database itself: DATABASE_DIRECT_URL (the library: directConnectionString)',
     );
   }
-  if (typeof connection !== 'string') return withClient(connection, (client) => migrateWith(client, connection, schema, folder));
-  const pool = createPool(connection, { schema, max: 1, applicationName: 'outboxd-migrate', timeouts: false });
+  // A session of the migrator's own, never one of an application's pooled connections: its settings
+  // (search_path, timeouts) would stay behind on that connection in place of the application's.
+  const pool =
+    typeof connection === 'string'
+      ? createPool(connection, { schema, max: 1, applicationName: 'outboxd-migrate', timeouts: false })
+      : new pg.Pool({ ...connectionConfig(connection), max: 1, application_name: 'outboxd-migrate', query_timeout: undefined, statement_timeout: undefined });
+  pool.on('error', () => {}); // an idle client losing its server: the next statement fails instead
   try {
     await withClient(pool, (client) => migrateWith(client, connection, schema, folder));
   } finally {
@@ -102,6 +102,10 @@ async function migrateWith(client: PoolClient, connection: string | pg.Pool, sch
     }
     // After the migrators' own lock, which may rightly be waited for as long as another migration runs.
     await client.query(`set lock_timeout = ${MIGRATION_LOCK_TIMEOUT_MS}`);
+    // Only lock_timeout bounds a migration: a default statement_timeout of the database's or role's would
+    // cancel `create index concurrently` waiting out older transactions, and leave the index invalid.
+    await client.query(`select set_config('statement_timeout', '0', false), set_config('idle_in_transaction_session_timeout', '0', false)`);
+    await client.query(`select set_config('transaction_timeout', '0', false) where current_setting('server_version_num')::int >= 170000`);
     await client.query(`create schema if not exists "${schema}"`);
     const journal = await readJournal(folder);
     await adoptLegacyMigrations(client, schema, journal);

@@ -46,8 +46,7 @@ const PROBE_TIMEOUT_MS = 10_000;
  * does, is taken for a transaction pooler too.) Two connections beyond the pool's own, for a moment.
  */
 export async function sharedSession(connection: string | pg.Pool, applicationName: string): Promise<string | undefined> {
-  // A pool keeps its password off its enumerable options (a spread would drop it, or its function).
-  const config = typeof connection === 'string' ? { connectionString: connection } : { ...connection.options, password: connection.options.password };
+  const config = connectionConfig(connection);
   const clients = [0, 1].map(() => new pg.Client({ ...config, application_name: applicationName, connectionTimeoutMillis: PROBE_TIMEOUT_MS, query_timeout: PROBE_TIMEOUT_MS }));
   // A connection lost between the questions emits 'error': unheard, it would end the application's process.
   for (const c of clients) c.on('error', () => {});
@@ -66,6 +65,11 @@ export async function sharedSession(connection: string | pg.Pool, applicationNam
     await Promise.all(clients.map((c) => c.end().catch(() => {})));
   }
 }
+
+/** How to open a connection of one's own where `connection` connects. A pool keeps its password off its
+ * enumerable options (a spread would drop it, or its function). */
+export const connectionConfig = (connection: string | pg.Pool): pg.ClientConfig =>
+  typeof connection === 'string' ? { connectionString: connection } : { ...connection.options, password: connection.options.password };
 
 /** Each URL a pool of session settings was made for, checked once per process (sharedSession). */
 const sessionChecks = new Map<string, Promise<void>>();

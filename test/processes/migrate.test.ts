@@ -99,17 +99,49 @@ describe('a new database', () => {
 });
 
 describe("an application's pool", () => {
-  it('of one connection is refused before anything is taken: the lock and pg-boss would each wait for the other', async () => {
-    const { url, client } = await database('poolofone');
+  it("keeps its connections' own settings: the migration runs on a session of its own, its lock released", async () => {
+    const { url, client } = await database('apppool');
+    await client.query('create schema app; create table app.orders (id int); create table public.orders (id int)');
+    const app = new pg.Pool({ connectionString: url, max: 2 });
+    cleanups.push(() => app.end());
+    app.on('connect', (c) => void c.query(`set search_path to app; set lock_timeout = '2s'`));
+    const settings = async () => {
+      // Both of its connections at once, so that each is read.
+      const held = await Promise.all([app.connect(), app.connect()]);
+      try {
+        return await Promise.all(held.map(async (c) => (await c.query(`select current_setting('search_path') as sp, current_setting('lock_timeout') as lt`)).rows[0]));
+      } finally {
+        for (const c of held) c.release();
+      }
+    };
+    expect(await settings()).toEqual([{ sp: 'app', lt: '2s' }, { sp: 'app', lt: '2s' }]);
+    await migrate(app, 'outboxd');
+    await migrate(app, 'outboxd'); // nothing pending: a boot of the next replica
+    expect(await settings()).toEqual([{ sp: 'app', lt: '2s' }, { sp: 'app', lt: '2s' }]);
+    expect((await client.query(`select count(*)::int as n from pg_locks where locktype = 'advisory' and objid = $1 and database = (select oid from pg_database where datname = current_database())`, [MIGRATION_LOCK])).rows[0].n).toBe(0);
+    // A pool of one migrates too: the lock is the migrator's session's, not one of the pool's.
     const one = new pg.Pool({ connectionString: url, max: 1 });
     cleanups.push(() => one.end());
-    await expect(migrate(one, 'outboxd')).rejects.toThrow(/needs two of the pool's connections at once .* max 1/);
-    expect((await client.query(`select count(*)::int as n from pg_locks where locktype = 'advisory' and objid = $1 and database = (select oid from pg_database where datname = current_database())`, [MIGRATION_LOCK])).rows[0].n).toBe(0);
-    // Another migrator is not kept waiting.
-    await migrate(url, 'outboxd');
-    const two = new pg.Pool({ connectionString: url, max: 2 });
-    cleanups.push(() => two.end());
-    await migrate(two, 'outboxd');
+    await migrate(one, 'outboxd');
+  });
+
+  it("is not cut short by the database's default statement_timeout: an index built concurrently waits out an application's older transaction", async () => {
+    const { url, client } = await database('stmttimeout');
+    const name = (await client.query('select current_database() as d')).rows[0].d;
+    await client.query(`alter database "${name}" set statement_timeout = '1s'`);
+    const app = new pg.Pool({ connectionString: url, max: 2 });
+    cleanups.push(() => app.end());
+    // An application's transaction with a snapshot, open for 3 s: every concurrent build waits for it.
+    const older = await app.connect();
+    await older.query('begin isolation level repeatable read');
+    await older.query('select 1');
+    const ends = new Promise((resolve) => setTimeout(resolve, 3_000)).then(() => older.query('commit')).finally(() => older.release());
+    const started = Date.now();
+    await migrate(app, 'outboxd');
+    await ends;
+    expect(Date.now() - started).toBeGreaterThan(1_000);
+    const invalid = await client.query(`select count(*)::int as n from pg_index i join pg_class c on c.oid = i.indexrelid join pg_namespace n on n.oid = c.relnamespace where n.nspname = 'outboxd' and not i.indisvalid`);
+    expect(invalid.rows[0].n).toBe(0);
   });
 });
 
