@@ -92,7 +92,8 @@ export const envSchema = z.object({
   /** Stripe webhook signing secret; unset: POST /webhooks/stripe is off. */
   STRIPE_WEBHOOK_SECRET: optionalString,
   /** Days a received webhook event's (trimmed) payload is kept. */
-  WEBHOOK_RETENTION_DAYS: intInRange(1, 3650, 30),
+  // Stripe retries a webhook for up to 3 days: a shorter memory would take a late retry for a new event.
+  WEBHOOK_RETENTION_DAYS: intInRange(4, 3650, 30),
   /** Days an operation's timeline is kept once it settled (an unsettled one's is kept). */
   OPERATION_EVENTS_RETENTION_DAYS: intInRange(1, 36_500, 90),
   /** Days an admin action is kept (one about an unsettled operation is kept). */

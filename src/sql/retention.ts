@@ -12,7 +12,7 @@ const deleteOldest = (s: string, table: string, key: string, at: string) =>
    )
    select count(*)::int as deleted from gone`;
 
-export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
+export const retentionStatements = ({ s, statement, byIds, UNSETTLED }: SqlContext) => ({
   /**
    * One batch of the timeline's retention (src/outbox/retention.ts): the $3 oldest rows after id $2, of which
    * those last seen over $1 days ago, of an operation settled over $1 days ago, are deleted. An
@@ -75,11 +75,21 @@ export const retentionStatements = ({ s, statement, byIds }: SqlContext) => ({
   ),
 
   /** Stored webhook events are kept for deduplication and evidence, not forever: the $2 oldest received
-   * over $1 days ago, read through their index by arrival (drizzle/0025). Their ids are Stripe's, in no
-   * order. */
+   * over $1 days ago, read through their index by arrival (drizzle/0025), but those of an operation
+   * unsettled or held for review, the evidence a person decides by (as its timeline is kept); those few
+   * are read past at each batch. Their ids are Stripe's, in no order. */
   pruneWebhookEvents: statement<[retentionDays: number, scan: number]>(
     'outboxd_prune_webhook_events',
-    deleteOldest(s, 'webhook_events', 'id', 'received_at'),
+    `with gone as (
+       delete from ${s}.webhook_events where id = any(array(
+         select w.id from ${s}.webhook_events w
+         where w.received_at < now() - make_interval(days => $1)
+           and not exists (select 1 from ${s}.payment_operations o
+                           where o.id = w.operation_id and (o.${UNSETTLED} or o.review_reason is not null))
+         order by w.received_at limit $2))
+       returning 1
+     )
+     select count(*)::int as deleted from gone`,
   ),
 
   /** A transactional subscriber's consumption of an event is kept while another copy of the event may

@@ -465,7 +465,27 @@ describe('Stripe webhook inbox', () => {
     const { rows } = await t.pool.query(`select payload from outboxd.webhook_events where id = 'evt_trimmed'`);
     expect(rows[0].payload).toEqual({ id: 'evt_trimmed', type: 'payment_intent.succeeded', created: 1_700_000_000, livemode: false, payment_intent: { id: pi.id, status: 'succeeded' } });
     await t.pool.query(`update outboxd.webhook_events set received_at = now() - interval '31 days' where id = 'evt_trimmed'`);
+    // One about an operation held for review is its evidence, kept as its timeline is; so is one about an
+    // operation still unsettled.
+    const held = await confirm(t);
+    const unsettled = await confirm(t);
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() - interval '60 days', review_reason = 'discrepancy with Stripe: checked by hand' where id = $1`, [held]);
+    await t.pool.query(
+      `insert into outboxd.webhook_events (id, type, operation_id, received_at, result, payload)
+       values ('evt_evidence', 'payment_intent.succeeded', $1, now() - interval '31 days', 'contradiction', '{}'),
+              ('evt_pending', 'payment_intent.processing', $2, now() - interval '31 days', 'not_final', '{}')`,
+      [held, unsettled],
+    );
     expect((await pruneHistory(t.pool, DEFAULT_RETENTION_DAYS)).webhookEvents).toBeGreaterThanOrEqual(1);
-    expect((await t.pool.query(`select 1 from outboxd.webhook_events where id = 'evt_trimmed'`)).rows).toHaveLength(0);
+    expect((await t.pool.query(`select id from outboxd.webhook_events where id like 'evt_%' and received_at < now() - interval '30 days' order by id`)).rows).toEqual([{ id: 'evt_evidence' }, { id: 'evt_pending' }]);
+    // Acknowledged (settled long ago), its evidence goes as the rest does.
+    await t.pool.query(`update outboxd.payment_operations set review_reason = null where id = $1`, [held]);
+    await pruneHistory(t.pool, DEFAULT_RETENTION_DAYS);
+    expect((await t.pool.query(`select id from outboxd.webhook_events where id in ('evt_evidence', 'evt_pending')`)).rows).toEqual([{ id: 'evt_pending' }]);
+  });
+
+  it('keeps them at least 4 days: Stripe retries a webhook for 3, and a shorter memory takes a late retry for a new event', () => {
+    expect(() => loadConfig({ WEBHOOK_RETENTION_DAYS: '3' })).toThrow(/WEBHOOK_RETENTION_DAYS/);
+    expect(loadConfig({ WEBHOOK_RETENTION_DAYS: '4' }).retentionDays.webhookEvents).toBe(4);
   });
 });
