@@ -194,7 +194,10 @@ describe('the read-only token', () => {
     expect(done.status).toBe(303);
     expect(done.headers.location).toBe(`/console/operations/${op}?done=acknowledged`);
     expect(await operation(t, op)).toMatchObject({ status: 'succeeded', needs_review: false });
-    expect((await audit()).filter((a) => a.operation_id === op)).toEqual([{ actor: 'console:olivia', action: 'acknowledge', operation_id: op }]);
+    expect((await audit()).filter((a) => a.operation_id === op)).toEqual([
+      { actor: 'console:olivia', action: 'acknowledge_refused', operation_id: op }, // the stale page
+      { actor: 'console:olivia', action: 'acknowledge', operation_id: op },
+    ]);
     expect((await send('GET', `/console/operations/${op}`, { headers: { Cookie: operator.cookie } })).body).not.toContain(form);
   });
 });
