@@ -78,11 +78,23 @@ const knownQueues = new WeakMap<PgBoss, Set<string>>();
 /** An application's kind may be requested before any replica that defines it has started: its first
  * relayed row creates its queues (once per process), so the job waits there for such a replica. */
 async function ensureKindQueues(boss: PgBoss, kind: string): Promise<void> {
-  if (BUILT_IN_KINDS.includes(kind)) return;
-  const known = knownQueues.get(boss) ?? knownQueues.set(boss, new Set()).get(boss)!;
-  if (known.has(kind)) return;
+  if (!queuesUnknown(boss, kind)) return;
   await createKindQueues(boss, kind);
-  known.add(kind);
+  knownQueues.get(boss)!.add(kind);
+}
+
+const queuesUnknown = (boss: PgBoss, kind: string): boolean =>
+  !BUILT_IN_KINDS.includes(kind) && !(knownQueues.get(boss) ?? knownQueues.set(boss, new Set()).get(boss)!).has(kind);
+
+/** A relay pass met kinds whose queues it has not seen: it gives its rows back, to create them outside its
+ * transaction (pg-boss creates a queue on a connection of its own: on an application's pool of one, the
+ * pass would wait for itself for ever, holding its rows). */
+class QueuesUnknown extends Error {
+  readonly kinds: string[];
+  constructor(kinds: string[]) {
+    super(`no queues seen yet for ${kinds.join(', ')}`);
+    this.kinds = kinds;
+  }
 }
 
 /** Seen to exist no longer (deleted since, by an operator retiring a kind while rows of it still waited):
@@ -242,9 +254,21 @@ export async function relayOutbox(db: Pool, boss: PgBoss, limit = RELAY_BATCH, l
  * disjoint batches (SKIP LOCKED). Returns how many were relayed.
  */
 async function relayOperations(db: Pool, boss: PgBoss, limit: number): Promise<number> {
+  try {
+    return await relayBatch(db, boss, limit);
+  } catch (err) {
+    if (!(err instanceof QueuesUnknown)) throw err;
+    for (const kind of err.kinds) await ensureKindQueues(boss, kind);
+    return relayBatch(db, boss, limit);
+  }
+}
+
+async function relayBatch(db: Pool, boss: PgBoss, limit: number): Promise<number> {
   return inTransaction(db, async (tx) => {
     const { rows } = await tx.query(tx.sql.takeOutboxBatch(limit));
     if (rows.length === 0) return 0;
+    const unknown = [...new Set(rows.map((r: { kind: string }) => r.kind))].filter((kind) => queuesUnknown(boss, kind));
+    if (unknown.length) throw new QueuesUnknown(unknown);
     await traceRelay(rows, async (traceparents) => {
       const byKind = new Map<string, { data: OperationJob }[]>();
       rows.forEach((r: { operation_id: string; kind: string }, i) => {
@@ -252,7 +276,6 @@ async function relayOperations(db: Pool, boss: PgBoss, limit: number): Promise<n
         jobs.push({ data: { operationId: r.operation_id, traceparent: traceparents[i] } });
       });
       for (const [kind, jobs] of byKind) {
-        await ensureKindQueues(boss, kind);
         await untraced(() => boss.insert(queueFor(kind), jobs, { db: bossDb(tx) })).catch((err: unknown) => {
           forgetKindQueues(boss, kind);
           throw err;

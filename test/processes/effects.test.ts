@@ -776,6 +776,28 @@ describe('startWorker: the dispatcher inside the application’s process', () =>
     expect((await appPool.query('select 1 as ok')).rows[0].ok).toBe(1); // the application's pool is not ended
   });
 
+  it("on an application's pool of one connection: a defined kind's first rows do not wait for that connection while holding it (and the outbox's rows), and stop returns", async () => {
+    const { def } = receipts();
+    const one = new pg.Pool({ connectionString: t.url, max: 1 });
+    const o = new Outboxd({ pool: one });
+    o.defineEffect('one_conn_mail', def);
+    const events: string[] = [];
+    await o.onSettled((event) => void events.push(event.operationId));
+    const worker = await o.startWorker({ concurrency: 4 });
+    try {
+      // Requested through the application's other pool, as a request handler would.
+      const mails = await Promise.all([1, 2, 3].map((i) => request(o, 'one_conn_mail', { email: `m${i}@example.com` }, `one-conn-${i}`)));
+      const charge = (await inTx((c) => o.requestCharge(c, { orderId: `one-conn-${Date.now()}`, amount: 990, currency: 'eur', customer: 'cus_1', paymentMethod: 'pm_card_visa' }))).operationId;
+      await waitUntil(() => [...mails, charge].every((id) => events.includes(id)), 30_000, 'all settled');
+    } finally {
+      const stopped = Date.now();
+      await worker.stop();
+      await o.stop();
+      expect(Date.now() - stopped).toBeLessThan(10_000);
+      await one.end();
+    }
+  });
+
   it("starts in a process whose own settings of what it never reads (tracing over gRPC, its HTTP port, its logger's level) a worker process would refuse", async () => {
     const own = { OTEL_EXPORTER_OTLP_PROTOCOL: 'grpc', OTEL_EXPORTER_OTLP_ENDPOINT: 'grpc://collector:4317', HTTP_PORT: '80800', ADMIN_TOKEN: 'short', LOG_LEVEL: 'warning' };
     Object.assign(process.env, own);
