@@ -15,14 +15,16 @@ export interface Replica {
   get(path: string): Promise<{ status: number; body: string }>;
   exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
   kill(signal: NodeJS.Signals): void;
+  /** The signal to the replica's whole process group (a terminal's Ctrl-C): started with `group`. */
+  killGroup(signal: NodeJS.Signals): void;
 }
 
 /** entry: the JavaScript the worker runs from instead of bin/outboxd.js (the benchmark runs the compiled
  * dist/cli/main.js, as the image does); nodeArgs: node's own flags before it, as the image's command line;
- * args: the worker command's own (--effects). */
+ * args: the worker command's own (--effects); group: the replica leads a process group of its own. */
 export async function startReplica(
   env: Record<string, string>,
-  opts: { onLog?: (entry: Record<string, unknown>) => void; entry?: string; nodeArgs?: readonly string[]; args?: readonly string[] } = {},
+  opts: { onLog?: (entry: Record<string, unknown>) => void; entry?: string; nodeArgs?: readonly string[]; args?: readonly string[]; group?: boolean } = {},
 ): Promise<Replica> {
   // The port is read from the 'worker ready' line, logged at info. A replica asked to be quieter (the
   // benchmark's: a line per call would be work it measures, which the peer does not do) is given a free
@@ -32,6 +34,7 @@ export async function startReplica(
   const proc = spawn(process.execPath, [...(opts.nodeArgs ?? []), opts.entry ?? BIN, 'worker', ...(opts.args ?? [])], {
     env: { ...process.env, HTTP_PORT: '0', ...env, ...(fixedPort ? { HTTP_PORT: String(fixedPort) } : {}), LOG_LEVEL: quiet ? env.LOG_LEVEL! : 'info' },
     stdio: ['ignore', 'ignore', 'pipe'],
+    detached: opts.group ?? false,
   });
   const logs: Record<string, unknown>[] = [];
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
@@ -72,6 +75,7 @@ export async function startReplica(
     get,
     exited,
     kill: (signal) => proc.kill(signal),
+    killGroup: (signal) => process.kill(-proc.pid!, signal),
     async metric(name) {
       const { body } = await get('/metrics');
       return body

@@ -59,8 +59,15 @@ export async function runWorker(config: Config, baseLog: Logger, effects?: Effec
     process.once('SIGTERM', () => resolve('SIGTERM'));
     process.once('SIGINT', () => resolve('SIGINT'));
   });
-  // A second signal means "now": exit without waiting (leases expire, pg-boss retries the jobs).
-  for (const s of ['SIGTERM', 'SIGINT'] as const) process.once(s, () => process.exit(128 + (s === 'SIGINT' ? 2 : 15)));
+  // A second signal means "now": exit without waiting (leases expire, pg-boss retries the jobs). Not one
+  // a few milliseconds after the first: the same signal twice, to the process group and forwarded too (as
+  // bin/outboxd.js forwards it to the process it runs the sources in, on Node 22.12–22.17).
+  const first = performance.now();
+  for (const s of ['SIGTERM', 'SIGINT'] as const) {
+    process.on(s, () => {
+      if (performance.now() - first >= SAME_SIGNAL_MS) process.exit(128 + (s === 'SIGINT' ? 2 : 15));
+    });
+  }
   log.info({ signal, graceMs: config.worker.shutdownGraceMs }, 'draining: no new claims, finishing in-flight operations');
   const { finished } = await dispatcher.drain(config.worker.shutdownGraceMs);
   await boss.stop({ graceful: true, timeout: 2_000 });
@@ -72,6 +79,9 @@ export async function runWorker(config: Config, baseLog: Logger, effects?: Effec
   await db.close();
   log.info({ finished }, 'worker stopped');
 }
+
+/** A second signal this soon after the first is the first one delivered twice, not a person's "now". */
+const SAME_SIGNAL_MS = 250;
 
 /**
  * Everything a replica needs, in an order that fails early: the database answers and is migrated, the

@@ -106,6 +106,8 @@ describe('dispatcher replicas (OS processes)', () => {
     await waitUntil(() => createsFor(op).length === 1, 20_000, 'a call in flight');
     a.kill('SIGTERM');
     await waitUntil(async () => (await a.get('/readyz').catch(() => ({ status: 0 }))).status === 503, 5_000, 'draining');
+    // A person's second signal, not the first delivered twice (which comes within milliseconds, and is one).
+    await new Promise((resolve) => setTimeout(resolve, 500));
     const second = Date.now();
     a.kill('SIGTERM');
     const { code } = await a.exited;
@@ -116,6 +118,21 @@ describe('dispatcher replicas (OS processes)', () => {
     await replica();
     await waitUntil(() => settled(op), 60_000, 'settled after the hard exit');
     expect(charges(op)).toHaveLength(1);
+  });
+
+  it('Ctrl-C to the process group of a worker run from the sources without type stripping (Node 22.12–22.17, re-run by bin/outboxd.js): one signal, forwarded too, still drains', async () => {
+    const a = await startReplica(
+      { DATABASE_URL: t.url, STRIPE_API_BASE: e.url, STRIPE_SECRET_KEY: '', WORKER_CONCURRENCY: '4', STRIPE_TIMEOUT_MS: '8000', LEASE_TTL_MS: '10000', SHUTDOWN_GRACE_MS: '20000' },
+      { nodeArgs: ['--no-experimental-strip-types'], group: true },
+    );
+    replicas.push(a);
+    e.emulator.addFault({ fault: { kind: 'latency', ms: 2_000 }, count: 1 });
+    const op = await confirm(t);
+    await waitUntil(() => createsFor(op).length === 1, 20_000, 'a call in flight');
+    a.killGroup('SIGINT');
+    expect((await a.exited).code).toBe(0);
+    expect(a.logs.find((l) => l.msg === 'worker stopped')).toMatchObject({ finished: true });
+    expect(await operation(t, op)).toMatchObject({ status: 'succeeded', lease_owner: null });
   });
 
   it('kill -9 while the call is in flight: another replica takes over after the lease, same key, one charge', async () => {
