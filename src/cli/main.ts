@@ -103,7 +103,7 @@ async function withGateway<T>(db: Database, fn: (gateway: PaymentGateway) => Pro
 
 const positiveInt = (v: string) => {
   const n = Number(v);
-  if (!Number.isSafeInteger(n)) throw new InvalidArgumentError('must be an integer');
+  if (!Number.isSafeInteger(n) || n < 1) throw new InvalidArgumentError('must be an integer ≥ 1');
   return n;
 };
 const nonNegativeInt = (v: string) => {

@@ -158,6 +158,11 @@ describe('outboxd ops and requeue', () => {
     const res = await outboxd('ops', 'list', '--newest', '--limit', '2', '--json');
     expect(res.code).toBe(0);
     expect(JSON.parse(res.stdout).map((r: { id: string }) => r.id)).toEqual(oldest.slice(-2).reverse().map((r) => r.id));
+    // None, or fewer than none, is a usage error (exit 2), not "no operations" nor PostgreSQL's words.
+    for (const args of [['ops', 'list', '--limit', '0'], ['ops', 'list', '--limit', '-1'], ['audit', '--limit', '-3']]) {
+      const refused = await outboxd(...args);
+      expect(refused).toMatchObject({ code: 2, stderr: expect.stringMatching(/--limit.*must be an integer ≥ 1/) });
+    }
   });
 
   it('ops acknowledge clears a settled operation\'s review reason, audited under --actor; refused for one not held (exit 2)', async () => {
