@@ -193,8 +193,8 @@ export class Dispatcher {
   }
 
   /**
-   * The replica has `concurrency` slots, shared by its kinds (calls in flight at once: a slot is taken
-   * after the claim and given back when the call returns, its outcome recorded outside it; claimed jobs
+   * The replica has `concurrency` slots, shared by its kinds (calls in flight at once; the application's
+   * kinds together take at most what leaves the built-in ones a quarter: a slot is taken after the claim and given back when the call returns, its outcome recorded outside it; claimed jobs
    * take them in fetch order, whatever their kind), and twice as many claims. Each kind has as many
    * pg-boss loops as slots, each fetching up to fetchBatch jobs per round trip; pg-boss completes a loop's
    * batch in one statement, once all of it is done. A fetched job waits, unclaimed, for a free claim, then
@@ -254,15 +254,23 @@ export class Dispatcher {
     // waits.
     const slots = new Slots(this.opts.concurrency);
     const claims = new Slots(CLAIMS_PER_SLOT * this.opts.concurrency);
+    // The application's kinds together hold at most what leaves the built-in ones (the payments) a
+    // quarter of each (one at least, when there are two): a service of the application's that hangs
+    // until its timeoutMs must not keep a charge waiting for a slot behind its backlog.
+    const shared = Math.max(1, this.opts.concurrency - Math.max(1, Math.floor(this.opts.concurrency / 4)));
+    const applicationSlots = new Slots(shared, slots);
+    const applicationClaims = new Slots(CLAIMS_PER_SLOT * shared, claims);
     for (const kind of this.kinds) {
-      if (!BUILT_IN_KINDS.includes(kind)) await createKindQueues(boss, kind); // the built-in ones: by migrate
+      const builtIn = BUILT_IN_KINDS.includes(kind);
+      const [kindSlots, kindClaims] = builtIn ? [slots, claims] : [applicationSlots, applicationClaims];
+      if (!builtIn) await createKindQueues(boss, kind); // the built-in ones: by migrate
       const { policy } = this.deps.kinds.get(kind)!;
       this.policies.set(kind, { policy, calls: callTable(policy) });
       const batch = Math.min(this.opts.fetchBatch ?? FETCH_BATCH, this.opts.concurrency);
       const handle = (job: Job<OperationJob>) => traceDispatch(job, async () => {
-        const releaseClaim = await claims.take();
+        const releaseClaim = await kindClaims.take();
         try {
-          return await this.handle(job, kind, () => slots.request());
+          return await this.handle(job, kind, () => kindSlots.request());
         } finally {
           releaseClaim();
         }

@@ -690,7 +690,7 @@ describe('WORKER_CONCURRENCY: calls in flight per replica, whatever their kind',
     }
   });
 
-  it('two kinds with a backlog each share the replica’s slots: never more calls at once than slots', async () => {
+  it('two kinds with a backlog each share the slots the application’s kinds may take: never more calls at once', async () => {
     let inFlight = 0;
     let most = 0;
     let finish!: () => void;
@@ -711,7 +711,8 @@ describe('WORKER_CONCURRENCY: calls in flight per replica, whatever their kind',
     const o = app(defs);
     const ops: string[] = [];
     for (const kind of Object.keys(defs)) for (let i = 0; i < 3; i++) ops.push(await request(o, kind, { i }));
-    const replica = await startDispatcher(t, new FakeStripe(), 'shared-slots', { concurrency: 2, effects: new Map(Object.entries(defs)) });
+    // Of 3 slots, 2 are the application's kinds' (one is kept for the payments).
+    const replica = await startDispatcher(t, new FakeStripe(), 'shared-slots', { concurrency: 3, effects: new Map(Object.entries(defs)) });
     try {
       // Every job fetched (each kind has its own loops), two of them running: with slots per kind, four would.
       const active = async () => (await t.pool.query(`select count(*)::int as n from pgboss.job where name = any($1) and state = 'active'`, [Object.keys(defs)])).rows[0].n;
@@ -723,6 +724,28 @@ describe('WORKER_CONCURRENCY: calls in flight per replica, whatever their kind',
       expect(most).toBe(2);
     } finally {
       finish();
+      await replica.stop();
+    }
+  });
+});
+
+describe('sharing a replica with the payments', () => {
+  it("an effect of the application's that hangs holds up no charge: its kinds never take the slots and claims kept for the built-in ones", async () => {
+    const hung: (() => void)[] = [];
+    // A mail service that black-holes: each call hangs until its timeoutMs, far longer than this test.
+    const def: EffectDefinition = { policy: 'at-least-once', timeoutMs: 60_000, execute: () => new Promise((resolve) => void hung.push(() => resolve({}))) };
+    const o = app({ hanging_mail: def });
+    for (let i = 0; i < 20; i++) await request(o, 'hanging_mail', { i });
+    await relay(t);
+    const replica = await startDispatcher(t, new FakeStripe(), 'hanging-mail', { concurrency: 4, leaseTtlMs: 5_000, effects: new Map([['hanging_mail', def]]) });
+    try {
+      // Of 4 slots, the application's kinds take 3.
+      await waitUntil(() => hung.length >= 3, 10_000, 'mails hanging in every slot they may take');
+      const charge = await confirm(t);
+      await waitUntil(async () => (await operation(t, charge)).status === 'succeeded', 20_000, 'the charge settled while the mails hang');
+      expect(hung).toHaveLength(3);
+    } finally {
+      for (const finish of hung) finish();
       await replica.stop();
     }
   });
