@@ -194,8 +194,9 @@ export class Dispatcher {
 
   /**
    * The replica has `concurrency` slots, shared by its kinds (calls in flight at once; the application's
-   * kinds together take at most what leaves the built-in ones a quarter: a slot is taken after the claim and given back when the call returns, its outcome recorded outside it; claimed jobs
-   * take them in fetch order, whatever their kind), and twice as many claims. Each kind has as many
+   * kinds together take at most what leaves the built-in ones a quarter: a slot is taken after the claim
+   * and given back when the call returns, its outcome recorded outside it; claimed jobs take them in fetch
+   * order, whatever their kind), and twice as many claims. Each kind has as many
    * pg-boss loops as slots, each fetching up to fetchBatch jobs per round trip; pg-boss completes a loop's
    * batch in one statement, once all of it is done. A fetched job waits, unclaimed, for a free claim, then
    * claimed (its lease renewed) for a free slot. pg-boss waits out its

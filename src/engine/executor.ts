@@ -8,6 +8,7 @@
 import type { EffectCall, KindRegistry, Policy } from './kinds.ts';
 import { callTableIndex } from '../types/contracts.ts';
 import { withinDeadline } from '../types/deadline.ts';
+import { textOf } from '../types/input.ts';
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import { ATTR, operationAttributes, outcomeOn, withSpan } from '../telemetry/tracing.ts';
@@ -287,7 +288,7 @@ function fromError(err: unknown, call: EffectCall, actedBefore: boolean): Outcom
   if (isEffectFailed(err)) return { kind: 'failed', externalId: null, reason: `${err.name}: ${err.message}` };
   if (!(err instanceof GatewayError)) {
     // Whatever failed, we cannot tell whether the request reached the provider: ambiguous.
-    return { kind: 'ambiguous', externalId: null, reason: `unexpected ${call} error: ${String(err)}` };
+    return { kind: 'ambiguous', externalId: null, reason: `unexpected ${call} error: ${textOf(err)}` };
   }
   const reason = `${err.name}${err.httpStatus ? ` ${err.httpStatus}` : ''}: ${err.message}`;
   return { ...fromGatewayError(err, call, reason, actedBefore), requestId: err.requestId };

@@ -18,6 +18,16 @@ export const UNSTORABLE = 'must not contain U+0000 or half a surrogate pair';
  * of a surrogate pair become U+FFFD, where refusing it would leave its failure unrecorded. */
 export const storableText = (s: string): string => s.replaceAll('\0', '\ufffd').toWellFormed();
 
+/** Whatever an application's code threw or returned, as text: String() of it, unless even that throws (an
+ * object with no prototype, a toString that throws). */
+export function textOf(value: unknown): string {
+  try {
+    return String(value);
+  } catch {
+    return Object.prototype.toString.call(value);
+  }
+}
+
 /** U+0000, or a lone surrogate (JSON.stringify escapes only those: a whole pair is written as is),
  * escaped in JSON text; an escaped backslash before "u0000" is not one. */
 const UNSTORABLE_ESCAPE = /(?<!\\)((?:\\\\)*)\\u(?:0000|d[89a-f][0-9a-f]{2})/g;

@@ -244,6 +244,22 @@ describe('at-least-once: a receipt whose answer is lost', () => {
   });
 });
 
+describe('an outcome JavaScript cannot put into words as given', () => {
+  it('a result JSON cannot hold (a cycle: a client response object) says so instead of reading as none; a thrown value String() refuses is still recorded', async () => {
+    const response: Record<string, unknown> = { status: 200 };
+    response.request = { response };
+    const defs: Record<string, EffectDefinition> = {
+      cyclic_reply: { policy: 'at-least-once', execute: async () => response },
+      odd_throw: { policy: 'at-least-once', execute: async () => { throw Object.create(null); } },
+    };
+    const o = app(defs);
+    const cyclic = (await execute(await request(o, 'cyclic_reply', {}), defs)).operation;
+    expect(cyclic).toMatchObject({ status: 'succeeded', result: { unserializable: expect.stringMatching(/circular/i) } });
+    const odd = (await execute(await request(o, 'odd_throw', {}), defs)).operation;
+    expect(odd).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous', last_error: 'unexpected create error: [object Object]' });
+  });
+});
+
 describe('an outcome PostgreSQL cannot store as given (U+0000 or half an emoji in a result or an error)', () => {
   it('is stored with U+FFFD in its place: recorded at the first execution, never executed again', async () => {
     const runs = { result: 0, error: 0 };

@@ -8,6 +8,7 @@
 // execute returns a result to record, or throws EffectFailed when the effect definitively did not and
 // will not happen; anything else (a timeout, a crash, any other error) is ambiguous.
 import { DEAD_LETTER_SUFFIX } from '../../types/contracts.ts';
+import { textOf } from '../../types/input.ts';
 import type { CallContext, EffectCalls, Kind } from '../../types/kind.ts';
 import type { Operation, Outcome } from '../../types/operation.ts';
 
@@ -117,15 +118,16 @@ function fromCheck(op: Operation, found: CheckResult): Outcome {
       return { kind: 'needs_review', externalId: null, retry: false, reason: `check could not tell whether ${op.kind} ${op.id} happened${found.reason ? `: ${found.reason}` : ''}` };
     default:
       // Not an answer: as good as a check that failed; it is asked again.
-      return { kind: 'ambiguous', externalId: null, reason: `check returned ${JSON.stringify(found)}, not { status: 'done' | 'not_done' | 'unknown' }` };
+      return { kind: 'ambiguous', externalId: null, reason: `check returned ${asJson(found)}, not { status: 'done' | 'not_done' | 'unknown' }` };
   }
 }
 
-/** The result as stored: JSON, or null when it has none (or none that JSON can hold). */
+/** The result as stored: JSON, null when it has none, or, when JSON cannot hold it (a cycle, a BigInt),
+ * what JSON said of it, so that it is not taken for none. */
 function asJson(value: unknown): string {
   try {
     return JSON.stringify(value ?? null) ?? 'null';
-  } catch {
-    return 'null';
+  } catch (err) {
+    return JSON.stringify({ unserializable: textOf(err) });
   }
 }
