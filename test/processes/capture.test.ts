@@ -601,11 +601,11 @@ describe('what Stripe shows outside outboxd', () => {
     expect(events.find((r) => r.operation_id === charge)).toMatchObject({ status: 'succeeded', hold: null, amount: 2000 });
   });
 
-  it('an application’s effect whose payload and result read like an authorization found captured has no amount in its event, and holds up no event behind it', async () => {
+  it('an application’s effect whose payload and result read like an authorization found captured has no amount in its event, holds up no event behind it, and is no authorization on the console', async () => {
     const effects = new Map([['lookalike', { policy: 'at-least-once' as const, execute: (ctx: { payload: unknown }) => ({ status: 'succeeded', amount_received: (ctx.payload as { n: number }).n }) }]]);
     const ops: string[] = [];
     for (const n of [12.5, 1234]) {
-      const { operationId } = await inTransaction(t.pool, (tx) => requestEffect(tx, effects, 'lookalike', { key: `lookalike-${n}`, payload: { capture_method: 'manual', n } }));
+      const { operationId } = await inTransaction(t.pool, (tx) => requestEffect(tx, effects, 'lookalike', { key: `lookalike-${n}`, payload: { capture_method: 'manual', stripe_account: 'acct_1Warehouse', n } }));
       expect((await executeOperation(t.pool, kindsFor(e.gateway(), effects), operationId, await claim(t, operationId))).operation.status).toBe('succeeded');
       ops.push(operationId);
     }
@@ -614,6 +614,10 @@ describe('what Stripe shows outside outboxd', () => {
     const events = await inTransaction(t.pool, async (tx) => (await tx.query(tx.sql.takeSettlementBatch(1000, SETTLED_EVENT))).rows);
     expect(ops.map((op) => events.find((r) => r.operation_id === op)?.amount)).toEqual([null, null]);
     expect(events.find((r) => r.operation_id === charge)).toMatchObject({ amount: 2599 });
+    const effect = await operation(t, ops[0]!);
+    const record = await operationRecord(t.pool, effect);
+    const page = String(operationPage(effect, record, timeline(effect, record), {}, { csrfToken: 'x', now: new Date(), dashboard: 'https://dashboard.stripe.com/test' }));
+    expect(page).not.toMatch(/<dt>Authorization<\/dt>|<dt>Connected account<\/dt>/);
   });
 
   it('outside one transaction (a client in autocommit), two captures racing: the one-live-change index refuses the second', async () => {

@@ -54,7 +54,7 @@ ${waitingNote(op, now)}
         ${field('Order', op.order_id === null ? 'none (an application effect)' : html`<a class="mono" href="/console/search?q=${encodeURIComponent(op.order_id)}">${op.order_id}</a>`)}
         ${field('Kind', op.kind)}
         ${op.parent_operation_id ? field('Of charge', opLink(op.parent_operation_id)) : nothing}
-        ${accountOf(op) ? field('Connected account', stripeLink(accountOf(op), opts.dashboard)) : nothing}
+        ${ofStripe(op) && accountOf(op) ? field('Connected account', stripeLink(accountOf(op), opts.dashboard)) : nothing}
         ${isHold(op) ? field('Authorization', hold(op, record.related, now), true) : nothing}
         ${field('Amount', html`${amount(op)} <span class="muted">(${op.amount} ${op.currency} in minor units)</span>`)}
         ${field('Customer', op.customer_id ? stripeLink(op.customer_id, opts.dashboard) : '—')}
@@ -145,8 +145,11 @@ function resolveSucceededField(op: Operation, value: string): Safe {
     <input id="external_id" name="external_id" type="text" required maxlength="255" ${expected ? html`pattern="${expected.pattern.source.replace(/^\^|\$$/g, '')}"` : nothing} spellcheck="false" autocomplete="off" class="mono" value="${value}">`;
 }
 
+/** An operation of a kind Stripe carries out (a built-in one): an application's payload may name anything. */
+const ofStripe = (op: Operation): boolean => namingOf(op.kind) !== undefined;
+
 /** A charge requested with capture_method manual: Stripe holds its funds once it succeeded. */
-const isHold = (op: Operation): boolean => (op.payload as { capture_method?: string } | null)?.capture_method === 'manual';
+const isHold = (op: Operation): boolean => ofStripe(op) && (op.payload as { capture_method?: string } | null)?.capture_method === 'manual';
 
 /** What an authorization holds and for how long (its charge's capture_before, as Stripe said), or what
  * changed it since (its succeeded capture, cancel or refund, among the order's operations). */
