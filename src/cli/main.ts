@@ -101,9 +101,15 @@ async function withGateway<T>(db: Database, fn: (gateway: PaymentGateway) => Pro
   }
 }
 
-const positiveInt = (v: string) => {
+/** An amount: its sign is the request's to judge, which names the field as the library does. */
+const integer = (v: string) => {
   const n = Number(v);
-  if (!Number.isSafeInteger(n) || n < 1) throw new InvalidArgumentError('must be an integer ≥ 1');
+  if (!Number.isSafeInteger(n)) throw new InvalidArgumentError('must be an integer');
+  return n;
+};
+const positiveInt = (v: string) => {
+  const n = integer(v);
+  if (n < 1) throw new InvalidArgumentError('must be an integer ≥ 1');
   return n;
 };
 const nonNegativeInt = (v: string) => {
@@ -153,7 +159,7 @@ order
   .command('confirm')
   .description('confirm an order: order, charge operation and outbox row in one transaction')
   .option('--order-id <id>')
-  .addOption(new Option('--amount <minor-units>', 'amount in minor units').argParser(positiveInt))
+  .addOption(new Option('--amount <minor-units>', 'amount in minor units').argParser(integer))
   .option('--currency <code>', 'ISO 4217 currency, e.g. eur')
   .option('--customer <cus>')
   .option('--payment-method <pm>')
@@ -211,7 +217,7 @@ program
   .command('refund')
   .description('refund a succeeded charge: a refund operation and its outbox row in one transaction')
   .argument('<charge-op-id>', 'the charge operation: its id, or its short id (a unique prefix of 8 or more hex digits)', chargeOperationRef)
-  .addOption(new Option('--amount <minor-units>', 'amount in minor units').argParser(positiveInt).makeOptionMandatory())
+  .addOption(new Option('--amount <minor-units>', 'amount in minor units').argParser(integer).makeOptionMandatory())
   .addOption(new Option('--key <key>', 'your name for this refund: the same key of the same charge is the same refund').makeOptionMandatory())
   .addOption(new Option('--reason <reason>').choices(REFUND_REASONS))
   .option('--reverse-transfer', "a destination charge's refund: take the transfer back from the connected account")
@@ -235,7 +241,7 @@ program
   .description("capture an authorization (a charge confirmed with --capture manual): a capture operation and its outbox row in one transaction")
   .argument('<charge-op-id>', 'the charge operation: its id, or its short id (a unique prefix of 8 or more hex digits)', chargeOperationRef)
   .addOption(new Option('--key <key>', 'your name for this capture: the same key of the same charge is the same capture').makeOptionMandatory())
-  .addOption(new Option('--amount <minor-units>', 'at most what it holds; default: all of it (the rest is released)').argParser(positiveInt))
+  .addOption(new Option('--amount <minor-units>', 'at most what it holds; default: all of it (the rest is released)').argParser(integer))
   .option('--json', 'machine-readable output')
   .action((id: string, o) =>
     requestOfCharge(id, o, 'capture', (tx, chargeOperationId) =>
