@@ -14,7 +14,7 @@ import { inTransaction, type Pool } from '../db/pool.ts';
 import { ValidationError } from '../types/errors.ts';
 import { isStorableText } from '../types/input.ts';
 import { liveJobFor, queueFor } from '../outbox/outbox.ts';
-import { accountOf, GatewayError, Rejected, type PaymentGateway } from '../stripe/gateway.ts';
+import { AccessRevoked, accountOf, GatewayError, Rejected, type PaymentGateway } from '../stripe/gateway.ts';
 import { kindsFor, namingOf } from '../kinds/index.ts';
 import type { KindEvidence } from '../types/kind.ts';
 import { claimOperation, isSettled, releaseLease, renewLease, settleUnderLease, type Operation } from '../engine/operation.ts';
@@ -164,6 +164,9 @@ const refuse = (message: string) => new ResolutionRefused(message);
  * so, settling nothing, not a fault of outboxd's. */
 function unlessStripeSaid(err: unknown): never {
   if (err instanceof Rejected) throw refuse(`Stripe refused to show it (${err.message}): check the id and the account`);
+  if (err instanceof AccessRevoked) {
+    throw refuse(`the connected account no longer lets the platform read it (${err.message}); nothing was settled: once it connects the platform again, requeue the operation (same key), or resolve it then`);
+  }
   if (err instanceof GatewayError) throw refuse(`Stripe could not be asked (${err.name}: ${err.message}); nothing was settled: try again`);
   throw err;
 }

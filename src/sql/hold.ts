@@ -115,7 +115,10 @@ export const holdStatements = ({ event, operationColumns, s, settlementEvent, st
        and c.result->>'status' is distinct from 'succeeded'
        and not exists (select 1 from ${s}.payment_operations x
                        where x.order_id = c.order_id and x.kind in ('capture', 'cancel') and x.parent_operation_id = c.id and x.status <> 'failed')
-     order by c.result->>'capture_before'
+     -- In an order each sweep draws anew: more may wait than a sweep reads (undated holds may stay held
+     -- for weeks, and a dated one Stripe is late to release is read until it does), and none is left out
+     -- for good.
+     order by hashtext(c.id::text || $1)
      limit $3`,
   ),
 });

@@ -362,6 +362,20 @@ describe('an authorization released in Stripe', () => {
     expect((await sweep()).followedUp).not.toContain(wallet.charge);
   });
 
+  it('more wallet holds than a sweep reads: each sweep draws anew which it reads, so none released is left out for good', async () => {
+    const wallets = [await held({ paymentMethod: 'pm_paypal' }), await held({ paymentMethod: 'pm_paypal' }), await held({ paymentMethod: 'pm_paypal' })];
+    await t.pool.query(`update outboxd.payment_operations set settled_at = now() - interval '5 days' where id = any($1::uuid[])`, [wallets.map((w) => w.charge)]);
+    // A sweep reading 2 (of these and the earlier cases' holds still followed up): the one the first would
+    // leave out is released. In a fixed order, every sweep would leave it out.
+    const first = (await t.pool.query(t.pool.sql.authorizationsToFollowUp(new Date().toISOString(), new Date(Date.now() - 30 * 86_400_000).toISOString(), 2, 4 * 86_400))).rows.map((r: { id: string }) => r.id);
+    const released = wallets.find((w) => !first.includes(w.charge))!;
+    e.emulator.expire(released.pi);
+    const sweep = () => reconcileSweep(t.pool, e.gateway(), { owner: 'sweeper', leaseTtlMs: 10_000, log: createLogger('silent'), limit: 2 });
+    let recorded = false;
+    for (let i = 0; i < 30 && !recorded; i++) recorded = (await sweep()).followedUp.includes(released.charge);
+    expect(recorded).toBe(true);
+  });
+
   it('captured in the dashboard: its webhook records a capture of what Stripe took, which can be refunded; no second capture or cancel is taken', async () => {
     const { charge, pi } = await held();
     await e.client().paymentIntents.capture(pi, { amount_to_capture: 1000 });
@@ -528,6 +542,14 @@ describe('Connect', () => {
       const held = await run(unsure);
       expect(held.outcome).toMatchObject({ kind: 'needs_review', retry: false });
       expect(held.operation).toMatchObject({ status: 'unknown', needs_review: true, review_reason: expect.stringMatching(/create refused by the connected account: .*account_invalid/) });
+      // A person cannot settle it from what the platform cannot read, and is told what will help.
+      await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [unsure]);
+      const pi = e.emulator.ledger().find((l) => l.paymentIntent.metadata.operation_id === unsure)!.paymentIntent.id;
+      for (const resolution of [{ outcome: 'succeeded', externalId: pi }, { outcome: 'failed', reason: 'the shop says no charge' }] as const) {
+        await expect(resolveOperation(t.pool, e.gateway(), unsure, resolution, 'alice', { leaseTtlMs: 10_000, searchFreshnessSeconds: 0 })).rejects.toThrow(
+          /no longer lets the platform read it .*once it connects the platform again, requeue the operation/,
+        );
+      }
     } finally {
       e.emulator.revokeAccess(gone, false);
     }
