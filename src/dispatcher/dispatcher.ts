@@ -30,7 +30,7 @@ import type { Logger } from '../telemetry/log.ts';
 import type { EffectCall, KindRegistry, Policy } from '../engine/kinds.ts';
 import { BUILT_IN_KINDS } from '../kinds/names.ts';
 import { storableText } from '../types/input.ts';
-import { KIND_QUEUE_OPTIONS, createKindQueues, deadQueueFor, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type OperationJob, type RelayPass } from '../outbox/outbox.ts';
+import { KIND_QUEUE_OPTIONS, deadQueueFor, ensureKindQueues, enqueueOperation, queueFor, RECONCILE_QUEUE, RELAY_BATCH, relayOutbox, type OperationJob, type RelayPass } from '../outbox/outbox.ts';
 import { reconcileSweep } from '../reconcile/sweep.ts';
 import { createPruneQueue, DEFAULT_RETENTION_DAYS, PRUNE_QUEUE, pruneHistory, type RetentionDays } from '../outbox/retention.ts';
 import { CallAbandoned, CallTimedOut, callTable, executeOperation, KEY_WINDOW_SECONDS } from '../engine/executor.ts';
@@ -264,7 +264,7 @@ export class Dispatcher {
     for (const kind of this.kinds) {
       const builtIn = BUILT_IN_KINDS.includes(kind);
       const [kindSlots, kindClaims] = builtIn ? [slots, claims] : [applicationSlots, applicationClaims];
-      if (!builtIn) await createKindQueues(boss, kind); // the built-in ones: by migrate
+      await ensureKindQueues(boss, kind); // the built-in ones: by migrate
       const { policy } = this.deps.kinds.get(kind)!;
       this.policies.set(kind, { policy, calls: callTable(policy) });
       const batch = Math.min(this.opts.fetchBatch ?? FETCH_BATCH, this.opts.concurrency);

@@ -76,8 +76,9 @@ export async function createKindQueues(boss: PgBoss, kind: string): Promise<void
 const knownQueues = new WeakMap<PgBoss, Set<string>>();
 
 /** An application's kind may be requested before any replica that defines it has started: its first
- * relayed row creates its queues (once per process), so the job waits there for such a replica. */
-async function ensureKindQueues(boss: PgBoss, kind: string): Promise<void> {
+ * relayed row creates its queues (once per process), so the job waits there for such a replica. A
+ * dispatcher creates those of the kinds it carries out as it starts, seen then by its own relay. */
+export async function ensureKindQueues(boss: PgBoss, kind: string): Promise<void> {
   if (!queuesUnknown(boss, kind)) return;
   await createKindQueues(boss, kind);
   knownQueues.get(boss)!.add(kind);
