@@ -23,7 +23,7 @@ import type { Queryable } from '../db/pool.ts';
 import type { OperationStatus, Policy } from '../types/status.ts';
 import { OperationNotFoundError, StaleFenceError } from '../types/errors.ts';
 import { DISCREPANCY_PREFIX } from '../types/contracts.ts';
-import { storableJson } from '../types/input.ts';
+import { storableJson, storableReason } from '../types/input.ts';
 import { isSettled, type ListedOperation, type LoadedOperation, type Operation, type Outcome, type SettlementSource } from '../types/operation.ts';
 import { ATTR, withSpan } from '../telemetry/tracing.ts';
 
@@ -118,10 +118,10 @@ export async function recordOutcome(
 ): Promise<Operation> {
   const status = nextStatus(op.status, outcome);
   const externalId = 'externalId' in outcome ? outcome.externalId : null;
-  const error = 'reason' in outcome ? outcome.reason : null;
+  const error = 'reason' in outcome ? storableReason(outcome.reason) : null;
   // A reason that only says "try again later" (search not caught up) does not replace one a person needs
   // (a key misuse, a mismatched charge): their runbook actions differ.
-  const review = outcome.kind === 'needs_review' && !(outcome.retry && op.review_reason) ? outcome.reason : null;
+  const review = outcome.kind === 'needs_review' && !(outcome.retry && op.review_reason) ? error : null;
   const createAttempt = made.call === 'create' ? made.attempt : undefined;
   const undo = outcome.kind === 'not_done' || (createAttempt !== undefined && executedNothing(outcome));
   const result = outcome.kind === 'succeeded' ? (outcome.result ?? null) : null;

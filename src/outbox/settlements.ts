@@ -24,7 +24,7 @@ import type { SettlementSource } from '../engine/operation.ts';
 import type { Statements } from '../sql/statements.ts';
 import { traceDelivery } from '../telemetry/tracing.ts';
 import { withinDeadline } from '../types/deadline.ts';
-import { storableJson, storableText } from '../types/input.ts';
+import { storableJson, storableReason, storableText } from '../types/input.ts';
 
 export const SETTLED_QUEUE = 'settled';
 export const SETTLED_DEAD_QUEUE = 'settled_dead';
@@ -271,7 +271,7 @@ export function deliverSettlements(
       await db.query(db.sql.settlementEventDone(id, attempts));
       return;
     }
-    const lastError = storableText((failure instanceof Error ? failure.message : String(failure)).slice(0, 2000));
+    const lastError = storableReason(failure instanceof Error ? failure.message : String(failure));
     if (attempts > settledQueueOptions.retryLimit!) {
       await inTransaction(pool, async (tx) => {
         const { rowCount } = await tx.query(tx.sql.settlementEventDone(id, attempts));

@@ -18,6 +18,13 @@ export const UNSTORABLE = 'must not contain U+0000 or half a surrogate pair';
  * of a surrogate pair become U+FFFD, where refusing it would leave its failure unrecorded. */
 export const storableText = (s: string): string => s.replaceAll('\0', '\ufffd').toWellFormed();
 
+/** The most of a reason (an error's message, what a check said) kept on an operation, its timeline and
+ * its settlement event: an application's code can throw a message of any length, once per attempt. */
+export const MAX_REASON_LENGTH = 2000;
+/** A reason as stored: storable, and cut to MAX_REASON_LENGTH characters, saying how many were left out. */
+export const storableReason = (s: string): string =>
+  storableText(s.length > MAX_REASON_LENGTH ? `${s.slice(0, MAX_REASON_LENGTH)}… (${s.length - MAX_REASON_LENGTH} more characters)` : s);
+
 /** Whatever an application's code threw or returned, as text: String() of it, unless even that throws (an
  * object with no prototype, a toString that throws). */
 export function textOf(value: unknown): string {

@@ -260,6 +260,31 @@ describe('an outcome JavaScript cannot put into words as given', () => {
   });
 });
 
+describe('an outcome larger than is kept (an application can return or throw anything, once per attempt)', () => {
+  it('a result over 64 KiB of JSON is recorded as such, and an error message is cut to 2000 characters on the operation (so its settlement event) and its timeline', async () => {
+    const huge = 'x'.repeat(1 << 20);
+    const runs = { big: 0, loud: 0, refused: 0 };
+    const defs: Record<string, EffectDefinition> = {
+      big_reply: { policy: 'at-least-once', execute: async () => (runs.big++, { body: huge }) },
+      loud_failure: { policy: 'at-least-once', execute: async () => { runs.loud++; throw new Error(huge); } },
+      loud_refusal: { policy: 'at-least-once', execute: async () => { runs.refused++; throw new EffectFailed(huge); } },
+    };
+    const o = app(defs);
+    const big = (await execute(await request(o, 'big_reply', {}), defs)).operation;
+    expect(big).toMatchObject({ status: 'succeeded', result: { unstored: `a result of ${(1 << 20) + 11} bytes of JSON, more than the 65536 kept` } });
+    const loud = (await execute(await request(o, 'loud_failure', {}), defs)).operation;
+    expect(loud).toMatchObject({ status: 'unknown', last_outcome: 'ambiguous' });
+    expect(loud.last_error).toBe(`unexpected create error: Error: ${'x'.repeat(2000 - 32)}… (${(1 << 20) - 2000 + 32} more characters)`);
+    const refused = (await execute(await request(o, 'loud_refusal', {}), defs)).operation;
+    expect(refused).toMatchObject({ status: 'failed' });
+    expect(refused.last_error!.length).toBeLessThan(2100);
+    // A settlement event says the operation's last_error as its reason.
+    const { rows } = await t.pool.query(`select max(length(details::text)) as longest from ${t.schema}.operation_events where operation_id = any($1)`, [[big.id, loud.id, refused.id]]);
+    expect(rows[0].longest).toBeLessThan(2500);
+    expect(runs).toEqual({ big: 1, loud: 1, refused: 1 });
+  });
+});
+
 describe('an outcome PostgreSQL cannot store as given (U+0000 or half an emoji in a result or an error)', () => {
   it('is stored with U+FFFD in its place: recorded at the first execution, never executed again', async () => {
     const runs = { result: 0, error: 0 };

@@ -122,12 +122,20 @@ function fromCheck(op: Operation, found: CheckResult): Outcome {
   }
 }
 
-/** The result as stored: JSON, null when it has none, or, when JSON cannot hold it (a cycle, a BigInt),
- * what JSON said of it, so that it is not taken for none. */
+/** A result is kept in the operation row and sent in its settlement event, as a payload is: a record of
+ * what happened (an id, a status), not a document. */
+const MAX_RESULT_BYTES = 64 * 1024;
+
+/** The result as stored: JSON, null when it has none, or, when JSON cannot hold it (a cycle, a BigInt) or
+ * it is larger than MAX_RESULT_BYTES, what stood in its way, so that it is not taken for none. The effect
+ * happened all the same: refusing its result would run it again. */
 function asJson(value: unknown): string {
+  let json: string;
   try {
-    return JSON.stringify(value ?? null) ?? 'null';
+    json = JSON.stringify(value ?? null) ?? 'null';
   } catch (err) {
     return JSON.stringify({ unserializable: textOf(err) });
   }
+  const bytes = Buffer.byteLength(json);
+  return bytes > MAX_RESULT_BYTES ? JSON.stringify({ unstored: `a result of ${bytes} bytes of JSON, more than the ${MAX_RESULT_BYTES} kept` }) : json;
 }
