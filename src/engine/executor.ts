@@ -18,6 +18,7 @@ import {
   CHECK_AFTER_CREATE_GIVEN_UP,
   CREATE_MAY_STILL_ACT,
   flagForReview,
+  foreignObject,
   isSettled,
   loadOperation,
   recordAttempt,
@@ -210,7 +211,13 @@ export async function executeOperation(
     answered.kind === 'not_done' && op.review_reason?.includes(CREATE_MAY_STILL_ACT)
       ? { kind: 'needs_review', externalId: null, reason: CHECK_AFTER_CREATE_GIVEN_UP, retry: false }
       : undefined;
-  const outcome = distrusted ?? judged?.outcome ?? answered;
+  // What Search found by the operation's id in metadata, which whoever can edit the object writes: another
+  // operation's object settles this one never (one PaymentIntent, two orders told they were paid).
+  const foreign = call === 'search' && effect.evidence?.foundByMetadata && 'externalId' in answered && answered.externalId
+    ? await foreignObject(db, op, answered.externalId, effect.evidence.naming.object)
+    : null;
+  const taken: Outcome | undefined = foreign ? { kind: 'needs_review', externalId: null, reason: foreign, retry: false } : undefined;
+  const outcome = taken ?? distrusted ?? judged?.outcome ?? answered;
   // The caller's logger names the operation and its kind; this line says what the call did.
   log?.info({ orderId: op.order_id, policy: effect.policy, call, attempt: attempts, outcome: outcome.kind, durationMs }, 'gateway call finished');
   if (outcome.kind === 'needs_review') log?.error({ reason: outcome.reason }, 'operation needs review');

@@ -387,6 +387,20 @@ export async function settleUnderLease(
 }
 
 /**
+ * Why an object found by the operation id in its metadata (a Stripe webhook, Search) cannot be the
+ * operation's, for what only the database knows: nothing of the operation was ever sent (its stamps are
+ * taken before the first send, and undone only when it is proven nothing executed), or another operation
+ * of its kind records the object as its own. Metadata is written by whoever can edit the object: a
+ * dashboard user, a connected account. Null when neither.
+ */
+export async function foreignObject(db: Queryable, op: Operation, objectId: string, object: string): Promise<string | null> {
+  if (isSettled(op.status) || op.external_id === objectId) return null;
+  if (op.first_attempted_at === null && op.last_attempted_at === null) return `${objectId} names operation ${op.id}, which outboxd has not sent to Stripe`;
+  const { rows } = await db.query(db.sql.externalIdOwner(objectId, op.kind, op.id));
+  return rows[0] ? `${objectId} is operation ${rows[0].id}'s ${object}, not ${op.id}'s` : null;
+}
+
+/**
  * Settles from outside the executor (a person's resolution, a Stripe webhook): only an unsettled
  * operation, and with a fence bump so a worker still holding a claim writes nothing after it; its
  * settlement event in the same statement. Undefined when the operation was already settled (a

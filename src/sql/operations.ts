@@ -296,6 +296,12 @@ export const operationsStatements = ({ UNSETTLED, byIds, event, operationColumns
     `select fence, status, lease_owner from ${s}.payment_operations where id = $1`,
   ),
 
+  /** Another operation of the kind that records the object as its own (payment_operations_external_idx). */
+  externalIdOwner: statement<[externalId: string, kind: string, id: string]>(
+    'outboxd_external_id_owner',
+    `select id from ${s}.payment_operations where external_id = $1 and kind = $2 and id <> $3 limit 1`,
+  ),
+
   /** Settles an unsettled operation and bumps the fence, so a worker still holding a claim is fenced out;
    * its settlement event ($6: what settled it) in the same statement; $7: what the kind keeps of the object.
    * A discrepancy stays for a person. */

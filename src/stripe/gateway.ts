@@ -54,6 +54,8 @@ export interface Charge {
   currency: string;
   /** metadata.operation_id, when the charge carries it */
   operationId: string | undefined;
+  /** The customer it charges (null: none); absent when the gateway does not say. */
+  customer?: string | null;
   /** Stripe's id of the response it was read from (its Request-Id), for the operation's timeline. */
   requestId?: string | undefined;
   captureMethod: CaptureMethod;

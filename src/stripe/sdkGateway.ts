@@ -243,6 +243,7 @@ function toCharge(pi: Stripe.PaymentIntent & { lastResponse?: { requestId?: stri
     amount: pi.amount,
     currency: pi.currency,
     operationId: pi.metadata?.operation_id,
+    customer: typeof pi.customer === 'string' ? pi.customer : (pi.customer?.id ?? null),
     requestId: pi.lastResponse?.requestId,
     captureMethod: pi.capture_method === 'manual' ? 'manual' : 'automatic',
     amountCapturable: pi.amount_capturable ?? 0,

@@ -100,6 +100,10 @@ export interface DriftContext {
  * (src/db/pool.ts's Queryable, which this leaf does not import). */
 export interface KindEvidence<Tx = unknown> {
   naming: KindNaming;
+  /** Its objects are found by the operation id in their metadata (a webhook, Search), which whoever can
+   * edit them writes (a dashboard user, a connected account): one another operation records as its own,
+   * or one naming an operation never sent, settles nothing (src/engine/operation.ts foreignObject). */
+  foundByMetadata?: boolean;
   /** Where a webhook event's stored record (`event`) and its log line (`log`) name the object. */
   record: { event: string; log: string };
   /** Whether a webhook event of this type names an object of this kind with this id. */

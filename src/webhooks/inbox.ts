@@ -16,7 +16,7 @@ import type { Logger } from '../telemetry/log.ts';
 import { accountOf, unlessRejected, type PaymentGateway } from '../stripe/gateway.ts';
 import { evidenceOf } from '../kinds/index.ts';
 import type { KindEvidence, ProviderObject } from '../types/kind.ts';
-import { flagDiscrepancy, isOperationId, isSettled, settleFromOutside, type Operation } from '../engine/operation.ts';
+import { flagDiscrepancy, foreignObject, isOperationId, isSettled, settleFromOutside, type Operation } from '../engine/operation.ts';
 import { traceOperation, withSpan } from '../telemetry/tracing.ts';
 
 export type InboxResult =
@@ -152,7 +152,7 @@ async function act(tx: Tx, evidence: Evidence, opId: string | null, type: string
   if (!op) return 'no_operation';
   traceOperation(op);
   const { object } = evidence;
-  const mismatch = mismatchOf(op, evidence);
+  const mismatch = mismatchOf(op, evidence) ?? (evidence.rules.foundByMetadata ? await foreignObject(tx, op, object.id, evidence.rules.naming.object) : null);
   if (isSettled(op.status)) {
     // Never overwritten; but money the operation does not account for must reach a person: held for
     // review as it settled, until someone acknowledges it.

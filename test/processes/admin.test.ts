@@ -252,7 +252,7 @@ describe('admin HTTP API', () => {
     const op = await confirm(t);
     await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
     await t.pool.query(`update outboxd.payment_operations set status = 'unknown', review_reason = 'checked by hand' where id = $1`, [op]);
-    const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
+    const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
     const res = await api(`/admin/operations/${op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: pi.id }) });
     expect(res.status).toBe(200);
     expect(await res.json()).toMatchObject({ status: 'succeeded', external_id: pi.id });
@@ -330,7 +330,44 @@ describe('Stripe webhook inbox', () => {
   const eventFor = (id: string, pi: Record<string, unknown>, type = 'payment_intent.succeeded') =>
     JSON.stringify({ id, object: 'event', type, created: 1_700_000_000, livemode: false, data: { object: pi } });
   const createPi = (op: string, over: Record<string, unknown> = {}) =>
-    e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op }, ...over });
+    e.client().paymentIntents.create({ amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op }, ...over });
+  /** As if a worker sent the operation's create and its answer was lost: a PaymentIntent naming it may be its own. */
+  const sentUnanswered = (op: string) =>
+    t.pool.query(`update outboxd.payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now(), last_attempted_at = now() where id = $1`, [op]);
+
+  it('metadata naming an operation is anyone’s to write: a PaymentIntent outboxd never sent, another customer’s, or another operation’s own, settles nothing and is flagged', async () => {
+    const before = mismatches;
+    // Never sent: a dashboard user's (or a connected account's) PaymentIntent naming a pending charge would
+    // tell the application it was paid, and the worker would then never charge.
+    const pending = await confirm(t);
+    const made = await createPi(pending);
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_never_sent', { id: made.id })))).json()).toEqual({ received: true, result: 'mismatch' });
+    expect(await operation(t, pending)).toMatchObject({ status: 'pending', external_id: null, review_reason: expect.stringMatching(/which outboxd has not sent to Stripe/) });
+    // Declined, it would have said failed.
+    const declined = await confirm(t);
+    const refusedPi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_chargeDeclined', confirm: true, metadata: { operation_id: declined } }).catch((err) => err.raw.payment_intent);
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_never_sent_declined', { id: refusedPi.id }, 'payment_intent.payment_failed')))).json()).toEqual({ received: true, result: 'mismatch' });
+    expect((await operation(t, declined)).status).toBe('pending');
+    // Sent and unanswered, the same amount, but another customer's.
+    const unanswered = await confirm(t);
+    await sentUnanswered(unanswered);
+    const elsewhere = await createPi(unanswered, { customer: 'cus_someone_else' });
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_other_customer', { id: elsewhere.id })))).json()).toEqual({ received: true, result: 'mismatch' });
+    expect(await operation(t, unanswered)).toMatchObject({ status: 'unknown', review_reason: expect.stringMatching(/charges cus_someone_else; the operation's customer is cus_test_1/) });
+    // Another operation's own PaymentIntent, its metadata edited since to name this one (as the dashboard
+    // or its connected account can): recorded as the first's, naming the second.
+    const [first, second] = [await confirm(t), await confirm(t)];
+    await sentUnanswered(second);
+    const firstPi = await createPi(second);
+    await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', external_id = $2, settled_at = now() where id = $1`, [first, firstPi.id]);
+    expect(await (await fetch(`${base}/webhooks/stripe`, signed(eventFor('evt_repointed', { id: firstPi.id })))).json()).toEqual({ received: true, result: 'mismatch' });
+    expect(await operation(t, second)).toMatchObject({ status: 'unknown', external_id: null, review_reason: expect.stringContaining(`${firstPi.id} is operation ${first}'s payment intent, not ${second}'s`) });
+    // Search finds it the same way: the operation goes to a person, not settled by it.
+    await t.pool.query(`update outboxd.payment_operations set review_reason = null, first_attempted_at = now() - interval '2 days' where id = $1`, [second]);
+    const searched = await executeOperation(t.pool, kindsFor(e.gateway()), second, await claim(t, second));
+    expect(searched).toMatchObject({ call: 'search', operation: { status: 'unknown', external_id: null, review_reason: `${firstPi.id} is operation ${first}'s payment intent, not ${second}'s` } });
+    expect(mismatches).toBe(before + 4);
+  });
 
   it('a PaymentIntent whose amount does not match flags the operation for review, counted, and settles nothing', async () => {
     const op = await confirm(t);
@@ -345,10 +382,11 @@ describe('Stripe webhook inbox', () => {
 
   it('an event is a hint: a "succeeded" event for a PaymentIntent still processing settles nothing', async () => {
     const op = await confirm(t);
+    await sentUnanswered(op);
     const pi = await createPi(op, { payment_method: 'pm_card_processing' });
     const event = eventFor('evt_claims_success', { id: pi.id, status: 'succeeded', amount: 2599, currency: 'eur', metadata: { operation_id: op } });
     expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'not_final' });
-    expect((await operation(t, op)).status).toBe('pending');
+    expect(await operation(t, op)).toMatchObject({ status: 'unknown', review_reason: null });
   });
 
   it('a PaymentIntent other than the operation\'s known charge is a mismatch, not a settlement', async () => {
@@ -459,6 +497,7 @@ describe('Stripe webhook inbox', () => {
 
   it('stores ids, type, times and the PaymentIntent\'s id and status only; pruned after the retention', async () => {
     const op = await confirm(t);
+    await sentUnanswered(op);
     const pi = await createPi(op);
     const event = eventFor('evt_trimmed', { id: pi.id, payment_method: 'pm_card_visa', billing_details: { name: 'A Person' }, metadata: { operation_id: op } });
     expect(await (await fetch(`${base}/webhooks/stripe`, signed(event))).json()).toEqual({ received: true, result: 'settled' });

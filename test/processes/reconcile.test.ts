@@ -49,7 +49,7 @@ async function lostPastWindow(overrides: Parameters<typeof confirm>[1] = {}): Pr
 }
 const chargeFor = (op: string, over: { amount?: number; payment_method?: string } = {}) =>
   stripe()
-    .paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op }, ...over })
+    .paymentIntents.create({ amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op }, ...over })
     .catch(() => undefined);
 
 describe('reconcile sweep (past the key window)', () => {

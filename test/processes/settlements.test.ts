@@ -63,6 +63,8 @@ describe('every settlement writes its event with the status change', () => {
 
     const hooked = await confirm(t);
     const hookedCharge = stripe.addCharge({ status: 'succeeded', amount: 2599, currency: 'eur', operationId: hooked });
+    // Sent, its answer lost: a PaymentIntent naming an operation never sent is no settlement of it.
+    await t.pool.query(`update outboxd.payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() where id = $1`, [hooked]);
     const event = { id: `evt_${hooked}`, type: 'payment_intent.succeeded', data: { object: { id: hookedCharge.id } } };
     expect(await receiveStripeEvent({ pool: t.pool, gateway: stripe, log }, event as unknown as Stripe.Event)).toBe('settled');
     expect(await events(hooked)).toEqual([{ source: 'webhook' }]);

@@ -263,7 +263,7 @@ describe('with an SDK registered', () => {
     const { operationId } = await confirmOrder(t.pool, order);
     const { traceId } = one(exporter.getFinishedSpans(), 'outboxd.confirm').spanContext();
     await t.pool.query('delete from outboxd.charge_outbox where operation_id = $1', [operationId]); // no worker drives it
-    const pi = await e.client().paymentIntents.create({ amount: order.amount, currency: order.currency, payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: operationId } });
+    const pi = await e.client().paymentIntents.create({ amount: order.amount, currency: order.currency, customer: order.customer, payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: operationId } });
     const opts = { leaseTtlMs: 10_000, searchFreshnessSeconds: 0 };
     await resolveOperation(t.pool, e.gateway(), operationId, { outcome: 'succeeded', externalId: pi.id }, 'tester', opts);
     const resolve = one(exporter.getFinishedSpans(), 'outboxd.resolve');

@@ -42,6 +42,7 @@ function failedSince(op: Operation, refund: Refund): string | null {
 export function refundEvidence(gateway: PaymentGateway): KindEvidence {
   return {
     naming: REFUND_NAMING,
+    foundByMetadata: true,
     record: { event: 'refund', log: 'refund' },
     names: (type, id) => (type.startsWith('refund.') || type === 'charge.refund.updated') && REFUND_NAMING.externalId.pattern.test(id),
     retrieve: (id, account) => gateway.retrieveRefund(id, account),
