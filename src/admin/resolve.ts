@@ -11,6 +11,7 @@
 // An effect of the application's own kind has no provider outboxd could ask: the person's word (any
 // reference of theirs as the external id) is recorded as the evidence, after the same lease and refusals.
 import { inTransaction, type Pool } from '../db/pool.ts';
+import { DISCREPANCY_PREFIX } from '../types/contracts.ts';
 import { ValidationError } from '../types/errors.ts';
 import { isStorableText } from '../types/input.ts';
 import { liveJobFor, queueFor } from '../outbox/outbox.ts';
@@ -28,8 +29,9 @@ export interface ResolveOptions {
   leaseTtlMs: number;
   /** How long after the last create that may have executed a failed resolution waits for Search. */
   searchFreshnessSeconds: number;
-  /** The review reason as the person read it (a console page), if it was: a resolution of an operation
-   * whose reason changed since (a discrepancy added) is refused, so that none is answered unseen. */
+  /** The review reason as the person read it (a console page, the API's reviewReason), if it was: a
+   * resolution of an operation whose reason changed since (a discrepancy added) is refused, so that none is
+   * answered unseen. Without it (the CLI), a discrepancy the operation holds stays after it settles. */
   reviewReasonSeen?: string | null;
 }
 
@@ -120,7 +122,11 @@ async function resolveFound(
     return await inTransaction(pool, async (tx) => {
       const externalId = resolution.outcome === 'succeeded' ? resolution.externalId : null;
       const reason = resolution.outcome === 'failed' ? `resolved by ${actor}: ${resolution.reason}` : null;
-      const settled = await settleUnderLease(tx, op.id, fence, resolution.outcome, externalId, 'resolved_by_admin', reason, kept, op.review_reason);
+      // A discrepancy is money the operation does not account for (a second charge): settling it answers
+      // one only when the person read it (the console, the API's reviewReason); unread, it stays held for
+      // review, to be acknowledged once dealt with in Stripe.
+      const unread = opts.reviewReasonSeen === undefined && op.review_reason?.startsWith(DISCREPANCY_PREFIX);
+      const settled = await settleUnderLease(tx, op.id, fence, resolution.outcome, externalId, 'resolved_by_admin', reason, kept, unread ? null : op.review_reason);
       if (!settled) throw new ResolutionRefused(`operation ${op.id} settled or was taken over while it was being resolved; look at it again`);
       await recordAudit(tx, {
         actor,

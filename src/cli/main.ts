@@ -348,7 +348,8 @@ ops
       await withGateway(db, async (gateway) => {
         const opts = { leaseTtlMs: config.worker.leaseTtlMs, searchFreshnessSeconds: config.searchFreshnessSeconds };
         const op = await resolveOperation(pool, gateway, operationId, resolution, o.actor, opts);
-        console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}`);
+        const held = op.review_reason ? `; still held for review (ops acknowledge, once dealt with in Stripe): ${op.review_reason}` : '';
+        console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}${held}`);
       });
     });
   });

@@ -72,10 +72,13 @@ async function jsonBody<T>(req: IncomingMessage, schema: z.ZodType<T>): Promise<
   return result.data;
 }
 
+// reviewReason: the review reason as the caller read it (null: none), refused if it changed since; given,
+// a discrepancy read is answered by the resolution, otherwise it stays until acknowledged.
+const seenReason = { reviewReason: z.string().nullable().optional() };
 const resolveBody = z.discriminatedUnion('outcome', [
   // Checked against the operation's kind by the resolution (pi_… for a charge, re_… for a refund).
-  z.strictObject({ outcome: z.literal('succeeded'), externalId: z.string().trim().min(1).max(255) }),
-  z.strictObject({ outcome: z.literal('failed'), reason: z.string().trim().min(1).max(1000) }),
+  z.strictObject({ outcome: z.literal('succeeded'), externalId: z.string().trim().min(1).max(255), ...seenReason }),
+  z.strictObject({ outcome: z.literal('failed'), reason: z.string().trim().min(1).max(1000), ...seenReason }),
 ]);
 const requeueBody = z.strictObject({ dryRun: z.boolean().optional() });
 // reviewReason: the reason as the caller read it (GET /admin/operations/{id}): one that changed since is refused.
@@ -137,9 +140,9 @@ export function adminRoutes(deps: AdminDeps): Route[] {
       'POST',
       OP_ACTION('resolve'),
       guarded(async ({ req, res, params }) => {
-        const body = await jsonBody(req, resolveBody);
-        const opts = { leaseTtlMs: deps.config.worker.leaseTtlMs, searchFreshnessSeconds: deps.config.searchFreshnessSeconds };
-        sendJson(res, 200, await resolveOperation(deps.pool, evidence(), params[0]!, body, actor, opts));
+        const { reviewReason, ...resolution } = await jsonBody(req, resolveBody);
+        const opts = { leaseTtlMs: deps.config.worker.leaseTtlMs, searchFreshnessSeconds: deps.config.searchFreshnessSeconds, reviewReasonSeen: reviewReason };
+        sendJson(res, 200, await resolveOperation(deps.pool, evidence(), params[0]!, resolution, actor, opts));
       }),
     ],
     [

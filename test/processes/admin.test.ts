@@ -13,7 +13,7 @@ import { DEFAULT_RETENTION_DAYS, pruneHistory } from '../../src/outbox/retention
 import { createLogger } from '../../src/telemetry/log.ts';
 import { executeOperation } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
-import { releaseLease } from '../../src/engine/operation.ts';
+import { flagDiscrepancy, releaseLease } from '../../src/engine/operation.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { startDispatcher } from '../support/dispatcher.ts';
 import { startEmulator, type RunningEmulator } from '../support/emulator.ts';
@@ -265,6 +265,28 @@ describe('admin HTTP API', () => {
     // The captures and cancels it recorded (each with its settlement event) are on the record too.
     const audited = await t.pool.query(`select details from outboxd.admin_audit where action = 'reconcile' order by id desc limit 1`);
     expect(audited.rows[0].details).toMatchObject({ examined: expect.any(Number), followedUp: [] });
+  });
+  it('a resolution answers a discrepancy (a second charge) only when the person said they read it: without the reason read it stays held, with a stale one it is refused', async () => {
+    const held = async () => {
+      const op = await confirm(t);
+      const own = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
+      await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
+      await t.pool.query(`update outboxd.payment_operations set status = 'unknown', external_id = $2, review_reason = 'retries exhausted' where id = $1`, [op, own.id]);
+      const read = ((await (await api(`/admin/operations/${op}`)).json()) as { review_reason: string }).review_reason;
+      // A second charge's webhook arrives after the person read the operation.
+      await flagDiscrepancy(t.pool, op, `webhook payment_intent.succeeded: pi_second is not the operation's charge ${own.id}`);
+      return { op, own, read, now: (await operation(t, op)).review_reason! };
+    };
+    const unread = await held();
+    const res = await api(`/admin/operations/${unread.op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: unread.own.id }) });
+    expect(res.status).toBe(200);
+    expect(await res.json()).toMatchObject({ status: 'succeeded', needs_review: true, review_reason: unread.now });
+    const stale = await held();
+    const refused = await api(`/admin/operations/${stale.op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: stale.own.id, reviewReason: stale.read }) });
+    expect(refused.status).toBe(422);
+    expect(await refused.json()).toMatchObject({ message: expect.stringContaining('changed since it was read') });
+    const seen = await api(`/admin/operations/${stale.op}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: stale.own.id, reviewReason: stale.now }) });
+    expect(await seen.json()).toMatchObject({ status: 'succeeded', needs_review: false, review_reason: null });
   });
 });
 
