@@ -43,9 +43,11 @@ export function sendJson(res: ServerResponse, status: number, body: unknown): vo
 
 /**
  * The request's body, refused past `limitBytes` (413). With `deadlineMs`, a body still arriving then is
- * dropped with its connection (a trickle would hold what it has buffered). With `hold`, each chunk is
- * first held against a budget shared with other requests (its caller gives it back): the error it
- * returns when the budget refuses it answers the request.
+ * dropped with its connection (a trickle would hold what it has buffered). With `hold`, each growth of
+ * the buffer is first held against a budget shared with other requests (its caller gives it back): the
+ * error it returns when the budget refuses it answers the request. Chunks are copied into one buffer,
+ * grown by doubling, as they arrive: a chunk kept as the parser gave it holds the socket's read buffer
+ * too, and a body sent a byte a chunk held thousands of times its size.
  */
 export async function readBody(
   req: IncomingMessage,
@@ -57,21 +59,28 @@ export async function readBody(
   if (Number(req.headers['content-length']) > limitBytes) throw tooLarge();
   const { deadlineMs, hold } = opts;
   const late = deadlineMs === undefined ? undefined : setTimeout(() => req.destroy(new HttpError(408, 'too_slow', `body not received within ${deadlineMs} ms`)), deadlineMs);
-  const chunks: Buffer[] = [];
+  let body = Buffer.alloc(0);
   let size = 0;
   try {
     // Leaving the loop early must not destroy the request, or its socket goes before the 413 is sent.
     for await (const chunk of req.iterator({ destroyOnReturn: false })) {
-      size += (chunk as Buffer).length;
-      if (size > limitBytes) throw tooLarge();
-      const refused = hold?.((chunk as Buffer).length);
-      if (refused) throw refused;
-      chunks.push(chunk as Buffer);
+      const bytes = chunk as Buffer;
+      if (size + bytes.length > limitBytes) throw tooLarge();
+      if (size + bytes.length > body.length) {
+        const capacity = Math.min(limitBytes, Math.max(size + bytes.length, 2 * body.length));
+        const refused = hold?.(capacity - body.length);
+        if (refused) throw refused;
+        const grown = Buffer.allocUnsafe(capacity);
+        body.copy(grown, 0, 0, size);
+        body = grown;
+      }
+      bytes.copy(body, size);
+      size += bytes.length;
     }
   } finally {
     clearTimeout(late);
   }
-  return Buffer.concat(chunks);
+  return body.subarray(0, size);
 }
 
 /** A dot segment (`.`, `..`, percent-encoded or not) or a backslash, which the URL parser reads as `/`. */

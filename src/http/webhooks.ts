@@ -6,12 +6,9 @@ import { HttpError, readBody, sendJson, type Route } from './server.ts';
 /** Bytes of webhook bodies one replica holds while reading them, before their signatures are checked:
  * anyone can send them, each up to 1 MiB, and a few hundred held at once would take a replica past its
  * memory limit. A request that would go past it is answered 503, and Stripe delivers the event again
- * later. Holding it full takes a sender this much every BODY_DEADLINE_MS. */
+ * later. What a body holds is its buffer (readBody: at most twice its bytes, however it is chunked), so
+ * holding it full takes a sender at least this much every BODY_DEADLINE_MS. */
 const MAX_UNVERIFIED_BYTES = 32 << 20;
-/** What each chunk of a body costs beyond its bytes (a Buffer of its own, kept until the body is whole):
- * counted against MAX_UNVERIFIED_BYTES too, or a body sent a byte a packet would hold hundreds of times
- * the memory it is counted for. */
-const CHUNK_COST = 4096;
 /** Stripe sends an event's body at once: one still arriving after this is a trickle holding bytes. */
 const BODY_DEADLINE_MS = 5_000;
 /** Signed events one replica handles at once: each takes the pool's connections, which the dispatcher
@@ -49,10 +46,9 @@ export function webhookRoutes(
           raw = await readBody(req, undefined, {
             deadlineMs: bodyDeadlineMs,
             hold: (bytes) => {
-              const cost = bytes + CHUNK_COST;
-              if (unverifiedBytes + cost > maxUnverifiedBytes) return busy('too many webhook bodies being read');
-              unverifiedBytes += cost;
-              held += cost;
+              if (unverifiedBytes + bytes > maxUnverifiedBytes) return busy('too many webhook bodies being read');
+              unverifiedBytes += bytes;
+              held += bytes;
               return undefined;
             },
           });

@@ -133,8 +133,8 @@ describe('the webhook endpoint under a flood of requests anyone can send', () =>
     fetch(`http://127.0.0.1:${port}/webhooks/stripe`, { method: 'POST', body, headers: { 'Stripe-Signature': signature } });
 
   it('holds a bounded number of unsigned bytes (beyond: 503, connection closed); a body still trickling in is dropped at its deadline', async () => {
-    // Each chunk costs 4,096 bytes beyond its own: two trickles of one chunk (3 bytes) and a 2-byte body fit.
-    const routes = webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET], maxUnverifiedBytes: 2 * 4099 + 4098 + 3, bodyDeadlineMs: 1_500 });
+    // Two trickles of 3 bytes and a 2-byte body fit; an 8-byte one does not.
+    const routes = webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET], maxUnverifiedBytes: 2 * 3 + 4, bodyDeadlineMs: 1_500 });
     const server = await startHttpServer(0, routes, '127.0.0.1', log);
     try {
       // Two bodies that never finish arriving: 3 bytes held each.
@@ -154,13 +154,17 @@ describe('the webhook endpoint under a flood of requests anyone can send', () =>
     }
   });
 
-  it('a body sent a byte a chunk is counted for what its chunks hold, not only its bytes', async () => {
-    const routes = webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET], maxUnverifiedBytes: 3 * 4097 });
+  it('a body sent a byte a chunk holds what its bytes take, not a buffer a chunk: a few such bodies held open leave room for Stripe’s', async () => {
+    // The default budget (32 MiB). 8,190 one-byte chunks are 49 KB on the wire; kept a Buffer each, with
+    // the socket's reads they share, they were counted (and held) as 32 MiB.
+    const routes = webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET], bodyDeadlineMs: 3_000 });
     const server = await startHttpServer(0, routes, '127.0.0.1', log);
     try {
-      const bytewise = (n: number) => `POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n${'1\r\nx\r\n'.repeat(n)}0\r\n\r\n`;
-      expect((await rawRequest(server.port, bytewise(3))).status).toBe(400); // read, its signature refused
-      expect((await rawRequest(server.port, bytewise(4))).status).toBe(503);
+      const unfinished = `POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n${'1\r\nx\r\n'.repeat(8_190)}`;
+      const held = [1, 2, 3].map(() => rawRequest(server.port, unfinished, { timeoutMs: 10_000 }));
+      await new Promise((r) => setTimeout(r, 500));
+      expect((await post(server.port, JSON.stringify({ id: 'evt_genuine', padding: 'x'.repeat(8_000) }))).status).toBe(400); // read, its signature refused
+      for (const t of await Promise.all(held)) expect(t).toMatchObject({ status: null, closed: true });
     } finally {
       await server.close();
     }
