@@ -8,7 +8,7 @@
 import type { EffectCall, KindRegistry, Policy } from './kinds.ts';
 import { callTableIndex } from '../types/contracts.ts';
 import { withinDeadline } from '../types/deadline.ts';
-import { textOf } from '../types/input.ts';
+import { messageOf, textOf } from '../types/input.ts';
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import { ATTR, operationAttributes, outcomeOn, withSpan } from '../telemetry/tracing.ts';
@@ -292,7 +292,7 @@ const isEffectFailed = (err: unknown): err is Error => err instanceof Error && e
 
 /** `actedBefore`: an earlier create of this operation may have executed. */
 function fromError(err: unknown, call: EffectCall, actedBefore: boolean): Outcome {
-  if (isEffectFailed(err)) return { kind: 'failed', externalId: null, reason: `${err.name}: ${err.message}` };
+  if (isEffectFailed(err)) return { kind: 'failed', externalId: null, reason: `${err.name}: ${messageOf(err)}` };
   if (!(err instanceof GatewayError)) {
     // Whatever failed, we cannot tell whether the request reached the provider: ambiguous.
     return { kind: 'ambiguous', externalId: null, reason: `unexpected ${call} error: ${textOf(err)}` };

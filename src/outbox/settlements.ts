@@ -24,7 +24,7 @@ import type { SettlementSource } from '../engine/operation.ts';
 import type { Statements } from '../sql/statements.ts';
 import { traceDelivery } from '../telemetry/tracing.ts';
 import { withinDeadline } from '../types/deadline.ts';
-import { storableJson, storableReason, storableText } from '../types/input.ts';
+import { messageOf, storableJson, storableReason, storableText, textOf } from '../types/input.ts';
 
 export const SETTLED_QUEUE = 'settled';
 export const SETTLED_DEAD_QUEUE = 'settled_dead';
@@ -271,7 +271,7 @@ export function deliverSettlements(
       await db.query(db.sql.settlementEventDone(id, attempts));
       return;
     }
-    const lastError = storableReason(failure instanceof Error ? failure.message : String(failure));
+    const lastError = storableReason(messageOf(failure));
     if (attempts > settledQueueOptions.retryLimit!) {
       await inTransaction(pool, async (tx) => {
         const { rowCount } = await tx.query(tx.sql.settlementEventDone(id, attempts));
@@ -624,8 +624,8 @@ async function workSlots(
 function recordable(err: unknown): unknown {
   const stored = JSON.stringify(serializeError(typeof err === 'object' && err !== null ? err : { value: err }));
   if (storableJson(stored) === stored) return err;
-  const e = err instanceof Error ? err : new Error(String((err as { message?: unknown } | null)?.message ?? err));
-  return Object.assign(new Error(storableText(e.message)), { name: storableText(e.name), stack: storableText(e.stack ?? '') });
+  const { name, stack } = err instanceof Error ? err : new Error();
+  return Object.assign(new Error(storableText(messageOf(err))), { name: storableText(textOf(name)), stack: storableText(textOf(stack ?? '')) });
 }
 
 /** `fn`'s promise, or a SettlementTimeoutError once `ms` have passed. The handler itself cannot be

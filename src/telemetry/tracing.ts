@@ -29,6 +29,7 @@ import {
   type TextMapPropagator,
   type TextMapSetter,
 } from '@opentelemetry/api';
+import { messageOf } from '../types/input.ts';
 
 const tracer = trace.getTracer('outboxd');
 
@@ -125,7 +126,7 @@ export function markFailed(span: Span, err: unknown): void {
   const e = err as { code?: unknown; name?: unknown; message?: unknown } | null;
   const type = typeof e?.code === 'string' ? e.code : typeof e?.name === 'string' ? e.name : '_OTHER';
   span.setAttribute('error.type', type);
-  span.setStatus({ code: SpanStatusCode.ERROR, message: typeof e?.message === 'string' ? e.message : String(err) });
+  span.setStatus({ code: SpanStatusCode.ERROR, message: messageOf(err) });
 }
 
 /** The active span's traceparent, to store with what it created; null when nothing is traced. */

@@ -35,6 +35,13 @@ export function textOf(value: unknown): string {
   }
 }
 
+/** What a thrown value says: its message when that is text (an Error's may be anything), else the value
+ * as text (textOf). */
+export function messageOf(thrown: unknown): string {
+  const message = typeof thrown === 'object' && thrown !== null ? (thrown as { message?: unknown }).message : undefined;
+  return typeof message === 'string' ? message : textOf(thrown);
+}
+
 /** U+0000, or a lone surrogate (JSON.stringify escapes only those: a whole pair is written as is),
  * escaped in JSON text; an escaped backslash before "u0000" is not one. */
 const UNSTORABLE_ESCAPE = /(?<!\\)((?:\\\\)*)\\u(?:0000|d[89a-f][0-9a-f]{2})/g;

@@ -623,6 +623,27 @@ describe('the unnamed handlers’ table', () => {
     }
   });
 
+  it("a handler's error whose message is no text (an HTTP client's object) is recorded as what it says: put off with backoff, as any failure", { timeout: 60_000 }, async () => {
+    const outboxd = new Outboxd({ connectionString: t.url, onError: () => {} });
+    const orderId = `ord_message_${randomUUID()}`;
+    const recorded: unknown[] = [];
+    let calls = 0;
+    try {
+      await outboxd.onSettled(async (event) => {
+        if (event.orderId !== orderId) return;
+        calls++;
+        if (calls > 1) recorded.push((await t.pool.query(`select last_error from outboxd.settlement_outbox where operation_id = $1`, [event.operationId])).rows[0]);
+        if (calls === 1) throw Object.assign(new Error('x'), { message: { code: 'card_declined' } });
+        if (calls === 2) throw Object.assign(new Error('x'), { message: Object.create(null) });
+      });
+      const op = await settle({ orderId });
+      await waitUntil(async () => (await events(op)).length === 0, 20_000, 'delivered after two failures, each put off with its backoff');
+      expect(recorded).toEqual([{ last_error: 'Error: [object Object]' }, { last_error: '[object Error]' }]);
+    } finally {
+      await outboxd.stop();
+    }
+  });
+
   it('stop() while onSettled is still starting leaves no delivery running (on the application’s pool, which stop() leaves open)', { timeout: 60_000 }, async () => {
     const appPool = new pg.Pool({ connectionString: t.url, max: 4 });
     const outboxd = new Outboxd({ pool: appPool, onError: () => {} });
