@@ -186,7 +186,7 @@ async function evidenceOfSuccess(rules: KindEvidence | undefined, op: Operation,
   }
   if (!rules) return { evidence: { reference: externalId, checked: `nothing: outboxd cannot check an effect of kind ${op.kind}` }, kept: null };
   const object = await rules.retrieve(externalId, accountOf(op));
-  const mismatch = rules.mismatch(op, object);
+  const mismatch = rules.mismatch(op, object, true);
   if (mismatch) throw new ResolutionRefused(`${mismatch}; it cannot settle this operation`);
   if (rules.settles(op, object) !== 'succeeded') throw new ResolutionRefused(`${object.id} is ${object.status}, not succeeded; try again when it has settled in Stripe`);
   return { evidence: { [op.kind]: object }, kept: rules.resultOf?.(op, object) ?? null };

@@ -111,8 +111,9 @@ export interface KindEvidence<Tx = unknown> {
   /** The object, read from `account` (a connected account's id; null: the platform's). */
   retrieve(id: string, account: string | null): Promise<ProviderObject>;
   /** Why `object` cannot settle `op` (another operation's, another amount, another object than the one
-   * known), or null when it can. */
-  mismatch(op: Operation, object: ProviderObject): string | null;
+   * known), or null when it can. `byPerson`: a person's resolution names it, and what only a person can
+   * judge is left to them. */
+  mismatch(op: Operation, object: ProviderObject, byPerson?: boolean): string | null;
   /** The status `object` settles `op` with, or undefined while it is not final for it. */
   settles(op: Operation, object: ProviderObject): 'succeeded' | 'failed' | undefined;
   /** What the operation keeps of the object that settled it from outside (JSON: an authorization's hold),

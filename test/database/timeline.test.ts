@@ -183,7 +183,9 @@ describe('the operation timeline', () => {
 
   it('a Stripe event about the operation joins its timeline, after the settlement it made', async () => {
     const op = await confirm(t);
-    const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
+    // Sent, its answer lost: the webhook tells.
+    await t.pool.query(`update outboxd.payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now(), last_attempted_at = now() where id = $1`, [op]);
+    const pi = await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
     const event = { id: `evt_${op.replaceAll('-', '')}`, object: 'event', type: 'payment_intent.succeeded', created: 1_700_000_000, livemode: false, data: { object: { id: pi.id } } };
     expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log: createLogger('silent') }, event as unknown as Stripe.Event)).toBe('settled');
     const current = await operation(t, op);
@@ -191,10 +193,11 @@ describe('the operation timeline', () => {
     expect(entries.map((x) => x.title)).toEqual([
       'charge operation created',
       'settled succeeded by a Stripe webhook',
+      'a call with no outcome recorded',
       'Stripe event payment_intent.succeeded → settled',
       'settlement event waiting for onSettled',
     ]);
-    expect(entries[2]!.facts).toContainEqual(['Stripe object', pi.id]);
+    expect(entries[3]!.facts).toContainEqual(['Stripe object', pi.id]);
   });
 
   it('a refusal that repeats is one row with a count and when it was last seen', async () => {

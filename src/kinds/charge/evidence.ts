@@ -29,14 +29,15 @@ const where = (account: string | null) => account ?? 'the platform';
 /** A PaymentIntent that is on another account than the operation's, does not carry this operation's id,
  * amount and currency (or its capture method, or, unsettled, its customer), or is another than the one
  * the operation already knows, must not settle it. The account first: a connected account writes its objects' metadata itself. */
-export function chargeMismatch(op: Operation, charge: ProviderObject): string | null {
+export function chargeMismatch(op: Operation, charge: ProviderObject, byPerson = false): string | null {
   if (charge.account !== accountOf(op)) return `${charge.id} is on ${where(charge.account)}; the operation's charge is on ${where(accountOf(op))}`;
   if (charge.operationId !== op.id) return `${charge.id} belongs to operation ${charge.operationId ?? '(none)'}, not ${op.id}`;
   if (charge.amount !== op.amount || charge.currency !== op.currency) return `${charge.id} is ${charge.amount} ${charge.currency}; the operation is ${op.amount} ${op.currency}`;
   if (op.external_id && op.external_id !== charge.id) return `${charge.id} is not the operation's charge ${op.external_id}`;
-  // Ours is made for the operation's customer; metadata naming the operation is anyone's to write.
+  // Ours is made for the operation's customer; metadata naming the operation is anyone's to write. A
+  // person may still name one that charged another (its key misused by another deployment, say).
   const { customer } = charge as Partial<Charge>;
-  if (customer !== undefined && !isSettled(op.status) && customer !== op.customer_id) return `${charge.id} charges ${customer ?? 'no customer'}; the operation's customer is ${op.customer_id}`;
+  if (customer !== undefined && !byPerson && !isSettled(op.status) && customer !== op.customer_id) return `${charge.id} charges ${customer ?? 'no customer'}; the operation's customer is ${op.customer_id}`;
   const method = (charge as Partial<Charge>).captureMethod;
   if (method !== undefined && (method === 'manual') !== isAuthorization(op)) return `${charge.id} has capture_method ${method}; the operation asked for ${isAuthorization(op) ? 'manual' : 'automatic'}`;
   // A connected account writes its own PaymentIntents' metadata, and may name our pending operation there
