@@ -12,7 +12,7 @@ import { messageOf, textOf } from '../types/input.ts';
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import { ATTR, operationAttributes, outcomeOn, withSpan } from '../telemetry/tracing.ts';
-import { GatewayError } from '../stripe/gateway.ts';
+import { GatewayError, RetryLater } from '../stripe/gateway.ts';
 import { judgeProcessing, PROCESSING_REVIEW_DAYS } from './processing.ts';
 import {
   CHECK_AFTER_CREATE_GIVEN_UP,
@@ -306,7 +306,7 @@ function fromGatewayError(err: GatewayError, call: EffectCall, reason: string, a
     case 'declined':
       return { kind: 'failed', externalId: err.externalId ?? null, reason };
     case 'rate_limited':
-      return { kind: 'rate_limited', reason };
+      return { kind: 'rate_limited', reason, ...(err instanceof RetryLater && err.account ? { account: err.account } : {}) };
     case 'not_executed':
       return { kind: 'not_executed', reason };
     case 'access_revoked':

@@ -63,7 +63,15 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, opts: 
   const { rows } = await pool.query(pool.sql.reconcileCandidates(keyWindowSeconds, opts.limit ?? 500, kinds.reconciled));
   const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, undriven: [], followedUp: [], decisions: [] };
   let rateLimited = false;
+  // Connected accounts whose own limit turned a call away: the rest of theirs waits for the next sweep,
+  // the platform's and other accounts' go on.
+  const busyAccounts = new Set<string>();
   const sweepOne = (id: string) => withSpan('outboxd.reconcile', { [ATTR.operationId]: id }, async () => {
+    // Read before any claim, which its timeline would record.
+    if (busyAccounts.size && busyAccounts.has(accountOf((await pool.query(pool.sql.showOperation(id))).rows[0] ?? { payload: null }) ?? '')) {
+      report.skipped++;
+      return;
+    }
     const lease = await claimOperation(pool, id, opts.owner, opts.leaseTtlMs, keyWindowSeconds);
     if (!lease) {
       report.skipped++; // settled or claimed since the candidates were read
@@ -74,7 +82,10 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, opts: 
     try {
       const review = opts.processingReviewDays !== undefined ? { processingReviewDays: opts.processingReviewDays } : {};
       const run = await executeOperation(pool, kinds, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log, ...review });
-      rateLimited = run.outcome?.kind === 'rate_limited';
+      if (run.outcome?.kind === 'rate_limited') {
+        if (run.outcome.account) busyAccounts.add(run.outcome.account);
+        else rateLimited = true;
+      }
       const op: Operation = run.operation;
       const decision: SweepDecision = {
         operationId: id,

@@ -107,15 +107,15 @@ export async function serveEmulator(
 }
 
 /** openGateway: Stripe as configured, every call through the fleet's shared budget. */
-export async function openGateway(config: Config, log: Logger, db: Database, opts: { evidence?: boolean } = {}): Promise<GatewayHandle> {
-  return withBudget(await openStripe(config, log, db, opts), config, db, log);
+export async function openGateway(config: Config, log: Logger, db: Database, opts: { evidence?: boolean; accountWaiters?: number } = {}): Promise<GatewayHandle> {
+  return withBudget(await openStripe(config, log, db, opts), config, db, log, opts.accountWaiters);
 }
 
 /**
  * STRIPE_RATE_LIMIT (and the Search limit, and each connected account's) as buckets in this database,
  * shared by every process on it. A call waits for its tokens at most config.stripe.budgetWaitMs.
  */
-function withBudget(handle: Omit<GatewayHandle, 'gateway'> & { gateway: PaymentGateway }, config: Config, db: Database, log: Logger): GatewayHandle {
+function withBudget(handle: Omit<GatewayHandle, 'gateway'> & { gateway: PaymentGateway }, config: Config, db: Database, log: Logger, accountWaiters?: number): GatewayHandle {
   const { rateLimit, searchRateLimit, accountRateLimit, budgetWaitMs } = config.stripe;
   const budgeted = rateLimit !== undefined || searchRateLimit !== undefined || accountRateLimit !== undefined;
   const own = budgeted && !db.pool ? openPool(db, 'outboxd-budget', 2) : undefined;
@@ -130,6 +130,7 @@ function withBudget(handle: Omit<GatewayHandle, 'gateway'> & { gateway: PaymentG
     },
     maxWaitMs: budgetWaitMs,
     metrics: gatewayMetrics(metrics),
+    accountWaiters,
   });
   if (pool) {
     log.info(

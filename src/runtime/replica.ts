@@ -50,7 +50,8 @@ export async function composeReplica(o: {
   opened: (() => Promise<unknown>)[];
 }): Promise<Replica> {
   const { config, log, db, pool, concurrency, opened } = o;
-  const gateway = await openGateway(config, log, db);
+  // One connected account's calls wait for its own bucket in at most a quarter of the slots.
+  const gateway = await openGateway(config, log, db, { accountWaiters: Math.max(1, Math.floor(concurrency / 4)) });
   opened.push(() => gateway.close());
   // Every loop fetches and completes its jobs through pg-boss's own pool (plus heartbeats, supervision).
   const boss = createBoss(o.bossConnection, 'worker', concurrency + 3, db.schema, db.directUrl);

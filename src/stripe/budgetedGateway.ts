@@ -53,6 +53,11 @@ export interface BudgetedGatewayOptions {
   maxWaitMs: number;
   priority?: Priority;
   metrics?: GatewayMetrics;
+  /** Calls on one connected account that wait for its bucket at once in this process; more are not sent
+   * (RetryLater at once, put off by their caller). Jobs are fetched by kind, not account: without it, a
+   * busy account's backlog fills every slot waiting for its own tokens, while the platform's and other
+   * accounts' calls, whose tokens are there, wait behind them. Default: no bound. */
+  accountWaiters?: number;
 }
 
 type Kind = 'request' | 'search';
@@ -61,16 +66,19 @@ export class BudgetedGateway implements PaymentGateway {
   private readonly inner: PaymentGateway;
   private readonly opts: BudgetedGatewayOptions;
   readonly metrics: GatewayMetrics;
+  /** Calls waiting for each connected account's bucket, shared with the gateway at another priority. */
+  private readonly accountWaiting: Map<string, number>;
 
-  constructor(inner: PaymentGateway, opts: BudgetedGatewayOptions) {
+  constructor(inner: PaymentGateway, opts: BudgetedGatewayOptions, accountWaiting = new Map<string, number>()) {
     this.inner = inner;
     this.opts = opts;
     this.metrics = opts.metrics ?? gatewayMetrics();
+    this.accountWaiting = accountWaiting;
   }
 
   /** The same gateway and budgets, its calls at another priority. */
   at(priority: Priority): BudgetedGateway {
-    return new BudgetedGateway(this.inner, { ...this.opts, priority, metrics: this.metrics });
+    return new BudgetedGateway(this.inner, { ...this.opts, priority, metrics: this.metrics }, this.accountWaiting);
   }
 
   // One line per method: which budgets its request takes from, on which account.
@@ -176,16 +184,35 @@ export class BudgetedGateway implements PaymentGateway {
   private async tokens(kind: Kind, account: StripeAccount, deadline: number, signal?: AbortSignal): Promise<void> {
     const { requests, search, accounts } = this.opts.budgets;
     const priority = this.opts.priority ?? 'dispatch';
+    const take = (budget: Budget | undefined) => budget?.take(priority, deadline, account, signal).catch((err: unknown) => Promise.reject(notSent(err)));
+    // The scarcer token first: a requests token held while waiting for a search one would expire unspent.
+    if (kind === 'search') await take(search);
+    if (account !== null && accounts) await this.accountToken(accounts, account, priority, deadline, signal);
+    await take(requests);
+  }
+
+  /** A token of the connected account's own bucket, its refusal naming the account: only its calls wait. */
+  private async accountToken(accounts: AccountBudgets, account: string, priority: Priority, deadline: number, signal?: AbortSignal): Promise<void> {
+    const waiting = this.accountWaiting.get(account) ?? 0;
+    if (waiting >= (this.opts.accountWaiters ?? Infinity)) {
+      throw new RetryLater(`not sent: ${waiting} calls on ${account} already wait for its budget here`, undefined, undefined, { code: 'budget', account });
+    }
+    this.accountWaiting.set(account, waiting + 1);
     try {
-      // The scarcer token first: a requests token held while waiting for a search one would expire unspent.
-      if (kind === 'search') await search?.take(priority, deadline, account, signal);
-      if (account !== null) await accounts?.for(account).take(priority, deadline, null, signal);
-      await requests?.take(priority, deadline, account, signal);
+      await accounts.for(account).take(priority, deadline, null, signal);
     } catch (err) {
-      if (!(err instanceof BudgetTimeout)) throw err;
-      throw new RetryLater(`not sent: ${err.message}`, undefined, undefined, { cause: err, code: 'budget' });
+      throw notSent(err, account);
+    } finally {
+      const left = this.accountWaiting.get(account)! - 1;
+      if (left) this.accountWaiting.set(account, left);
+      else this.accountWaiting.delete(account);
     }
   }
+}
+
+/** A budget that gave no token in time: the call was not sent (RetryLater); any other error as it is. */
+function notSent(err: unknown, account?: string): unknown {
+  return err instanceof BudgetTimeout ? new RetryLater(`not sent: ${err.message}`, undefined, undefined, { cause: err, code: 'budget', account }) : err;
 }
 
 /**

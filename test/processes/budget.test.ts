@@ -422,7 +422,7 @@ describe('waiting for a token holds the operation safely', () => {
       `update outboxd.payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '25 hours' where id = any($1::uuid[])`,
       [ops],
     );
-    for (const op of ops) await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
+    for (const op of ops) await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
     const before = e.emulator.requests().length;
     // A dispatcher elsewhere came up short just now, and keeps being short (further ahead is a clock
     // that stepped back, not a shortage).
@@ -562,6 +562,45 @@ describe("Connect: each connected account's own bucket beside the platform's", (
     for (const [method, call] of calls) await call(null).catch((x: unknown) => expect(x, method).not.toBeInstanceOf(RetryLater));
     expect(e.emulator.requests()).toHaveLength(calls.length);
     expect(e.emulator.requests().every((r) => r.account === null)).toBe(true);
+    b.close();
+  });
+
+  it("a busy account's calls wait for its bucket in at most accountWaiters of a replica's slots: one more is put off at once, naming the account, while the platform's is sent", async () => {
+    // The account's first token comes after 2 s.
+    const b = connect(replicaA, { platform: 1_000, account: 0.5 });
+    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 10_000, accountWaiters: 1 });
+    const first = g.retrieveCharge('pi_nothing', 'acct_hot').catch((x: unknown) => x);
+    const second = await g.retrieveCharge('pi_nothing', 'acct_hot').catch((x: unknown) => x);
+    expect(second).toBeInstanceOf(RetryLater);
+    expect(second).toMatchObject({ code: 'budget', account: 'acct_hot' });
+    expect(e.emulator.requests()).toHaveLength(0);
+    await expect(g.retrieveCharge('pi_nothing', null)).rejects.toMatchObject({ httpStatus: 404 });
+    expect(await first).toMatchObject({ httpStatus: 404 }); // sent once its token came
+    expect(e.emulator.requests().map((r) => r.account)).toEqual([null, 'acct_hot']);
+    b.close();
+  });
+
+  it("the reconcile sweep turned away by one account's own bucket skips only that account's operations: the platform's are settled", async () => {
+    const b = connect(replicaA, { platform: 1_000, account: 0.2 });
+    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 300 });
+    // Only this test's operations are left to reconcile.
+    await t.pool.query(`delete from outboxd.charge_outbox`);
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
+    const pastWindow = async (over: Parameters<typeof confirm>[1], age: string) => {
+      const op = await confirm(t, over);
+      await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [op]);
+      await t.pool.query(`update outboxd.payment_operations set status = 'unknown', attempts = 1, first_attempted_at = now() - interval '25 hours', updated_at = now() - $2::interval where id = $1`, [op, age]);
+      return op;
+    };
+    const [hot, hotToo] = [await pastWindow({ stripeAccount: 'acct_sweephot' }, '3 hours'), await pastWindow({ stripeAccount: 'acct_sweephot' }, '2 hours')];
+    const platform = [await pastWindow({}, '1 hour'), await pastWindow({}, '1 hour')];
+    for (const op of platform) await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: op } });
+    const report = await reconcileSweep(t.pool, g, { owner: 'sweeper', leaseTtlMs: 10_000, log: createLogger('silent') });
+    expect(report).toMatchObject({ examined: 4, settled: 2, skipped: 1 });
+    expect(report.decisions.map((d) => [d.operationId, d.outcome])).toEqual([[hot, 'rate_limited'], ...platform.map((op) => [op, 'succeeded'])]);
+    for (const op of platform) expect((await operation(t, op)).status).toBe('succeeded');
+    expect((await operation(t, hotToo)).status).toBe('unknown');
+    expect(e.emulator.requests().filter((r) => r.account === 'acct_sweephot')).toHaveLength(0);
     b.close();
   });
 
