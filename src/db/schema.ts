@@ -26,8 +26,9 @@ export const orders = outboxd.table(
     confirmedAt: timestamp('confirmed_at', { withTimezone: true }).notNull().defaultNow(),
     ...timestamps,
   },
-  // confirmed by `order confirm`; paid or payment_failed by its settlement subscriber (`order follow`).
-  (t) => [check('orders_status_check', sql`${t.status} in ('confirmed', 'paid', 'payment_failed')`)],
+  // confirmed by `order confirm`; by its settlement subscriber (`order follow`): paid, payment_failed, or
+  // for an authorization authorized (funds held), then paid once captured or released once cancelled.
+  (t) => [check('orders_status_check', sql`${t.status} in ('confirmed', 'paid', 'payment_failed', 'authorized', 'released')`)],
 );
 
 export const paymentOperations = outboxd.table(

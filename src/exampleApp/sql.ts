@@ -2,6 +2,8 @@
 // kept in outboxd's schema for the demo; outboxd itself never reads it.
 import { sqlContext, type SqlContext } from '../sql/context.ts';
 
+export type OrderSettledStatus = 'paid' | 'payment_failed' | 'authorized' | 'released';
+
 const statements = ({ s, statement }: SqlContext) => ({
   insertOrder: statement<[id: string, amount: number, currency: string, customer: string, pm: string]>(
     'outboxd_insert_order',
@@ -9,11 +11,13 @@ const statements = ({ s, statement }: SqlContext) => ({
      on conflict (id) do nothing`,
   ),
 
-  /** The example's settlement subscriber (`order follow`): paid is final; a failed charge's event leaves
-   * an order another card already paid as it is. */
-  markOrderSettled: statement<[id: string, status: 'paid' | 'payment_failed']>(
+  /** The example's settlement subscriber (`order follow`): paid is final; a failed charge's event, or an
+   * authorization's, leaves an order already paid as it is, and an authorization's is for a confirmed
+   * order only (its capture's or cancel's event, delivered first, said more). */
+  markOrderSettled: statement<[id: string, status: OrderSettledStatus]>(
     'outboxd_mark_order_settled',
-    `update ${s}.orders set status = $2, updated_at = now() where id = $1 and status <> 'paid'`,
+    `update ${s}.orders set status = $2, updated_at = now()
+     where id = $1 and status <> 'paid' and ($2 <> 'authorized' or status = 'confirmed')`,
   ),
 });
 

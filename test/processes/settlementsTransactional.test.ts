@@ -18,6 +18,9 @@ import { redriveSettlements, SETTLED_DEAD_QUEUE, settledQueueFor, subscribeSettl
 import { waitUntil } from '../../harness/replica.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
 import { FakeStripe } from '../support/fakeStripe.ts';
+import { startEmulator } from '../support/emulator.ts';
+import { inTransaction } from '../../src/db/pool.ts';
+import { requestCancel, requestCapture } from '../../src/kinds/hold/request.ts';
 import { claim, confirm, relay } from '../support/fixtures.ts';
 import { CREATE_APPLIED, SUBSCRIBERS } from '../support/settledApp.ts';
 
@@ -366,6 +369,34 @@ describe('the CLI’s built-in example', () => {
       expect(consumed.rows.map((r) => r.operation_id).sort()).toEqual([paid, declined].sort());
     } finally {
       follower.kill('SIGTERM');
+    }
+    expect(await exited).toBe(0);
+  });
+
+  it('`outboxd order follow` marks an authorization’s order authorized (funds held), then paid once captured, or released once cancelled', { timeout: 180_000 }, async () => {
+    const e = await startEmulator();
+    const follower = spawn(process.execPath, [BIN, 'order', 'follow'], { env: { ...process.env, DATABASE_URL: t.url, LOG_LEVEL: 'info' }, stdio: ['ignore', 'ignore', 'pipe'] });
+    const exited = new Promise<number | null>((resolve) => follower.once('exit', resolve));
+    let stderr = '';
+    follower.stderr!.on('data', (d) => (stderr += d));
+    const run = async (op: string) => {
+      await executeOperation(t.pool, kindsFor(e.gateway()), op, await claim(t, op));
+      await relay(t);
+    };
+    const statusOf = async (op: string) =>
+      (await t.pool.query(`select o.status from outboxd.orders o join outboxd.payment_operations p on p.order_id = o.id where p.id = $1`, [op])).rows[0]?.status;
+    try {
+      await waitUntil(() => stderr.includes('following settlements'), 60_000, 'the follower subscribed');
+      const [shipped, abandoned] = [await confirm(t, { captureMethod: 'manual' }), await confirm(t, { captureMethod: 'manual' })];
+      for (const op of [shipped, abandoned]) await run(op);
+      await waitUntil(async () => (await statusOf(shipped)) === 'authorized' && (await statusOf(abandoned)) === 'authorized', 30_000, 'both orders authorized');
+      const { operationId: capture } = await inTransaction(t.pool, (tx) => requestCapture(tx, { chargeOperationId: shipped, key: 'shipment' }));
+      const { operationId: cancel } = await inTransaction(t.pool, (tx) => requestCancel(tx, { chargeOperationId: abandoned, key: 'abandoned' }));
+      for (const op of [capture, cancel]) await run(op);
+      await waitUntil(async () => (await statusOf(shipped)) === 'paid' && (await statusOf(abandoned)) === 'released', 30_000, 'paid and released');
+    } finally {
+      follower.kill('SIGTERM');
+      await e.close();
     }
     expect(await exited).toBe(0);
   });

@@ -1,0 +1,2 @@
+ALTER TABLE "outboxd"."orders" DROP CONSTRAINT "orders_status_check";--> statement-breakpoint
+ALTER TABLE "outboxd"."orders" ADD CONSTRAINT "orders_status_check" CHECK ("outboxd"."orders"."status" in ('confirmed', 'paid', 'payment_failed', 'authorized', 'released'));
