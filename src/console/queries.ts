@@ -94,16 +94,38 @@ export interface Overview {
   host: HostHealth | null;
 }
 
-export async function overview(pool: Pool, boss: PgBoss, limits: { rateLimit: number | undefined; searchRateLimit: number | undefined }): Promise<Overview> {
-  const [figures, review, recent, queues, buckets, host] = await Promise.all([
-    pool.query(pool.sql.consoleOverview()),
+/** The overview's figures (consoleOverview): its counts read a day of settlements, which grows with the
+ * fleet's throughput, so the console shares one read between its views for a while (sharedFor). */
+export const overviewFigures = (pool: Pool): Promise<Record<string, any>> => pool.query(pool.sql.consoleOverview()).then((r) => r.rows[0]);
+
+/** What `read` gives, shared by every caller for `ms` from when it was asked: a page left to reload, or
+ * many operators at once, cost the database one read per `ms`. A read that failed is not kept. */
+export function sharedFor<T>(ms: number, read: (now: Date) => Promise<T>): (now: Date) => Promise<T> {
+  let kept: { at: number; read: Promise<T> } | undefined;
+  return (now) => {
+    if (!kept || now.getTime() - kept.at > ms) {
+      const reading = read(now);
+      kept = { at: now.getTime(), read: reading };
+      reading.catch(() => kept?.read === reading && (kept = undefined));
+    }
+    return kept.read;
+  };
+}
+
+export async function overview(
+  pool: Pool,
+  boss: PgBoss,
+  limits: { rateLimit: number | undefined; searchRateLimit: number | undefined },
+  figuresRead: Promise<Record<string, any>> = overviewFigures(pool),
+): Promise<Overview> {
+  const [f, review, recent, queues, buckets, host] = await Promise.all([
+    figuresRead,
     reviewQueue(pool, 5),
     pool.query(pool.sql.recentSettlements(10)),
     queuesOfKinds(pool, boss).catch(() => null),
     pool.query(pool.sql.rateBudgetStates()),
     pool.query(pool.sql.hostHealth()).then((r) => r.rows[0] as HostHealth, () => null),
   ]);
-  const f = figures.rows[0];
   return {
     counts: f.counts,
     total: { n: f.total, exact: f.total_exact },

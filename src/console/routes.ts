@@ -32,7 +32,7 @@ import {
   signInPage,
   stuckPage,
 } from './views/pages.ts';
-import { listPage, operationKinds, operationRecord, overview, overviewCharts, parseCursor, reviewQueue, search, STATUSES, type Charts } from './queries.ts';
+import { listPage, operationKinds, operationRecord, overview, overviewCharts, overviewFigures, parseCursor, reviewQueue, search, sharedFor, STATUSES } from './queries.ts';
 import {
   clearedCookie,
   crossSite,
@@ -246,22 +246,15 @@ export function consoleRoutes(deps: AdminDeps): Route[] {
 
   // ─── pages ───────────────────────────────────────────────────────────────────────────────────────
 
-  /** The charts read the last hours of the fleet's work: shared by every view of this replica for a while,
-   * so a page left to reload (or many operators at once) costs the database one read per CHARTS_FOR_MS. */
-  const CHARTS_FOR_MS = 30_000;
-  let charts: { at: number; read: Promise<Charts> } | undefined;
-  const currentCharts = (now: Date): Promise<Charts> => {
-    if (!charts || now.getTime() - charts.at > CHARTS_FOR_MS) {
-      const read = overviewCharts(pool, now);
-      charts = { at: now.getTime(), read };
-      read.catch(() => charts?.read === read && (charts = undefined));
-    }
-    return charts.read;
-  };
+  // The charts read the last hours of the fleet's work, the figures a day of its settlements: each shared
+  // by every view of this replica for a while. The rest of the overview (the review queue, the latest
+  // settlements) is read for each view, so that what a person just did shows.
+  const currentCharts = sharedFor(30_000, (now) => overviewCharts(pool, now));
+  const currentFigures = sharedFor(10_000, () => overviewFigures(pool));
 
   async function overviewView({ res }: Request, session: Session): Promise<void> {
     const now = new Date();
-    const [figures, drawn] = await Promise.all([overview(pool, boss, deps.config.stripe), currentCharts(now)]);
+    const [figures, drawn] = await Promise.all([overview(pool, boss, deps.config.stripe, currentFigures(now)), currentCharts(now)]);
     await page(res, 200, session, 'Overview', 'overview', overviewPage(figures, now, drawn));
   }
 

@@ -85,6 +85,18 @@ const post = (path: string, s: { cookie: string; csrf: string }, fields: Record<
 const audit = async () => (await t.pool.query(`select actor, action, operation_id from outboxd.admin_audit order by id`)).rows;
 const bearer = (token: string) => ({ Authorization: `Bearer ${token}`, 'Content-Type': 'application/json' });
 
+describe('the overview', () => {
+  it('reads its figures once for every view of the replica for a while (they count a day of settlements): one reloaded at once shows the same counts', async () => {
+    const viewer = await session('viewer', READONLY);
+    const needsReview = async () => /<div class="card-label">Needs review<\/div><div class="card-value">(\d+)<\/div>/.exec((await send('GET', '/console/', { headers: { Cookie: viewer.cookie } })).body)![1];
+    const before = await needsReview();
+    const held = [await confirm(t), await confirm(t)];
+    await t.pool.query(`update outboxd.payment_operations set review_reason = 'checked by hand' where id = any($1::uuid[])`, [held]);
+    expect(await needsReview()).toBe(before);
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now(), review_reason = null where id = any($1::uuid[])`, [held]);
+  });
+});
+
 describe('the read-only token', () => {
   it('reads the admin API, and every action it asks for is refused with 403 and changes nothing', async () => {
     const op = await confirm(t, { paymentMethod: 'pm_card_processing' });
