@@ -69,6 +69,9 @@ describe('retention of the timeline and the audit trail', () => {
       values ($1, 'dispatcher', now() - interval '15 days', now() - interval '15 days', 0, null),
              ($2, 'dispatcher', now() - interval '13 days', now() - interval '13 days', 0, null),
              ($3, 'dispatcher', now() - interval '15 days', now() + interval '2 minutes', 7, 'mailer down')`, [settledLongAgo, settledLately, recent]);
+    // One whose delivery died with its process a moment ago (its lease lapsed): it comes back alone.
+    await t.pool.query(`insert into outboxd.settlement_outbox (operation_id, source, created_at, not_before, attempts, leased_until)
+      values ($1, 'dispatcher', now() - interval '15 days', now() - interval '15 days', 1, now() - interval '1 minute')`, [unsettledLongAgo]);
     const settlementEventOf = async (op: string) => (await t.pool.query(`select 1 from outboxd.settlement_outbox where operation_id = $1`, [op])).rows.length;
     // Stored webhook events: gone after 30 days.
     await t.pool.query(`insert into outboxd.webhook_events (id, type, result, payload, received_at)
@@ -93,7 +96,7 @@ describe('retention of the timeline and the audit trail', () => {
     const pruned = await pruneHistory(t.pool, days, { scan: 3 });
     expect(pruned).toEqual({ operationEvents: 4, audit: 2, settlementEvents: 1, settlementConsumption: 5, webhookEvents: 7, rateBudgets: 4 });
     expect(await budgetsLeft()).toEqual(['stripe@acct_lately', 'stripe_idle_platform']);
-    expect([await settlementEventOf(settledLongAgo), await settlementEventOf(settledLately), await settlementEventOf(recent)]).toEqual([0, 1, 1]);
+    expect([await settlementEventOf(settledLongAgo), await settlementEventOf(settledLately), await settlementEventOf(recent), await settlementEventOf(unsettledLongAgo)]).toEqual([0, 1, 1, 1]);
     expect(await webhookEventsLeft()).toEqual(['evt_retention_8', 'evt_retention_9']);
     expect(await consumptionsLeft()).toBe(2);
     expect(Number((await t.pool.query('select count(*) from outboxd.settlement_consumption')).rows[0].count)).toBe(2);
