@@ -18,7 +18,7 @@ import { liveJobFor, queueFor } from '../outbox/outbox.ts';
 import { AccessRevoked, accountOf, GatewayError, Rejected, type PaymentGateway } from '../stripe/gateway.ts';
 import { kindsFor, namingOf } from '../kinds/index.ts';
 import type { KindEvidence } from '../types/kind.ts';
-import { claimOperation, isSettled, releaseLease, renewLease, settleUnderLease, type Operation } from '../engine/operation.ts';
+import { claimOperation, isSettled, ownedElsewhere, releaseLease, renewLease, settleUnderLease, type Operation } from '../engine/operation.ts';
 import { traceOperation, withSpan } from '../telemetry/tracing.ts';
 import { recordAudit } from './audit.ts';
 import { showOperation } from './operations.ts';
@@ -114,7 +114,7 @@ async function resolveFound(
     // 2. The evidence, with no transaction open.
     const rules = kindsFor(gateway).get(op.kind)?.evidence;
     const { evidence, kept } = await (resolution.outcome === 'succeeded'
-      ? evidenceOfSuccess(rules, op, resolution.externalId)
+      ? evidenceOfSuccess(pool, rules, op, resolution.externalId)
       : evidenceOfFailure(pool, rules, op, resolution.reason, opts.searchFreshnessSeconds).then((evidence) => ({ evidence, kept: null }))
     ).catch(unlessStripeSaid);
 
@@ -180,13 +180,14 @@ function unlessStripeSaid(err: unknown): never {
 /** The object must match the operation by its kind's one rule (src/kinds/<kind>/evidence.ts) and have
  * succeeded. An application's kind has no provider to ask: the person's word is the evidence. `kept`:
  * what the operation keeps of the object, as a settlement by its own calls would (an authorization's hold). */
-async function evidenceOfSuccess(rules: KindEvidence | undefined, op: Operation, externalId: string): Promise<{ evidence: Record<string, unknown>; kept: string | null }> {
+async function evidenceOfSuccess(pool: Pool, rules: KindEvidence | undefined, op: Operation, externalId: string): Promise<{ evidence: Record<string, unknown>; kept: string | null }> {
   if (op.external_id && op.external_id !== externalId) {
     throw new ResolutionRefused(`operation ${op.id} is known to Stripe as ${op.external_id}, not ${externalId}; resolve it with its own ${op.kind}`);
   }
   if (!rules) return { evidence: { reference: externalId, checked: `nothing: outboxd cannot check an effect of kind ${op.kind}` }, kept: null };
   const object = await rules.retrieve(externalId, accountOf(op));
-  const mismatch = rules.mismatch(op, object, true);
+  // One object settles one operation, whatever its metadata was edited to name since.
+  const mismatch = rules.mismatch(op, object, true) ?? (rules.foundByMetadata ? await ownedElsewhere(pool, op, object.id, rules.naming.object) : null);
   if (mismatch) throw new ResolutionRefused(`${mismatch}; it cannot settle this operation`);
   if (rules.settles(op, object) !== 'succeeded') throw new ResolutionRefused(`${object.id} is ${object.status}, not succeeded; try again when it has settled in Stripe`);
   return { evidence: { [op.kind]: object }, kept: rules.resultOf?.(op, object) ?? null };

@@ -396,6 +396,12 @@ export async function settleUnderLease(
 export async function foreignObject(db: Queryable, op: Operation, objectId: string, object: string): Promise<string | null> {
   if (isSettled(op.status) || op.external_id === objectId) return null;
   if (op.first_attempted_at === null && op.last_attempted_at === null) return `${objectId} names operation ${op.id}, which outboxd has not sent to Stripe`;
+  return ownedElsewhere(db, op, objectId, object);
+}
+
+/** Why the object cannot be the operation's when another operation of its kind records it as its own
+ * (a person's resolution asks this too); null when none does. */
+export async function ownedElsewhere(db: Queryable, op: Operation, objectId: string, object: string): Promise<string | null> {
   const { rows } = await db.query(db.sql.externalIdOwner(objectId, op.kind, op.id));
   return rows[0] ? `${objectId} is operation ${rows[0].id}'s ${object}, not ${op.id}'s` : null;
 }

@@ -388,6 +388,10 @@ describe('Stripe webhook inbox', () => {
     await t.pool.query(`update outboxd.payment_operations set review_reason = null, first_attempted_at = now() - interval '2 days' where id = $1`, [second]);
     const searched = await executeOperation(t.pool, kindsFor(e.gateway()), second, await claim(t, second));
     expect(searched).toMatchObject({ call: 'search', operation: { status: 'unknown', external_id: null, review_reason: `${firstPi.id} is operation ${first}'s payment intent, not ${second}'s` } });
+    // Nor does a person's resolution naming it.
+    await t.pool.query(`delete from outboxd.charge_outbox where operation_id = $1`, [second]);
+    const resolved = await api(`/admin/operations/${second}/resolve`, { method: 'POST', body: JSON.stringify({ outcome: 'succeeded', externalId: firstPi.id }) });
+    expect(await resolved.json()).toMatchObject({ error: 'refused', message: `${firstPi.id} is operation ${first}'s payment intent, not ${second}'s; it cannot settle this operation` });
     expect(mismatches).toBe(before + 4);
   });
 
