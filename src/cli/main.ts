@@ -198,8 +198,9 @@ order
   .command('follow')
   .description("the example's settlement subscriber: marks its orders paid or payment_failed, once per settlement (a transactional onSettled), until SIGTERM/SIGINT")
   .action(async () => {
-    await withDatabase(async ({ url }) => {
-      const outboxd = new Outboxd({ connectionString: url, schema: config.schema, onError: (err) => log!.warn({ err }, 'settlement subscription error') });
+    await withDatabase(async ({ url, db }) => {
+      // Behind a transaction pooler, the subscription LISTENs and takes migrate's lock on the database itself.
+      const outboxd = new Outboxd({ connectionString: url, directConnectionString: db.directUrl, schema: config.schema, onError: (err) => log!.warn({ err }, 'settlement subscription error') });
       try {
         await followOrders(outboxd);
         log!.info({ subscriber: EXAMPLE_SUBSCRIBER }, 'following settlements');

@@ -147,6 +147,27 @@ describe.for(releases)('through PgBouncer $label in transaction mode', ({ releas
     expect(bouncer.log()).not.toMatch(/unsupported startup parameter/);
   }, 300_000);
 
+  it("`outboxd order follow` beside DATABASE_DIRECT_URL subscribes, and marks the example's order paid", async () => {
+    const env = { ...process.env, DATABASE_URL: pooled, DATABASE_DIRECT_URL: t.url, LOG_LEVEL: 'info' };
+    const follower = spawn(process.execPath, [BIN, 'order', 'follow'], { env, stdio: ['ignore', 'ignore', 'pipe'] });
+    const exited = new Promise<number | null>((resolve) => follower.once('exit', resolve));
+    let stderr = '';
+    follower.stderr!.on('data', (d) => (stderr += d));
+    try {
+      await Promise.race([
+        waitUntil(() => stderr.includes('following settlements'), 60_000, 'the follower subscribed'),
+        exited.then((code) => Promise.reject(new Error(`order follow exited ${code}: ${stderr}`))),
+      ]);
+      const confirmed = await outboxd('order', 'confirm', '--order-id', 'pooled-follow', '--amount', '1999', '--currency', 'EUR', '--customer', 'cus_1', '--payment-method', 'pm_card_visa');
+      expect(confirmed.code).toBe(0);
+      const status = async () => (await t.pool.query(`select status from "${t.schema}".orders where id = 'pooled-follow'`)).rows[0]?.status;
+      await waitUntil(async () => (await status()) === 'paid', 60_000, 'the example order paid');
+    } finally {
+      follower.kill('SIGTERM');
+    }
+    expect(await exited).toBe(0);
+  }, 120_000);
+
   it('a migration through the pooler is refused before it takes its lock, naming DATABASE_DIRECT_URL; the database itself migrates', async () => {
     // The migrations' own lock (a bigint key: its low 32 bits in objid); the replica and pg-boss take
     // others, for a moment, while this test runs.
