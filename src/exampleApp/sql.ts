@@ -11,13 +11,15 @@ const statements = ({ s, statement }: SqlContext) => ({
      on conflict (id) do nothing`,
   ),
 
-  /** The example's settlement subscriber (`order follow`): paid is final; a failed charge's event, or an
-   * authorization's, leaves an order already paid as it is, and an authorization's is for a confirmed
-   * order only (its capture's or cancel's event, delivered first, said more). */
+  /** The example's settlement subscriber (`order follow`): paid is final. An authorization's event moves a
+   * confirmed order, or one whose earlier card failed, not one its capture or cancel (delivered first)
+   * moved on; a failed charge's moves neither an authorized nor a released order (a later card's hold). */
   markOrderSettled: statement<[id: string, status: OrderSettledStatus]>(
     'outboxd_mark_order_settled',
     `update ${s}.orders set status = $2, updated_at = now()
-     where id = $1 and status <> 'paid' and ($2 <> 'authorized' or status = 'confirmed')`,
+     where id = $1 and status <> 'paid'
+       and ($2 <> 'authorized' or status in ('confirmed', 'payment_failed'))
+       and ($2 <> 'payment_failed' or status not in ('authorized', 'released'))`,
   ),
 });
 

@@ -179,6 +179,21 @@ describe('operation ids', () => {
   });
 });
 
+describe('checks added to tables that may be large', () => {
+  it('are added NOT VALID: no existing row is read under the ACCESS EXCLUSIVE lock they take', async () => {
+    const { url, client } = await database('notvalid');
+    await migrate(url, 'outboxd');
+    const { rows } = await client.query(
+      `select conname, convalidated from pg_constraint where connamespace = 'outboxd'::regnamespace and conname = any($1) order by conname`,
+      [['orders_status_check', 'payment_operations_change_check']],
+    );
+    expect(rows).toEqual([
+      { conname: 'orders_status_check', convalidated: false },
+      { conname: 'payment_operations_change_check', convalidated: false },
+    ]);
+  });
+});
+
 describe('OUTBOXD_SCHEMA', () => {
   it('another schema is an installation of its own: tables, migrations record and pg-boss schema', async () => {
     const { url, client } = await database('schemas');

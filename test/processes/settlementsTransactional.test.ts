@@ -394,6 +394,14 @@ describe('the CLI’s built-in example', () => {
       const { operationId: cancel } = await inTransaction(t.pool, (tx) => requestCancel(tx, { chargeOperationId: abandoned, key: 'abandoned' }));
       for (const op of [capture, cancel]) await run(op);
       await waitUntil(async () => (await statusOf(shipped)) === 'paid' && (await statusOf(abandoned)) === 'released', 30_000, 'paid and released');
+      // A declined card, then another one's hold on the same order: authorized.
+      const orderId = `ord_${randomUUID()}`;
+      const declined = await confirm(t, { orderId, captureMethod: 'manual', paymentMethod: 'pm_card_chargeDeclined' });
+      await run(declined);
+      await waitUntil(async () => (await statusOf(declined)) === 'payment_failed', 30_000, 'the declined card');
+      const second = await confirm(t, { orderId, captureMethod: 'manual' });
+      await run(second);
+      await waitUntil(async () => (await statusOf(second)) === 'authorized', 30_000, 'the second card’s hold');
     } finally {
       follower.kill('SIGTERM');
       await e.close();
