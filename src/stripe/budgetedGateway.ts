@@ -175,7 +175,7 @@ export class BudgetedGateway implements PaymentGateway {
         // Without a budget to wait for, a rate-limited call goes back to its caller (the dispatcher
         // reschedules it in seconds); a lock timeout is worth a second try either way.
         const delay = lockTimeout ? (50 + Math.random() * 200) * sends : 0;
-        if (sends >= MAX_SENDS || (!lockTimeout && !budget) || Date.now() + delay >= deadline) throw err;
+        if (sends >= MAX_SENDS || (!lockTimeout && !budget) || Date.now() + delay >= deadline) throw account !== null ? ofAccount(err, account) : err;
         await new Promise((r) => setTimeout(r, delay));
       }
     }
@@ -209,6 +209,11 @@ export class BudgetedGateway implements PaymentGateway {
     }
   }
 }
+
+/** A connected account's 429, said to be its own limit's (as its bucket backs off alone): its caller may go
+ * on with the platform's and other accounts' calls. */
+const ofAccount = (err: RetryLater, account: string): RetryLater =>
+  err.account ? err : new RetryLater(err.message, err.httpStatus, err.externalId, { cause: err, code: err.code, account, requestId: err.requestId });
 
 /** A budget that gave no token in time: the call was not sent (RetryLater); any other error as it is. */
 function notSent(err: unknown, account?: string): unknown {

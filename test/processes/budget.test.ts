@@ -601,7 +601,19 @@ describe("Connect: each connected account's own bucket beside the platform's", (
     for (const op of platform) expect((await operation(t, op)).status).toBe('succeeded');
     expect((await operation(t, hotToo)).status).toBe('unknown');
     expect(e.emulator.requests().filter((r) => r.account === 'acct_sweephot')).toHaveLength(0);
+
+    // Stripe's own 429 on that account (its own integration spends the same limit), its bucket full: the
+    // same, however long the call may wait.
+    const patient = connect(replicaA, { platform: 1_000, account: 1_000 });
+    const waits = new BudgetedGateway(e.gateway(), { budgets: { requests: patient.requests, accounts: patient.accounts }, maxWaitMs: 5_000 });
+    const [limited, other] = [await pastWindow({ stripeAccount: 'acct_sweeplimited' }, '3 hours'), await pastWindow({}, '1 hour')];
+    await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: other } });
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where id = any($1::uuid[])`, [[hot, hotToo]]);
+    e.emulator.addFault({ fault: { kind: 'rate_limit' }, endpoint: 'search', match: { operationId: limited }, count: 100 });
+    const again = await reconcileSweep(t.pool, waits, { owner: 'sweeper', leaseTtlMs: 10_000, log: createLogger('silent') });
+    expect(again.decisions.map((d) => [d.operationId, d.outcome])).toEqual([[limited, 'rate_limited'], [other, 'succeeded']]);
     b.close();
+    patient.close();
   });
 
   it("a rate_limit 429 on a connected account backs off that account's budget alone", async () => {
