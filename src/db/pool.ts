@@ -24,9 +24,15 @@ export const STATEMENT_TIMEOUT_MS = 60_000;
  * stopped answering) gives its connection up, which is then discarded. */
 export const QUERY_TIMEOUT_MS = STATEMENT_TIMEOUT_MS + 15_000;
 
+/** outboxd's transactions wait on nothing but their own statements (never a call out): one idle this long
+ * is a process frozen inside it (SIGSTOP, a paused VM, a host cut off with its socket open), whose rows
+ * (a relay's 500 outbox rows, an operation's) nobody else could take until it resumed, or TCP keepalive
+ * gave up hours later. The server ends it. */
+export const IDLE_IN_TRANSACTION_MS = 30_000;
+
 /** The timeouts as statements: SET LOCAL in a transaction, SET for a session that is outboxd's alone. */
 const timeouts = (scope: 'local' | 'session') =>
-  ([['lock_timeout', LOCK_TIMEOUT_MS], ['statement_timeout', STATEMENT_TIMEOUT_MS]] as const)
+  ([['lock_timeout', LOCK_TIMEOUT_MS], ['statement_timeout', STATEMENT_TIMEOUT_MS], ['idle_in_transaction_session_timeout', IDLE_IN_TRANSACTION_MS]] as const)
     .map(([name, ms]) => `set ${scope === 'local' ? 'local ' : ''}${name} = ${ms}`)
     .join('; ');
 

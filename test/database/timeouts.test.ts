@@ -4,7 +4,7 @@
 import net from 'node:net';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createPool, LOCK_TIMEOUT_MS, withClient, type Pool } from '../../src/db/pool.ts';
+import { createPool, IDLE_IN_TRANSACTION_MS, inTransaction, LOCK_TIMEOUT_MS, withClient, type Pool } from '../../src/db/pool.ts';
 import { Outboxd } from '../../src/outboxd.ts';
 import { createTestDatabase, inAppTransaction, type TestDb } from '../support/db.ts';
 import { confirm } from '../support/fixtures.ts';
@@ -54,6 +54,12 @@ describe.each([
     const { rows } = await withClient(pool, (client) => client.query('show lock_timeout'));
     expect(rows[0].lock_timeout).toBe(pooled ? '0' : `${LOCK_TIMEOUT_MS / 1000}s`);
   }, 60_000);
+
+  it('a transaction of its own left idle (its process frozen inside it) is ended by the server, its rows free again', async () => {
+    const pool = open(pooled);
+    const { rows } = await inTransaction(pool, (tx) => tx.query('show idle_in_transaction_session_timeout'));
+    expect(rows[0].idle_in_transaction_session_timeout).toBe(`${IDLE_IN_TRANSACTION_MS / 1000}s`);
+  });
 });
 
 it('requestCharge leaves the application’s session settings as they were', async () => {
