@@ -120,11 +120,13 @@ export interface DispatcherDeps {
 type Disposition = Omit<JobResult, 'id'>;
 
 /** When a call that executed nothing is tried again: at once after a check found the earlier execution
- * did not happen, soon after a 429 (jittered, so replicas do not return together), later after a refused
- * key or connection (an operator has something to fix). */
+ * did not happen, soon after a 429 (jittered, so replicas do not return together) or when the refusal
+ * said (a busy connected account's calls, paced at its rate), later after a refused key or connection
+ * (an operator has something to fix). */
 function notAnAttemptDelaySeconds(outcome: Outcome): number {
   if (outcome.kind === 'not_done') return 0;
-  return outcome.kind === 'rate_limited' ? 1 + Math.floor(Math.random() * 5) : 30;
+  if (outcome.kind !== 'rate_limited') return 30;
+  return outcome.retryAfterSeconds ?? 1 + Math.floor(Math.random() * 5);
 }
 /** A reconcile-before-retry create under way: `running` settles when the call returns (`returned`). */
 interface RunningCreate {

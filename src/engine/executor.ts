@@ -306,7 +306,12 @@ function fromGatewayError(err: GatewayError, call: EffectCall, reason: string, a
     case 'declined':
       return { kind: 'failed', externalId: err.externalId ?? null, reason };
     case 'rate_limited':
-      return { kind: 'rate_limited', reason, ...(err instanceof RetryLater && err.account ? { account: err.account } : {}) };
+      return {
+        kind: 'rate_limited',
+        reason,
+        ...(err instanceof RetryLater && err.account ? { account: err.account } : {}),
+        ...(err instanceof RetryLater && err.retryAfterSeconds ? { retryAfterSeconds: err.retryAfterSeconds } : {}),
+      };
     case 'not_executed':
       return { kind: 'not_executed', reason };
     case 'access_revoked':

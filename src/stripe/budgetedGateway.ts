@@ -37,6 +37,8 @@ import { BudgetTimeout, type AccountBudgets, type Budget, type BudgetMetrics, ty
 
 /** Sends of one call, 429s included. */
 const MAX_SENDS = 3;
+/** The longest a call put off on a busy account waits before it is tried again. */
+const MAX_PUT_OFF_MS = 300_000;
 
 export interface Budgets {
   /** Every request: the account's limit. */
@@ -66,19 +68,20 @@ export class BudgetedGateway implements PaymentGateway {
   private readonly inner: PaymentGateway;
   private readonly opts: BudgetedGatewayOptions;
   readonly metrics: GatewayMetrics;
-  /** Calls waiting for each connected account's bucket, shared with the gateway at another priority. */
-  private readonly accountWaiting: Map<string, number>;
+  /** Per connected account, shared with the gateway at another priority: its calls waiting for its bucket,
+   * and when the next call put off is due back. */
+  private readonly accountState: { waiting: Map<string, number>; due: Map<string, number> };
 
-  constructor(inner: PaymentGateway, opts: BudgetedGatewayOptions, accountWaiting = new Map<string, number>()) {
+  constructor(inner: PaymentGateway, opts: BudgetedGatewayOptions, accountState = { waiting: new Map<string, number>(), due: new Map<string, number>() }) {
     this.inner = inner;
     this.opts = opts;
     this.metrics = opts.metrics ?? gatewayMetrics();
-    this.accountWaiting = accountWaiting;
+    this.accountState = accountState;
   }
 
   /** The same gateway and budgets, its calls at another priority. */
   at(priority: Priority): BudgetedGateway {
-    return new BudgetedGateway(this.inner, { ...this.opts, priority, metrics: this.metrics }, this.accountWaiting);
+    return new BudgetedGateway(this.inner, { ...this.opts, priority, metrics: this.metrics }, this.accountState);
   }
 
   // One line per method: which budgets its request takes from, on which account.
@@ -193,20 +196,37 @@ export class BudgetedGateway implements PaymentGateway {
 
   /** A token of the connected account's own bucket, its refusal naming the account: only its calls wait. */
   private async accountToken(accounts: AccountBudgets, account: string, priority: Priority, deadline: number, signal?: AbortSignal): Promise<void> {
-    const waiting = this.accountWaiting.get(account) ?? 0;
-    if (waiting >= (this.opts.accountWaiters ?? Infinity)) {
-      throw new RetryLater(`not sent: ${waiting} calls on ${account} already wait for its budget here`, undefined, undefined, { code: 'budget', account });
+    const { waiting } = this.accountState;
+    const now = waiting.get(account) ?? 0;
+    if (now >= (this.opts.accountWaiters ?? Infinity)) {
+      const retryAfterSeconds = this.putOff(account, accounts.rate);
+      throw new RetryLater(`not sent: ${now} calls on ${account} already wait for its budget here`, undefined, undefined, { code: 'budget', account, retryAfterSeconds });
     }
-    this.accountWaiting.set(account, waiting + 1);
+    waiting.set(account, now + 1);
     try {
       await accounts.for(account).take(priority, deadline, null, signal);
     } catch (err) {
       throw notSent(err, account);
     } finally {
-      const left = this.accountWaiting.get(account)! - 1;
-      if (left) this.accountWaiting.set(account, left);
-      else this.accountWaiting.delete(account);
+      const left = waiting.get(account)! - 1;
+      if (left) waiting.set(account, left);
+      else waiting.delete(account);
     }
+  }
+
+  /**
+   * When a call put off on a busy account is due back, in seconds: the account's put-off calls are paced
+   * at its rate, each after the one before, as in a queue of its own (jittered, at most 5 minutes). Put off
+   * a few seconds each, its whole backlog came back every few seconds, each time claimed, refused and
+   * rescheduled: writes growing with the backlog, not with what the account can take.
+   */
+  private putOff(account: string, rate: number): number {
+    const { due } = this.accountState;
+    const now = Date.now();
+    if (due.size > 10_000) for (const [a, at] of due) if (at < now) due.delete(a);
+    const at = Math.min(Math.max(now, due.get(account) ?? 0) + 1000 / rate, now + MAX_PUT_OFF_MS);
+    due.set(account, at);
+    return Math.max(1, Math.round(((at - now) / 1000) * (0.75 + Math.random() / 2)));
   }
 }
 

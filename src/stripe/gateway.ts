@@ -193,21 +193,25 @@ export class Declined extends GatewayError {
 /** 429: Stripe's rate limiter answers before its idempotency layer, so nothing executed and no key was
  * stored. Try again later with the same key. `code`: why, e.g. `rate_limit` (the account's budget) or
  * `lock_timeout` (another request holds the object). `account`: set when only that connected account's
- * own limit turned it away (its bucket of the fleet's budget, or Stripe's 429 on it), not the platform's. */
+ * own limit turned it away (its bucket of the fleet's budget, or Stripe's 429 on it), not the platform's.
+ * `retryAfterSeconds`: when to try again, where the refusal knows (its place among the account's calls
+ * put off). */
 export class RetryLater extends GatewayError {
   override name = 'RetryLater';
   readonly outcome = 'rate_limited';
   readonly code: string | undefined;
   readonly account: string | undefined;
+  readonly retryAfterSeconds: number | undefined;
   constructor(
     message: string,
     httpStatus?: number,
     externalId?: string,
-    options?: ErrorOptions & { code?: string | undefined; account?: string | undefined; requestId?: string | undefined },
+    options?: ErrorOptions & { code?: string | undefined; account?: string | undefined; requestId?: string | undefined; retryAfterSeconds?: number | undefined },
   ) {
     super(message, httpStatus, externalId, options);
     this.code = options?.code;
     this.account = options?.account;
+    this.retryAfterSeconds = options?.retryAfterSeconds;
   }
 }
 

@@ -88,8 +88,9 @@ export type Outcome = (
   /** The provider has the effect and is still carrying it out (SEPA Debit, ACH: days): waiting, not
    * unknown. Retrieved again on a slowing schedule, never created again. */
   | { kind: 'processing'; externalId: string; reason: string }
-  /** `account`: only that connected account's own limit turned it away; other accounts' calls may go on. */
-  | { kind: 'rate_limited'; reason: string; account?: string }
+  /** `account`: only that connected account's own limit turned it away; other accounts' calls may go on.
+   * `retryAfterSeconds`: when it is due again, where the refusal said. */
+  | { kind: 'rate_limited'; reason: string; account?: string; retryAfterSeconds?: number }
   | { kind: 'not_executed'; reason: string }
   /** A kind's check found that an earlier execution did not happen: it may be executed again. */
   | { kind: 'not_done'; reason: string }

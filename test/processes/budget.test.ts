@@ -580,6 +580,29 @@ describe("Connect: each connected account's own bucket beside the platform's", (
     b.close();
   });
 
+  it("the calls a busy account's bucket put off come back paced at its rate, each after the one before, not all within seconds", async () => {
+    const b = connect(replicaA, { platform: 1_000, account: 0.5 });
+    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 10_000, accountWaiters: 1 });
+    // Only this test's operations are left to drive.
+    await t.pool.query(`delete from outboxd.charge_outbox`);
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
+    const ops: string[] = [];
+    for (let i = 0; i < 10; i++) ops.push(await confirm(t, { stripeAccount: 'acct_paced', amount: 500 + i }));
+    const replica = await startDispatcher(t, g, 'paced', { concurrency: 2 });
+    try {
+      // One waits for the account's token (one each 2 s); the others are put off, one after another.
+      const putOff = async () =>
+        (await t.pool.query(`select extract(epoch from start_after - now())::float8 as s from pgboss.job where name = 'charge' and state = 'created' and start_after > now() + interval '500 ms' and data->>'operationId' = any($1)`, [ops])).rows.map((r) => r.s as number);
+      await waitUntil(async () => (await putOff()).length >= 8, 20_000, 'the backlog put off');
+      const later = (await putOff()).sort((x, y) => x - y);
+      expect(later.at(-1)).toBeGreaterThan(10); // the 8th put off: about 16 s, where each used to be 1 to 5 s
+      expect(e.emulator.requests().length).toBeLessThanOrEqual(3);
+    } finally {
+      await replica.stop();
+      b.close();
+    }
+  });
+
   it("the reconcile sweep turned away by one account's own bucket skips only that account's operations: the platform's are settled", async () => {
     const b = connect(replicaA, { platform: 1_000, account: 0.2 });
     const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 300 });
