@@ -360,11 +360,12 @@ ops
   .description('clear the review reason of a settled operation, once what it reports is dealt with in Stripe (audited; nothing else changes)')
   .argument('<op-id>', 'its id, or its short id (a unique prefix of 8 or more hex digits)', operationRef)
   .requiredOption('--note <text>', 'what was done about it (a second charge refunded, say)')
+  .option('--review-reason <text>', 'the review reason as you read it (ops show): refused if it changed since; without it, the reason as it is now')
   .option('--actor <name>', 'who acknowledges (audit trail)', defaultActor())
   .option('--json', 'machine-readable output')
   .action(async (id: string, o) => {
     await withDatabase(async ({ pool }) => {
-      const op = await acknowledgeOperation(pool, (await findOperation(pool, id)).id, o.note, o.actor);
+      const op = await acknowledgeOperation(pool, (await findOperation(pool, id)).id, o.note, o.actor, o.reviewReason);
       console.log(o.json ? JSON.stringify(op) : `${op.id} ${op.status}, no longer held for review; acknowledged: ${op.acknowledgedReason}`);
     });
   });

@@ -169,7 +169,10 @@ describe('outboxd ops and requeue', () => {
     const op = await confirm(t);
     await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now(), review_reason = 'discrepancy with Stripe: pi_2' where id = $1`, [op]);
     expect((await outboxd('ops', 'acknowledge', op)).stderr).toMatch(/required option '--note <text>'/);
-    const res = await outboxd('ops', 'acknowledge', shortOperationId(op), '--note', 'refunded pi_2', '--actor', 'bob', '--json');
+    // The reason as the person read it: one that changed since (a second discrepancy added) is refused.
+    const stale = await outboxd('ops', 'acknowledge', op, '--note', 'refunded pi_1', '--review-reason', 'discrepancy with Stripe: pi_1');
+    expect(stale).toMatchObject({ code: 2, stderr: expect.stringContaining('changed since it was read: read it again: discrepancy with Stripe: pi_2') });
+    const res = await outboxd('ops', 'acknowledge', shortOperationId(op), '--note', 'refunded pi_2', '--review-reason', 'discrepancy with Stripe: pi_2', '--actor', 'bob', '--json');
     expect(res.code).toBe(0);
     expect(JSON.parse(res.stdout)).toMatchObject({ id: op, status: 'succeeded', needs_review: false });
     const { rows } = await t.pool.query(`select actor, details->>'note' as note from outboxd.admin_audit where operation_id = $1 and action = 'acknowledge'`, [op]);
