@@ -178,6 +178,11 @@ export class Dispatcher {
   /** Of those, the reconcile-before-retry creates, with their claims' fences: one given up, past its
    * timeout or by the drain, may still act after any check until it returns (holdWhileRunning). */
   private readonly creates = new Map<AbortController, RunningCreate>();
+  /** Each kind's calls given up past its timeout and still running. A given-up call frees its slot, so
+   * that a hung service holds none; but a kind's next call would then start, hang and be given up in turn,
+   * each still running (a reconcile-before-retry create's lease renewed meanwhile): past the concurrency,
+   * a given-up call keeps its slot until it returns. */
+  private readonly overdue = new Map<string, number>();
 
   constructor(deps: DispatcherDeps, opts: DispatcherOptions) {
     this.deps = deps;
@@ -463,7 +468,20 @@ export class Dispatcher {
       renew: () => renewLease(pool, operationId, fence, this.opts.leaseTtlMs),
       log: opLog,
     });
-    const endCall = await this.slotWithin(takeSlot, this.longestWait(lease, policy, keyWindowSeconds), call.signal);
+    const slot = await this.slotWithin(takeSlot, this.longestWait(lease, policy, keyWindowSeconds), call.signal);
+    // A call given up past its timeout while its kind has as many still running keeps the slot until it returns.
+    let holdSlotUntil: Promise<void> | undefined;
+    const endCall = slot && (() => (holdSlotUntil ? void holdSlotUntil.then(slot) : slot()));
+    const givenUp = (running: Promise<void>) => {
+      const now = this.overdue.get(kind) ?? 0;
+      if (now >= this.opts.concurrency) holdSlotUntil = running;
+      this.overdue.set(kind, now + 1);
+      void running.then(() => {
+        const left = this.overdue.get(kind)! - 1;
+        if (left) this.overdue.set(kind, left);
+        else this.overdue.delete(kind);
+      });
+    };
     held.check();
     if (endCall) {
       // Counted with the calls in flight meanwhile: a drain then gives it up and keeps its lease, rather
@@ -527,6 +545,7 @@ export class Dispatcher {
         },
         onCallEnded: endCall,
         onGivenUp: (running) => {
+          givenUp(running);
           metrics.callsOverdue.inc();
           void running.finally(() => metrics.callsOverdue.dec());
         },

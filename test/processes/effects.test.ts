@@ -577,6 +577,40 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
     }
   });
 
+  it('a service that hangs for good: past the concurrency, a kind’s calls still running past their timeout keep their slots until they return, so its calls in hand stay bounded', async () => {
+    let finish!: () => void;
+    const returned = new Promise<void>((resolve) => (finish = resolve));
+    let started = 0;
+    const def: EffectDefinition = {
+      policy: 'reconcile-before-retry',
+      timeoutMs: 200,
+      execute: async () => {
+        started++;
+        await returned;
+        return { reserved: true };
+      },
+      check: async () => ({ status: 'not_done' }),
+    };
+    const o = app({ blackhole: def });
+    const ops: string[] = [];
+    for (let i = 0; i < 20; i++) ops.push(await request(o, 'blackhole', { i }));
+    // Four slots, three of them for the application's kinds: four calls given up free theirs, the next
+    // three keep them.
+    const replica = await startDispatcher(t, new FakeStripe(), 'blackhole', { concurrency: 4, leaseTtlMs: 3_000, effects: new Map([['blackhole', def]]) });
+    try {
+      await waitUntil(() => started >= 7, 20_000, 'the calls under way');
+      await new Promise((resolve) => setTimeout(resolve, 3_000)); // fifteen timeouts more
+      expect(started).toBe(7);
+      expect((await replica.metrics.callsOverdue.get()).values[0]!.value).toBe(7);
+      // Their leases, renewed until they return, and the claims made ahead (two a slot) waiting for one.
+      const leased = await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where id = any($1::uuid[]) and lease_owner = 'blackhole'`, [ops]);
+      expect(leased.rows[0].n).toBeLessThanOrEqual(7 + 2 * 3);
+    } finally {
+      finish();
+      await replica.stop();
+    }
+  });
+
   /** A reservation whose first execute answers only when told to (`finish`), whatever its signal says. */
   function lateReservation() {
     let finish!: () => void;
