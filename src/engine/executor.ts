@@ -310,6 +310,7 @@ function fromGatewayError(err: GatewayError, call: EffectCall, reason: string, a
         kind: 'rate_limited',
         reason,
         ...(err instanceof RetryLater && err.account ? { account: err.account } : {}),
+        ...(err instanceof RetryLater && err.code === 'lock_timeout' ? { objectBusy: true as const } : {}),
         ...(err instanceof RetryLater && err.retryAfterSeconds ? { retryAfterSeconds: err.retryAfterSeconds } : {}),
       };
     case 'not_executed':

@@ -64,7 +64,7 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, opts: 
   const report: SweepReport = { examined: rows.length, settled: 0, needsReview: 0, skipped: 0, undriven: [], followedUp: [], decisions: [] };
   let rateLimited = false;
   // Connected accounts whose own limit turned a call away: the rest of theirs waits for the next sweep,
-  // the platform's and other accounts' go on.
+  // the platform's and other accounts' go on. One object another request held (lock_timeout) stops nothing.
   const busyAccounts = new Set<string>();
   const sweepOne = (id: string) => withSpan('outboxd.reconcile', { [ATTR.operationId]: id }, async () => {
     // Read before any claim, which its timeline would record.
@@ -82,7 +82,7 @@ export async function reconcileSweep(pool: Pool, gateway: PaymentGateway, opts: 
     try {
       const review = opts.processingReviewDays !== undefined ? { processingReviewDays: opts.processingReviewDays } : {};
       const run = await executeOperation(pool, kinds, id, lease.fence, { keyWindowSeconds, claimed: lease.operation, allowCreate: false, source: 'reconcile', log, ...review });
-      if (run.outcome?.kind === 'rate_limited') {
+      if (run.outcome?.kind === 'rate_limited' && !run.outcome.objectBusy) {
         if (run.outcome.account) busyAccounts.add(run.outcome.account);
         else rateLimited = true;
       }

@@ -178,7 +178,8 @@ export class BudgetedGateway implements PaymentGateway {
         // Without a budget to wait for, a rate-limited call goes back to its caller (the dispatcher
         // reschedules it in seconds); a lock timeout is worth a second try either way.
         const delay = lockTimeout ? (50 + Math.random() * 200) * sends : 0;
-        if (sends >= MAX_SENDS || (!lockTimeout && !budget) || Date.now() + delay >= deadline) throw account !== null ? ofAccount(err, account) : err;
+        // The account's own limit (its bucket's 429), not one busy object's: its other calls may wait too.
+        if (sends >= MAX_SENDS || (!lockTimeout && !budget) || Date.now() + delay >= deadline) throw account !== null && budget && !lockTimeout ? ofAccount(err, account) : err;
         await new Promise((r) => setTimeout(r, delay));
       }
     }
@@ -196,8 +197,10 @@ export class BudgetedGateway implements PaymentGateway {
 
   /** A token of the connected account's own bucket, its refusal naming the account: only its calls wait. */
   private async accountToken(accounts: AccountBudgets, account: string, priority: Priority, deadline: number, signal?: AbortSignal): Promise<void> {
-    const { waiting } = this.accountState;
+    const { waiting, due } = this.accountState;
     const now = waiting.get(account) ?? 0;
+    // None waiting: the account is not busy now, whatever was put off before (and never came back).
+    if (now === 0) due.delete(account);
     if (now >= (this.opts.accountWaiters ?? Infinity)) {
       const retryAfterSeconds = this.putOff(account, accounts.rate);
       throw new RetryLater(`not sent: ${now} calls on ${account} already wait for its budget here`, undefined, undefined, { code: 'budget', account, retryAfterSeconds });

@@ -89,8 +89,9 @@ export type Outcome = (
    * unknown. Retrieved again on a slowing schedule, never created again. */
   | { kind: 'processing'; externalId: string; reason: string }
   /** `account`: only that connected account's own limit turned it away; other accounts' calls may go on.
-   * `retryAfterSeconds`: when it is due again, where the refusal said. */
-  | { kind: 'rate_limited'; reason: string; account?: string; retryAfterSeconds?: number }
+   * `objectBusy`: another request held the object (a lock_timeout), nobody's limit. `retryAfterSeconds`:
+   * when it is due again, where the refusal said. */
+  | { kind: 'rate_limited'; reason: string; account?: string; objectBusy?: true; retryAfterSeconds?: number }
   | { kind: 'not_executed'; reason: string }
   /** A kind's check found that an earlier execution did not happen: it may be executed again. */
   | { kind: 'not_done'; reason: string }

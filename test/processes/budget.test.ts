@@ -603,6 +603,21 @@ describe("Connect: each connected account's own bucket beside the platform's", (
     }
   });
 
+  it('the pacing starts again once none of its calls waits: put-offs that never came back (a sweep’s, a webhook’s) do not hold the next ones for minutes', async () => {
+    const b = connect(replicaA, { platform: 1_000, account: 1 });
+    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 10_000, accountWaiters: 1 });
+    const retryAfter = (x: unknown) => (x as RetryLater).retryAfterSeconds;
+    const waiting = g.retrieveCharge('pi_nothing', 'acct_again').catch((x: unknown) => x);
+    const putOff: unknown[] = [];
+    for (let i = 0; i < 20; i++) putOff.push(await g.retrieveCharge('pi_nothing', 'acct_again').catch((x: unknown) => x));
+    expect(retryAfter(putOff.at(-1))).toBeGreaterThanOrEqual(15);
+    await waiting; // its token came; nobody waits now
+    const next = g.retrieveCharge('pi_nothing', 'acct_again').catch((x: unknown) => x);
+    expect(retryAfter(await g.retrieveCharge('pi_nothing', 'acct_again').catch((x: unknown) => x))).toBeLessThanOrEqual(2);
+    await next;
+    b.close();
+  });
+
   it("the reconcile sweep turned away by one account's own bucket skips only that account's operations: the platform's are settled", async () => {
     const b = connect(replicaA, { platform: 1_000, account: 0.2 });
     const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 300 });
@@ -635,6 +650,14 @@ describe("Connect: each connected account's own bucket beside the platform's", (
     e.emulator.addFault({ fault: { kind: 'rate_limit' }, endpoint: 'search', match: { operationId: limited }, count: 100 });
     const again = await reconcileSweep(t.pool, waits, { owner: 'sweeper', leaseTtlMs: 10_000, log: createLogger('silent') });
     expect(again.decisions.map((d) => [d.operationId, d.outcome])).toEqual([[limited, 'rate_limited'], [other, 'succeeded']]);
+
+    // One object held by another request (a lock_timeout 429) is that object's: the account's others go on.
+    const [locked, sibling] = [await pastWindow({ stripeAccount: 'acct_sweeplocked' }, '3 hours'), await pastWindow({ stripeAccount: 'acct_sweeplocked' }, '2 hours')];
+    await e.client().paymentIntents.create({ amount: 2599, currency: 'eur', customer: 'cus_test_1', payment_method: 'pm_card_visa', confirm: true, metadata: { operation_id: sibling } }, { stripeAccount: 'acct_sweeplocked' });
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where id = any($1::uuid[])`, [[limited, other]]);
+    e.emulator.addFault({ fault: { kind: 'rate_limit', code: 'lock_timeout' }, endpoint: 'search', match: { operationId: locked }, count: 100 });
+    const third = await reconcileSweep(t.pool, waits, { owner: 'sweeper', leaseTtlMs: 10_000, log: createLogger('silent') });
+    expect(third.decisions.map((d) => [d.operationId, d.outcome])).toEqual([[locked, 'rate_limited'], [sibling, 'succeeded']]);
     b.close();
     patient.close();
   });
