@@ -473,9 +473,9 @@ export class Dispatcher {
     let holdSlotUntil: Promise<void> | undefined;
     const endCall = slot && (() => (holdSlotUntil ? void holdSlotUntil.then(slot) : slot()));
     const givenUp = (running: Promise<void>) => {
-      const now = this.overdue.get(kind) ?? 0;
-      if (now >= this.opts.concurrency) holdSlotUntil = running;
-      this.overdue.set(kind, now + 1);
+      const stillRunning = this.overdue.get(kind) ?? 0;
+      if (stillRunning >= this.opts.concurrency) holdSlotUntil = running;
+      this.overdue.set(kind, stillRunning + 1);
       void running.then(() => {
         const left = this.overdue.get(kind)! - 1;
         if (left) this.overdue.set(kind, left);

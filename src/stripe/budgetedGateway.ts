@@ -198,14 +198,14 @@ export class BudgetedGateway implements PaymentGateway {
   /** A token of the connected account's own bucket, its refusal naming the account: only its calls wait. */
   private async accountToken(accounts: AccountBudgets, account: string, priority: Priority, deadline: number, signal?: AbortSignal): Promise<void> {
     const { waiting, due } = this.accountState;
-    const now = waiting.get(account) ?? 0;
+    const inLine = waiting.get(account) ?? 0;
     // None waiting: the account is not busy now, whatever was put off before (and never came back).
-    if (now === 0) due.delete(account);
-    if (now >= (this.opts.accountWaiters ?? Infinity)) {
+    if (inLine === 0) due.delete(account);
+    if (inLine >= (this.opts.accountWaiters ?? Infinity)) {
       const retryAfterSeconds = this.putOff(account, accounts.rate);
-      throw new RetryLater(`not sent: ${now} calls on ${account} already wait for its budget here`, undefined, undefined, { code: 'budget', account, retryAfterSeconds });
+      throw new RetryLater(`not sent: ${inLine} calls on ${account} already wait for its budget here`, undefined, undefined, { code: 'budget', account, retryAfterSeconds });
     }
-    waiting.set(account, now + 1);
+    waiting.set(account, inLine + 1);
     try {
       await accounts.for(account).take(priority, deadline, null, signal);
     } catch (err) {
