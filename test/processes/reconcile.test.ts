@@ -129,8 +129,16 @@ describe('drift report', () => {
     const missing = await confirm(t);
     await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now(), external_id = 'pi_doesnotexist' where id = $1`, [missing]);
 
+    // One PaymentIntent recorded by two operations (its metadata edited from one to the other in time).
+    const [payer, twin] = [await confirm(t), await confirm(t)];
+    const shared = await chargeFor(payer);
+    await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now(), external_id = $2 where id = any($1::uuid[])`, [[payer, twin], shared!.id]);
+
     const report = await driftReport(t.pool, e.gateway(), since);
     const kinds = report.drift.map((d) => [d.kind, d.operationId]);
+    expect(report.drift.filter((d) => d.kind === 'shared_charge')).toEqual([
+      { kind: 'shared_charge', operationId: expect.stringMatching(new RegExp(`^(${payer}|${twin})$`)), chargeIds: [shared!.id], detail: expect.stringMatching(/records this PaymentIntent too: one charge for two operations/) },
+    ]);
     expect(kinds).toContainEqual(['duplicate_charge', op]);
     expect(kinds).toContainEqual(['orphan_charge', '00000000-0000-4000-8000-000000000000']);
     expect(kinds).toContainEqual(['missing_charge', missing]);

@@ -189,7 +189,9 @@ async function noCharge(gateway: PaymentGateway, op: Operation, reason: string, 
  *   it charged (an authorization: held or captured);
  * - released_hold: a succeeded authorization released in Stripe that no succeeded cancel records;
  * - captured_hold: a succeeded authorization held when it settled, captured in Stripe, that no capture
- *   records.
+ *   records;
+ * - shared_charge: one PaymentIntent recorded by two succeeded operations (its metadata edited from one to
+ *   the other before either recorded it): two orders told they were paid by one charge.
  * Stripe lists the platform's PaymentIntents: a connected account's charge is checked by retrieve.
  */
 async function chargeDrift(gateway: PaymentGateway, { since, named, byExternalIds, succeeded }: DriftContext) {
@@ -220,8 +222,12 @@ async function chargeDrift(gateway: PaymentGateway, { since, named, byExternalId
   const listed = new Map(charges.map((c) => [c.id, c]));
   const released: Operation[] = [];
   const captured: Operation[] = [];
+  const recordedBy = new Map<string, string>();
   for await (const page of succeeded()) {
     for (const op of page) {
+      const first = op.external_id ? recordedBy.get(op.external_id) : undefined;
+      if (first) drift.push({ kind: 'shared_charge', operationId: op.id, chargeIds: [op.external_id!], detail: `operation ${first} records this PaymentIntent too: one charge for two operations` });
+      else if (op.external_id) recordedBy.set(op.external_id, op.id);
       // It may predate `since`, or be on a connected account (the listing is the platform's): retrieve it
       // there before calling it missing.
       const found = op.external_id ? (listed.get(op.external_id) ?? (await driftRead(gateway.retrieveCharge(op.external_id, accountOf(op))))) : undefined;
