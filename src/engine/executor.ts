@@ -12,7 +12,7 @@ import { messageOf, textOf } from '../types/input.ts';
 import { inTransaction, type Pool, type Tx } from '../db/pool.ts';
 import type { Logger } from '../telemetry/log.ts';
 import { ATTR, operationAttributes, outcomeOn, withSpan } from '../telemetry/tracing.ts';
-import { GatewayError, RetryLater } from '../stripe/gateway.ts';
+import { GatewayError, type RetryLater } from '../stripe/gateway.ts';
 import { judgeProcessing, PROCESSING_REVIEW_DAYS } from './processing.ts';
 import {
   CHECK_AFTER_CREATE_GIVEN_UP,
@@ -305,14 +305,16 @@ function fromGatewayError(err: GatewayError, call: EffectCall, reason: string, a
   switch (err.outcome) {
     case 'declined':
       return { kind: 'failed', externalId: err.externalId ?? null, reason };
-    case 'rate_limited':
+    case 'rate_limited': {
+      const { account, code, retryAfterSeconds } = err as RetryLater;
       return {
         kind: 'rate_limited',
         reason,
-        ...(err instanceof RetryLater && err.account ? { account: err.account } : {}),
-        ...(err instanceof RetryLater && err.code === 'lock_timeout' ? { objectBusy: true as const } : {}),
-        ...(err instanceof RetryLater && err.retryAfterSeconds ? { retryAfterSeconds: err.retryAfterSeconds } : {}),
+        ...(account ? { account } : {}),
+        ...(code === 'lock_timeout' ? { objectBusy: true as const } : {}),
+        ...(retryAfterSeconds ? { retryAfterSeconds } : {}),
       };
+    }
     case 'not_executed':
       return { kind: 'not_executed', reason };
     case 'access_revoked':

@@ -28,22 +28,22 @@ const where = (account: string | null) => account ?? 'the platform';
 
 /** A PaymentIntent that is on another account than the operation's, does not carry this operation's id,
  * amount and currency (or its capture method, or, unsettled, its customer), or is another than the one
- * the operation already knows, must not settle it. The account first: a connected account writes its objects' metadata itself. */
+ * the operation already knows, must not settle it. The account first: a connected account writes its
+ * objects' metadata itself. */
 export function chargeMismatch(op: Operation, charge: ProviderObject, byPerson = false): string | null {
+  // What a gateway reading a PaymentIntent says beyond any provider object's fields (absent: not said).
+  const { customer, captureMethod: method, applicationFeeAmount: fee } = charge as Partial<Charge>;
   if (charge.account !== accountOf(op)) return `${charge.id} is on ${where(charge.account)}; the operation's charge is on ${where(accountOf(op))}`;
   if (charge.operationId !== op.id) return `${charge.id} belongs to operation ${charge.operationId ?? '(none)'}, not ${op.id}`;
   if (charge.amount !== op.amount || charge.currency !== op.currency) return `${charge.id} is ${charge.amount} ${charge.currency}; the operation is ${op.amount} ${op.currency}`;
   if (op.external_id && op.external_id !== charge.id) return `${charge.id} is not the operation's charge ${op.external_id}`;
   // Ours is made for the operation's customer; metadata naming the operation is anyone's to write. A
   // person may still name one that charged another (its key misused by another deployment, say).
-  const { customer } = charge as Partial<Charge>;
   if (customer !== undefined && !byPerson && !isSettled(op.status) && customer !== op.customer_id) return `${charge.id} charges ${customer ?? 'no customer'}; the operation's customer is ${op.customer_id}`;
-  const method = (charge as Partial<Charge>).captureMethod;
   if (method !== undefined && (method === 'manual') !== isAuthorization(op)) return `${charge.id} has capture_method ${method}; the operation asked for ${isAuthorization(op) ? 'manual' : 'automatic'}`;
   // A connected account writes its own PaymentIntents' metadata, and may name our pending operation there
   // with the same amount; only the platform can set a fee, so one made by the account carries none. Not
   // asked of a settled operation's own PaymentIntent, whose fee the platform may change since.
-  const fee = (charge as Partial<Charge>).applicationFeeAmount;
   const asked = (op.payload as ChargePayload | null)?.application_fee_amount ?? 0;
   if (fee !== undefined && !isSettled(op.status) && (fee ?? 0) !== asked) return `${charge.id} carries an application fee of ${fee ?? 'none'}; the operation asked for ${asked || 'none'}`;
   return null;
