@@ -58,11 +58,11 @@ export const retentionStatements = ({ s, statement, byIds, UNSETTLED }: SqlConte
   ),
 
   /** Settlement events no unnamed handler took within $1 days (pg-boss's retention of a job never taken,
-   * as when they were jobs), as pruneAdminAudit: ids and insert times grow together. One a delivery holds
-   * is left to it (its failure is still recorded, or dead-lettered), and one taken before is counted from
-   * when it was last due (not_before, after a failure) or its last delivery's lease ended (one that died
-   * with its process comes back alone): it is retried until delivered or dead-lettered, where it can be
-   * redriven, unless no handler takes it for as long. */
+   * as when they were jobs), as pruneAdminAudit: ids and insert times grow together. One taken before is
+   * counted from when it was last due (not_before, after a failure) or its last delivery's lease ends (so
+   * one a delivery holds is left to it, and one that died with its process comes back alone): it is
+   * retried until delivered or dead-lettered, where it can be redriven, unless no handler takes it for as
+   * long. */
   pruneSettlementOutbox: statement<[retentionDays: number, afterId: number, scan: number]>(
     'outboxd_prune_settlement_outbox',
     `with scanned as (
@@ -70,7 +70,7 @@ export const retentionStatements = ({ s, statement, byIds, UNSETTLED }: SqlConte
      ), gone as (
        delete from ${s}.settlement_outbox o
        where ${byIds('o', `array(select sc.id from scanned sc where sc.created_at < now() - make_interval(days => $1))`)}
-         and (o.leased_until is null or o.leased_until < now()) and greatest(o.not_before, o.leased_until) < now() - make_interval(days => $1)
+         and greatest(o.not_before, o.leased_until) < now() - make_interval(days => $1)
        returning o.id
      )
      select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,
