@@ -39,6 +39,11 @@ import { BudgetTimeout, type AccountBudgets, type Budget, type BudgetMetrics, ty
 const MAX_SENDS = 3;
 /** The longest a call put off on a busy account waits before it is tried again. */
 const MAX_PUT_OFF_MS = 300_000;
+/** A call on a busy account whose token would come within this is not put off, beyond accountWaiters:
+ * the job's round trip (claimed, rescheduled, fetched again by a loop polling each half second) takes as
+ * long, and calls come back in bunches of what the loops fetched, which refused again went to the end of
+ * the line (a backlog drained at 0.42 of the account's rate, each call put off 4 times). */
+const SHORT_WAIT_SECONDS = 0.5;
 
 export interface Budgets {
   /** Every request: the account's limit. */
@@ -55,8 +60,9 @@ export interface BudgetedGatewayOptions {
   maxWaitMs: number;
   priority?: Priority;
   metrics?: GatewayMetrics;
-  /** Calls on one connected account that wait for its bucket at once in this process; more are not sent
-   * (RetryLater at once, put off by their caller). Jobs are fetched by kind, not account: without it, a
+  /** Calls on one connected account that wait for its bucket at once in this process (or as many as its
+   * bucket serves in SHORT_WAIT_SECONDS, if more); more are not sent (RetryLater at once, put off by their
+   * caller). Jobs are fetched by kind, not account: without it, a
    * busy account's backlog fills every slot waiting for its own tokens, while the platform's and other
    * accounts' calls, whose tokens are there, wait behind them. Default: no bound. */
   accountWaiters?: number;
@@ -201,7 +207,7 @@ export class BudgetedGateway implements PaymentGateway {
     const inLine = waiting.get(account) ?? 0;
     // None waiting: the account is not busy now, whatever was put off before (and never came back).
     if (inLine === 0) due.delete(account);
-    if (inLine >= (this.opts.accountWaiters ?? Infinity)) {
+    if (inLine >= (this.opts.accountWaiters ?? Infinity) && inLine / accounts.rate > SHORT_WAIT_SECONDS) {
       const retryAfterSeconds = this.putOff(account, accounts.rate);
       throw new RetryLater(`not sent: ${inLine} calls on ${account} already wait for its budget here`, undefined, undefined, { code: 'budget', account, retryAfterSeconds });
     }
@@ -219,9 +225,11 @@ export class BudgetedGateway implements PaymentGateway {
 
   /**
    * When a call put off on a busy account is due back, in seconds: the account's put-off calls are paced
-   * at its rate, each after the one before, as in a queue of its own (jittered, at most 5 minutes). Put off
-   * a few seconds each, its whole backlog came back every few seconds, each time claimed, refused and
-   * rescheduled: writes growing with the backlog, not with what the account can take.
+   * at its rate, each after the one before, as in a queue of its own (at most 5 minutes). Put off a few
+   * seconds each, its whole backlog came back every few seconds, each time claimed, refused and
+   * rescheduled: writes growing with the backlog, not with what the account can take. In fractions of a
+   * second, jittered by at most a quarter of its turn: rounded to whole seconds, or jittered by a quarter
+   * of the whole delay, calls came back out of turn and together, and most were put off again.
    */
   private putOff(account: string, rate: number): number {
     const { due } = this.accountState;
@@ -229,7 +237,7 @@ export class BudgetedGateway implements PaymentGateway {
     if (due.size > 10_000) for (const [a, at] of due) if (at < now) due.delete(a);
     const at = Math.min(Math.max(now, due.get(account) ?? 0) + 1000 / rate, now + MAX_PUT_OFF_MS);
     due.set(account, at);
-    return Math.max(1, Math.round(((at - now) / 1000) * (0.75 + Math.random() / 2)));
+    return (at - now) / 1000 + Math.random() / rate / 4;
   }
 }
 

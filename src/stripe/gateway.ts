@@ -195,7 +195,7 @@ export class Declined extends GatewayError {
  * `lock_timeout` (another request holds the object). `account`: set when only that connected account's
  * own limit turned it away (its bucket of the fleet's budget, or Stripe's 429 on it), not the platform's.
  * `retryAfterSeconds`: when to try again, where the refusal knows (its place among the account's calls
- * put off). */
+ * put off; in fractions of a second). */
 export class RetryLater extends GatewayError {
   override name = 'RetryLater';
   readonly outcome = 'rate_limited';

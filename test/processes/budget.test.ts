@@ -603,6 +603,27 @@ describe("Connect: each connected account's own bucket beside the platform's", (
     }
   });
 
+  it("a busy account's backlog drains at its rate: each call put off comes back at its turn and is sent, not put off again and again", async () => {
+    const rate = 4;
+    const b = connect(replicaA, { platform: 1_000, account: rate });
+    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 10_000, accountWaiters: 2 });
+    await t.pool.query(`delete from outboxd.charge_outbox`);
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
+    const ops: string[] = [];
+    for (let i = 0; i < 40; i++) ops.push(await confirm(t, { stripeAccount: 'acct_drain', amount: 500 + i }));
+    const replica = await startDispatcher(t, g, 'drain', { concurrency: 8 });
+    try {
+      await waitUntil(async () => (await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where status = 'succeeded' and id = any($1)`, [ops])).rows[0].n === ops.length, 60_000, 'the backlog drained');
+      // Put off about once each (the first few wait for their tokens instead). Rounded to whole seconds
+      // and jittered by a quarter of the delay, they came back together and out of turn: 4.3 each.
+      expect(await value(replica.metrics.jobs, { result: 'rescheduled' })).toBeLessThanOrEqual(ops.length * 1.5);
+      expect(e.emulator.requests().filter((r) => r.method === 'POST')).toHaveLength(ops.length);
+    } finally {
+      await replica.stop();
+      b.close();
+    }
+  });
+
   it('the pacing starts again once none of its calls waits: put-offs that never came back (a sweep’s, a webhook’s) do not hold the next ones for minutes', async () => {
     const b = connect(replicaA, { platform: 1_000, account: 1 });
     const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 10_000, accountWaiters: 1 });
