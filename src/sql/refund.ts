@@ -22,7 +22,7 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
    * The refund operation and its outbox row, in ONE statement (after lockChargeForRefund, so it reads
    * every refund of the charge committed before): created only when no refund of the charge has this
    * key and the amount fits in what remains unrefunded, counting every refund that has not failed
-   * (pending and unknown ones may still succeed); of an authorization, what remains of what its capture
+   * (pending and unknown ones may still succeed; a succeeded one Stripe failed since returned nothing); of an authorization, what remains of what its capture
    * took. The payload carries the charge's account and, for a destination charge, what the refund takes
    * back. Always one row: what it decided from (of a refund the key names already, what it was asked).
    * Nothing is inserted outside the lock's transaction ($8): a caller in autocommit (a bare query function
@@ -53,7 +53,7 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
        where kind = 'refund' and parent_operation_id = $1 and effect_key = $3
      ), spent as (
        select coalesce(sum(amount), 0)::bigint as spent from ${s}.payment_operations
-       where kind = 'refund' and parent_operation_id = $1 and status <> 'failed'
+       where kind = 'refund' and parent_operation_id = $1 and status <> 'failed' and not coalesce(result ? 'failed_in_stripe', false)
      ), op as (
        insert into ${s}.payment_operations (order_id, kind, amount, currency, parent_operation_id, effect_key, payload, traceparent)
        select charge.order_id, 'refund', $2::bigint, charge.currency, charge.id, $3::text,
@@ -74,5 +74,17 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
             existing.refund_application_fee as existing_refund_application_fee, spent.spent, charge.amount as charge_amount,
             charge.payload->>'capture_method' = 'manual' as authorization, pg_current_xact_id()::text = $8::text as under_lock
      from spent left join charge on true left join existing on true`,
+  ),
+
+  /** A succeeded refund operation whose Refund Stripe failed since (src/kinds/refund/evidence.ts): kept
+   * succeeded, recorded in its result once ($2: the Refund's status, $3: what told). No row: not a
+   * succeeded refund, or recorded already. */
+  recordRefundFailedInStripe: statement<[id: string, status: string, source: 'webhook' | 'reconcile']>(
+    'outboxd_record_refund_failed_in_stripe',
+    `update ${s}.payment_operations
+     set result = coalesce(result, '{}'::jsonb) || jsonb_build_object('failed_in_stripe', jsonb_build_object('status', $2::text, 'source', $3::text, 'at', now())),
+         updated_at = now()
+     where id = $1 and kind = 'refund' and status = 'succeeded' and not coalesce(result ? 'failed_in_stripe', false)
+     returning id`,
   ),
 });

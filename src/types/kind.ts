@@ -122,10 +122,10 @@ export interface KindEvidence<Tx = unknown> {
   /** Resolve --failed: what Stripe shows that no object of `op` succeeded or can still, or a refusal
    * (resolve itself first waits out a recent create, whatever the kind). */
   noneSucceeded(op: Operation, reason: string, refuse: Refuse): Promise<Record<string, unknown>>;
-  /** What Stripe did since to the object of `op`, a settled operation of this kind, that the application
-   * must hear of (an authorization released in Stripe, expired or cancelled, or captured there), recorded
-   * in `tx` as an operation of its own with its settlement event (from `source`: what told); false when
-   * there is nothing to record. */
+  /** What Stripe did since to the object of `op`, a settled operation of this kind, that outboxd must
+   * record, in `tx` (from `source`: what told): an authorization released in Stripe, expired or
+   * cancelled, or captured there, as an operation of its own with its settlement event; a refund failed
+   * after it succeeded, on the operation, for a person. False when there is nothing to record. */
   followUp?(tx: Tx, op: Operation, object: ProviderObject, source: 'webhook' | 'reconcile'): Promise<boolean>;
   /** Whether an event showing the object of `op`, a settled operation, in `status` may bring something
    * for followUp (an authorization kept as held, shown captured, that no change of outboxd's accounts

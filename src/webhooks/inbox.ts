@@ -29,7 +29,8 @@ export type InboxResult =
   | 'mismatch'
   /** Stripe contradicts a settled operation (charged or refunded although failed, another object): for a person. */
   | 'contradiction'
-  /** What Stripe did since to a settled operation's object (an authorization released) is recorded as an operation. */
+  /** What Stripe did since to a settled operation's object is recorded: an authorization released (as an
+   * operation of its own), a refund failed after it succeeded (on the operation, held for a person). */
   | 'recorded'
   | 'duplicate';
 

@@ -466,20 +466,30 @@ describe('a person’s resolution, webhooks and the drift report', () => {
     expect(await operation(t, unsettled)).toMatchObject({ status: 'pending', needs_review: true });
   });
 
-  it('a refund Stripe fails after it succeeded (a closed card) contradicts the succeeded operation: counted and logged, never overwritten', async () => {
-    const { charge } = await paidCharge();
-    const op = await requested(charge, 300);
+  it('a refund Stripe fails after it succeeded (a closed card): the operation stays succeeded, held for a person, and no longer counts as refunded, so the refund still owed can be made', async () => {
+    const { charge } = await paidCharge(1000);
+    const op = await requested(charge, 1000);
     const done = (await run(op)).operation;
     expect(done.status).toBe('succeeded');
+    await expect(refund({ chargeOperationId: charge, amount: 1000, key: 'again' })).rejects.toThrow(/0 of 1000/);
     e.emulator.settleRefund(done.external_id!, 'failed');
-    const told: string[] = [];
-    const event = { id: `evt_${Math.random().toString(36).slice(2)}`, type: 'charge.refund.updated', data: { object: { id: done.external_id } } } as unknown as Stripe.Event;
-    expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log, onMismatch: (r) => told.push(r) }, event)).toBe('contradiction');
-    expect(told).toEqual(['contradiction']);
-    expect(await operation(t, op)).toMatchObject({ status: 'succeeded', external_id: done.external_id });
+    const event = () => ({ id: `evt_${Math.random().toString(36).slice(2)}`, type: 'charge.refund.updated', data: { object: { id: done.external_id } } }) as unknown as Stripe.Event;
+    expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log }, event())).toBe('recorded');
+    const recorded = await operation(t, op);
+    expect(recorded).toMatchObject({ status: 'succeeded', external_id: done.external_id, result: { failed_in_stripe: { status: 'failed', source: 'webhook' } } });
+    expect(recorded.review_reason).toMatch(/is failed although the operation settled succeeded: the money did not reach the customer/);
+    // Recorded once: its other events (refund.failed) change nothing.
+    expect(await receiveStripeEvent({ pool: t.pool, gateway: e.gateway(), log }, event())).toBe('already_settled');
+    // Stripe lets the money be refunded again, and so does outboxd: once.
+    const again = await requested(charge, 1000, 'again');
+    expect((await run(again)).operation).toMatchObject({ status: 'succeeded' });
+    await expect(refund({ chargeOperationId: charge, amount: 1, key: 'more' })).rejects.toThrow(/0 of 1000/);
+    // Nothing left for the drift report: the failure is recorded, the second refund returned the money.
+    const report = await driftReport(t.pool, e.gateway(), new Date(Date.now() - 60_000));
+    expect(report.drift.filter((d) => d.operationId === op || d.operationId === again)).toEqual([]);
   });
 
-  it('a bank debit’s refund is a pyr_: its webhooks are heard (a pending one settles, a failure after success contradicts) and a person may resolve with it', async () => {
+  it('a bank debit’s refund is a pyr_: its webhooks are heard (a pending one settles, a failure after success is recorded) and a person may resolve with it', async () => {
     const charge = await confirm(t, { paymentMethod: 'pm_card_processing' });
     expect((await run(charge)).operation.status).toBe('unknown'); // processing
     const pi = (await operation(t, charge)).external_id!;
@@ -493,7 +503,7 @@ describe('a person’s resolution, webhooks and the drift report', () => {
     const done = (await run(returned)).operation;
     expect(done).toMatchObject({ status: 'succeeded', external_id: expect.stringMatching(/^pyr_/) });
     e.emulator.settleRefund(done.external_id!, 'failed'); // the bank sent it back
-    expect(await receive(event('refund.failed', done.external_id!))).toBe('contradiction');
+    expect(await receive(event('refund.failed', done.external_id!))).toBe('recorded');
 
     const slow = await requested(charge, 200);
     e.emulator.addFault({ match: { operationId: slow }, fault: { kind: 'refund_status', status: 'pending' } });
@@ -529,6 +539,19 @@ describe('a person’s resolution, webhooks and the drift report', () => {
     expect(report.drift.find((d) => d.operationId === '00000000-0000-4000-8000-0000000000aa')!.chargeIds).toEqual([stray.id]);
     expect(kinds).toContainEqual(['duplicate_refund', twice]);
     expect(kinds).toContainEqual(['missing_refund', missing]);
+  });
+
+  it('drift: one refund recorded by two succeeded refund operations (its metadata edited from one to the other between a lost answer and its resend)', async () => {
+    const since = new Date(Date.now() - 60_000);
+    const { charge } = await paidCharge(1000);
+    const [first, second] = [await requested(charge, 300), await requested(charge, 300)];
+    const done = (await run(first)).operation;
+    await t.pool.query(`update outboxd.payment_operations set status = 'succeeded', settled_at = now(), external_id = $2 where id = $1`, [second, done.external_id]);
+    const report = await driftReport(t.pool, e.gateway(), since);
+    const shared = report.drift.filter((d) => d.kind === 'shared_refund');
+    expect(shared).toHaveLength(1);
+    expect(shared[0]).toMatchObject({ chargeIds: [done.external_id] });
+    expect([first, second]).toContain(shared[0]!.operationId);
   });
 });
 

@@ -5,6 +5,8 @@ import type { Operation } from '../../types/operation.ts';
 import { AccessRevoked, accountOf, driftRead, FAILED_REFUND_STATUSES, refundIdempotencyKeyFor, type PaymentGateway, type Refund } from '../../stripe/gateway.ts';
 import { CHARGE } from '../charge/evidence.ts';
 import type { RefundPayload } from './request.ts';
+import type { Queryable } from '../../db/pool.ts';
+import { DISCREPANCY_PREFIX } from '../../types/contracts.ts';
 
 /** The kind's name: its queue's, and the operations' `kind`. */
 export const REFUND = 'refund';
@@ -32,14 +34,22 @@ export function refundMismatch(op: Operation, refund: Refund): string | null {
   return null;
 }
 
-/** A refund Stripe failed after it had succeeded (the customer's card closed, say: the money went back to
- * the balance). The operation stays succeeded, as every settled one does; a person must hear of it. */
-function failedSince(op: Operation, refund: Refund): string | null {
-  if (op.status !== 'succeeded' || !FAILED_REFUND_STATUSES.has(refund.status)) return null;
-  return `refund ${refund.id} is ${refund.status} although the operation settled succeeded: the money did not reach the customer`;
+/**
+ * A refund Stripe failed after it had succeeded (the customer's card closed, say: the money went back to
+ * the balance, and Stripe lets it be refunded again). The operation stays succeeded, as every settled one
+ * does, but records it (`result.failed_in_stripe`): it no longer counts against what the charge has left
+ * to refund, or the refund still owed could never be requested again; and a person must hear of it.
+ * False when there is nothing to record (not failed, or recorded already).
+ */
+async function recordFailedSince(tx: Queryable, op: Operation, refund: Refund, source: 'webhook' | 'reconcile'): Promise<boolean> {
+  if (op.status !== 'succeeded' || !FAILED_REFUND_STATUSES.has(refund.status)) return false;
+  if ((await tx.query(tx.sql.recordRefundFailedInStripe(op.id, refund.status, source))).rows.length === 0) return false;
+  const reason = `${source}: refund ${refund.id} is ${refund.status} although the operation settled succeeded: the money did not reach the customer (it no longer counts as refunded: a new refund may return it)`;
+  await tx.query(tx.sql.flagDiscrepancy(op.id, `${DISCREPANCY_PREFIX}${reason}`));
+  return true;
 }
 
-export function refundEvidence(gateway: PaymentGateway): KindEvidence {
+export function refundEvidence(gateway: PaymentGateway): KindEvidence<Queryable> {
   return {
     naming: REFUND_NAMING,
     foundByMetadata: true,
@@ -47,10 +57,11 @@ export function refundEvidence(gateway: PaymentGateway): KindEvidence {
     names: (type, id) => (type.startsWith('refund.') || type === 'charge.refund.updated') && REFUND_NAMING.externalId.pattern.test(id),
     retrieve: (id, account) => gateway.retrieveRefund(id, account),
     // Only what retrieve returned reaches here: a Refund.
-    mismatch: (op, object: ProviderObject) => refundMismatch(op, object as Refund) ?? failedSince(op, object as Refund),
+    mismatch: (op, object: ProviderObject) => refundMismatch(op, object as Refund),
     settles: (_op, refund) => (refund.status === 'succeeded' ? 'succeeded' : FAILED_REFUND_STATUSES.has(refund.status) ? 'failed' : undefined),
     noneSucceeded: (op, reason, refuse) => noRefund(gateway, op, reason, refuse),
     drift: (ctx) => refundDrift(gateway, ctx),
+    followUp: (tx, op, object, source) => recordFailedSince(tx, op, object as Refund, source),
   };
 }
 
@@ -82,7 +93,12 @@ async function noRefund(gateway: PaymentGateway, op: Operation, reason: string, 
  * - duplicate_refund: more than one refund that has not failed carries the same operation id;
  * - refunded_not_succeeded: a succeeded refund for an operation that is not succeeded;
  * - amount_mismatch: the operation's refund has another amount, currency or PaymentIntent;
- * - missing_refund: a succeeded refund operation whose refund has not succeeded, or is not found.
+ * - missing_refund: a succeeded refund operation whose refund has not succeeded (but one recorded failed
+ *   in Stripe since: a person was told), or is not found;
+ * - shared_refund: one Refund recorded by two succeeded refund operations (its metadata edited from one
+ *   to the other before either recorded it): the application told twice of one refund.
+ * Stripe lists the platform's refunds: a connected account's are checked by retrieve, for succeeded
+ * operations only.
  */
 async function refundDrift(gateway: PaymentGateway, { since, named, byExternalIds, succeeded }: DriftContext) {
   const refunds = await gateway.listRefunds(since);
@@ -113,8 +129,13 @@ async function refundDrift(gateway: PaymentGateway, { since, named, byExternalId
     }
   }
   const listed = new Map(refunds.map((r) => [r.id, r]));
+  const recordedBy = new Map<string, string>();
   for await (const page of succeeded()) {
     for (const op of page) {
+      const first = op.external_id ? recordedBy.get(op.external_id) : undefined;
+      if (first) drift.push({ kind: 'shared_refund', operationId: op.id, chargeIds: [op.external_id!], detail: `operation ${first} records this refund too: one refund for two operations` });
+      else if (op.external_id) recordedBy.set(op.external_id, op.id);
+      if ((op.result as { failed_in_stripe?: unknown } | null)?.failed_in_stripe) continue;
       // It may predate `since`: retrieve it before calling it missing.
       const found = op.external_id ? (listed.get(op.external_id) ?? (await driftRead(gateway.retrieveRefund(op.external_id, accountOf(op))))) : undefined;
       if (found instanceof AccessRevoked) {
