@@ -14,25 +14,33 @@ const BODY_DEADLINE_MS = 5_000;
 /** Signed events one replica handles at once: each takes the pool's connections, which the dispatcher
  * needs, and may retrieve from Stripe. Beyond: 503, and Stripe delivers it again later. */
 const MAX_HANDLING = 16;
-/** A replica says it refused webhooks at most this often. */
-const BUSY_LOG_EVERY_MS = 60_000;
+/** A replica says it refused webhooks at most this often, with how many since: anyone can send requests
+ * to be refused, and a line for each made the replica write more than it was sent (a forged signature's
+ * line, ~600 B), buffered in memory while its log does not drain. */
+const REFUSED_LOG_EVERY_MS = 60_000;
 
 /** POST /webhooks/stripe, on when STRIPE_WEBHOOK_SECRET is set. The signature is checked on the raw body,
  * against each endpoint's secret in turn: Stripe signs a connected accounts' endpoint with a secret of its
  * own, apart from the platform's. */
 export function webhookRoutes(
-  deps: InboxDeps & { secrets: readonly string[]; maxUnverifiedBytes?: number; maxHandling?: number; bodyDeadlineMs?: number },
+  deps: InboxDeps & {
+    secrets: readonly string[];
+    maxUnverifiedBytes?: number;
+    maxHandling?: number;
+    bodyDeadlineMs?: number;
+    /** Counts a request refused before its event was read: its signature, or the replica busy. */
+    onRefused?: (reason: 'bad_signature' | 'busy') => void;
+  },
 ): Route[] {
   const { secrets, maxUnverifiedBytes = MAX_UNVERIFIED_BYTES, maxHandling = MAX_HANDLING, bodyDeadlineMs = BODY_DEADLINE_MS } = deps;
   if (secrets.length === 0) return [];
   let unverifiedBytes = 0;
   let handling = 0;
-  let busySaidAt = -Infinity;
+  const sayBusy = refusalLog(deps.log);
+  const sayForged = refusalLog(deps.log);
   const busy = (what: string) => {
-    if (performance.now() - busySaidAt >= BUSY_LOG_EVERY_MS) {
-      busySaidAt = performance.now();
-      deps.log.warn({ maxUnverifiedBytes, maxHandling }, `stripe webhook refused (503): ${what}; Stripe sends it again`);
-    }
+    deps.onRefused?.('busy');
+    sayBusy({ maxUnverifiedBytes, maxHandling }, `stripe webhook refused (503): ${what}; Stripe sends it again`);
     return new HttpError(503, 'busy', `${what} here: send it again`, { retryAfterSeconds: 1 });
   };
   return [
@@ -55,8 +63,12 @@ export function webhookRoutes(
         } finally {
           unverifiedBytes -= held;
         }
-        const event = verified(raw, String(req.headers['stripe-signature'] ?? ''), secrets, deps.log);
-        if (!event) return sendJson(res, 400, { error: 'bad_signature', message: 'Stripe-Signature does not verify' });
+        const event = verified(raw, String(req.headers['stripe-signature'] ?? ''), secrets);
+        if (event instanceof Error) {
+          deps.onRefused?.('bad_signature');
+          sayForged({ err: event.message }, 'stripe webhook refused: bad signature (a wrong STRIPE_WEBHOOK_SECRET, or not from Stripe)');
+          return sendJson(res, 400, { error: 'bad_signature', message: 'Stripe-Signature does not verify' });
+        }
         if (handling >= maxHandling) throw busy(`${maxHandling} webhook events in progress`);
         handling++;
         try {
@@ -70,8 +82,8 @@ export function webhookRoutes(
   ];
 }
 
-/** The event, if its signature verifies with one of the secrets. */
-function verified(raw: Buffer, signature: string, secrets: readonly string[], log: Logger): Stripe.Event | undefined {
+/** The event, if its signature verifies with one of the secrets; otherwise why not. */
+function verified(raw: Buffer, signature: string, secrets: readonly string[]): Stripe.Event | Error {
   let refusal: unknown;
   for (const secret of secrets) {
     try {
@@ -80,6 +92,19 @@ function verified(raw: Buffer, signature: string, secrets: readonly string[], lo
       refusal = err;
     }
   }
-  log.warn({ err: (refusal as Error).message }, 'stripe webhook refused: bad signature');
-  return undefined;
+  return refusal as Error;
+}
+
+/** A warning of refusals, written at most every REFUSED_LOG_EVERY_MS, with how many there were since
+ * the last one written. */
+function refusalLog(log: Logger): (fields: Record<string, unknown>, message: string) => void {
+  let saidAt = -Infinity;
+  let unsaid = 0;
+  return (fields, message) => {
+    unsaid++;
+    if (performance.now() - saidAt < REFUSED_LOG_EVERY_MS) return;
+    saidAt = performance.now();
+    log.warn({ ...fields, refused: unsaid }, message);
+    unsaid = 0;
+  };
 }

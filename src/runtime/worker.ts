@@ -12,6 +12,7 @@ import { accessTokens } from '../http/tokens.ts';
 import { sendJson, startHttpServer, type HttpServer, type Route } from '../http/server.ts';
 import { webhookRoutes } from '../http/webhooks.ts';
 import type { Logger } from '../telemetry/log.ts';
+import { sharedFor } from '../telemetry/metrics.ts';
 import { openDatabase, openPool } from './open.ts';
 import { composeReplica, newWorkerId } from './replica.ts';
 
@@ -110,13 +111,16 @@ async function openReplica(config: Config, log: Logger, workerId: string, effect
     const admin = [...adminRoutes(adminDeps), ...consoleRoutes(adminDeps)];
     // ADMIN_HTTP_PORT moves the admin API and the console off the listener that Stripe (and so anyone) can reach.
     const ownAdminListener = config.admin.httpPort !== undefined;
+    // Read once a second at most, whoever asks: the probe is on the listener anyone may reach (the
+    // webhooks'), and a statement each on the dispatcher's own pool queued its claims behind a flood.
+    const databaseAnswers = sharedFor(1_000, () => pool.query('select 1').then(() => true, () => false));
     const http = await listen('HTTP', config.worker.httpPort, config.worker.httpHost, log, [
       ['GET', PROBES.liveness, ({ res }) => sendJson(res, 200, { status: 'ok', workerId })],
       [
         'GET',
         PROBES.readiness,
         async ({ res }) => {
-          const dbOk = await pool.query('select 1').then(() => true, () => false);
+          const dbOk = await databaseAnswers();
           const ready = dispatching && dbOk && !dispatcher.isDraining;
           sendJson(res, ready ? 200 : 503, { ready, database: dbOk, dispatching, draining: dispatcher.isDraining });
         },
@@ -131,7 +135,7 @@ async function openReplica(config: Config, log: Logger, workerId: string, effect
         },
       ],
       ...(ownAdminListener ? [] : admin),
-      ...webhookRoutes({ pool, gateway: gateway.gateway, log, secrets: config.webhookSecrets, onMismatch: (result) => metrics.webhookMismatches.inc({ result }) }),
+      ...webhookRoutes({ pool, gateway: gateway.gateway, log, secrets: config.webhookSecrets, onMismatch: (result) => metrics.webhookMismatches.inc({ result }), onRefused: (reason) => metrics.webhookRefusals.inc({ reason }) }),
     ]);
     opened.push(() => http.close());
     const adminHttp =

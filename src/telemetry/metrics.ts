@@ -66,6 +66,12 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
       help: 'Jobs retried later because another live lease held their operation',
       registers: r,
     }),
+    webhookRefusals: new Counter({
+      name: 'outboxd_webhook_refusals_total',
+      help: 'POST /webhooks/stripe refused before its event was read: reason=bad_signature (a wrong STRIPE_WEBHOOK_SECRET, or not from Stripe), busy (503: Stripe sends it again)',
+      labelNames: ['reason'],
+      registers: r,
+    }),
     webhookMismatches: new Counter({
       name: 'outboxd_webhook_mismatches_total',
       help: 'Stripe events whose PaymentIntent does not match the unsettled operation it names (result=mismatch: flagged for review) or contradicts a settled one (result=contradiction)',

@@ -154,6 +154,22 @@ describe('the webhook endpoint under a flood of requests anyone can send', () =>
     }
   });
 
+  it('forged requests are counted, and said in one line a minute with how many: a line each let anyone make the replica write (and, its log stalled, hold) more than they sent', async () => {
+    const refusals: string[] = [];
+    const routes = webhookRoutes({ pool: unreachable, gateway: undefined as never, log, secrets: [SECRET], onRefused: (reason) => refusals.push(reason) });
+    const server = await startHttpServer(0, routes, '127.0.0.1', log);
+    try {
+      const before = logged.length;
+      for (let i = 0; i < 200; i++) expect((await post(server.port, '{"id":"evt_forged"}')).status).toBe(400);
+      const lines = logged.slice(before).filter((l) => l.msg?.toString().startsWith('stripe webhook refused: bad signature'));
+      expect(lines).toHaveLength(1);
+      expect(lines[0]).toMatchObject({ refused: 1, err: expect.stringMatching(/signature/i) });
+      expect(refusals).toEqual(Array(200).fill('bad_signature'));
+    } finally {
+      await server.close();
+    }
+  });
+
   it('a body sent a byte a chunk holds what its bytes take, not a buffer a chunk: a few such bodies held open leave room for Stripe’s', async () => {
     // The default budget (32 MiB). 8,190 one-byte chunks are 49 KB on the wire; kept a Buffer each, with
     // the socket's reads they share, they were counted (and held) as 32 MiB.

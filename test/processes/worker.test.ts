@@ -211,3 +211,32 @@ describe('a running worker', () => {
     }
   });
 });
+
+describe('/readyz, on the listener anyone may reach (the webhooks\')', () => {
+  /** What a worker commits from its start to its stop (its sessions report their counts as they end),
+   * with `during` run once it is ready. */
+  const committedBy = async (during: (httpPort: number) => Promise<void>) => {
+    const commits = async () => Number((await t.pool.query(`select xact_commit from pg_stat_database where datname = current_database()`)).rows[0].xact_commit);
+    await new Promise((r) => setTimeout(r, 1_100)); // the test's own session reports at most once a second
+    const before = await commits();
+    const run = runWorker({ DATABASE_URL: t.url, STRIPE_API_BASE: e.url });
+    const { httpPort } = await Promise.race([run.ready, run.exited.then(() => Promise.reject(new Error(run.lines.join('\n'))))]);
+    await during(httpPort);
+    await run.stop();
+    await new Promise((r) => setTimeout(r, 1_100));
+    return (await commits()) - before;
+  };
+
+  it('a flood of it costs the database a statement a second, not one each: they queued the claims behind them on the dispatcher\'s pool', async () => {
+    const flood = async (port: number) => {
+      for (let round = 0; round < 20; round++) {
+        const answers = await Promise.all(Array.from({ length: 50 }, () => fetch(`http://127.0.0.1:${port}/readyz`).then((r) => r.status)));
+        expect(answers.every((status) => status === 200)).toBe(true);
+      }
+    };
+    const flooded = await committedBy(flood);
+    const idle = await committedBy(() => new Promise((r) => setTimeout(r, 1_000)));
+    // 1,000 probes, against a worker idle for about as long.
+    expect(flooded - idle).toBeLessThan(200);
+  });
+});
