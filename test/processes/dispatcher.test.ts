@@ -349,7 +349,7 @@ describe('dispatcher (in-process)', () => {
     /** The statements of the loop that completed the job, from the fetch that handed the job out to its completion. */
     const path = (jobId: string) => {
       const done = sent.findLast((s) => JSON.stringify(s.values).includes(jobId))!;
-      expect(done.loop?.queue).toBe('charge');
+      expect(done.loop?.queue, `${done.name ?? ''} ${done.text.slice(0, 300)}`).toBe('charge');
       const ofLoop = sent.filter((s) => s.loop === done.loop);
       const to = ofLoop.indexOf(done);
       const from = ofLoop.slice(0, to).findLastIndex((s) => /^\s*WITH\s+next AS/i.test(s.text)); // pg-boss's fetch
