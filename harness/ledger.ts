@@ -134,7 +134,7 @@ function changeViolations(ledger: LedgerEntry[], requests: RequestLogEntry[], op
       }
     }
     const done = sent.filter(changed);
-    const expected = pi.status === 'succeeded' || (pi.status === 'canceled' && pi.cancellation_reason !== 'automatic') ? 1 : 0;
+    const expected = pi.status === 'succeeded' || (pi.status === 'canceled' && pi.cancellation_reason !== 'expired') ? 1 : 0;
     if (done.length !== expected) {
       violations.push({ kind: 'double_capture', operationId: charge, detail: `${pi.id} is ${pi.status}, changed by ${done.length} request(s): ${done.map((r) => `${r.endpoint} ${r.idempotencyKey}`).join(', ')}` });
     }

@@ -221,11 +221,11 @@ export function cancel(pi: PaymentIntent, p: Record<string, FormValue>, now: num
   return { paymentIntent: canceled, response: respond(canceled) };
 }
 
-/** An authorization that expired: canceled by Stripe (`automatic`), what it held released. Refused when
- * it no longer requires capture. */
+/** An authorization that expired: canceled by Stripe (`expired`, as since API version 2025-03-31.basil),
+ * what it held released. Refused when it no longer requires capture. */
 export function expire(pi: PaymentIntent, now: number): IntentChange {
   if (pi.status !== 'requires_capture') return unexpectedState(pi, `This PaymentIntent has a status of ${pi.status}: only an authorization (requires_capture) expires.`);
-  const expired: PaymentIntent = { ...pi, status: 'canceled', amount_capturable: 0, canceled_at: Math.floor(now / 1000), cancellation_reason: 'automatic' };
+  const expired: PaymentIntent = { ...pi, status: 'canceled', amount_capturable: 0, canceled_at: Math.floor(now / 1000), cancellation_reason: 'expired' };
   return { paymentIntent: expired, response: { status: 200, body: json(expired) } };
 }
 

@@ -54,7 +54,7 @@ export const holdStatements = ({ event, operationColumns, s, settlementEvent, st
 
   /**
    * What Stripe did to an authorization outside outboxd: released it by itself (expired:
-   * cancellation_reason automatic) or cancelled it (the dashboard), recorded as a cancel of the charge;
+   * cancellation_reason expired) or cancelled it (the dashboard), recorded as a cancel of the charge;
    * or captured it (the dashboard), recorded as a capture of what Stripe took ($7; null: the charge's
    * amount), so that its money can be refunded. Recorded under the key $3, settled succeeded from what
    * Stripe showed ($4: the reason, $5: what it showed; $6: what told, its webhook or the reconcile sweep),

@@ -64,7 +64,7 @@ export interface Charge {
   amountReceived: number;
   /** When an authorization expires (its charge's capture_before), when Stripe said. */
   captureBefore: Date | null;
-  /** Why it was canceled: `automatic` for an authorization that expired. */
+  /** Why it was canceled: for an authorization that expired, `expired` (EXPIRED_HOLD_REASONS). */
   cancellationReason: string | null;
   /** The account it was read from (null: the platform's). */
   account: StripeAccount;
@@ -79,6 +79,10 @@ export interface Charge {
 /** PaymentIntent statuses that are final and charged nothing (an off-session confirm that was declined
  * leaves requires_payment_method). Anything else may still charge, or has. */
 export const FAILED_CHARGE_STATUSES: ReadonlySet<string> = new Set(['canceled', 'requires_payment_method']);
+/** The cancellation_reason of an authorization Stripe released at its expiry: `expired` since API version
+ * 2025-03-31.basil (the SDK pins a later one), `automatic` before. Read as `automatic` alone, every expiry
+ * was recorded, and told to the application, as a cancel made in the dashboard. */
+export const EXPIRED_HOLD_REASONS: ReadonlySet<string | null> = new Set(['expired', 'automatic']);
 
 /** Stripe's reasons for a refund. */
 export const REFUND_REASONS = ['requested_by_customer', 'duplicate', 'fraudulent'] as const;

@@ -167,20 +167,20 @@ describe('cancel', () => {
 });
 
 describe('authorization expiry', () => {
-  it('seven days on the emulator clock cancel an authorization (automatic); a capture after is refused', async () => {
+  it('seven days on the emulator clock cancel an authorization (expired); a capture after is refused', async () => {
     e.emulator.configureWebhooks({ url: 'http://127.0.0.1:9/unreachable', secret: 'whsec_x' });
     const pi = await hold();
     e.emulator.advanceClock(7 * DAY_MS - 60_000);
     expect((await stripe.paymentIntents.retrieve(pi.id)).status).toBe('requires_capture');
     e.emulator.advanceClock(60_000);
     expect(await failure(stripe.paymentIntents.capture(pi.id, {}, { idempotencyKey: 'late' }))).toMatchObject({ code: 'payment_intent_unexpected_state' });
-    expect(await stripe.paymentIntents.retrieve(pi.id)).toMatchObject({ status: 'canceled', cancellation_reason: 'automatic', amount_capturable: 0 });
+    expect(await stripe.paymentIntents.retrieve(pi.id)).toMatchObject({ status: 'canceled', cancellation_reason: 'expired', amount_capturable: 0 });
     expect(types()).toEqual(['payment_intent.amount_capturable_updated', 'payment_intent.canceled']);
   });
 
   it('the control API expires an authorization now; anything else is a 400', async () => {
     const pi = await hold();
-    expect(await control(`payment_intents/${pi.id}/expire`)).toMatchObject({ status: 200, body: { id: pi.id, status: 'canceled', cancellation_reason: 'automatic' } });
+    expect(await control(`payment_intents/${pi.id}/expire`)).toMatchObject({ status: 200, body: { id: pi.id, status: 'canceled', cancellation_reason: 'expired' } });
     expect((await control(`payment_intents/${pi.id}/expire`)).status).toBe(400);
     expect(e.emulator.ledger()[0]!.paymentIntent.status).toBe('canceled');
     const other = await hold();
@@ -190,7 +190,7 @@ describe('authorization expiry', () => {
   it('the in-process ledger sees an authorization expire as the clock passes capture_before', async () => {
     await hold();
     e.emulator.advanceClock(7 * DAY_MS);
-    expect(e.emulator.ledger()[0]!.paymentIntent).toMatchObject({ status: 'canceled', cancellation_reason: 'automatic' });
+    expect(e.emulator.ledger()[0]!.paymentIntent).toMatchObject({ status: 'canceled', cancellation_reason: 'expired' });
   });
 });
 
@@ -400,7 +400,7 @@ describe('in PostgreSQL', () => {
     await state.configureWebhooks({ url: 'http://127.0.0.1:9/unreachable', secret: 'whsec_x' });
     const pi = await a.paymentIntents.create(params({ capture_method: 'manual' }));
     await state.advanceClock(7 * DAY_MS);
-    expect(await b.paymentIntents.retrieve(pi.id)).toMatchObject({ status: 'canceled', cancellation_reason: 'automatic' });
+    expect(await b.paymentIntents.retrieve(pi.id)).toMatchObject({ status: 'canceled', cancellation_reason: 'expired' });
     expect(await failure(a.paymentIntents.capture(pi.id))).toMatchObject({ code: 'payment_intent_unexpected_state' });
     const events: EmulatedEvent[] = await state.events();
     expect(events.filter((ev) => ev.data.object.id === pi.id).map((ev) => ev.type)).toEqual(['payment_intent.amount_capturable_updated', 'payment_intent.canceled']);

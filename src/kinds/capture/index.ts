@@ -4,7 +4,7 @@
 // authorization that expired or was cancelled: failed, no person needed). Its request is
 // src/kinds/hold/request.ts.
 import type { Kind, KindNaming } from '../../types/kind.ts';
-import { captureIdempotencyKeyFor, type PaymentGateway } from '../../stripe/gateway.ts';
+import { captureIdempotencyKeyFor, EXPIRED_HOLD_REASONS, type PaymentGateway } from '../../stripe/gateway.ts';
 import { changeCalls, changeEvidence, type ChangeRules } from '../hold/change.ts';
 
 export const CAPTURE = 'capture';
@@ -28,7 +28,7 @@ const rules: ChangeRules = {
         : { mismatch: `${pi.id} was captured for ${pi.amountReceived} ${pi.currency}; this capture asked for ${op.amount} ${op.currency}` };
     }
     if (pi.status === 'canceled') {
-      return { status: 'failed', reason: pi.cancellationReason === 'automatic' ? 'the authorization expired before it was captured' : `the authorization was cancelled (${pi.cancellationReason ?? 'no reason given'})` };
+      return { status: 'failed', reason: EXPIRED_HOLD_REASONS.has(pi.cancellationReason) ? 'the authorization expired before it was captured' : `the authorization was cancelled (${pi.cancellationReason ?? 'no reason given'})` };
     }
     return undefined;
   },

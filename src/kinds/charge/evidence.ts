@@ -3,7 +3,7 @@
 import type { Operation } from '../../types/operation.ts';
 import { isSettled } from '../../types/operation.ts';
 import { unreadableDrift, type Drift, type DriftContext, type KindEvidence, type KindNaming, type ProviderObject, type Refuse } from '../../types/kind.ts';
-import { AccessRevoked, accountOf, driftRead, FAILED_CHARGE_STATUSES, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
+import { AccessRevoked, accountOf, driftRead, EXPIRED_HOLD_REASONS, FAILED_CHARGE_STATUSES, idempotencyKeyFor, type Charge, type PaymentGateway } from '../../stripe/gateway.ts';
 import type { ChargePayload } from './input.ts';
 import type { Queryable } from '../../db/pool.ts';
 import { CANCEL } from '../cancel/index.ts';
@@ -142,7 +142,7 @@ async function recordChangeInStripe(tx: Queryable, op: Operation, pi: ProviderOb
   };
   if (pi.status === 'canceled') {
     const reason = shown.cancellationReason ?? null;
-    const expired = reason === 'automatic';
+    const expired = EXPIRED_HOLD_REASONS.has(reason);
     return record('cancel', expired ? 'expired' : 'canceled-in-stripe', expired ? 'the authorization expired' : reason, { cancellation_reason: reason }, null);
   }
   if (pi.status === 'succeeded' && shown.amountReceived) {
