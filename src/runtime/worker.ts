@@ -50,7 +50,16 @@ export async function loadEffects(file: string): Promise<EffectDefinitions> {
 export async function runWorker(config: Config, baseLog: Logger, effects?: EffectDefinitions): Promise<void> {
   const workerId = newWorkerId();
   const log = baseLog.child({ workerId });
-  const { db, gateway, pool, adminPool, boss, dispatcher, http, adminHttp } = await openReplica(config, log, workerId, effects);
+  const { db, gateway, pool, adminPool, boss, dispatcher, http, adminHttp, metrics } = await openReplica(config, log, workerId, effects);
+  // The application's effects run in this process: a promise one of them leaves rejected and unhandled
+  // (Node's default: exit) took the replica down with every charge in flight, and every replica that
+  // retried the effect after it. Told and counted instead; what the effect returned is recorded as usual.
+  if (effects) {
+    process.on('unhandledRejection', (reason) => {
+      metrics.unhandledRejections.inc();
+      log.error({ err: reason }, 'a promise rejected with no handler (an --effects module\'s, most likely): the worker goes on');
+    });
+  }
   log.info(
     { httpPort: http.port, adminHttpPort: adminHttp?.port, concurrency: config.worker.concurrency, embeddedDatabase: db.embedded, kinds: dispatcher.kinds },
     'worker ready',
@@ -146,7 +155,7 @@ async function openReplica(config: Config, log: Logger, workerId: string, effect
 
     await replica.start();
     dispatching = true;
-    return { db, gateway, pool, adminPool, boss, dispatcher, http, adminHttp };
+    return { db, gateway, pool, adminPool, boss, dispatcher, http, adminHttp, metrics };
   } catch (err) {
     for (const close of opened.reverse()) await close().catch(() => {});
     throw err;

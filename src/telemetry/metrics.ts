@@ -66,6 +66,11 @@ export function createMetrics(source: { db: Queryable; boss: PgBoss; kinds?: rea
       help: 'Jobs retried later because another live lease held their operation',
       registers: r,
     }),
+    unhandledRejections: new Counter({
+      name: 'outboxd_unhandled_rejections_total',
+      help: "Promises rejected with no handler in an `outboxd worker --effects` process (an effect's, most likely): logged at error, the worker goes on",
+      registers: r,
+    }),
     webhookRefusals: new Counter({
       name: 'outboxd_webhook_refusals_total',
       help: 'POST /webhooks/stripe refused before its event was read: reason=bad_signature (a wrong STRIPE_WEBHOOK_SECRET, or not from Stripe), busy (503: Stripe sends it again)',

@@ -22,7 +22,7 @@ import { startDispatcher } from '../support/dispatcher.ts';
 import { FakeStripe } from '../support/fakeStripe.ts';
 import { acquireLease } from '../../src/engine/operation.ts';
 import { claim, confirm, operation, relay } from '../support/fixtures.ts';
-import { waitUntil } from '../../harness/replica.ts';
+import { startReplica, waitUntil } from '../../harness/replica.ts';
 import { createKindQueues } from '../../src/outbox/outbox.ts';
 
 // startWorker reads the worker's settings from the environment, as `outboxd worker` does.
@@ -937,6 +937,29 @@ describe('outboxd worker --effects', () => {
       expect(code).toBe(2);
       expect(stderr).toMatch(/--effects .*effects\.mjs: effect reservation: reconcile-before-retry needs check/);
     } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('an effect that leaves a promise rejected and unhandled does not take the replica down: logged and counted, its outcome recorded, the replica goes on', async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), 'outboxd-effects-'));
+    const file = path.join(dir, 'effects.mjs');
+    await writeFile(file, `export default { stray_mail: { policy: 'at-least-once', execute: async () => { Promise.reject(new Error('a stray rejection')); return { sent: true }; } } };`);
+    const replica = await startReplica({ DATABASE_URL: t.url, LOG_LEVEL: 'info' }, { args: ['--effects', file] });
+    try {
+      const o = app({ stray_mail: { policy: 'at-least-once', execute: async () => ({ sent: true }) } });
+      const first = await request(o, 'stray_mail', { to: 'a@example.com' });
+      await waitUntil(async () => (await operation(t, first)).status === 'succeeded', 30_000, 'the first settled');
+      // Node's default would have ended the process here, before the outcome was recorded.
+      const second = await request(o, 'stray_mail', { to: 'b@example.com' });
+      await waitUntil(async () => (await operation(t, second)).status === 'succeeded', 30_000, 'the second settled by the same replica');
+      expect(await operation(t, first)).toMatchObject({ attempts: 1, possible_duplicates: 0 });
+      expect(replica.proc.exitCode).toBeNull();
+      expect(replica.logs.filter((l) => (l.msg as string)?.startsWith('a promise rejected with no handler'))).toHaveLength(2);
+      expect((await replica.get('/metrics')).body).toMatch(/^outboxd_unhandled_rejections_total 2$/m);
+    } finally {
+      replica.kill('SIGKILL');
+      await replica.exited;
       await rm(dir, { recursive: true, force: true });
     }
   });
