@@ -98,10 +98,12 @@ export class CallAbandoned extends Error {
 }
 
 /** A call outlived its kind's callTimeoutMs: its signal aborted with this, and it was given up.
- * `running`: the call itself, settled (either way) when it returns, if it ever does. */
+ * `running`: settled (either way) once the call returns, if it ever does, and what is done with its
+ * answer then; `late`: the call itself. */
 export class CallTimedOut extends Error {
   override name = 'CallTimedOut';
   running: Promise<void> = Promise.resolve();
+  late: Promise<unknown> = Promise.resolve();
 }
 
 /**
@@ -117,6 +119,7 @@ async function withinCallTimeout<T>(timeoutMs: number | undefined, signal: Abort
   return withinDeadline(work, timeoutMs, () => {
     const err = new CallTimedOut(`the call did not return within ${timeoutMs} ms (timeoutMs): told to stop (its signal) and given up`);
     err.running = work.then(() => {}, () => {});
+    err.late = work;
     timer.abort(err);
     return err;
   });
@@ -131,6 +134,30 @@ async function withinCallTimeout<T>(timeoutMs: number | undefined, signal: Abort
 function timedOut(err: CallTimedOut, call: EffectCall, policy: Policy): Outcome {
   if (call === 'create' && policy === 'reconcile-before-retry') throw err;
   return { kind: 'ambiguous', externalId: null, reason: `${call}: ${err.message}` };
+}
+
+/**
+ * What a reconcile-before-retry create given up past its timeout answered once it returned, recorded
+ * under the claim that still holds its lease (the dispatcher keeps it until then): a result, or an
+ * EffectFailed, is the answer the check would only guess at, and a check reading an index or a replica
+ * that lags found nothing, and ran the effect again. Anything else (another error: it may have acted) is
+ * left to the check. A claim taken over meanwhile (its lease lapsed) records nothing: its fence moved.
+ */
+async function recordLateAnswer(
+  db: Pool,
+  op: LoadedOperation,
+  fence: number,
+  late: Promise<Outcome>,
+  made: { call: EffectCall; attempt: Awaited<ReturnType<typeof recordAttempt>>; source: 'dispatcher' | 'reconcile'; started: number },
+  log: Logger | undefined,
+): Promise<void> {
+  const outcome = await late.then((answer) => answer, (err: unknown) => (isEffectFailed(err) ? fromError(err, made.call, true) : undefined));
+  if (outcome?.kind !== 'succeeded' && outcome?.kind !== 'failed') return;
+  const durationMs = Math.round(performance.now() - made.started);
+  await recordOutcome(db, op, fence, outcome, made.source, { call: made.call, attempt: made.attempt, durationMs }).then(
+    (recorded) => log?.warn({ status: recorded.status, durationMs }, 'a create given up past its timeout returned: its answer is recorded'),
+    (err: unknown) => log?.warn({ err }, 'a create given up past its timeout returned, but its answer could not be recorded: the next claim checks'),
+  );
 }
 
 export async function executeOperation(
@@ -193,6 +220,9 @@ export async function executeOperation(
         // Abandoned, and still running past its time: it may still act (`running` tells when it returns).
         if (signal.reason instanceof CallAbandoned) throw err instanceof CallTimedOut ? Object.assign(new CallAbandoned(signal.reason.message), { running: err.running }) : signal.reason;
         if (err instanceof CallTimedOut) {
+          if (call === 'create' && effect.policy === 'reconcile-before-retry') {
+            err.running = recordLateAnswer(db, op, fence, err.late as Promise<Outcome>, { call, attempt, source: opts.source ?? 'dispatcher', started }, log);
+          }
           opts.onGivenUp?.(err.running);
           return timedOut(err, call, effect.policy);
         }

@@ -532,7 +532,7 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
     expect(second.operation).toMatchObject({ status: 'succeeded', possible_duplicates: 1, result: { sent: 2 } });
   });
 
-  it('reconcile-before-retry: its lease is kept until the call returns (it may still act), its slot goes on; then it is checked, never executed again', async () => {
+  it('reconcile-before-retry: its lease is kept until the call returns (it may still act), its slot goes on; then what it returned settles it, never executed again', async () => {
     const seen: EffectContext[] = [];
     let finish!: () => void;
     const returned = new Promise<void>((resolve) => (finish = resolve));
@@ -567,9 +567,10 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
       expect(await acquireLease(t.pool, late, 'a-requeue', 1_000)).toBeUndefined();
       expect(checks).toBe(0);
       finish(); // it returns: the reservation is made, late
-      await waitUntil(async () => (await operation(t, late)).status === 'succeeded', 30_000, 'checked and settled');
-      expect(await operation(t, late)).toMatchObject({ result: { found: true }, attempts: 2 });
+      await waitUntil(async () => (await operation(t, late)).status === 'succeeded', 30_000, 'settled');
+      expect(await operation(t, late)).toMatchObject({ result: { reserved: true }, attempts: 1 });
       expect(seen).toHaveLength(1); // executed once
+      expect(checks).toBe(0);
       expect((await replica.metrics.callsOverdue.get()).values[0]!.value).toBe(0);
     } finally {
       finish();
@@ -650,6 +651,25 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
       await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 30_000, 'checked and settled');
       expect(late.executions).toHaveLength(1);
       expect((await operation(t, op)).review_reason).toBeNull();
+    } finally {
+      late.finish();
+      await replica.stop();
+    }
+  });
+
+  it('reconcile-before-retry: a create given up past its timeout that then returns settles the operation with what it returned; no check is trusted instead (one reading an index that lags ran it twice)', async () => {
+    const late = lateReservation();
+    // The service's lookup shows a reservation only a minute after it is made: until then a check finds none.
+    const lagging: EffectDefinition = { ...late.def, check: async () => ({ status: 'not_done' }) };
+    const op = await request(app({ lagging_hold: lagging }), 'lagging_hold', {});
+    const replica = await startDispatcher(t, new FakeStripe(), 'lagging-holds', { concurrency: 1, leaseTtlMs: 3_000, effects: new Map([['lagging_hold', lagging]]) });
+    try {
+      await waitUntil(async () => (await replica.metrics.callsOverdue.get()).values[0]!.value === 1, 20_000, 'given up, still running');
+      late.finish();
+      await waitUntil(async () => (await operation(t, op)).status === 'succeeded', 30_000, 'settled');
+      await new Promise((resolve) => setTimeout(resolve, 1_500)); // a retried job, had it been checked, would have run it again by now
+      expect(late.executions).toHaveLength(1);
+      expect(await operation(t, op)).toMatchObject({ status: 'succeeded', result: { reserved: true }, review_reason: null, attempts: 1 });
     } finally {
       late.finish();
       await replica.stop();
