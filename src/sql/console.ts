@@ -99,7 +99,7 @@ export const consoleStatements = ({ CURSOR, UNSETTLED, boss, listedColumns, oper
   reviewQueue: statement<[limit: number]>(
     'outboxd_review_queue',
     `select ${listedColumns('o')}, ${CURSOR} as cursor_at,
-       (select max(e.at) from ${s}.operation_events e
+       (select max(coalesce(e.last_at, e.at)) from ${s}.operation_events e
         where e.operation_id = o.id and (e.type = 'flagged' or (e.type = 'outcome' and e.details->>'outcome' = 'needs_review'))) as flagged_at
      from ${s}.payment_operations o
      where o.review_reason is not null

@@ -110,7 +110,10 @@ export function sqlContext(schema: string, prepared: boolean) {
    * Data-modifying CTEs that add to the operation's timeline, one row per row of `from`: `columns` selects
    * operation_id, type, fence, actor, details. A refusal that repeats (the same flag, or an outcome that
    * executed nothing or only read, with the same details but for the attempt, duration and request id,
-   * as the operation's latest event of its type) counts on that row instead (repeats, last_at). A repeated
+   * as the operation's latest event of its type) counts on that row instead (repeats, last_at); a flag
+   * only on the operation's latest event, of the same fence: one after a person acknowledged it, or
+   * raised by another claim, is news of its own (and an old row it counted on could be pruned under it,
+   * the operation held again with no flag in its timeline). A repeated
    * outcome's claim (and a call sent, as releases before one row per call wrote it), which executed
    * nothing, go with it, but a takeover's, which is evidence: a revoked key retried every 30 s, a 429 loop,
    * a sweep that flags the same operation each run leave one row, not one a round.
@@ -125,10 +128,12 @@ export function sqlContext(schema: string, prepared: boolean) {
          select n.operation_id, n.type, n.fence, last.id
          from ${from}_ev n
          cross join lateral (
-           select l.id, l.details from ${s}.operation_events l
+           select l.id, l.fence, l.details from ${s}.operation_events l
            where l.operation_id = n.operation_id and l.type = n.type order by l.id desc limit 1
          ) last
-         where (n.type = 'flagged' or (n.type = 'outcome' and (n.details->>'outcome' in ('rate_limited', 'not_executed') or n.details->>'call' <> 'create')))
+         where (n.type = 'outcome' and (n.details->>'outcome' in ('rate_limited', 'not_executed') or n.details->>'call' <> 'create')
+                or n.type = 'flagged' and last.fence is not distinct from n.fence
+                  and not exists (select 1 from ${s}.operation_events x where x.operation_id = n.operation_id and x.id > last.id))
            and ${same('last.details')} = ${same('n.details')}
        ), ${from}_counted as (
          update ${s}.operation_events e set repeats = e.repeats + 1, last_at = now() from ${from}_repeat r where e.id = r.id

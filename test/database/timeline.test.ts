@@ -7,13 +7,13 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { Pool } from '../../src/db/pool.ts';
 import { callTable, executeOperation, KEY_WINDOW_SECONDS } from '../../src/engine/executor.ts';
 import { kindsFor } from '../../src/kinds/index.ts';
-import { claimAttempt, flagDiscrepancy, flagForReview, releaseLease, settleFromOutside } from '../../src/engine/operation.ts';
+import { acknowledgeReview, claimAttempt, flagDiscrepancy, flagForReview, releaseLease, settleFromOutside } from '../../src/engine/operation.ts';
 import { createLogger } from '../../src/telemetry/log.ts';
 import { createKindQueues, relayOutbox } from '../../src/outbox/outbox.ts';
 import { settledQueueFor, subscribeSettlements } from '../../src/outbox/settlements.ts';
 import { receiveStripeEvent } from '../../src/webhooks/inbox.ts';
 import { timeline } from '../../src/console/timeline.ts';
-import { JOB_SEARCH_MS, operationRecord, overview, overviewCharts } from '../../src/console/queries.ts';
+import { JOB_SEARCH_MS, operationRecord, overview, overviewCharts, reviewQueue } from '../../src/console/queries.ts';
 import { overviewPage } from '../../src/console/views/pages.ts';
 import { operationPage } from '../../src/console/views/operation.ts';
 import { createTestDatabase, type TestDb } from '../support/db.ts';
@@ -253,6 +253,32 @@ describe('the operation timeline', () => {
     const held = await reason();
     await flagForReview(t.pool, op, await claim(t, op), held);
     expect(await reason()).toBe(held);
+  });
+
+  it('the same flag is news of its own once something came after it (a person acknowledged it) or another claim raises it', async () => {
+    const types = async (op: string) =>
+      (await t.pool.query(`select type, fence, repeats from outboxd.operation_events where operation_id = $1 and type in ('flagged', 'acknowledged') order by id`, [op])).rows;
+    const settled = await confirm(t);
+    await settleFromOutside(t.pool, settled, 'failed', null, 'webhook:payment_intent.payment_failed', 'declined', null);
+    await flagDiscrepancy(t.pool, settled, 'pi_x is succeeded, the operation failed');
+    const { review_reason } = await operation(t, settled);
+    expect(await acknowledgeReview(t.pool, settled, 'alice', 'refunded', review_reason!)).toBeDefined();
+    await flagDiscrepancy(t.pool, settled, 'pi_x is succeeded, the operation failed');
+    // Counted on the first, it read as acknowledged while held again (and the first could be pruned under it).
+    expect(await types(settled)).toEqual([
+      { type: 'flagged', fence: null, repeats: 1 },
+      { type: 'acknowledged', fence: null, repeats: 1 },
+      { type: 'flagged', fence: null, repeats: 1 },
+    ]);
+    const held = await confirm(t);
+    await flagForReview(t.pool, held, await claim(t, held), 'retries exhausted');
+    const second = await claim(t, held);
+    await flagForReview(t.pool, held, second, 'retries exhausted');
+    await flagForReview(t.pool, held, second, 'retries exhausted');
+    expect((await types(held)).map((r) => [r.fence, r.repeats])).toEqual([[1, 1], [second, 2]]);
+    // The review queue says when it was last flagged: the repeat's time, not its row's first.
+    const { last_at } = (await t.pool.query(`select last_at from outboxd.operation_events where operation_id = $1 and type = 'flagged' and repeats = 2`, [held])).rows[0];
+    expect((await reviewQueue(t.pool, 1000)).find((o) => o.id === held)!.flagged_at).toEqual(last_at);
   });
 
   it('the same flag again counts on its row; another reason is a row of its own; ambiguous creates are never merged', async () => {
