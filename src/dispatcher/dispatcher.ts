@@ -152,6 +152,8 @@ export class Dispatcher {
   private readonly opts: DispatcherOptions;
   private readonly log: Logger;
   private draining = false;
+  /** Aborted as the drain begins: a prune run in progress ends after its batch in hand. */
+  private readonly stopping = new AbortController();
   /** Claims made ahead that wait for a slot, each to be told when the drain begins (it gives its claim
    * back). Held only while waiting: a promise per job kept until the drain would grow without bound. */
   private readonly waitingForSlots = new Set<() => void>();
@@ -248,7 +250,7 @@ export class Dispatcher {
       await createPruneQueue(boss);
       await boss.schedule(PRUNE_QUEUE, this.opts.pruneCron);
       await boss.work(PRUNE_QUEUE, { batchSize: 1, pollingIntervalSeconds: 30 }, async () => {
-        const pruned = await pruneHistory(this.deps.pool, this.opts.retentionDays ?? DEFAULT_RETENTION_DAYS);
+        const pruned = await pruneHistory(this.deps.pool, this.opts.retentionDays ?? DEFAULT_RETENTION_DAYS, { signal: this.stopping.signal });
         this.log.info({ pruned }, 'history past its retention pruned');
         return pruned;
       });
@@ -394,6 +396,7 @@ export class Dispatcher {
    * leases, but those of calls still running. */
   async drain(graceMs: number): Promise<{ finished: boolean }> {
     this.draining = true;
+    this.stopping.abort();
     for (const giveUp of [...this.waitingForSlots]) giveUp();
     this.relayWanted = true; // a relay inside a pass must not then wait out its pause
     this.wakeRelay?.();

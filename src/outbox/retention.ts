@@ -48,23 +48,27 @@ export async function createPruneQueue(boss: PgBoss): Promise<void> {
 
 /** Deletes what has outlived its retention, batch by batch, for at most budgetMs. Each table has a share
  * of what is left of it, and at least one batch: a backlog in one (the first run after an upgrade) leaves
- * the others their turn. */
+ * the others their turn. Once `signal` aborts (the replica stops), it ends after the batch in hand: the
+ * stop waited out its whole grace for a run of up to budgetMs, and one cut off by the pool's end stayed
+ * active, pruning nothing, until its job expired. */
 export async function pruneHistory(
   pool: Pool,
   days: RetentionDays,
-  opts: { scan?: number; budgetMs?: number } = {},
+  opts: { scan?: number; budgetMs?: number; signal?: AbortSignal } = {},
 ): Promise<{ operationEvents: number; audit: number; settlementEvents: number; settlementConsumption: number; webhookEvents: number; rateBudgets: number }> {
   const end = performance.now() + (opts.budgetMs ?? PRUNE_BUDGET_MS);
   const scan = opts.scan ?? PRUNE_SCAN;
   const shareOf = (tablesLeft: number) => performance.now() + (end - performance.now()) / tablesLeft;
-  /** A table's batches, until one says nothing more is due or its share of the budget is spent; at least one. */
+  /** A table's batches, until one says nothing more is due or its share of the budget is spent; at least one
+   * unless stopped. */
   const inBatches = async (until: number, batch: () => Promise<{ deleted: number; done: boolean }>): Promise<number> => {
     let deleted = 0;
-    for (;;) {
+    while (!opts.signal?.aborted) {
       const r = await batch();
       deleted += r.deleted;
-      if (r.done || performance.now() >= until) return deleted;
+      if (r.done || performance.now() >= until) break;
     }
+    return deleted;
   };
   /** The batches of a table scanned in id order, each going on after the last id the one before read. */
   const byId = (statement: (afterId: number) => ReturnType<Pool['sql']['pruneOperationEvents']>) => {

@@ -135,6 +135,41 @@ describe('retention of the timeline and the audit trail', () => {
     await pruneHistory(t.pool, days); // what is left, for the tests after this one
   });
 
+  it('a run told to stop (the replica drains) ends after the batch in hand; the tables after it wait for the next run', async () => {
+    await t.pool.query(`delete from outboxd.operation_events`);
+    await historic(200, 150, 30_000);
+    await t.pool.query(`insert into outboxd.webhook_events (id, type, result, payload, received_at)
+      select 'evt_stop_' || i, 'payment_intent.succeeded', 'settled', '{}', now() - interval '40 days' from generate_series(1, 7) i`);
+    const stop = new AbortController();
+    setTimeout(() => stop.abort(), 100);
+    // Its share of 6 s would reach the webhook events after some 5 s; it stops in the timeline's.
+    const pruned = await pruneHistory(t.pool, days, { scan: 3, budgetMs: 6_000, signal: stop.signal });
+    expect(pruned.operationEvents).toBeGreaterThan(0);
+    expect(pruned.operationEvents).toBeLessThan(30_000);
+    expect(pruned.webhookEvents).toBe(0);
+    await pruneHistory(t.pool, days); // what is left, for the tests after this one
+  });
+
+  it('a replica that drains during a long prune run stops it and finishes in its grace: the run ends, its job completes', async () => {
+    await t.pool.query(`delete from outboxd.operation_events`);
+    for (let i = 0; i < 4; i++) await historic(200, 150, 100_000);
+    // The queue holds one job at a time: the last test's replica stopped at once, its run's job still active.
+    await t.pool.query(`delete from pgboss.job where name = $1`, [PRUNE_QUEUE]);
+    expect(await t.boss.send(PRUNE_QUEUE, {})).not.toBeNull();
+    const replica = await startDispatcher(t, new FakeStripe(), 'pruner-stopped', { pruneCron: '0 0 1 1 *' });
+    let drained: { finished: boolean } | undefined;
+    try {
+      const total = 400_000;
+      await waitUntil(async () => Number((await t.pool.query(`select count(*) from outboxd.operation_events`)).rows[0].count) < total, 30_000, 'the run under way');
+      drained = await replica.dispatcher.drain(1_000);
+    } finally {
+      await replica.stop();
+    }
+    expect(drained).toEqual({ finished: true }); // it waited out its grace for the run
+    expect((await t.pool.query(`select state from pgboss.job where name = $1 order by created_on desc limit 1`, [PRUNE_QUEUE])).rows[0].state).toBe('completed');
+    await pruneHistory(t.pool, days);
+  });
+
   it("a repeated event is aged by the last time it happened", async () => {
     const op = await historic(120, 100, 1);
     await t.pool.query(`update outboxd.operation_events set repeats = 40, last_at = now() - interval '5 days' where operation_id = $1`, [op]);
