@@ -41,16 +41,21 @@ export const retentionStatements = ({ s, statement, byIds, UNSETTLED }: SqlConte
   ),
 
   /** The audit trail's retention, as pruneOperationEvents: an action about an unsettled operation, or one
-   * held for review, is kept. */
+   * held for review, is kept; so is a sweep a person asked for (no operation of its own) while an
+   * operation it decided on is (its decisions name them). */
   pruneAdminAudit: statement<[retentionDays: number, afterId: number, scan: number]>(
     'outboxd_prune_admin_audit',
     `with scanned as (
-       select id, operation_id, at from ${s}.admin_audit where id > $2 order by id limit $3
+       select id, operation_id, at, case when operation_id is null and jsonb_typeof(details->'decisions') = 'array' then details->'decisions' end as decisions
+       from ${s}.admin_audit where id > $2 order by id limit $3
      ), gone as (
        delete from ${s}.admin_audit a
        where ${byIds('a', `array(select sc.id from scanned sc where sc.at < now() - make_interval(days => $1)
-         and (sc.operation_id is null
-           or (select o.settled_at from ${s}.payment_operations o where o.id = sc.operation_id and o.review_reason is null) < now() - make_interval(days => $1)))`)}
+         and case when sc.operation_id is null
+           then not exists (select 1 from jsonb_array_elements(coalesce(sc.decisions, '[]')) d
+                            join ${s}.payment_operations o on o.id = (d->>'operationId')::uuid
+                            where o.review_reason is not null or o.settled_at is null or o.settled_at >= now() - make_interval(days => $1))
+           else (select o.settled_at from ${s}.payment_operations o where o.id = sc.operation_id and o.review_reason is null) < now() - make_interval(days => $1) end)`)}
        returning a.id
      )
      select (select max(id) from scanned) as last_id, (select count(*)::int from gone) as deleted,

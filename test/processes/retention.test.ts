@@ -63,6 +63,9 @@ describe('retention of the timeline and the audit trail', () => {
     await audited(heldLongAgo, 750, 'old-flag-held');
     await audited(null, 400, 'old-reconcile');
     await audited(null, 30, 'recent-reconcile');
+    // A sweep a person asked for long ago that decided on an operation still held (and on one long settled).
+    await recordAudit(t.pool, { actor: 'test', action: 'reconcile', operationId: null, details: { tag: 'old-reconcile-held', decisions: [{ operationId: settledYearsAgo }, { operationId: heldLongAgo }] } });
+    await t.pool.query(`update outboxd.admin_audit set at = now() - interval '400 days' where details->>'tag' = 'old-reconcile-held'`);
     // Settlement events no unnamed handler took: gone after 14 days, as a pg-boss job never taken. One the
     // handlers still retry (they began late: the application was down) is left to the dead letter.
     await t.pool.query(`insert into outboxd.settlement_outbox (operation_id, source, created_at, not_before, attempts, last_error)
@@ -106,6 +109,7 @@ describe('retention of the timeline and the audit trail', () => {
     expect(await eventsOf(recent)).toBe(4);
     expect(await eventsOf(heldLongAgo)).toBe(4);
     expect(await auditOf(heldLongAgo, 'old-flag-held')).toBe(1);
+    expect(await auditOf(null, 'old-reconcile-held')).toBe(1);
     const audit = [['old-resolve', settledYearsAgo], ['old-resolve-lately-settled', settledLongAgo], ['old-requeue', unsettledLongAgo], ['old-reconcile', null], ['recent-reconcile', null]] as const;
     expect(await Promise.all(audit.map(([tag, op]) => auditOf(op, tag)))).toEqual([0, 1, 1, 0, 1]);
     // The ledger is kept.
