@@ -56,7 +56,7 @@ import {
 import { traceDispatch, traceOperation, untraced } from '../telemetry/tracing.ts';
 import type { Metrics } from '../telemetry/metrics.ts';
 import { keepLease, leaseMargin, type LocalLease } from './lease.ts';
-import { Slots } from './slots.ts';
+import { Slots, type Release } from './slots.ts';
 
 export interface DispatcherOptions {
   workerId: string;
@@ -472,9 +472,11 @@ export class Dispatcher {
       log: opLog,
     });
     const slot = await this.slotWithin(takeSlot, this.longestWait(lease, policy, keyWindowSeconds), call.signal);
-    // A call given up past its timeout while its kind has as many still running keeps the slot until it returns.
+    // A call given up past its timeout while its kind has as many still running keeps the slot until it
+    // returns; an application's kind keeps only its share's (of at most all but the built-in kinds' quarter,
+    // all of one slot): the replica's slot goes back, or a service hung for good held the payments' last.
     let holdSlotUntil: Promise<void> | undefined;
-    const endCall = slot && (() => (holdSlotUntil ? void holdSlotUntil.then(slot) : slot()));
+    const endCall = slot && (() => (holdSlotUntil ? (slot.releaseWithin?.(), void holdSlotUntil.then(slot)) : slot()));
     const givenUp = (running: Promise<void>) => {
       const stillRunning = this.overdue.get(kind) ?? 0;
       if (stillRunning >= this.opts.concurrency) holdSlotUntil = running;
@@ -728,7 +730,7 @@ export class Dispatcher {
   /** A slot's release, or undefined once the drain has begun, `maxWaitMs` passed or the claim's lease was
    * lost (`lost` aborted) first: the request is then withdrawn, and a slot given meanwhile goes on at
    * once to the next in line. */
-  private slotWithin(takeSlot: () => ReturnType<Slots['request']>, maxWaitMs: number, lost: AbortSignal): Promise<(() => void) | undefined> {
+  private slotWithin(takeSlot: () => ReturnType<Slots['request']>, maxWaitMs: number, lost: AbortSignal): Promise<Release | undefined> {
     if (this.draining || lost.aborted) return Promise.resolve(undefined);
     return new Promise((resolve) => {
       const slot = takeSlot();

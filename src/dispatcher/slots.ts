@@ -3,6 +3,11 @@
 // Jobs fetched beyond the free claims wait here unclaimed, and claimed jobs beyond the free calls wait
 // here with their lease. A share of another set (`within`) takes one of its own, then one of that set:
 // those who take through it never hold more than its size of the other's.
+
+/** Gives a slot back (once, however often it is called). Of a share, `releaseWithin` gives back only the
+ * other set's slot, the share's kept until the release itself. */
+export type Release = (() => void) & { releaseWithin?: () => void };
+
 export class Slots {
   private free: number;
   private readonly waiting: (() => void)[] = [];
@@ -15,25 +20,27 @@ export class Slots {
 
   /** Resolves once a slot is this caller's, with the function that gives it back (once, however often
    * it is called). */
-  take(): Promise<() => void> {
+  take(): Promise<Release> {
     return this.request().taken;
   }
 
   /** Asks for a slot, as take() does; `cancel` withdraws the request, and gives back a slot it was
    * already given, so a caller that stops waiting leaves nothing queued behind. */
-  request(): { taken: Promise<() => void>; cancel(): void } {
+  request(): { taken: Promise<Release>; cancel(): void } {
     const own = this.requestOwn();
     if (!this.within) return own;
     const within = this.within;
     let inner: ReturnType<Slots['request']> | undefined;
     let cancelled = false;
     const taken = own.taken.then((releaseOwn) => {
-      if (cancelled) return new Promise<() => void>(() => {}); // own.cancel() gave it back
+      if (cancelled) return new Promise<Release>(() => {}); // own.cancel() gave it back
       inner = within.request();
-      return inner.taken.then((releaseInner) => () => {
-        releaseInner();
-        releaseOwn();
-      });
+      return inner.taken.then((releaseInner) =>
+        Object.assign(() => {
+          releaseInner();
+          releaseOwn();
+        }, { releaseWithin: releaseInner }),
+      );
     });
     return {
       taken,

@@ -612,6 +612,25 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
     }
   });
 
+  it('a service that hangs for good on a replica of one slot: the calls it keeps hold the application’s share of it, never the slot the charges need', async () => {
+    let finish!: () => void;
+    const returned = new Promise<void>((resolve) => (finish = resolve));
+    let started = 0;
+    const def: EffectDefinition = { policy: 'at-least-once', timeoutMs: 200, execute: async () => (started++, await returned, { sent: true }) };
+    const o = app({ hung_mail: def });
+    for (let i = 0; i < 3; i++) await request(o, 'hung_mail', { i });
+    const replica = await startDispatcher(t, new FakeStripe(), 'one-slot', { concurrency: 1, leaseTtlMs: 3_000, effects: new Map([['hung_mail', def]]) });
+    try {
+      await waitUntil(async () => (await replica.metrics.callsOverdue.get()).values[0]?.value === 2, 20_000, 'two given up, the second keeping its share');
+      const charge = await confirm(t);
+      await waitUntil(async () => (await operation(t, charge)).status === 'succeeded', 20_000, 'the charge, behind the hung service');
+      expect(started).toBe(2); // the application's share held: no third call started
+    } finally {
+      finish();
+      await replica.stop();
+    }
+  });
+
   /** A reservation whose first execute answers only when told to (`finish`), whatever its signal says. */
   function lateReservation() {
     let finish!: () => void;
