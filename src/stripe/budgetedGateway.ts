@@ -39,10 +39,12 @@ import { BudgetTimeout, type AccountBudgets, type Budget, type BudgetMetrics, ty
 const MAX_SENDS = 3;
 /** The longest a call put off on a busy account waits before it is tried again. */
 const MAX_PUT_OFF_MS = 300_000;
-/** A call on a busy account whose token would come within this is not put off, beyond accountWaiters:
- * the job's round trip (claimed, rescheduled, fetched again by a loop polling each half second) takes as
- * long, and calls come back in bunches of what the loops fetched, which refused again went to the end of
- * the line (a backlog drained at 0.42 of the account's rate, each call put off 4 times). */
+/** A call on a busy account whose token would come within this is not put off, beyond accountWaiters (up
+ * to twice as many, never more: an account fast enough for all the slots took them all, and the platform's
+ * charges waited behind its whole backlog): the job's round trip (claimed, rescheduled, fetched again by a
+ * loop polling each half second) takes as long, and calls come back in bunches of what the loops fetched,
+ * which refused again went to the end of the line (a backlog drained at 0.42 of the account's rate, each
+ * call put off 4 times). */
 const SHORT_WAIT_SECONDS = 0.5;
 
 export interface Budgets {
@@ -60,9 +62,9 @@ export interface BudgetedGatewayOptions {
   maxWaitMs: number;
   priority?: Priority;
   metrics?: GatewayMetrics;
-  /** Calls on one connected account that wait for its bucket at once in this process (or as many as its
-   * bucket serves in SHORT_WAIT_SECONDS, if more); more are not sent (RetryLater at once, put off by their
-   * caller). Jobs are fetched by kind, not account: without it, a
+  /** Calls on one connected account that wait for its bucket at once in this process (twice as many while
+   * its bucket serves them within SHORT_WAIT_SECONDS); more are not sent (RetryLater at once, put off by
+   * their caller). Jobs are fetched by kind, not account: without it, a
    * busy account's backlog fills every slot waiting for its own tokens, while the platform's and other
    * accounts' calls, whose tokens are there, wait behind them. Default: no bound. */
   accountWaiters?: number;
@@ -207,7 +209,8 @@ export class BudgetedGateway implements PaymentGateway {
     const inLine = waiting.get(account) ?? 0;
     // None waiting: the account is not busy now, whatever was put off before (and never came back).
     if (inLine === 0) due.delete(account);
-    if (inLine >= (this.opts.accountWaiters ?? Infinity) && inLine / accounts.rate > SHORT_WAIT_SECONDS) {
+    const waiters = this.opts.accountWaiters ?? Infinity;
+    if (inLine >= waiters && (inLine >= 2 * waiters || inLine / accounts.rate > SHORT_WAIT_SECONDS)) {
       const retryAfterSeconds = this.putOff(account, accounts.rate);
       throw new RetryLater(`not sent: ${inLine} calls on ${account} already wait for its budget here`, undefined, undefined, { code: 'budget', account, retryAfterSeconds });
     }

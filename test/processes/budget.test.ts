@@ -624,6 +624,26 @@ describe("Connect: each connected account's own bucket beside the platform's", (
     }
   });
 
+  it("a busy account fast enough for every slot still waits in a bounded share of them: the platform's charge behind its backlog is sent among its first calls, not after them all", async () => {
+    // 0.5 s of its rate (20/s) is more than the replica's 8 slots.
+    const b = connect(replicaA, { platform: 1_000, account: 20 });
+    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 10_000, accountWaiters: 2 });
+    await t.pool.query(`delete from outboxd.charge_outbox`);
+    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
+    for (let i = 0; i < 120; i++) await confirm(t, { stripeAccount: 'acct_fast', amount: 500 + i });
+    const platform = await confirm(t, { amount: 777 });
+    const replica = await startDispatcher(t, g, 'fast-account', { concurrency: 8 });
+    try {
+      await waitUntil(async () => (await operation(t, platform)).status === 'succeeded', 30_000, 'the platform charge');
+      // Waiting in every slot, the account's calls were sent first-in, first-out: the platform's 121st, after 114 of them.
+      const before = e.emulator.requests().filter((r) => r.method === 'POST').findIndex((r) => r.account === null);
+      expect(before).toBeLessThan(40);
+    } finally {
+      await replica.stop();
+      b.close();
+    }
+  });
+
   it('the pacing starts again once none of its calls waits: put-offs that never came back (a sweep’s, a webhook’s) do not hold the next ones for minutes', async () => {
     const b = connect(replicaA, { platform: 1_000, account: 1 });
     const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 10_000, accountWaiters: 1 });
