@@ -580,14 +580,20 @@ describe("Connect: each connected account's own bucket beside the platform's", (
     b.close();
   });
 
-  it("the calls a busy account's bucket put off come back paced at its rate, each after the one before, not all within seconds", async () => {
-    const b = connect(replicaA, { platform: 1_000, account: 0.5 });
-    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 10_000, accountWaiters: 1 });
-    // Only this test's operations are left to drive.
+  /** `charges` charges on `account`, the only operations left to drive, and a gateway over the platform's
+   * bucket and the accounts' (at `accountRate`) that lets `accountWaiters` calls wait for one account. */
+  async function backlogOn(account: string, charges: number, accountRate: number, accountWaiters: number) {
+    const b = connect(replicaA, { platform: 1_000, account: accountRate });
+    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 10_000, accountWaiters });
     await t.pool.query(`delete from outboxd.charge_outbox`);
     await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
     const ops: string[] = [];
-    for (let i = 0; i < 10; i++) ops.push(await confirm(t, { stripeAccount: 'acct_paced', amount: 500 + i }));
+    for (let i = 0; i < charges; i++) ops.push(await confirm(t, { stripeAccount: account, amount: 500 + i }));
+    return { b, g, ops };
+  }
+
+  it("the calls a busy account's bucket put off come back paced at its rate, each after the one before, not all within seconds", async () => {
+    const { b, g, ops } = await backlogOn('acct_paced', 10, 0.5, 1);
     const replica = await startDispatcher(t, g, 'paced', { concurrency: 2 });
     try {
       // One waits for the account's token (one each 2 s); the others are put off, one after another.
@@ -604,13 +610,7 @@ describe("Connect: each connected account's own bucket beside the platform's", (
   });
 
   it("a busy account's backlog drains at its rate: each call put off comes back at its turn and is sent, not put off again and again", async () => {
-    const rate = 4;
-    const b = connect(replicaA, { platform: 1_000, account: rate });
-    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 10_000, accountWaiters: 2 });
-    await t.pool.query(`delete from outboxd.charge_outbox`);
-    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
-    const ops: string[] = [];
-    for (let i = 0; i < 40; i++) ops.push(await confirm(t, { stripeAccount: 'acct_drain', amount: 500 + i }));
+    const { b, g, ops } = await backlogOn('acct_drain', 40, 4, 2);
     const replica = await startDispatcher(t, g, 'drain', { concurrency: 8 });
     try {
       await waitUntil(async () => (await t.pool.query(`select count(*)::int as n from outboxd.payment_operations where status = 'succeeded' and id = any($1)`, [ops])).rows[0].n === ops.length, 60_000, 'the backlog drained');
@@ -626,11 +626,7 @@ describe("Connect: each connected account's own bucket beside the platform's", (
 
   it("a busy account fast enough for every slot still waits in a bounded share of them: the platform's charge behind its backlog is sent among its first calls, not after them all", async () => {
     // 0.5 s of its rate (20/s) is more than the replica's 8 slots.
-    const b = connect(replicaA, { platform: 1_000, account: 20 });
-    const g = new BudgetedGateway(e.gateway(), { budgets: { requests: b.requests, accounts: b.accounts }, maxWaitMs: 10_000, accountWaiters: 2 });
-    await t.pool.query(`delete from outboxd.charge_outbox`);
-    await t.pool.query(`update outboxd.payment_operations set status = 'failed', settled_at = now() where status in ('pending', 'unknown')`);
-    for (let i = 0; i < 120; i++) await confirm(t, { stripeAccount: 'acct_fast', amount: 500 + i });
+    const { b, g } = await backlogOn('acct_fast', 120, 20, 2);
     const platform = await confirm(t, { amount: 777 });
     const replica = await startDispatcher(t, g, 'fast-account', { concurrency: 8 });
     try {

@@ -39,6 +39,10 @@ async function historic(ageDays: number, settledDaysAgo: number | null, events =
   );
   return op;
 }
+/** Seven webhook events received 40 days ago, ids `evt_<tag>_<n>`. */
+const oldWebhookEvents = (tag: string) =>
+  t.pool.query(`insert into outboxd.webhook_events (id, type, result, payload, received_at)
+    select 'evt_' || $1 || '_' || i, 'payment_intent.succeeded', 'settled', '{}', now() - interval '40 days' from generate_series(1, 7) i`, [tag]);
 const eventsOf = async (op: string) => Number((await t.pool.query(`select count(*) from outboxd.operation_events where operation_id = $1`, [op])).rows[0].count);
 const auditOf = async (op: string | null, tag: string) =>
   Number((await t.pool.query(`select count(*) from outboxd.admin_audit where operation_id is not distinct from $1 and details->>'tag' = $2`, [op, tag])).rows[0].count);
@@ -119,39 +123,35 @@ describe('retention of the timeline and the audit trail', () => {
     expect(await pruneHistory(t.pool, days, { scan: 3 })).toEqual({ operationEvents: 0, audit: 0, settlementEvents: 0, settlementConsumption: 0, webhookEvents: 0, rateBudgets: 0 });
   });
 
+  /** A run, three rows a statement, over a timeline of 30,000 rows due and seven webhook events due
+   * (`tag`), told to stop `stopAfterMs` into it: it gets through part of the timeline. What is left is
+   * pruned after, for the tests after it. */
+  async function runOverBacklog(tag: string, budgetMs: number, stopAfterMs?: number) {
+    await t.pool.query(`delete from outboxd.operation_events`);
+    await historic(200, 150, 30_000);
+    await oldWebhookEvents(tag);
+    const stop = new AbortController();
+    if (stopAfterMs !== undefined) setTimeout(() => stop.abort(), stopAfterMs);
+    const pruned = await pruneHistory(t.pool, days, { scan: 3, budgetMs, signal: stop.signal });
+    expect(pruned.operationEvents).toBeGreaterThan(0);
+    expect(pruned.operationEvents).toBeLessThan(30_000);
+    await pruneHistory(t.pool, days);
+    return pruned;
+  }
+
   it('a statement deletes one batch; a backlog in the timeline leaves the tables after it their share of the run', async () => {
-    const webhookEvent = (n: number) =>
-      t.pool.query(`insert into outboxd.webhook_events (id, type, result, payload, received_at)
-        select 'evt_share_' || $1 || '_' || i, 'payment_intent.succeeded', 'settled', '{}', now() - interval '40 days' from generate_series(1, 7) i`, [n]);
-    await webhookEvent(1);
+    await oldWebhookEvents('share_1');
     expect((await t.pool.query(t.pool.sql.pruneWebhookEvents(30, 3))).rows[0].deleted).toBe(3);
     await t.pool.query(`delete from outboxd.webhook_events`);
     // Far more of the timeline to prune than a run of 1.5 s gets through, three rows a statement (and no
     // younger row before them: ids and times grow together). The webhook events' share, some 600 ms, is
     // ample for their three statements on a loaded machine (300 ms in all was not, once in CI).
-    await t.pool.query(`delete from outboxd.operation_events`);
-    await historic(200, 150, 30_000);
-    await webhookEvent(2);
-    const pruned = await pruneHistory(t.pool, days, { scan: 3, budgetMs: 1_500 });
-    expect(pruned.operationEvents).toBeGreaterThan(0);
-    expect(pruned.operationEvents).toBeLessThan(30_000);
-    expect(pruned.webhookEvents).toBe(7);
-    await pruneHistory(t.pool, days); // what is left, for the tests after this one
+    expect((await runOverBacklog('share_2', 1_500)).webhookEvents).toBe(7);
   });
 
   it('a run told to stop (the replica drains) ends after the batch in hand; the tables after it wait for the next run', async () => {
-    await t.pool.query(`delete from outboxd.operation_events`);
-    await historic(200, 150, 30_000);
-    await t.pool.query(`insert into outboxd.webhook_events (id, type, result, payload, received_at)
-      select 'evt_stop_' || i, 'payment_intent.succeeded', 'settled', '{}', now() - interval '40 days' from generate_series(1, 7) i`);
-    const stop = new AbortController();
-    setTimeout(() => stop.abort(), 100);
     // Its share of 6 s would reach the webhook events after some 5 s; it stops in the timeline's.
-    const pruned = await pruneHistory(t.pool, days, { scan: 3, budgetMs: 6_000, signal: stop.signal });
-    expect(pruned.operationEvents).toBeGreaterThan(0);
-    expect(pruned.operationEvents).toBeLessThan(30_000);
-    expect(pruned.webhookEvents).toBe(0);
-    await pruneHistory(t.pool, days); // what is left, for the tests after this one
+    expect((await runOverBacklog('stop', 6_000, 100)).webhookEvents).toBe(0);
   });
 
   it('a replica that drains during a long prune run stops it and finishes in its grace: the run ends, its job completes', async () => {
