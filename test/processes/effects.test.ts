@@ -86,6 +86,13 @@ function reservations(opts: { loseAnswer?: number; failBeforeReserving?: number;
   return { held, calls, def };
 }
 
+/** A service that answers only once told to: `returned` resolves when `finish` is called. */
+function answerWhenTold(): { returned: Promise<void>; finish: () => void } {
+  let finish!: () => void;
+  const returned = new Promise<void>((resolve) => (finish = resolve));
+  return { returned, finish };
+}
+
 let n = 0;
 /** Requests an effect through the library in the application's transaction, as it would. */
 async function request(o: Outboxd, kind: string, payload: unknown, key = `key-${++n}`): Promise<string> {
@@ -534,8 +541,7 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
 
   it('reconcile-before-retry: its lease is kept until the call returns (it may still act), its slot goes on; then what it returned settles it, never executed again', async () => {
     const seen: EffectContext[] = [];
-    let finish!: () => void;
-    const returned = new Promise<void>((resolve) => (finish = resolve));
+    const { returned, finish } = answerWhenTold();
     let checks = 0;
     const reserved = new Set<string>();
     const def: EffectDefinition = {
@@ -579,8 +585,7 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
   });
 
   it('a service that hangs for good: past the concurrency, a kind’s calls still running past their timeout keep their slots until they return, so its calls in hand stay bounded', async () => {
-    let finish!: () => void;
-    const returned = new Promise<void>((resolve) => (finish = resolve));
+    const { returned, finish } = answerWhenTold();
     let started = 0;
     const def: EffectDefinition = {
       policy: 'reconcile-before-retry',
@@ -613,8 +618,7 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
   });
 
   it('a service that hangs for good on a replica of one slot: the calls it keeps hold the application’s share of it, never the slot the charges need', async () => {
-    let finish!: () => void;
-    const returned = new Promise<void>((resolve) => (finish = resolve));
+    const { returned, finish } = answerWhenTold();
     let started = 0;
     const def: EffectDefinition = { policy: 'at-least-once', timeoutMs: 200, execute: async () => (started++, await returned, { sent: true }) };
     const o = app({ hung_mail: def });
@@ -633,8 +637,7 @@ describe('timeoutMs: a call that outlives it is given up, and never holds its sl
 
   /** A reservation whose first execute answers only when told to (`finish`), whatever its signal says. */
   function lateReservation() {
-    let finish!: () => void;
-    const returned = new Promise<void>((resolve) => (finish = resolve));
+    const { returned, finish } = answerWhenTold();
     const executions: number[] = [];
     const reserved = new Set<string>();
     const def: EffectDefinition = {
@@ -807,8 +810,7 @@ describe('WORKER_CONCURRENCY: calls in flight per replica, whatever their kind',
   it('two kinds with a backlog each share the slots the application’s kinds may take: never more calls at once', async () => {
     let inFlight = 0;
     let most = 0;
-    let finish!: () => void;
-    const finished = new Promise<void>((resolve) => (finish = resolve));
+    const { returned: finished, finish } = answerWhenTold();
     const slow: EffectDefinition = {
       policy: 'at-least-once',
       async execute() {
