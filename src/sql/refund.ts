@@ -24,7 +24,8 @@ export const refundStatements = ({ s, statement }: SqlContext) => ({
    * key and the amount fits in what remains unrefunded, counting every refund that has not failed
    * (pending and unknown ones may still succeed; a succeeded one Stripe failed since returned nothing);
    * of an authorization, what remains of what its capture took. The payload carries the charge's account
-   * and, for a destination charge, what the refund takes back. Always one row: what it decided from (of a refund the key names already, what it was asked).
+   * and, for a destination charge, what the refund takes back. Always one row: what it decided from (of a
+   * refund the key names already, what it was asked).
    * Nothing is inserted outside the lock's transaction ($8): a caller in autocommit (a bare query function
    * outboxd cannot ask) held the lock for its statement only, and two such requests could both fit.
    */
